@@ -1,0 +1,34 @@
+"""Writing output directories all-or-nothing."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import uuid
+
+from memagent_jax.errors import UserError
+
+
+@contextlib.contextmanager
+def atomic_directory(out_dir: str):
+    """Yields a temporary sibling of out_dir to fill; renames it to out_dir on success.
+
+    out_dir must not exist or be an empty directory. On any exception the temporary directory
+    is removed, so a failed or interrupted write never leaves a half-written out_dir behind.
+    """
+    out_dir = os.path.abspath(out_dir)
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise UserError(f"{out_dir}: output exists and is not empty; choose a new path")
+    parent = os.path.dirname(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        if os.path.isdir(out_dir):
+            os.rmdir(out_dir)  # empty, checked above
+        os.rename(tmp, out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

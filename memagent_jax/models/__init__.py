@@ -1,0 +1,13 @@
+"""Qwen2.5 in Flax NNX and its Hugging Face / Orbax files."""
+
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.loading import (build_model, load_model, random_model, save_checkpoint,
+                                         save_hf)
+from memagent_jax.models.presets import PRESETS, preset_config
+from memagent_jax.models.qwen2 import KVCache, Qwen2
+from memagent_jax.models.sharding import make_mesh, param_shardings
+
+__all__ = [
+    "KVCache", "ModelConfig", "PRESETS", "Qwen2", "build_model", "load_model", "make_mesh",
+    "param_shardings", "preset_config", "random_model", "save_checkpoint", "save_hf",
+]

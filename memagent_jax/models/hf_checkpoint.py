@@ -1,0 +1,188 @@
+"""Hugging Face checkpoint directories: streaming load onto a sharding, and export.
+
+Loading checks every file and tensor against the config before any device work, then builds
+each parameter with `jax.make_array_from_callback`: every device shard is cut from the
+memory-mapped tensors, one HF tensor at a time, so the host never holds a second copy of the
+model. Export writes safetensors shards (with an index above `max_shard_bytes`) tensor by
+tensor, in a temporary directory renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+
+from memagent_jax.errors import UserError
+from memagent_jax.fileutil import atomic_directory
+from memagent_jax.models import mapping
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.safetensors_io import TensorInfo, read_header, write_file
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+# Files besides weights and config.json that make an HF directory usable; carried through
+# convert -> export untouched.
+SIDE_FILES = (
+    "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
+    "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+    "chat_template.json",
+)
+DEFAULT_MAX_SHARD_BYTES = 5 * 1024 ** 3
+
+
+def is_hf_directory(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "config.json"))
+
+
+def scan_weights(hf_dir: str) -> dict[str, TensorInfo]:
+    """Every tensor in the directory's safetensors file(s), headers checked."""
+    index_path = os.path.join(hf_dir, INDEX_FILE)
+    if os.path.isfile(index_path):
+        try:
+            with open(index_path) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise UserError(f"{index_path}: not a valid safetensors index ({e})") from None
+        files = sorted(set(weight_map.values()))
+    elif os.path.isfile(os.path.join(hf_dir, SINGLE_FILE)):
+        weight_map, files = None, [SINGLE_FILE]
+    else:
+        raise UserError(f"{hf_dir}: no {SINGLE_FILE} or {INDEX_FILE} found")
+    infos: dict[str, TensorInfo] = {}
+    for name in files:
+        path = os.path.join(hf_dir, name)
+        if not os.path.isfile(path):
+            raise UserError(f"{path}: not found (listed in {INDEX_FILE})")
+        infos.update(read_header(path))
+    if weight_map is not None:
+        for tensor, file in weight_map.items():
+            if tensor not in infos:
+                raise UserError(f"{os.path.join(hf_dir, file)}: tensor '{tensor}' listed in "
+                                f"{INDEX_FILE} is missing from the file")
+    return infos
+
+
+def read_params(hf_dir: str, config: ModelConfig,
+                targets: dict[str, jax.ShapeDtypeStruct]) -> dict[str, jax.Array]:
+    """Loads every parameter onto its target (shape, dtype, sharding); 'path' -> array."""
+    infos = scan_weights(hf_dir)
+    plan = _check_tensors(infos, config, targets, hf_dir)
+    return {row.ours: _build(row, [infos[n] for n in names], targets[row.ours])
+            for row, names in plan}
+
+
+def _check_tensors(infos, config, targets, hf_dir):
+    """Checks presence and shape of every expected tensor; rejects unknown ones."""
+    plan, expected = [], set()
+    for row in mapping.rows(config):
+        names = mapping.hf_names(row, config)
+        shape = targets[row.ours].shape
+        want = mapping.hf_shape(row, shape[1:] if row.ours.startswith("layers/") else shape)
+        for name in names:
+            info = infos.get(name)
+            if info is None:
+                raise UserError(f"{hf_dir}: tensor '{name}' not found in any safetensors file")
+            if info.shape != want:
+                raise UserError(f"{info.file}: tensor '{name}' has shape {list(info.shape)}, "
+                                f"config.json implies {list(want)}")
+        expected.update(names)
+        plan.append((row, names))
+    for name in infos:
+        ignorable = name.endswith(mapping.IGNORED_HF_SUFFIXES) or (
+            name == "lm_head.weight" and config.tie_word_embeddings)
+        if name not in expected and not ignorable:
+            raise UserError(f"{infos[name].file}: unexpected tensor '{name}' for a "
+                            f"{config.num_layers}-layer Qwen2 config")
+    return plan
+
+
+def _build(row: mapping.Row, infos: list[TensorInfo], target: jax.ShapeDtypeStruct) -> jax.Array:
+    stacked = row.ours.startswith("layers/")
+    shape, dtype = target.shape, target.dtype
+
+    def shard(index: tuple[slice, ...]) -> np.ndarray:
+        if not stacked:
+            return mapping.to_ours(row, infos[0].read(), shape)[index].astype(dtype)
+        layers = range(shape[0])[index[0]]
+        out = np.empty((len(layers),) + _sliced_shape(shape[1:], index[1:]), dtype)
+        for j, layer in enumerate(layers):  # one HF tensor on the host at a time
+            out[j] = mapping.to_ours(row, infos[layer].read(), shape[1:])[index[1:]]
+        return out
+
+    return jax.make_array_from_callback(shape, target.sharding, shard)
+
+
+def _sliced_shape(shape: tuple[int, ...], index: tuple[slice, ...]) -> tuple[int, ...]:
+    return tuple(len(range(n)[s]) for n, s in zip(shape, index))
+
+
+def write_directory(params: dict[str, jax.Array], config: ModelConfig, out_dir: str,
+                    side_files_dir: str | None = None,
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+    """Writes an HF directory from our parameters ('path' -> array), all or nothing."""
+    tensors = []
+    for row in mapping.rows(config):
+        array = params[row.ours]
+        if row.ours.startswith("layers/"):
+            for i, name in enumerate(mapping.hf_names(row, config)):
+                tensors.append((name, array.dtype, mapping.hf_shape(row, array.shape[1:]),
+                                lambda row=row, a=array, i=i: mapping.to_hf(row, np.asarray(a[i]))))
+        else:
+            tensors.append((row.hf, array.dtype, mapping.hf_shape(row, array.shape),
+                            lambda row=row, a=array: mapping.to_hf(row, np.asarray(a))))
+    shards = _split_into_shards(tensors, max_shard_bytes)
+    with atomic_directory(out_dir) as tmp:
+        weight_map = {}
+        for k, shard in enumerate(shards):
+            file = (SINGLE_FILE if len(shards) == 1
+                    else f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors")
+            write_file(os.path.join(tmp, file), shard)
+            weight_map.update({t[0]: file for t in shard})
+        if len(shards) > 1:
+            total = sum(np.dtype(t[1]).itemsize * int(np.prod(t[2])) for t in tensors)
+            _write_json(os.path.join(tmp, INDEX_FILE),
+                        {"metadata": {"total_size": total}, "weight_map": weight_map})
+        _write_json(os.path.join(tmp, "config.json"), config.to_hf_dict())
+        copied = copy_side_files(side_files_dir, tmp) if side_files_dir else []
+        if "generation_config.json" not in copied:
+            _write_json(os.path.join(tmp, "generation_config.json"), _generation_config(config))
+
+
+def copy_side_files(src_dir: str, dst_dir: str) -> list[str]:
+    """Copies the tokenizer and generation files that exist in src_dir; returns their names."""
+    copied = []
+    for name in SIDE_FILES:
+        if os.path.isfile(os.path.join(src_dir, name)):
+            shutil.copy2(os.path.join(src_dir, name), os.path.join(dst_dir, name))
+            copied.append(name)
+    return copied
+
+
+def _split_into_shards(tensors: list, max_bytes: int) -> list[list]:
+    shards, size = [[]], 0
+    for t in tensors:
+        nbytes = np.dtype(t[1]).itemsize * int(np.prod(t[2]))
+        if shards[-1] and size + nbytes > max_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(t)
+        size += nbytes
+    return shards
+
+
+def _generation_config(config: ModelConfig) -> dict:
+    gen = {"do_sample": False}
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        if config.extra.get(key) is not None:
+            gen[key] = config.extra[key]
+    return gen
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")

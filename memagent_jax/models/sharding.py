@@ -1,0 +1,78 @@
+"""Device mesh and parameter shardings.
+
+Parameters name a logical axis per dimension (see `qwen2.LAYER_PARAMS`); `RULES` maps logical
+axes to mesh axes, as MaxText's logical axis rules do. A dimension that the mesh axis does not
+divide (e.g. 4 KV heads over tensor=8) is replicated instead, so every Qwen2.5 size loads on
+every mesh; the cost is memory, never a wrong result.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from memagent_jax.errors import UserError
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.qwen2 import param_specs
+
+MESH_AXES = ("data", "fsdp", "tensor")
+DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
+RULES: Mapping[str, str | None] = {
+    "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
+    "mlp": "tensor", "layers": None,
+}
+
+
+def make_mesh(axes: Mapping[str, int] | None = None, devices=None, source: str = "mesh") -> Mesh:
+    """A mesh over `devices` (default: all) with the named axis sizes; one size may be -1
+    (the devices left over); axes not given have size 1. `source` names the config key in
+    errors."""
+    axes = dict(DEFAULT_MESH if axes is None else axes)
+    devices = list(jax.devices() if devices is None else devices)
+    for name, size in axes.items():
+        if name not in MESH_AXES:
+            raise UserError(f"{source}: unknown mesh axis '{name}' (known: {', '.join(MESH_AXES)})")
+        if not isinstance(size, int) or (size < 1 and size != -1):
+            raise UserError(f"{source}.{name}: size must be a positive integer or -1, got {size!r}")
+    free = [n for n, s in axes.items() if s == -1]
+    if len(free) > 1:
+        raise UserError(f"{source}: only one axis may be -1, got {', '.join(free)}")
+    fixed = math.prod(s for s in axes.values() if s != -1)
+    if free:
+        if len(devices) % fixed:
+            raise UserError(f"{source}: {len(devices)} devices do not divide by {fixed}")
+        axes[free[0]] = len(devices) // fixed
+    if math.prod(axes.values()) != len(devices):
+        raise UserError(f"{source}: axis sizes {axes} need {math.prod(axes.values())} devices, "
+                        f"found {len(devices)}")
+    sizes = tuple(axes.get(name, 1) for name in MESH_AXES)
+    return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
+                         devices=devices)
+
+
+def partition_spec(shape: tuple[int, ...], logical_axes: tuple[str | None, ...], mesh: Mesh,
+                   rules: Mapping[str, str | None] = RULES) -> PartitionSpec:
+    """Maps logical axes to mesh axes, skipping any mesh axis that does not divide the dim."""
+    spec, used = [], set()
+    for dim, logical in zip(shape, logical_axes):
+        axis = rules.get(logical) if logical else None
+        if axis is None or axis in used or mesh.shape.get(axis, 1) == 1 or dim % mesh.shape[axis]:
+            spec.append(None)
+        else:
+            spec.append(axis)
+            used.add(axis)
+    return PartitionSpec(*spec)
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh) -> dict[str, NamedSharding]:
+    """'path' -> NamedSharding for every parameter of the model."""
+    return {path: NamedSharding(mesh, partition_spec(shape, axes, mesh))
+            for path, (shape, axes) in param_specs(config).items()}
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Inputs [B, ...]: the batch split over the data-parallel axes (data and fsdp)."""
+    return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))

@@ -1,0 +1,40 @@
+"""Builds tiny random `transformers` Qwen2 models: the reference our model is tested against."""
+
+from __future__ import annotations
+
+import numpy as np
+
+TINY = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+            rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
+
+
+def hf_model(seed: int = 0, dtype: str = "float32", **overrides):
+    """A transformers Qwen2ForCausalLM with every weight (norms and biases too) drawn at random,
+    so no parameter can be mis-mapped unnoticed. overrides are Qwen2Config keys."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen2Config(**{**TINY, **overrides})
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.1)
+    return model.to(getattr(torch, dtype))
+
+
+def write_hf_model(path, seed: int = 0, dtype: str = "float32", max_shard_size=None,
+                   **overrides) -> str:
+    """Saves hf_model(...) with save_pretrained (safetensors); returns the directory."""
+    model = hf_model(seed, dtype, **overrides)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(str(path), **kwargs)
+    return str(path)
+
+
+def hf_logits(model, input_ids: np.ndarray) -> np.ndarray:
+    """transformers' logits [B, T, V] float32 for unpadded input_ids [B, T]."""
+    import torch
+    with torch.no_grad():
+        return model(torch.as_tensor(np.asarray(input_ids))).logits.float().numpy()
