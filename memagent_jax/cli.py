@@ -9,9 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from memagent_jax.errors import UserError
+from memagent_jax.fileutil import check_new_output
+
 
 def _convert(args) -> None:
     from memagent_jax.models import load_model, save_checkpoint
+    check_new_output(args.out)
     model, config = load_model(args.hf, dtype=None)
     save_checkpoint(model, config, args.out, side_files_dir=args.hf)
     print(f"converted {args.hf} -> {args.out} ({config.num_layers} layers, {config.dtype})")
@@ -20,26 +24,28 @@ def _convert(args) -> None:
 def _export(args) -> None:
     from memagent_jax.models import load_model, save_hf
     from memagent_jax.models.checkpoint import is_checkpoint_directory, side_files_dir
-    from memagent_jax.errors import UserError
+    max_shard_bytes = _parse_size(args.max_shard_size)
+    check_new_output(args.out)
     if not is_checkpoint_directory(args.ckpt):
         raise UserError(f"{args.ckpt}: not a memagent-jax checkpoint (expected model_config.json "
                         "and params/; create one with `memagent-jax convert`)")
     model, config = load_model(args.ckpt, dtype=None)
     save_hf(model, config, args.out, tokenizer_dir=side_files_dir(args.ckpt),
-            max_shard_bytes=_parse_size(args.max_shard_size))
+            max_shard_bytes=max_shard_bytes)
     print(f"exported {args.ckpt} -> {args.out}")
 
 
 def _random_model(args) -> None:
     from memagent_jax.models import preset_config, random_model, save_hf
+    max_shard_bytes = _parse_size(args.max_shard_size)
+    check_new_output(args.out)
     config = preset_config(args.preset, dtype=args.dtype)
     save_hf(random_model(config, seed=args.seed), config, args.out,
-            max_shard_bytes=_parse_size(args.max_shard_size))
+            max_shard_bytes=max_shard_bytes)
     print(f"wrote a random-weight {args.preset} model ({args.dtype}) to {args.out}")
 
 
 def _parse_size(text: str) -> int:
-    from memagent_jax.errors import UserError
     units = {"KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "B": 1}
     for unit, scale in units.items():
         if text.upper().endswith(unit):
@@ -49,7 +55,7 @@ def _parse_size(text: str) -> int:
         number, scale = text, 1
     try:
         size = int(float(number) * scale)
-    except ValueError:
+    except (ValueError, OverflowError):  # not a number; inf
         size = 0
     if size <= 0:
         raise UserError(f"--max-shard-size: expected a size such as 5GB or 500MB, got {text!r}")
@@ -87,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from memagent_jax.errors import UserError
     try:
         args.func(args)
     except UserError as e:
+        print(f"memagent-jax: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system refused (disk full, permissions): one line as well
         print(f"memagent-jax: error: {e}", file=sys.stderr)
         return 2
     return 0

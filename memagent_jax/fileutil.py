@@ -10,6 +10,13 @@ import uuid
 from memagent_jax.errors import UserError
 
 
+def check_new_output(out_dir: str) -> None:
+    """Raises unless out_dir is free to write: absent, or an empty directory."""
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise UserError(f"{os.path.abspath(out_dir)}: output exists and is not empty; "
+                        "choose a new path")
+
+
 @contextlib.contextmanager
 def atomic_directory(out_dir: str):
     """Yields a temporary sibling of out_dir to fill; renames it to out_dir on success.
@@ -18,8 +25,7 @@ def atomic_directory(out_dir: str):
     is removed, so a failed or interrupted write never leaves a half-written out_dir behind.
     """
     out_dir = os.path.abspath(out_dir)
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
-        raise UserError(f"{out_dir}: output exists and is not empty; choose a new path")
+    check_new_output(out_dir)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")

@@ -11,7 +11,9 @@ TINY = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_lay
 
 def hf_model(seed: int = 0, dtype: str = "float32", **overrides):
     """A transformers Qwen2ForCausalLM with every weight (norms and biases too) drawn at random,
-    so no parameter can be mis-mapped unnoticed. overrides are Qwen2Config keys."""
+    so no parameter can be mis-mapped unnoticed. The scale makes attention sharp and logits
+    O(1): with near-uniform attention a wrong rotary angle would hide under the tolerance.
+    overrides are Qwen2Config keys."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -19,8 +21,11 @@ def hf_model(seed: int = 0, dtype: str = "float32", **overrides):
     config = Qwen2Config(**{**TINY, **overrides})
     model = Qwen2ForCausalLM(config).eval()
     with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.1)
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(1.0, 0.1)
+            else:
+                p.normal_(0.0, 0.25)
     return model.to(getattr(torch, dtype))
 
 

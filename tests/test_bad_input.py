@@ -1,0 +1,363 @@
+"""Bad input to `convert`, `export` and `load_model`: one clear error, nothing left behind.
+
+Every failing command must print exactly one line, `memagent-jax: error: ...`, naming the file,
+key or value at fault, exit non-zero without a traceback, and leave neither the output directory
+nor a hidden temporary sibling (`.NAME.tmp-*`) behind. The CLI runs in-process (`cli.main`
+returns the exit status); one test goes through the installed console script end to end.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from memagent_jax import cli
+from memagent_jax.errors import UserError
+from memagent_jax.models import hf_checkpoint, load_model
+from tests.hf_reference import write_hf_model
+
+PREFIX = "memagent-jax: error: "
+
+
+# ------------------------------------------------------------------------------------ helpers
+
+@pytest.fixture(scope="module")
+def hf_single(tmp_path_factory):
+    """A good tiny HF directory with one model.safetensors (tests copy it before editing)."""
+    return write_hf_model(tmp_path_factory.mktemp("good") / "hf", seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_sharded(tmp_path_factory):
+    """A good tiny HF directory split into several shards with an index."""
+    path = write_hf_model(tmp_path_factory.mktemp("good") / "hf_sharded", seed=0,
+                          max_shard_size="20KB")
+    assert os.path.isfile(os.path.join(path, hf_checkpoint.INDEX_FILE))
+    return path
+
+
+@pytest.fixture(scope="module")
+def good_ckpt(hf_single, tmp_path_factory):
+    """A memagent-jax checkpoint converted from hf_single."""
+    out = str(tmp_path_factory.mktemp("good") / "ckpt")
+    assert cli.main(["convert", "--hf", hf_single, "--out", out]) == 0
+    return out
+
+
+def _copy(src: str, tmp_path) -> str:
+    dst = str(tmp_path / "hf")
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _edit_config(hf_dir: str, edit) -> str:
+    path = os.path.join(hf_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    edit(config)
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return path
+
+
+def _leftovers(out: str) -> list[str]:
+    """Hidden temporary siblings of out left by an interrupted write."""
+    parent, name = os.path.split(os.path.abspath(out))
+    if not os.path.isdir(parent):
+        return []
+    return [n for n in os.listdir(parent) if n.startswith(f".{name}.tmp-")]
+
+
+def _assert_nothing_written(out: str, existing: dict[str, str] | None = None) -> None:
+    """out is absent (or, if it existed before, holds exactly `existing`), and no temp dir."""
+    if existing is None:
+        assert not os.path.exists(out), f"partial output left behind: {os.listdir(out)}"
+    else:
+        assert sorted(os.listdir(out)) == sorted(existing)
+        for name, text in existing.items():
+            with open(os.path.join(out, name)) as f:
+                assert f.read() == text, f"{name} was modified"
+    assert _leftovers(out) == []
+
+
+def fails_cleanly(capsys, argv: list[str], out: str | None, *names: str,
+                  existing: dict[str, str] | None = None) -> str:
+    """Runs the CLI in-process and checks the failure contract; returns the error line."""
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    assert code != 0
+    assert "Traceback" not in captured.err + captured.out
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1, f"expected one error line, got:\n{captured.err}"
+    line = lines[0]
+    assert line.startswith(PREFIX), line
+    for name in names:
+        assert name in line, f"{name!r} not named in: {line}"
+    if out is not None:
+        _assert_nothing_written(out, existing)
+    return line
+
+
+# ------------------------------------------------------------------------ convert: HF input
+
+def test_missing_config_json(capsys, hf_single, tmp_path):
+    hf = _copy(hf_single, tmp_path)
+    os.remove(os.path.join(hf, "config.json"))
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+                  os.path.join(hf, "config.json"), "not found")
+
+
+def test_no_safetensors_file(capsys, hf_single, tmp_path):
+    hf = _copy(hf_single, tmp_path)
+    os.remove(os.path.join(hf, "model.safetensors"))
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+                  hf, "model.safetensors")
+
+
+def test_missing_shard(capsys, hf_sharded, tmp_path):
+    hf = _copy(hf_sharded, tmp_path)
+    with open(os.path.join(hf, hf_checkpoint.INDEX_FILE)) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    assert len(shards) >= 3
+    missing = os.path.join(hf, shards[1])
+    os.remove(missing)
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, missing, "not found")
+
+
+@pytest.mark.parametrize("keep", ["half", 20, 4], ids=["half", "in_header", "no_header"])
+def test_truncated_safetensors(capsys, hf_single, tmp_path, keep):
+    hf = _copy(hf_single, tmp_path)
+    path = os.path.join(hf, "model.safetensors")
+    size = os.path.getsize(path)
+    os.truncate(path, size // 2 if keep == "half" else keep)
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, path, "truncated")
+
+
+def test_shape_disagrees_with_config(capsys, hf_single, tmp_path):
+    hf = _copy(hf_single, tmp_path)
+    _edit_config(hf, lambda c: c.update(intermediate_size=64))  # the weights have 48
+    out = str(tmp_path / "ckpt")
+    line = fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+                         os.path.join(hf, "model.safetensors"),
+                         "'model.layers.0.mlp.gate_proj.weight'", "[48, 32]", "[64, 32]")
+    assert "shape" in line
+
+
+def test_rewritten_tensor_has_wrong_shape(capsys, hf_single, tmp_path):
+    from safetensors.numpy import load_file, save_file
+    hf = _copy(hf_single, tmp_path)
+    path = os.path.join(hf, "model.safetensors")
+    tensors = load_file(path)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"][:-1].copy()  # [32] -> [31]
+    save_file(tensors, path, metadata={"format": "pt"})
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+                  path, "'model.norm.weight'", "[31]", "[32]")
+
+
+@pytest.mark.parametrize("model_type,archs,named", [
+    ("llama", ["LlamaForCausalLM"], "LlamaForCausalLM"),
+    ("qwen2", ["Qwen2ForSequenceClassification"], "Qwen2ForSequenceClassification"),
+    ("qwen3", None, "qwen3"),
+])
+def test_unsupported_architecture(capsys, hf_single, tmp_path, model_type, archs, named):
+    hf = _copy(hf_single, tmp_path)
+
+    def edit(c):
+        c["model_type"] = model_type
+        if archs is None:
+            c.pop("architectures", None)
+        else:
+            c["architectures"] = archs
+    config = _edit_config(hf, edit)
+    out = str(tmp_path / "ckpt")
+    line = fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, config, named)
+    assert "unsupported architecture" in line
+
+
+def _longrope(c):
+    c["rope_parameters"] = {"rope_type": "longrope", "rope_theta": 10000.0,
+                            "short_factor": [1.0] * 4, "long_factor": [2.0] * 4,
+                            "original_max_position_embeddings": 256}
+
+
+def _old_dynamic(c):  # transformers 4 form: no rope_parameters, top-level rope_scaling
+    c.pop("rope_parameters", None)
+    c["rope_theta"] = 10000.0
+    c["rope_scaling"] = {"type": "dynamic", "factor": 2.0}
+
+
+@pytest.mark.parametrize("edit,rope_type,key", [
+    (_longrope, "longrope", "rope_parameters"),
+    (_old_dynamic, "dynamic", "rope_scaling"),
+], ids=["rope_parameters-longrope", "rope_scaling-dynamic"])
+def test_unsupported_rope_type(capsys, hf_single, tmp_path, edit, rope_type, key):
+    hf = _copy(hf_single, tmp_path)
+    config = _edit_config(hf, edit)
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+                  config, f"'{rope_type}'", f"'{key}'")
+
+
+def test_hf_dir_does_not_exist(capsys, tmp_path):
+    hf, out = str(tmp_path / "nowhere"), str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, hf, "not found")
+
+
+def test_load_model_path_does_not_exist(tmp_path):
+    missing = str(tmp_path / "no_such_model")
+    with pytest.raises(UserError, match="no_such_model"):
+        load_model(missing)
+
+
+# ------------------------------------------------------------------------ existing outputs
+
+@pytest.mark.parametrize("as_file", [False, True], ids=["dir_with_file", "is_a_file"])
+def test_convert_output_exists_and_not_empty(capsys, hf_single, tmp_path, as_file):
+    out = str(tmp_path / "ckpt")
+    if as_file:
+        with open(out, "w") as f:
+            f.write("precious\n")
+    else:
+        os.makedirs(out)
+        with open(os.path.join(out, "notes.txt"), "w") as f:
+            f.write("precious\n")
+    fails_cleanly(capsys, ["convert", "--hf", hf_single, "--out", out], None, out,
+                  "not empty")
+    if as_file:
+        with open(out) as f:
+            assert f.read() == "precious\n"
+        assert _leftovers(out) == []
+    else:
+        _assert_nothing_written(out, existing={"notes.txt": "precious\n"})
+
+
+def test_export_target_exists_and_not_empty(capsys, good_ckpt, tmp_path):
+    out = str(tmp_path / "exported")
+    os.makedirs(out)
+    with open(os.path.join(out, "model.safetensors"), "w") as f:
+        f.write("not yours\n")
+    fails_cleanly(capsys, ["export", "--ckpt", good_ckpt, "--out", out], out, out, "not empty",
+                  existing={"model.safetensors": "not yours\n"})
+
+
+def test_export_into_empty_existing_dir_is_fine(capsys, good_ckpt, tmp_path):
+    out = str(tmp_path / "exported")
+    os.makedirs(out)
+    assert cli.main(["export", "--ckpt", good_ckpt, "--out", out]) == 0
+    assert os.path.isfile(os.path.join(out, "model.safetensors"))
+    assert _leftovers(out) == []
+
+
+# ------------------------------------------------------------------------ export: bad input
+
+@pytest.mark.parametrize("kind", ["hf_dir", "missing", "file"])
+def test_export_ckpt_is_not_a_checkpoint(capsys, hf_single, tmp_path, kind):
+    if kind == "hf_dir":
+        ckpt = hf_single
+    elif kind == "missing":
+        ckpt = str(tmp_path / "no_ckpt")
+    else:
+        ckpt = str(tmp_path / "weights.bin")
+        with open(ckpt, "wb") as f:
+            f.write(b"\0" * 64)
+    out = str(tmp_path / "exported")
+    line = fails_cleanly(capsys, ["export", "--ckpt", ckpt, "--out", out], out, ckpt)
+    assert "not a memagent-jax checkpoint" in line
+
+
+@pytest.mark.parametrize("size", ["abc", "0", "-1KB", "5XB", "", "inf", "1e400", "nan"])
+def test_bad_max_shard_size(capsys, good_ckpt, tmp_path, size):
+    out = str(tmp_path / "exported")
+    fails_cleanly(capsys, ["export", "--ckpt", good_ckpt, "--out", out,
+                           f"--max-shard-size={size}"], out, "--max-shard-size", repr(size))
+
+
+def test_bad_max_shard_size_random_model(capsys, tmp_path):
+    out = str(tmp_path / "random")
+    fails_cleanly(capsys, ["random-model", "--out", out, "--max-shard-size", "lots"], out,
+                  "--max-shard-size", "'lots'")
+
+
+# ------------------------------------------------------------------- failures while writing
+
+def test_export_failure_midway_leaves_nothing(capsys, good_ckpt, tmp_path, monkeypatch):
+    """The disk fills up after the first shard: clean error, no output, no temp dir."""
+    real_write, written = hf_checkpoint.write_file, []
+
+    def write_then_fail(path, tensors):
+        if written:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        real_write(path, tensors)
+        written.append(path)
+
+    # hf_checkpoint imported write_file by name, so patch it where it is used.
+    monkeypatch.setattr(hf_checkpoint, "write_file", write_then_fail)
+    out = str(tmp_path / "exported")
+    fails_cleanly(capsys, ["export", "--ckpt", good_ckpt, "--out", out,
+                           "--max-shard-size", "20KB"], out, "No space left on device")
+    assert len(written) == 1 and os.path.basename(os.path.dirname(written[0])).startswith(
+        ".exported.tmp-")  # the first shard really was written, into the temp dir
+
+
+def test_export_interrupted_midway_leaves_nothing(good_ckpt, tmp_path, monkeypatch):
+    real_write, written = hf_checkpoint.write_file, []
+
+    def write_then_interrupt(path, tensors):
+        if written:
+            raise KeyboardInterrupt
+        real_write(path, tensors)
+        written.append(path)
+
+    monkeypatch.setattr(hf_checkpoint, "write_file", write_then_interrupt)
+    out = str(tmp_path / "exported")
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["export", "--ckpt", good_ckpt, "--out", out, "--max-shard-size", "20KB"])
+    assert len(written) == 1
+    _assert_nothing_written(out)
+
+
+def test_convert_failure_midway_leaves_nothing(capsys, hf_single, tmp_path, monkeypatch):
+    """Parameters already saved by Orbax, then copying the side files fails."""
+    from memagent_jax.models import checkpoint
+
+    def fail(src, dst):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES),
+                              os.path.join(dst, "tokenizer.json"))
+
+    monkeypatch.setattr(checkpoint, "copy_side_files", fail)
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf_single, "--out", out], out,
+                  "Permission denied", "tokenizer.json")
+
+
+# ------------------------------------------------------------------------- end to end
+
+def test_console_script_exit_status_and_stderr(hf_single, tmp_path):
+    hf = _copy(hf_single, tmp_path)
+    os.remove(os.path.join(hf, "config.json"))
+    out = str(tmp_path / "ckpt")
+    script = os.path.join(os.path.dirname(sys.executable), "memagent-jax")
+    command = [script] if os.path.isfile(script) else [sys.executable, "-m", "memagent_jax.cli"]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    result = subprocess.run(command + ["convert", "--hf", hf, "--out", out],
+                            capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith(PREFIX)
+    assert os.path.join(hf, "config.json") in lines[0]
+    _assert_nothing_written(out)

@@ -1,0 +1,90 @@
+"""HF -> our checkpoint -> HF: transformers loads the export, tensors survive bit-exactly."""
+
+import json
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+from memagent_jax.cli import main
+from memagent_jax.models import load_model, save_hf
+from tests.hf_reference import hf_logits, write_hf_model
+
+
+def _tiny_tokenizer(path):
+    """A real (word-level) fast tokenizer saved with its files, standing in for Qwen's."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "hello", "world", "[UNK]"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>").save_pretrained(str(path))
+
+
+def _state_dict(path):
+    return AutoModelForCausalLM.from_pretrained(path).state_dict()
+
+
+@pytest.mark.parametrize("dtype,tied", [("bfloat16", False), ("bfloat16", True),
+                                        ("float32", False)])
+def test_convert_then_export_is_bit_exact(tmp_path, dtype, tied):
+    src = write_hf_model(tmp_path / "src", seed=5, dtype=dtype, tie_word_embeddings=tied,
+                         max_shard_size="20KB")  # a sharded source with an index
+    assert os.path.isfile(os.path.join(src, "model.safetensors.index.json"))
+    _tiny_tokenizer(src)
+    assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
+    out = str(tmp_path / "out")
+    assert main(["export", "--ckpt", str(tmp_path / "ckpt"), "--out", out,
+                 "--max-shard-size", "15KB"]) == 0
+
+    index = json.loads(open(os.path.join(out, "model.safetensors.index.json")).read())
+    assert len(set(index["weight_map"].values())) > 1
+    before, after = _state_dict(src), _state_dict(out)
+    assert set(before) == set(after)
+    for name, tensor in before.items():
+        assert after[name].dtype == getattr(torch, dtype)
+        assert torch.equal(tensor, after[name]), name
+    hf_config = json.loads(open(os.path.join(out, "config.json")).read())
+    assert hf_config["torch_dtype"] == dtype and hf_config["tie_word_embeddings"] == tied
+    assert os.path.isfile(os.path.join(out, "generation_config.json"))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out)
+    assert tokenizer("hello world")["input_ids"] == [3, 4]
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert open(os.path.join(out, name), "rb").read() == open(os.path.join(src, name),
+                                                                   "rb").read()
+
+
+def test_export_loads_in_transformers_with_equal_logits(tmp_path):
+    src = write_hf_model(tmp_path / "src", seed=6, rope_parameters={
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
+        "original_max_position_embeddings": 32})
+    model, config = load_model(src)
+    save_hf(model, config, str(tmp_path / "out"))
+    ids = np.random.RandomState(4).randint(0, 101, (2, 48))
+    source = AutoModelForCausalLM.from_pretrained(src).eval()
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
+    assert exported.config.rope_parameters["rope_type"] == "yarn"
+    assert np.abs(hf_logits(exported, ids) - hf_logits(source, ids)).max() <= 1e-5
+    assert np.abs(np.asarray(model(jnp.asarray(ids))) - hf_logits(source, ids)).max() <= 1e-4
+
+
+def test_load_from_checkpoint_casts_dtype(tmp_path):
+    """A bf16 checkpoint loads as float32 (the CPU default) with the same values."""
+    src = write_hf_model(tmp_path / "src", seed=7, dtype="bfloat16")
+    assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
+    from_ckpt, config = load_model(str(tmp_path / "ckpt"), dtype="float32")
+    from_hf, _ = load_model(src, dtype="float32")
+    assert config.dtype == "float32" and from_ckpt.embed[...].dtype == jnp.float32
+    ids = jnp.asarray(np.random.RandomState(5).randint(0, 101, (1, 16)))
+    np.testing.assert_array_equal(np.asarray(from_ckpt(ids)), np.asarray(from_hf(ids)))
+
+
+def test_random_model_command_writes_a_loadable_preset(tmp_path):
+    out = str(tmp_path / "tiny")
+    assert main(["random-model", "--preset", "tiny", "--out", out, "--seed", "3"]) == 0
+    reference = AutoModelForCausalLM.from_pretrained(out).eval()
+    model, _ = load_model(out)
+    ids = np.arange(12)[None]
+    assert np.abs(np.asarray(model(jnp.asarray(ids))) - hf_logits(reference, ids)).max() <= 1e-4

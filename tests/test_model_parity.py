@@ -1,0 +1,107 @@
+"""Our Qwen2 against transformers' Qwen2ForCausalLM: same random weights, same logits (f32)."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memagent_jax.models import KVCache, load_model
+from tests.hf_reference import hf_logits, hf_model, write_hf_model
+
+TOL = 1e-4
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": 64}
+
+CASES = {
+    "untied_gqa2": {},
+    "tied": {"tie_word_embeddings": True},
+    "mha_ratio1": {"num_key_value_heads": 4},
+    "gqa_ratio7": {"hidden_size": 56, "num_attention_heads": 7, "num_key_value_heads": 1},
+    "yarn": {"rope_parameters": YARN},
+    "theta_1e6": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+}
+
+
+def _compare_unpadded(tmp_path, seq_len=80, **overrides):
+    path = write_hf_model(tmp_path / "hf", seed=1, **overrides)
+    model, _ = load_model(path)
+    ids = np.random.RandomState(0).randint(0, 101, (2, seq_len))
+    ours = np.asarray(model(jnp.asarray(ids)))
+    ref = hf_logits(hf_model(seed=1, **overrides), ids)
+    return np.abs(ours - ref).max()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(tmp_path, case):
+    assert _compare_unpadded(tmp_path, **CASES[case]) <= TOL
+
+
+def test_old_rope_config_form_matches(tmp_path):
+    """config.json with top-level rope_theta + rope_scaling (pre-transformers-5 form)."""
+    from transformers import AutoModelForCausalLM
+
+    path = write_hf_model(tmp_path / "hf", seed=2, rope_parameters=YARN)
+    config_file = tmp_path / "hf" / "config.json"
+    config = json.loads(config_file.read_text())
+    del config["rope_parameters"]
+    config["rope_theta"] = 10000.0
+    config["rope_scaling"] = {"type": "yarn", "factor": 4.0,
+                              "original_max_position_embeddings": 64}
+    config_file.write_text(json.dumps(config))
+
+    model, ours_config = load_model(path)
+    assert ours_config.rope_scaling["factor"] == 4.0 and ours_config.rope_theta == 10000.0
+    ids = np.random.RandomState(1).randint(0, 101, (1, 100))
+    reference = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert np.abs(np.asarray(model(jnp.asarray(ids))) - hf_logits(reference, ids)).max() <= TOL
+    # And the yarn rope really differs from the unscaled one at these lengths.
+    plain = hf_logits(hf_model(seed=2), ids)
+    assert np.abs(np.asarray(model(jnp.asarray(ids))) - plain).max() > 1e-3
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_padded_batch_matches_each_sequence_alone(tmp_path, side):
+    path = write_hf_model(tmp_path / "hf", seed=3)
+    model, _ = load_model(path)
+    reference = hf_model(seed=3)
+    rng = np.random.RandomState(2)
+    lengths, width = [5, 17, 12], 17
+    ids = np.zeros((3, width), np.int32)
+    mask = np.zeros((3, width), np.int32)
+    for row, n in enumerate(lengths):
+        cols = slice(width - n, width) if side == "left" else slice(0, n)
+        ids[row, cols] = rng.randint(3, 101, n)
+        mask[row, cols] = 1
+    logits = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+    for row, n in enumerate(lengths):
+        cols = slice(width - n, width) if side == "left" else slice(0, n)
+        expected = hf_logits(reference, ids[row:row + 1, cols])[0]
+        assert np.abs(logits[row, cols] - expected).max() <= TOL
+
+
+def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path):
+    """Two prompts of different lengths prefilled into a cache (right-padded to a bucket),
+    then N single-token steps; every step's logits equal the full forward's at that position."""
+    path = write_hf_model(tmp_path / "hf", seed=4)
+    model, config = load_model(path)
+    rng = np.random.RandomState(3)
+    full = rng.randint(3, 101, (2, 20))
+    prompt_lengths, bucket, steps = np.array([6, 11]), 16, 8
+    reference = [hf_logits(hf_model(seed=4), full[i:i + 1, :prompt_lengths[i] + steps])[0]
+                 for i in range(2)]
+
+    prompt = np.where(np.arange(bucket)[None] < prompt_lengths[:, None], full[:, :bucket], 0)
+    positions = np.broadcast_to(np.arange(bucket), (2, bucket))
+    cache = KVCache.zeros(config, batch=2, length=32)
+    logits, cache = model.forward_cached(jnp.asarray(prompt), jnp.asarray(positions), cache)
+    for i in range(2):
+        n = prompt_lengths[i]
+        assert np.abs(np.asarray(logits[i, :n]) - reference[i][:n]).max() <= TOL
+
+    for step in range(steps):
+        pos = prompt_lengths + step  # each row continues at its own position
+        token = full[np.arange(2), pos][:, None]
+        logits, cache = model.forward_cached(jnp.asarray(token), jnp.asarray(pos[:, None]), cache)
+        for i in range(2):
+            assert np.abs(np.asarray(logits[i, 0]) - reference[i][pos[i]]).max() <= TOL
