@@ -45,6 +45,60 @@ def _random_model(args) -> None:
     print(f"wrote a random-weight {args.preset} model ({args.dtype}) to {args.out}")
 
 
+def _generate(args) -> None:
+    import os
+
+    import jax
+    from tqdm import tqdm
+
+    from memagent_jax.models import load_model
+    from memagent_jax.rollout.engine import Engine, EngineConfig
+    from memagent_jax.rollout.jsonl import read_prompts, write_completions
+    from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.rollout.scheduler import Request, generate
+    from memagent_jax.tokenizer import load_tokenizer, stop_token_ids
+
+    if args.max_new_tokens <= 0:
+        raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        raise UserError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    if not os.path.isdir(args.model):
+        raise UserError(f"{args.model}: model directory not found")
+    tokenizer = load_tokenizer(args.model)
+    prompts = read_prompts(args.input, tokenizer)
+    longest = max(len(p) for p in prompts)
+    max_len = args.max_len or _power_of_two_at_least(longest + args.max_new_tokens)
+    for number, prompt in enumerate(prompts, start=1):
+        if len(prompt) >= max_len:
+            raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
+                            f"--max-len {max_len} (prompt + at least one new token)")
+    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    model, config = load_model(args.model, dtype=dtype, attention=args.attention)
+    engine = Engine(model, EngineConfig(slots=args.slots, max_len=max_len))
+    stops = stop_token_ids(args.model, config)
+    requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
+        args.temperature, args.top_p, args.top_k, args.seed + i), stops)
+        for i, p in enumerate(prompts)]
+    with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
+        results = generate(engine, requests, on_done=lambda i, c: bar.update(1))
+    rows = []
+    for (completion,) in results:
+        text = (tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                if tokenizer is not None else "")
+        rows.append({"completion_ids": completion.token_ids, "text": text,
+                     "logprobs": completion.logprobs,
+                     "finish_reason": completion.finish_reason})
+    write_completions(args.output, rows)
+    print(f"wrote {len(rows)} completions to {args.output}")
+
+
+def _power_of_two_at_least(n: int) -> int:
+    size = 16
+    while size < n:
+        size *= 2
+    return size
+
+
 def _parse_size(text: str) -> int:
     units = {"KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "B": 1}
     for unit, scale in units.items():
@@ -79,6 +133,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index (5GB)")
     p.set_defaults(func=_export)
+
+    p = sub.add_parser("generate", help="complete prompts from a JSONL file with the engine")
+    p.add_argument("--model", required=True, metavar="PATH", help="HF or checkpoint directory")
+    p.add_argument("--input", required=True, metavar="IN.jsonl",
+                   help='lines {"prompt": str} or {"prompt_ids": [int]}')
+    p.add_argument("--output", required=True, metavar="OUT.jsonl")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i")
+    p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
+    p.add_argument("--max-len", type=int, default=None,
+                   help="KV cache length per slot (default: longest prompt + max-new-tokens, "
+                        "rounded up to a power of two)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="default: float32 on CPU, bfloat16 on GPU/TPU")
+    p.add_argument("--attention", default="xla", choices=("xla", "dot_product", "cudnn"))
+    p.set_defaults(func=_generate)
 
     p = sub.add_parser("random-model",
                        help="write an HF directory with random weights in a Qwen2.5 shape")

@@ -22,12 +22,14 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh | None = None,
-               param_dtype: str | None = None) -> tuple[Qwen2, ModelConfig]:
+               param_dtype: str | None = None, attention: str = "xla"
+               ) -> tuple[Qwen2, ModelConfig]:
     """Loads an HF directory (config.json + safetensors) or one of our checkpoint directories.
 
     dtype: compute dtype, and parameter dtype unless `param_dtype` is given; None keeps the
     dtype the weights are stored in. mesh: parameters are placed with `param_shardings`;
-    None puts them on the default device. Returns (model, config); config.dtype is the
+    None puts them on the default device. attention: see `qwen2.ATTENTION_IMPLEMENTATIONS`.
+    Returns (model, config); config.dtype is the
     parameter dtype of the returned model.
     """
     if not os.path.isdir(path):
@@ -47,7 +49,7 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
         params = checkpoint.read_params(path, nest(targets))
     else:
         params = nest(hf_checkpoint.read_params(path, config, targets))
-    return build_model(config, params, dtype=compute_dtype), config
+    return build_model(config, params, dtype=compute_dtype, attention=attention), config
 
 
 def abstract_params(config: ModelConfig, mesh=None) -> dict[str, jax.ShapeDtypeStruct]:
@@ -59,10 +61,11 @@ def abstract_params(config: ModelConfig, mesh=None) -> dict[str, jax.ShapeDtypeS
             for path, (shape, _) in param_specs(config).items()}
 
 
-def build_model(config: ModelConfig, params: dict, dtype: str = "float32") -> Qwen2:
+def build_model(config: ModelConfig, params: dict, dtype: str = "float32",
+                attention: str = "xla") -> Qwen2:
     """A Qwen2 module holding the given nested parameter arrays (no random init is run)."""
     abstract = nnx.eval_shape(lambda: Qwen2(config, dtype=dtype, param_dtype=config.dtype,
-                                            rngs=nnx.Rngs(0)))
+                                            attention=attention, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     nnx.replace_by_pure_dict(state, params)
     return nnx.merge(graphdef, state)

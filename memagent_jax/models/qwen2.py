@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import attend
+from memagent_jax.models.attention import attend, attend_fused
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.rope import apply_rope, inverse_frequencies
 
@@ -99,13 +99,23 @@ class DecoderLayers(nnx.Module):
         return {name: getattr(self, name)[...] for name in LAYER_PARAMS}
 
 
+# "xla": the reference einsum attention; "dot_product": jax.nn.dot_product_attention with the
+# implementation JAX picks; "cudnn": forced cuDNN flash attention (GPU, bf16/fp16 only).
+ATTENTION_IMPLEMENTATIONS = {"xla": None, "dot_product": None, "cudnn": "cudnn"}
+
+
 class Qwen2(nnx.Module):
-    """Qwen2 causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype."""
+    """Qwen2 causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
+    `attention` one of ATTENTION_IMPLEMENTATIONS (the fused ones serve the KV-cache path)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 rngs: nnx.Rngs):
+                 attention: str = "xla", rngs: nnx.Rngs):
+        if attention not in ATTENTION_IMPLEMENTATIONS:
+            raise ValueError(f"attention must be one of {list(ATTENTION_IMPLEMENTATIONS)}, "
+                             f"got {attention!r}")
         self.config = config
         self.dtype = jnp.dtype(dtype)
+        self.attention = attention
         specs = param_specs(config)
         self.embed = nnx.Param(_init("embed", specs["embed"][0], param_dtype, rngs))
         self.layers = DecoderLayers(config, param_dtype, rngs)
@@ -127,17 +137,23 @@ class Qwen2(nnx.Module):
         hidden, _ = self._layers(input_ids, positions, causal[None] & mask[:, None, :], None)
         return self.logits(hidden)
 
-    def forward_cached(self, input_ids: jnp.ndarray, positions: jnp.ndarray, cache: KVCache):
+    def forward_cached(self, input_ids: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
+                       logits_index: jnp.ndarray | None = None):
         """Runs input_ids [B, T] at positions [B, T], attending to cache entries <= position.
 
         Each token's key/value is written at cache index = its position, so a prefill writes
         0..T-1 (padding after the prompt lands beyond it and is overwritten by later decode
         steps before any query can see it) and a decode step writes one entry per row.
-        Returns (logits [B, T, V] float32, updated cache).
+        logits_index [B]: return only the logits at that index of each row ([B, V]), which
+        spares a long prefill the [B, T, V] tensor.
+        Returns (logits [B, T, V] or [B, V] float32, updated cache).
         """
         length = cache.k.shape[2]
         mask = jnp.arange(length)[None, None, :] <= positions[:, :, None]
         hidden, cache = self._layers(input_ids, positions, mask, cache)
+        if logits_index is not None:
+            hidden = jnp.take_along_axis(hidden, logits_index[:, None, None], axis=1)
+            return self.logits(hidden)[:, 0], cache
         return self.logits(hidden), cache
 
     def logits(self, hidden: jnp.ndarray) -> jnp.ndarray:
@@ -153,6 +169,10 @@ class Qwen2(nnx.Module):
         inv_freq, attention_factor = _rope_constants(config)
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(dtype)
         batch_index = jnp.arange(input_ids.shape[0])[:, None]
+        t = input_ids.shape[1]
+        # The fused kernels express a prefill from 0 filling the cache, or single-token steps.
+        fused = (self.attention != "xla" and cache is not None
+                 and t in (1, cache.k.shape[2]))
 
         def layer(x, scanned):
             p, k_cache, v_cache = scanned
@@ -167,7 +187,11 @@ class Qwen2(nnx.Module):
                 k_cache = k_cache.at[batch_index, positions].set(k.astype(k_cache.dtype))
                 v_cache = v_cache.at[batch_index, positions].set(v.astype(v_cache.dtype))
                 k, v = k_cache.astype(dtype), v_cache.astype(dtype)
-            out = attend(q, k, v, mask)
+            if fused:
+                out = attend_fused(q, k, v, causal=t > 1, kv_lengths=positions[:, -1] + 1,
+                                   implementation=ATTENTION_IMPLEMENTATIONS[self.attention])
+            else:
+                out = attend(q, k, v, mask)
             x = x + jnp.einsum("bthk,hkd->btd", out, p["o_kernel"])
             h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
             gated = jax.nn.silu(h @ p["gate_kernel"]) * (h @ p["up_kernel"])

@@ -1,0 +1,1 @@
+"""Decoding: the engine, sampling, the request scheduler (and, next, the MemAgent loop)."""

@@ -1,0 +1,201 @@
+"""A JetStream-style decoding engine: prefill, insert into a slot, one step for all slots.
+
+The engine owns a fixed number of decode slots, each with a KV cache of `max_len` entries. A
+prompt is prefilled alone at a bucketed length (a prefix: its cache and last logits), inserted
+into a free slot (sampling that slot's first token), and from then on every `generate` call
+advances all slots by one token. Shapes never change after warm-up: slots, max_len and the
+prefill buckets are fixed, and the three hot functions are jitted pure functions of the model
+state (from `nnx.split`) with the decode state donated, so a step updates the cache in place.
+
+Slots are split over the mesh's `data` axis and KV heads over `tensor`, like the parameters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from memagent_jax.models.qwen2 import KVCache, Qwen2
+from memagent_jax.models.sharding import partition_spec
+from memagent_jax.rollout.sampling import SamplingParams, request_key, sample
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineConfig:
+    """slots: sequences decoded together; max_len: KV entries per slot (prompt + generated);
+    prefill_buckets: prompt lengths compiled for (default: powers of two from 16 to max_len)."""
+    slots: int = 8
+    max_len: int = 2048
+    prefill_buckets: tuple[int, ...] | None = None
+
+    def buckets(self) -> tuple[int, ...]:
+        if self.prefill_buckets:
+            return tuple(sorted(self.prefill_buckets))
+        sizes, b = [], 16
+        while b < self.max_len:
+            sizes.append(b)
+            b *= 2
+        return tuple(sizes) + (self.max_len,)
+
+
+class Prefix(NamedTuple):
+    """A prefilled prompt: cache [L, 1, bucket, Hkv, D], last_logits [1, V], length [] int32."""
+    cache: KVCache
+    last_logits: jnp.ndarray
+    length: jnp.ndarray
+
+
+class DecodeState(NamedTuple):
+    """Everything a decode step reads, one row per slot ([S] unless noted)."""
+    cache: KVCache            # [L, S, max_len, Hkv, D]
+    tokens: jnp.ndarray       # int32: the token each slot feeds next
+    positions: jnp.ndarray    # int32: that token's position
+    steps: jnp.ndarray        # int32: tokens generated so far (indexes the sampling key)
+    keys: jnp.ndarray         # [S, 2] uint32: the slot's request key
+    temperature: jnp.ndarray  # float32
+    top_p: jnp.ndarray        # float32
+    top_k: jnp.ndarray        # int32
+
+
+class Engine:
+    """Decoding over `config.slots` slots for one model; see the module docstring."""
+
+    def __init__(self, model: Qwen2, config: EngineConfig = EngineConfig(),
+                 mesh: jax.sharding.Mesh | None = None):
+        if config.max_len < 2 or config.slots < 1:
+            raise ValueError(f"invalid engine config {config}")
+        self.config = config
+        self.model_config = model.config
+        self.mesh = mesh
+        self.dtype = model.dtype
+        self.graphdef, self.params = nnx.split(model)
+        self.buckets = config.buckets()
+        self.prefill_count = 0  # prompts prefilled so far (tests count these)
+        self._state_sharding = self._decode_state_sharding()
+        self._prefill = jax.jit(self._prefill_fn)
+        self._insert = jax.jit(self._insert_fn, donate_argnums=(1,),
+                               out_shardings=(self._state_sharding, None, None))
+        self._generate = jax.jit(self._generate_fn, donate_argnums=(1,),
+                                 out_shardings=(self._state_sharding, None, None))
+
+    # ---- the three operations -------------------------------------------------------------
+
+    def init_decode_state(self) -> DecodeState:
+        """All slots empty (their rows are computed but ignored until something is inserted)."""
+        slots, length = self.config.slots, self.config.max_len
+        state = DecodeState(
+            cache=KVCache.zeros(self.model_config, slots, length, self.dtype),
+            tokens=jnp.zeros(slots, jnp.int32), positions=jnp.zeros(slots, jnp.int32),
+            steps=jnp.zeros(slots, jnp.int32), keys=jnp.zeros((slots, 2), jnp.uint32),
+            temperature=jnp.zeros(slots, jnp.float32), top_p=jnp.ones(slots, jnp.float32),
+            top_k=jnp.zeros(slots, jnp.int32))
+        # Committed to its sharding, like every later state, so the first insert does not
+        # compile a variant of its own.
+        return jax.device_put(state, self._state_sharding)
+
+    def prefill(self, prompt_ids: list[int] | np.ndarray) -> Prefix:
+        """Runs a prompt (1 <= len <= max_len - 1) through the model at its bucket length."""
+        n = len(prompt_ids)
+        bucket = self.bucket_for(n)
+        ids = np.zeros((1, bucket), np.int32)
+        ids[0, :n] = prompt_ids
+        self.prefill_count += 1
+        return self._prefill(self.params, jnp.asarray(ids), jnp.int32(n))
+
+    def insert(self, prefix: Prefix, state: DecodeState, slot: int, sampling: SamplingParams,
+               sample_index: int = 0) -> tuple[DecodeState, int, float]:
+        """Puts a prefix into `slot` and samples its first token with the key of sample
+        `sample_index` of a request seeded `sampling.seed` (required here; the scheduler draws
+        one for requests without). Returns (state, first token, its logprob). `state` is
+        donated: use the returned one."""
+        params = (request_key(sampling.seed, sample_index), jnp.float32(sampling.temperature),
+                  jnp.float32(sampling.top_p), jnp.int32(sampling.top_k))
+        state, token, logprob = self._insert(prefix, state, jnp.int32(slot), *params)
+        return state, token, logprob
+
+    def generate(self, state: DecodeState) -> tuple[DecodeState, jnp.ndarray, jnp.ndarray]:
+        """One token for every slot: (state, tokens [S] int32, logprobs [S] float32)."""
+        return self._generate(self.params, state)
+
+    # ---- helpers --------------------------------------------------------------------------
+
+    def bucket_for(self, length: int) -> int:
+        for bucket in self.buckets:
+            if length <= bucket:
+                return bucket
+        raise ValueError(f"prompt of {length} tokens exceeds the largest bucket "
+                         f"{self.buckets[-1]}")
+
+    def warm_up(self) -> None:
+        """Compiles every bucket's prefill and insert and the decode step."""
+        state = self.init_decode_state()
+        for bucket in self.buckets:
+            prompt = [0] * min(bucket, self.config.max_len - 1)
+            state, _, _ = self.insert(self.prefill(prompt), state, 0,
+                                      SamplingParams(temperature=0.0, seed=0))
+        self.prefill_count = 0
+        jax.block_until_ready(self.generate(state))
+
+    def _decode_state_sharding(self) -> DecodeState:
+        if self.mesh is None:
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            return DecodeState(KVCache(device, device), *[device] * 7)
+        c, slots, length = self.model_config, self.config.slots, self.config.max_len
+        cache_shape = (c.num_layers, slots, length, c.num_kv_heads, c.head_dim)
+        spec = functools.partial(partition_spec, mesh=self.mesh)
+        cache = NamedSharding(self.mesh, spec(cache_shape, ("layers", "batch", None,
+                                                            "kv_heads", None)))
+        row = NamedSharding(self.mesh, spec((slots,), ("batch",)))
+        keys = NamedSharding(self.mesh, spec((slots, 2), ("batch", None)))
+        return DecodeState(KVCache(cache, cache), row, row, row, keys, row, row, row)
+
+    # ---- pure functions (jitted in __init__) -----------------------------------------------
+
+    def _prefill_fn(self, params, ids, length) -> Prefix:
+        model = nnx.merge(self.graphdef, params)
+        bucket = ids.shape[1]
+        cache = KVCache.zeros(self.model_config, 1, bucket, model.dtype)
+        positions = jnp.arange(bucket, dtype=jnp.int32)[None]
+        logits, cache = model.forward_cached(ids, positions, cache,
+                                             logits_index=jnp.reshape(length - 1, (1,)))
+        return Prefix(cache, logits, length)
+
+    def _insert_fn(self, prefix: Prefix, state: DecodeState, slot, key, temperature, top_p,
+                   top_k):
+        token, logprob = sample(prefix.last_logits, temperature[None], top_p[None], top_k[None],
+                                key[None], jnp.zeros(1, jnp.int32))
+
+        def put(cache, new):
+            return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype),
+                                                (0, slot, 0, 0, 0))
+
+        state = DecodeState(
+            cache=KVCache(put(state.cache.k, prefix.cache.k), put(state.cache.v, prefix.cache.v)),
+            tokens=state.tokens.at[slot].set(token[0]),
+            positions=state.positions.at[slot].set(prefix.length),
+            steps=state.steps.at[slot].set(1),
+            keys=state.keys.at[slot].set(key),
+            temperature=state.temperature.at[slot].set(temperature),
+            top_p=state.top_p.at[slot].set(top_p),
+            top_k=state.top_k.at[slot].set(top_k))
+        return state, token[0], logprob[0]
+
+    def _generate_fn(self, params, state: DecodeState):
+        model = nnx.merge(self.graphdef, params)
+        logits, cache = model.forward_cached(
+            state.tokens[:, None], state.positions[:, None], state.cache,
+            logits_index=jnp.zeros_like(state.tokens))
+        tokens, logprobs = sample(logits, state.temperature, state.top_p, state.top_k,
+                                  state.keys, state.steps)
+        # A free slot keeps stepping; clamping keeps its writes inside the cache.
+        positions = jnp.minimum(state.positions + 1, self.config.max_len - 1)
+        state = state._replace(cache=cache, tokens=tokens, positions=positions,
+                               steps=state.steps + 1)
+        return state, tokens, logprobs

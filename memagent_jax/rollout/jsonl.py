@@ -1,0 +1,62 @@
+"""The `generate` command's files: prompts in, completions out, one JSON object per line."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from memagent_jax.errors import UserError
+
+
+def read_prompts(path: str, tokenizer) -> list[list[int]]:
+    """Lines {"prompt": str} (needs a tokenizer) or {"prompt_ids": [int, ...]}; blank lines
+    are skipped. Errors name the file and line number."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: not found")
+    prompts = []
+    with open(path, encoding="utf-8", errors="strict") as f:
+        try:
+            lines = f.readlines()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path} line {number}"
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(item, dict) or ("prompt" in item) == ("prompt_ids" in item):
+            raise UserError(f"{where}: expected an object with exactly one of 'prompt' or "
+                            "'prompt_ids'")
+        if "prompt_ids" in item:
+            ids = item["prompt_ids"]
+            if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise UserError(f"{where}: 'prompt_ids' must be a list of token ids")
+        else:
+            if not isinstance(item["prompt"], str):
+                raise UserError(f"{where}: 'prompt' must be a string")
+            if tokenizer is None:
+                raise UserError(f"{where}: a text 'prompt' needs tokenizer files in the model "
+                                "directory; give 'prompt_ids' instead")
+            ids = tokenizer(item["prompt"])["input_ids"]
+        if not ids:
+            raise UserError(f"{where}: empty prompt")
+        prompts.append(ids)
+    if not prompts:
+        raise UserError(f"{path}: no prompts")
+    return prompts
+
+
+def write_completions(path: str, rows: list[dict]) -> None:
+    """Writes all rows, via a temporary file renamed into place (no half-written output)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

@@ -1,0 +1,58 @@
+"""Token sampling for all decode slots at once: greedy, temperature, top-k, top-p.
+
+Each slot carries its request's own key; the token at generation step t is drawn with
+fold_in(key, t), so a seed gives the same tokens whichever slot a request lands in and whatever
+else runs beside it. Truncation order is top-k, then top-p over the renormalised survivors (as
+transformers' and vLLM's samplers). The returned log-probability is the token's under the model
+at the request's temperature, before any truncation: what a policy-gradient learner needs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off; seed None draws
+    a fresh one."""
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+def request_key(seed: int, sample_index: int) -> jnp.ndarray:
+    """The raw key [2] uint32 of sample `sample_index` of a request seeded with `seed`."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), sample_index)
+
+
+def sample(logits: jnp.ndarray, temperature: jnp.ndarray, top_p: jnp.ndarray,
+           top_k: jnp.ndarray, keys: jnp.ndarray, steps: jnp.ndarray):
+    """logits [S, V] float32; temperature, top_p [S] float32; top_k, steps [S] int32;
+    keys [S, 2] uint32. Returns (tokens [S] int32, logprobs [S] float32)."""
+    greedy = temperature <= 0
+    scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
+    logprobs = jax.nn.log_softmax(scaled, axis=-1)
+    needs_truncation = jnp.any(~greedy & ((top_k > 0) | (top_p < 1)))
+    filtered = jax.lax.cond(needs_truncation, _truncate, lambda s, p, k: s, scaled, top_p, top_k)
+    step_keys = jax.vmap(jax.random.fold_in)(keys, steps)
+    drawn = jax.vmap(jax.random.categorical)(step_keys, filtered)
+    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+
+
+def _truncate(scaled: jnp.ndarray, top_p: jnp.ndarray, top_k: jnp.ndarray) -> jnp.ndarray:
+    """Sets logits outside each row's top-k, then outside its top-p nucleus, to -inf."""
+    vocab = scaled.shape[-1]
+    ordered = -jnp.sort(-scaled, axis=-1)  # descending
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    ordered = jnp.where(jnp.arange(vocab)[None, :] < k[:, None], ordered, -jnp.inf)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep = jnp.sum(mass_before < top_p[:, None], axis=-1)  # >= 1: the top token always stays
+    threshold = jnp.take_along_axis(ordered, (keep - 1)[:, None], axis=-1)
+    return jnp.where(scaled >= threshold, scaled, -jnp.inf)

@@ -1,0 +1,158 @@
+"""Continuous batching over the engine's slots: requests in, completions out.
+
+Requests wait in submission order; whenever a slot is free the next one is prefilled and
+inserted, and every engine step advances all busy slots by one token. A slot is freed the step
+its request stops (a stop id, its token limit, or the engine's max_len), so short requests never
+wait for long ones. A request with n > 1 samples is prefilled once and its prefix inserted into
+n slots, each sample drawing from its own key. `on_done` callbacks may submit more requests
+(the MemAgent loop chains a document's turns this way).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import secrets
+from typing import Callable
+
+import jax
+import numpy as np
+
+from memagent_jax.errors import UserError
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    prompt_ids: tuple[int, ...]
+    max_new_tokens: int = 256
+    sampling: SamplingParams = SamplingParams()
+    stop_ids: tuple[int, ...] = ()
+    n: int = 1
+
+
+@dataclasses.dataclass
+class Completion:
+    """token_ids include the stop token when finish_reason is "stop"; logprobs[i] is
+    token_ids[i]'s log-probability at the request's temperature."""
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str = ""  # "stop" | "length"
+
+
+@dataclasses.dataclass
+class _Active:
+    request_id: int
+    sample_index: int
+    completion: Completion
+
+
+class Scheduler:
+    """Feeds requests through an Engine; see the module docstring."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.state = engine.init_decode_state()
+        self.requests: dict[int, Request] = {}
+        self.results: dict[int, list[Completion | None]] = {}
+        self._callbacks: dict[int, Callable[[list[Completion]], None]] = {}
+        self._waiting: collections.deque[tuple[int, int]] = collections.deque()
+        self._prefixes: dict[int, tuple[object, int]] = {}  # request -> (prefix, inserts left)
+        self._slots: list[_Active | None] = [None] * engine.config.slots
+        self._next_id = 0
+
+    def check(self, request: Request) -> None:
+        """Raises UserError if the engine cannot serve the request."""
+        limit = self.engine.config.max_len
+        if not request.prompt_ids:
+            raise UserError("empty prompt")
+        if len(request.prompt_ids) >= limit:
+            raise UserError(f"prompt of {len(request.prompt_ids)} tokens does not fit the "
+                            f"engine's maximum length of {limit} tokens (prompt + reply)")
+        if request.max_new_tokens <= 0:
+            raise UserError(f"max_new_tokens must be positive, got {request.max_new_tokens}")
+        if request.n < 1:
+            raise UserError(f"n must be at least 1, got {request.n}")
+
+    def submit(self, request: Request,
+               on_done: Callable[[list[Completion]], None] | None = None) -> int:
+        """Queues a request; returns its id. on_done(completions) runs when all n finish."""
+        self.check(request)
+        if request.sampling.seed is None:
+            request = dataclasses.replace(request, sampling=dataclasses.replace(
+                request.sampling, seed=secrets.randbits(31)))
+        request_id = self._next_id
+        self._next_id += 1
+        self.requests[request_id] = request
+        self.results[request_id] = [None] * request.n
+        if on_done is not None:
+            self._callbacks[request_id] = on_done
+        self._waiting.extend((request_id, j) for j in range(request.n))
+        return request_id
+
+    def run(self) -> None:
+        """Steps until every submitted request (and any its callbacks submit) has finished."""
+        while self._waiting or any(self._slots):
+            self._fill_free_slots()
+            if any(self._slots):
+                self.state, tokens, logprobs = self.engine.generate(self.state)
+                tokens, logprobs = jax.device_get((tokens, logprobs))
+                for slot, active in enumerate(self._slots):
+                    if active is not None:
+                        self._append(slot, int(tokens[slot]), float(logprobs[slot]))
+
+    def _fill_free_slots(self) -> None:
+        for slot in range(len(self._slots)):
+            while self._slots[slot] is None and self._waiting:
+                request_id, sample_index = self._waiting.popleft()
+                request = self.requests[request_id]
+                prefix = self._take_prefix(request_id, request)
+                self.state, token, logprob = self.engine.insert(
+                    prefix, self.state, slot, request.sampling, sample_index)
+                self._slots[slot] = _Active(request_id, sample_index, Completion([], []))
+                self._append(slot, int(token), float(logprob))
+
+    def _take_prefix(self, request_id: int, request: Request):
+        prefix, left = self._prefixes.get(request_id) or (
+            self.engine.prefill(np.asarray(request.prompt_ids, np.int32)), request.n)
+        if left > 1:
+            self._prefixes[request_id] = (prefix, left - 1)
+        else:
+            self._prefixes.pop(request_id, None)
+        return prefix
+
+    def _append(self, slot: int, token: int, logprob: float) -> None:
+        active = self._slots[slot]
+        request = self.requests[active.request_id]
+        completion = active.completion
+        completion.token_ids.append(token)
+        completion.logprobs.append(logprob)
+        if token in request.stop_ids:
+            completion.finish_reason = "stop"
+        elif (len(completion.token_ids) >= request.max_new_tokens
+              or len(request.prompt_ids) + len(completion.token_ids) >= self.engine.config.max_len):
+            completion.finish_reason = "length"
+        else:
+            return
+        self._slots[slot] = None
+        results = self.results[active.request_id]
+        results[active.sample_index] = completion
+        if all(r is not None for r in results):
+            callback = self._callbacks.pop(active.request_id, None)
+            if callback is not None:
+                callback(results)
+
+
+def generate(engine: Engine, requests: list[Request],
+             on_done: Callable[[int, list[Completion]], None] | None = None
+             ) -> list[list[Completion]]:
+    """Runs requests to completion; returns each request's n completions, in input order.
+    on_done(index, completions) is called as each request finishes (for progress bars)."""
+    scheduler = Scheduler(engine)
+    for request in requests:
+        scheduler.check(request)
+    ids = [scheduler.submit(r, None if on_done is None else
+                            (lambda c, i=i: on_done(i, c))) for i, r in enumerate(requests)]
+    scheduler.run()
+    return [scheduler.results[i] for i in ids]

@@ -1,0 +1,40 @@
+"""The tokenizer and stop tokens that belong to a model directory (HF or our checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+from memagent_jax.models.checkpoint import side_files_dir
+from memagent_jax.models.config import ModelConfig
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def _side_dirs(model_path: str) -> list[str]:
+    """Where a model's tokenizer/generation files live: an HF dir, or a checkpoint's copy."""
+    return [model_path, side_files_dir(model_path)]
+
+
+def load_tokenizer(model_path: str):
+    """transformers' tokenizer for the model, or None when the directory has none."""
+    for directory in _side_dirs(model_path):
+        if any(os.path.isfile(os.path.join(directory, f)) for f in _TOKENIZER_FILES):
+            from transformers import AutoTokenizer  # heavy; only when text is involved
+            return AutoTokenizer.from_pretrained(directory)
+    return None
+
+
+def stop_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (Qwen2.5-Instruct lists <|im_end|> and
+    <|endoftext|> there), else from config.json."""
+    eos = config.extra.get("eos_token_id")
+    for directory in _side_dirs(model_path):
+        path = os.path.join(directory, "generation_config.json")
+        if os.path.isfile(path):
+            with open(path) as f:
+                eos = json.load(f).get("eos_token_id", eos)
+            break
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, list) else (int(eos),)
