@@ -17,10 +17,17 @@ def _side_dirs(model_path: str) -> list[str]:
 
 
 def load_tokenizer(model_path: str):
-    """transformers' tokenizer for the model, or None when the directory has none."""
+    """transformers' tokenizer for the model, or None when the directory has none.
+
+    tokenizer.json is loaded as written (PreTrainedTokenizerFast); AutoTokenizer would pick
+    the class from config.json's model_type instead, and rebuild it from vocab/merges files.
+    """
     for directory in _side_dirs(model_path):
+        if os.path.isfile(os.path.join(directory, "tokenizer.json")):
+            from transformers import PreTrainedTokenizerFast  # heavy; only for text
+            return PreTrainedTokenizerFast.from_pretrained(directory)
         if any(os.path.isfile(os.path.join(directory, f)) for f in _TOKENIZER_FILES):
-            from transformers import AutoTokenizer  # heavy; only when text is involved
+            from transformers import AutoTokenizer
             return AutoTokenizer.from_pretrained(directory)
     return None
 

@@ -43,3 +43,16 @@ def hf_logits(model, input_ids: np.ndarray) -> np.ndarray:
     import torch
     with torch.no_grad():
         return model(torch.as_tensor(np.asarray(input_ids))).logits.float().numpy()
+
+
+def write_tiny_tokenizer(path) -> list[str]:
+    """Saves a real (word-level) fast tokenizer standing in for Qwen's; returns its words,
+    whose ids are their list indices (all below TINY's vocab_size)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "</s>", "hello", "world", "[UNK]", "the", "answer", "is", "memory"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>").save_pretrained(str(path))
+    return words

@@ -11,16 +11,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from memagent_jax.cli import main
 from memagent_jax.models import load_model, save_hf
-from tests.hf_reference import hf_logits, write_hf_model
-
-
-def _tiny_tokenizer(path):
-    """A real (word-level) fast tokenizer saved with its files, standing in for Qwen's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "hello", "world", "[UNK]"])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>").save_pretrained(str(path))
+from tests.hf_reference import hf_logits, write_hf_model, write_tiny_tokenizer
 
 
 def _state_dict(path):
@@ -33,7 +24,7 @@ def test_convert_then_export_is_bit_exact(tmp_path, dtype, tied):
     src = write_hf_model(tmp_path / "src", seed=5, dtype=dtype, tie_word_embeddings=tied,
                          max_shard_size="20KB")  # a sharded source with an index
     assert os.path.isfile(os.path.join(src, "model.safetensors.index.json"))
-    _tiny_tokenizer(src)
+    write_tiny_tokenizer(src)
     assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
     out = str(tmp_path / "out")
     assert main(["export", "--ckpt", str(tmp_path / "ckpt"), "--out", out,

@@ -1,0 +1,85 @@
+"""`memagent-jax generate`: the JSONL contract end to end, and its bad-input errors."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from memagent_jax.cli import main
+from tests.hf_reference import hf_model, write_hf_model, write_tiny_tokenizer
+
+PREFIX = "memagent-jax: error: "
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = write_hf_model(tmp_path_factory.mktemp("gen") / "m", seed=12)
+    write_tiny_tokenizer(path)
+    return path
+
+
+def _write_lines(path, lines):
+    path.write_text("".join(line if isinstance(line, str) else json.dumps(line) + "\n"
+                            for line in lines))
+    return str(path)
+
+
+def test_generate_keeps_input_order_and_matches_transformers(model_dir, tmp_path, capsys):
+    prompts = [{"prompt": "hello world the answer is"}, {"prompt_ids": [7, 8, 9]},
+               {"prompt_ids": list(range(3, 60))}, {"prompt": "memory"}]
+    src = _write_lines(tmp_path / "in.jsonl", prompts)
+    out = str(tmp_path / "out.jsonl")
+    assert main(["generate", "--model", model_dir, "--input", src, "--output", out,
+                 "--max-new-tokens", "9", "--temperature", "0", "--slots", "2"]) == 0
+    rows = [json.loads(line) for line in open(out)]
+    assert len(rows) == 4
+    reference = hf_model(seed=12)
+    ids = [[3, 4, 6, 7, 8], [7, 8, 9], list(range(3, 60)), [9]]
+    for row, prompt in zip(rows, ids):
+        expected = reference.generate(torch.tensor([prompt]), max_new_tokens=9, do_sample=False,
+                                      eos_token_id=2, pad_token_id=0)[0, len(prompt):].tolist()
+        assert row["completion_ids"] == expected
+        assert len(row["logprobs"]) == len(expected) and all(lp <= 0 for lp in row["logprobs"])
+        assert row["finish_reason"] == ("stop" if expected[-1] == 2 else "length")
+        assert isinstance(row["text"], str)
+    assert "wrote 4 completions" in capsys.readouterr().out
+
+
+def test_sampling_is_reproducible_by_seed(model_dir, tmp_path):
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [5, 6, 7]}] * 3)
+    outputs = []
+    for seed, name in [(1, "a"), (1, "b"), (2, "c")]:
+        out = str(tmp_path / f"{name}.jsonl")
+        assert main(["generate", "--model", model_dir, "--input", src, "--output", out,
+                     "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "0.9",
+                     "--seed", str(seed)]) == 0
+        outputs.append([json.loads(line)["completion_ids"] for line in open(out)])
+    assert outputs[0] == outputs[1] and outputs[0] != outputs[2]
+
+
+@pytest.mark.parametrize("lines,extra,named", [
+    ([{"prompt_ids": [1, 2]}, {"prompt_ids": []}], [], "line 2: empty prompt"),
+    ([{"prompt": ""}], [], "line 1: empty prompt"),
+    ([{"prompt_ids": [1, 2]}, '{"prompt_ids": [1, 2\n'], [], "line 2: not valid JSON"),
+    ([{"text": "hi"}], [], "line 1: expected an object"),
+    ([{"prompt_ids": list(range(3, 40))}], ["--max-len", "32"], "37 tokens do not fit"),
+    ([{"prompt_ids": [1, 2]}], ["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+])
+def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, lines, extra, named):
+    src = _write_lines(tmp_path / "in.jsonl", lines)
+    out = str(tmp_path / "out.jsonl")
+    code = main(["generate", "--model", model_dir, "--input", src, "--output", out] + extra)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1 and err[0].startswith(PREFIX) and named in err[0], err
+    assert not os.path.exists(out)
+
+
+def test_missing_model_and_missing_input(tmp_path, model_dir, capsys):
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
+    assert main(["generate", "--model", str(tmp_path / "nope"), "--input", src,
+                 "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert "nope: model directory not found" in capsys.readouterr().err
+    assert main(["generate", "--model", model_dir, "--input", str(tmp_path / "none.jsonl"),
+                 "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert "none.jsonl: not found" in capsys.readouterr().err
