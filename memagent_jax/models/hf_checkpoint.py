@@ -1,19 +1,20 @@
 """Hugging Face checkpoint directories: streaming load onto a sharding, and export.
 
-Loading checks every file and tensor against the config before any device work, then builds
-each parameter with `jax.make_array_from_callback`: every device shard is cut from the
-memory-mapped tensors, one HF tensor at a time, so the host never holds a second copy of the
-model. Export writes safetensors shards (with an index above `max_shard_bytes`) tensor by
+Loading checks every file and tensor against the config before any device work, then places
+the memory-mapped tensors on the devices one at a time (see `_build`), so the host never holds
+more than one HF tensor beyond the model itself. Export writes safetensors shards (with an index above `max_shard_bytes`) tensor by
 tensor, in a temporary directory renamed into place at the end.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.errors import UserError
@@ -101,23 +102,25 @@ def _check_tensors(infos, config, targets, hf_dir):
 
 
 def _build(row: mapping.Row, infos: list[TensorInfo], target: jax.ShapeDtypeStruct) -> jax.Array:
-    stacked = row.ours.startswith("layers/")
-    shape, dtype = target.shape, target.dtype
+    """One parameter on its sharding. A stacked one starts as zeros on the devices and is
+    filled layer by layer in place (donated), so the host holds one HF tensor at a time; an
+    unstacked one is placed device shard by device shard."""
+    shape, dtype, sharding = target.shape, target.dtype, target.sharding
+    if row.ours.startswith("layers/"):
+        stacked = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
+        for layer, info in enumerate(infos):
+            tensor = mapping.to_ours(row, info.read(), shape[1:]).astype(dtype)
+            stacked = _set_layer(stacked, tensor, layer)
+        return stacked.block_until_ready()
+    full = mapping.to_ours(row, infos[0].read(), shape)  # a view of the memory map
+    buffers = [jax.device_put(np.ascontiguousarray(full[index]).astype(dtype), device)
+               for device, index in sharding.addressable_devices_indices_map(shape).items()]
+    return jax.make_array_from_single_device_arrays(shape, sharding, buffers)
 
-    def shard(index: tuple[slice, ...]) -> np.ndarray:
-        if not stacked:
-            return mapping.to_ours(row, infos[0].read(), shape)[index].astype(dtype)
-        layers = range(shape[0])[index[0]]
-        out = np.empty((len(layers),) + _sliced_shape(shape[1:], index[1:]), dtype)
-        for j, layer in enumerate(layers):  # one HF tensor on the host at a time
-            out[j] = mapping.to_ours(row, infos[layer].read(), shape[1:])[index[1:]]
-        return out
 
-    return jax.make_array_from_callback(shape, target.sharding, shard)
-
-
-def _sliced_shape(shape: tuple[int, ...], index: tuple[slice, ...]) -> tuple[int, ...]:
-    return tuple(len(range(n)[s]) for n, s in zip(shape, index))
+@functools.partial(jax.jit, donate_argnums=0)
+def _set_layer(stacked: jax.Array, layer: jax.Array, index: int) -> jax.Array:
+    return jax.lax.dynamic_update_index_in_dim(stacked, layer, index, axis=0)
 
 
 def write_directory(params: dict[str, jax.Array], config: ModelConfig, out_dir: str,
