@@ -7,6 +7,7 @@ stderr (`memagent-jax: error: ...`) and exit status 2, and outputs are written a
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from memagent_jax.errors import UserError
@@ -46,8 +47,6 @@ def _random_model(args) -> None:
 
 
 def _generate(args) -> None:
-    import os
-
     import jax
     from tqdm import tqdm
 
@@ -90,6 +89,90 @@ def _generate(args) -> None:
                      "finish_reason": completion.finish_reason})
     write_completions(args.output, rows)
     print(f"wrote {len(rows)} completions to {args.output}")
+
+
+def _run(args) -> None:
+    import json
+
+    from tqdm import tqdm
+
+    from memagent_jax.rollout.memagent import MemAgentConfig, split_document
+    from memagent_jax.tokenizer import load_tokenizer
+
+    config = MemAgentConfig(args.chunk_tokens, args.max_memory_tokens, args.max_final_tokens)
+    for name in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
+        if getattr(config, name) <= 0:
+            raise UserError(f"--{name.replace('_', '-')} must be positive")
+    document = _read_document(args.doc)
+    tokenizer_dir = args.tokenizer or args.model
+    tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
+    if tokenizer is None:
+        raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk the "
+                        "document with" + ("; pass --tokenizer DIR" if args.url else ""))
+    chunks = split_document(tokenizer, args.question, document, config)
+    bar = tqdm(total=len(chunks) + 1, desc="chunks", unit="turn", file=sys.stderr)
+
+    def show(kind: str, reply: str) -> None:
+        bar.update(1)
+        if args.verbose:
+            tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
+
+    if args.url:
+        from memagent_jax.rollout.server import run_on_server
+        record = run_on_server(args.url, args.model, args.question, chunks,
+                               max_memory_tokens=config.max_memory_tokens,
+                               max_final_tokens=config.max_final_tokens,
+                               temperature=args.temperature, top_p=args.top_p,
+                               api_key=os.environ.get("API_KEY"), timeout=args.timeout,
+                               on_turn=lambda n, kind, reply: show(kind, reply))
+    else:
+        record = _run_locally(args, config, tokenizer, document, show)
+    bar.close()
+    if args.json:
+        print(json.dumps(record, ensure_ascii=False, indent=2))
+    answer = record["answer"]
+    print(answer if answer is not None else record["final_reply"].strip())
+
+
+def _run_locally(args, config, tokenizer, document, show) -> dict:
+    import dataclasses
+
+    import jax
+
+    from memagent_jax.models import load_model
+    from memagent_jax.rollout.engine import Engine, EngineConfig
+    from memagent_jax.rollout.memagent import MemoryAgent, required_length
+    from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.rollout.scheduler import Scheduler
+    from memagent_jax.tokenizer import stop_token_ids
+
+    if not os.path.isdir(args.model):
+        raise UserError(f"{args.model}: model directory not found")
+    needed = required_length(tokenizer, config.max_problem_tokens, config)
+    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
+    model, model_config = load_model(args.model, dtype=dtype, attention=args.attention)
+    engine = Engine(model, EngineConfig(slots=1, max_len=-(-needed // 256) * 256))
+    agent = MemoryAgent(Scheduler(engine), tokenizer, config,
+                        stop_token_ids(args.model, model_config))
+    sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
+    (trajectory,) = agent.run([(args.question, document)], sampling,
+                              seed=args.seed, on_turn=lambda i, c: show(c.kind, c.reply))[0]
+    record = dataclasses.asdict(trajectory)
+    record.update(memories=trajectory.memories, final_reply=trajectory.final_reply)
+    return record
+
+
+def _read_document(path: str) -> str:
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: not found")
+    data = open(path, "rb").read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (invalid byte at offset {e.start})") from None
+    if not text.strip():
+        raise UserError(f"{path}: the document is empty")
+    return text
 
 
 def _power_of_two_at_least(n: int) -> int:
@@ -152,6 +235,29 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: float32 on CPU, bfloat16 on GPU/TPU")
     p.add_argument("--attention", default="xla", choices=("xla", "dot_product", "cudnn"))
     p.set_defaults(func=_generate)
+
+    p = sub.add_parser("run", help="answer a question about a long document with the memory "
+                                   "agent (the quickstart)")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="HF or checkpoint directory (with --url: the served model's name)")
+    p.add_argument("--doc", required=True, metavar="FILE", help="UTF-8 text of any length")
+    p.add_argument("--question", required=True)
+    p.add_argument("--chunk-tokens", type=int, default=5000)
+    p.add_argument("--max-memory-tokens", type=int, default=1024)
+    p.add_argument("--max-final-tokens", type=int, default=1024)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    p.add_argument("--verbose", action="store_true", help="print every turn's memory")
+    p.add_argument("--url", help="OpenAI-compatible API base URL (key in env API_KEY) "
+                                 "instead of the local engine")
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="tokenizer directory for chunking (default: --model)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"))
+    p.add_argument("--attention", default="xla", choices=("xla", "dot_product", "cudnn"))
+    p.set_defaults(func=_run)
 
     p = sub.add_parser("random-model",
                        help="write an HF directory with random weights in a Qwen2.5 shape")

@@ -54,5 +54,8 @@ def write_tiny_tokenizer(path) -> list[str]:
     words = ["<pad>", "<s>", "</s>", "hello", "world", "[UNK]", "the", "answer", "is", "memory"]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>").save_pretrained(str(path))
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>")
+    wrapped.chat_template = ("{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+                             "{% if add_generation_prompt %}<s> {% endif %}")
+    wrapped.save_pretrained(str(path))
     return words

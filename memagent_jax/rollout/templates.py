@@ -7,6 +7,8 @@ sends it to vLLM. Note the space after `<problem>` and the final newline: both a
 
 from __future__ import annotations
 
+from memagent_jax.errors import UserError
+
 INITIAL_MEMORY = "No previous memory"
 
 UPDATE_TEMPLATE = """You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.
@@ -52,6 +54,9 @@ def final_prompt(problem: str, memory: str) -> str:
 
 def chat_prompt_ids(tokenizer, user_message: str) -> list[int]:
     """The message as one user turn of the tokenizer's chat template, ready for generation."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("the tokenizer has no chat template (tokenizer_config.json "
+                        "'chat_template' or chat_template.jinja)")
     ids = tokenizer.apply_chat_template([{"role": "user", "content": user_message}],
                                         tokenize=True, add_generation_prompt=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return an encoding

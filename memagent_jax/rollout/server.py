@@ -1,0 +1,65 @@
+"""The MemAgent workflow against an OpenAI-compatible chat-completions server (`run --url`).
+
+Same turns as on the local engine (`memory_turns`), one HTTP request per turn, as the original
+quickstart does with vLLM or a hosted model. The URL is the API base (".../v1", or an Azure
+deployment URL); the key comes from the API_KEY environment variable.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Callable
+
+from memagent_jax.errors import UserError
+from memagent_jax.rollout.answers import extract_boxed
+from memagent_jax.rollout.memagent import memory_turns
+
+
+def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: float,
+         top_p: float, api_key: str | None, timeout: float) -> str:
+    """One chat completion: the reply text. Raises OSError/ValueError on failure."""
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": message}],
+                       "max_tokens": max_tokens, "temperature": temperature,
+                       "top_p": top_p}).encode()
+    headers = {"Content-Type": "application/json"}
+    if api_key:
+        headers["Authorization"] = f"Bearer {api_key}"
+        headers["api-key"] = api_key  # Azure OpenAI reads this header instead
+    request = urllib.request.Request(url.rstrip("/") + "/chat/completions", body, headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        payload = json.loads(response.read())
+    return payload["choices"][0]["message"]["content"] or ""
+
+
+def run_on_server(url: str, model: str, problem: str, chunk_texts: list[str], *,
+                  max_memory_tokens: int, max_final_tokens: int, temperature: float,
+                  top_p: float, api_key: str | None, timeout: float = 300.0,
+                  on_turn: Callable[[int, str, str], None] | None = None) -> dict:
+    """Runs every turn; returns {"memories": [...], "final_reply": str, "answer": str|None}.
+    on_turn(turn number, kind, reply) after each turn. A failed request raises a UserError
+    naming the turn."""
+    turns = memory_turns(problem, chunk_texts)
+    memories, reply, number = [], None, 0
+    while True:
+        try:
+            kind, message = turns.send(reply)
+        except StopIteration:
+            break
+        number += 1
+        cap = max_memory_tokens if kind == "update" else max_final_tokens
+        try:
+            reply = chat(url, model, message, max_tokens=cap, temperature=temperature,
+                         top_p=top_p, api_key=api_key, timeout=timeout)
+        except urllib.error.HTTPError as e:
+            raise UserError(f"{url}: turn {number} ({kind}): server answered HTTP {e.code} "
+                            f"{e.reason}") from None
+        except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
+            raise UserError(f"{url}: turn {number} ({kind}): request failed "
+                            f"({type(e).__name__}: {e})") from None
+        if on_turn is not None:
+            on_turn(number, kind, reply)
+        if kind == "update":
+            memories.append(reply)
+    return {"memories": memories, "final_reply": reply, "answer": extract_boxed(reply)}
