@@ -46,14 +46,22 @@ def hf_logits(model, input_ids: np.ndarray) -> np.ndarray:
 
 
 def write_tiny_tokenizer(path) -> list[str]:
-    """Saves a real (word-level) fast tokenizer standing in for Qwen's; returns its words,
-    whose ids are their list indices (all below TINY's vocab_size)."""
+    """Saves a real (word-level) fast tokenizer standing in for Qwen's, with a chat template;
+    returns its words, whose ids are their list indices (all below TINY's vocab_size). The
+    MemAgent templates' words are in the vocabulary, so prompts decode back to readable text."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    from memagent_jax.rollout.templates import FINAL_TEMPLATE, INITIAL_MEMORY, UPDATE_TEMPLATE
+
     words = ["<pad>", "<s>", "</s>", "hello", "world", "[UNK]", "the", "answer", "is", "memory"]
+    split = pre_tokenizers.Whitespace().pre_tokenize_str
+    for word, _ in split(UPDATE_TEMPLATE + FINAL_TEMPLATE + INITIAL_MEMORY):
+        if word not in words:
+            words.append(word)
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    assert len(words) <= TINY["vocab_size"]
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>")
     wrapped.chat_template = ("{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
                              "{% if add_generation_prompt %}<s> {% endif %}")
