@@ -110,24 +110,23 @@ def _run(args) -> None:
         raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk the "
                         "document with" + ("; pass --tokenizer DIR" if args.url else ""))
     chunks = split_document(tokenizer, args.question, document, config)
-    bar = tqdm(total=len(chunks) + 1, desc="chunks", unit="turn", file=sys.stderr)
+    with tqdm(total=len(chunks) + 1, desc="chunks", unit="turn", file=sys.stderr) as bar:
 
-    def show(kind: str, reply: str) -> None:
-        bar.update(1)
-        if args.verbose:
-            tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
+        def show(kind: str, reply: str) -> None:
+            bar.update(1)
+            if args.verbose:
+                tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
 
-    if args.url:
-        from memagent_jax.rollout.server import run_on_server
-        record = run_on_server(args.url, args.model, args.question, chunks,
-                               max_memory_tokens=config.max_memory_tokens,
-                               max_final_tokens=config.max_final_tokens,
-                               temperature=args.temperature, top_p=args.top_p,
-                               api_key=os.environ.get("API_KEY"), timeout=args.timeout,
-                               on_turn=lambda n, kind, reply: show(kind, reply))
-    else:
-        record = _run_locally(args, config, tokenizer, document, show)
-    bar.close()
+        if args.url:
+            from memagent_jax.rollout.server import run_on_server
+            record = run_on_server(args.url, args.model, args.question, chunks,
+                                   max_memory_tokens=config.max_memory_tokens,
+                                   max_final_tokens=config.max_final_tokens,
+                                   temperature=args.temperature, top_p=args.top_p,
+                                   api_key=os.environ.get("API_KEY"), timeout=args.timeout,
+                                   on_turn=lambda n, kind, reply: show(kind, reply))
+        else:
+            record = _run_locally(args, config, tokenizer, document, show)
     if args.json:
         print(json.dumps(record, ensure_ascii=False, indent=2))
     answer = record["answer"]

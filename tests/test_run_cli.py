@@ -1,0 +1,148 @@
+"""`memagent-jax run`: local engine, OpenAI-compatible server mode, and bad input."""
+
+import http.server
+import json
+import threading
+import time
+
+import pytest
+
+from memagent_jax.cli import main
+from memagent_jax.rollout.templates import final_prompt, update_prompt
+from memagent_jax.tokenizer import load_tokenizer
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+
+PREFIX = "memagent-jax: error: "
+WORDS = ["hello", "world", "the", "answer", "is", "memory"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = write_hf_model(tmp_path_factory.mktemp("run") / "m", seed=14)
+    write_tiny_tokenizer(path)
+    return path
+
+
+@pytest.fixture
+def doc(tmp_path):
+    path = tmp_path / "doc.txt"
+    path.write_text(" ".join(WORDS[i % 6] for i in range(50)))
+    return str(path)
+
+
+class _ChatServer:
+    """A stand-in OpenAI-compatible server on 127.0.0.1 that records every request.
+    fail_on / slow_on: the 1-based request number answered with HTTP 500 / after a delay."""
+
+    def __init__(self, fail_on=None, slow_on=None):
+        self.requests = []
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append({"path": self.path, "body": body,
+                                        "auth": self.headers.get("Authorization")})
+                number = len(server.requests)
+                if number == fail_on:
+                    self.send_error(500, "boom")
+                    return
+                if number == slow_on:
+                    time.sleep(1.5)
+                final = body["messages"][0]["content"].startswith(
+                    "You are presented with a problem and a previous memory")
+                content = "so \\boxed{Paris}" if final else f"memory {number}"
+                payload = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def _run_url(server, model_dir, doc, *extra):
+    return main(["run", "--url", server.url, "--model", "served-model", "--tokenizer", model_dir,
+                 "--doc", doc, "--question", "what is the answer", "--chunk-tokens", "20",
+                 "--max-memory-tokens", "32", "--max-final-tokens", "16", *extra])
+
+
+def test_url_mode_sends_exactly_the_expected_prompts(model_dir, doc, capsys, monkeypatch):
+    monkeypatch.setenv("API_KEY", "secret")
+    server = _ChatServer()
+    try:
+        assert _run_url(server, model_dir, doc) == 0
+    finally:
+        server.close()
+    tokenizer = load_tokenizer(model_dir)
+    ids = tokenizer(open(doc).read(), add_special_tokens=False)["input_ids"]
+    chunks = [tokenizer.decode(ids[i:i + 20]) for i in range(0, 50, 20)]
+    memory, expected = "No previous memory", []
+    for number, chunk in enumerate(chunks, start=1):
+        expected.append(update_prompt("what is the answer", memory, chunk))
+        memory = f"memory {number}"
+    expected.append(final_prompt("what is the answer", memory))
+    assert [r["body"]["messages"][0]["content"] for r in server.requests] == expected
+    first = server.requests[0]
+    assert first["path"] == "/v1/chat/completions" and first["auth"] == "Bearer secret"
+    assert first["body"]["model"] == "served-model" and first["body"]["max_tokens"] == 32
+    assert (first["body"]["temperature"], first["body"]["top_p"]) == (0.7, 0.95)
+    assert server.requests[-1]["body"]["max_tokens"] == 16
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "Paris"
+
+
+@pytest.mark.parametrize("fault,extra,message", [
+    ({"fail_on": 2}, [], "turn 2 (update): server answered HTTP 500"),
+    ({"slow_on": 3}, ["--timeout", "0.5"], "turn 3 (update): request failed"),
+])
+def test_url_mode_server_failure_names_the_turn(model_dir, doc, capsys, fault, extra, message):
+    server = _ChatServer(**fault)
+    try:
+        assert _run_url(server, model_dir, doc, *extra) == 2
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(PREFIX) and message in err
+
+
+def test_local_run_prints_the_record_and_answer_last(model_dir, doc, capsys):
+    assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
+                 "--chunk-tokens", "20", "--max-memory-tokens", "4", "--max-final-tokens", "4",
+                 "--json", "--temperature", "0"]) == 0
+    out = capsys.readouterr().out
+    lines = out.strip().splitlines()
+    record = json.loads("\n".join(lines[:-1]))
+    assert [c["kind"] for c in record["conversations"]] == ["update"] * 3 + ["final"]
+    assert record["memories"] == [c["reply"] for c in record["conversations"][:3]]
+    assert lines[-1] == record["final_reply"].strip()  # random model: no \boxed{}, whole reply
+
+
+@pytest.mark.parametrize("setup,message", [
+    ("missing", "doc.txt: not found"),
+    ("empty", "the document is empty"),
+    ("latin1", "not UTF-8 text (invalid byte at offset 9)"),
+    ("long_question", "over the prompt budget of 1024"),
+])
+def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, setup, message):
+    doc = tmp_path / "doc.txt"
+    question = "what"
+    if setup == "empty":
+        doc.write_text("  \n")
+    elif setup == "latin1":
+        doc.write_bytes("hello caf\u00e9".encode("latin-1"))
+    elif setup == "long_question":
+        doc.write_text("hello world")
+        question = " ".join(["hello"] * 1100)
+    code = main(["run", "--model", model_dir, "--doc", str(doc), "--question", question])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith(PREFIX) and message in err[0], err
