@@ -136,11 +136,16 @@ class Scheduler:
         else:
             return
         self._slots[slot] = None
-        results = self.results[active.request_id]
+        request_id = active.request_id
+        results = self.results[request_id]
         results[active.sample_index] = completion
         if all(r is not None for r in results):
-            callback = self._callbacks.pop(active.request_id, None)
+            # Finished requests are dropped (long runs submit many thousands); results stay
+            # for callers without a callback, who read them from `results`.
+            del self.requests[request_id]
+            callback = self._callbacks.pop(request_id, None)
             if callback is not None:
+                del self.results[request_id]
                 callback(results)
 
 
