@@ -118,7 +118,7 @@ class MemoryAgent:
         first turn is prefilled once. on_turn(sample index, conversation) after every turn."""
         chunked = [split_document(self.tokenizer, p, d, self.config) for p, d in samples]
         results = [[Trajectory(p) for _ in range(n)] for p, _ in samples]
-        for i, (problem, chunks) in enumerate(zip([p for p, _ in samples], chunked)):
+        for i, ((problem, _), chunks) in enumerate(zip(samples, chunked)):
             runs = [_Run(self, i, j, memory_turns(problem, chunks), results[i][j], seed, on_turn)
                     for j in range(n)]
             for run in runs:
