@@ -157,7 +157,14 @@ def generate(engine: Engine, requests: list[Request],
     scheduler = Scheduler(engine)
     for request in requests:
         scheduler.check(request)
-    ids = [scheduler.submit(r, None if on_done is None else
-                            (lambda c, i=i: on_done(i, c))) for i, r in enumerate(requests)]
+    results: list[list[Completion]] = [[] for _ in requests]
+
+    def finish(index: int, completions: list[Completion]) -> None:
+        results[index] = completions
+        if on_done is not None:
+            on_done(index, completions)
+
+    for i, request in enumerate(requests):
+        scheduler.submit(request, lambda c, i=i: finish(i, c))
     scheduler.run()
-    return [scheduler.results[i] for i in ids]
+    return results
