@@ -174,8 +174,11 @@ class Qwen2(nnx.Module):
         fused = (self.attention != "xla" and cache is not None
                  and t in (1, cache.k.shape[2]))
 
-        def layer(x, scanned):
-            p, k_cache, v_cache = scanned
+        def layer(carry, p):
+            # The cache rides in the carry and each layer writes its new entries in place: as a
+            # scanned input and output it would be copied whole on every call (the stacked
+            # output starts as a fresh buffer that the loop fills layer by layer).
+            x, i, k_all, v_all = carry
             p = jax.tree.map(lambda a: a.astype(dtype), p)
             h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
             q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"]) + p["q_bias"]
@@ -183,10 +186,11 @@ class Qwen2(nnx.Module):
             v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"]) + p["v_bias"]
             q = apply_rope(q, positions, inv_freq, attention_factor)
             k = apply_rope(k, positions, inv_freq, attention_factor)
-            if k_cache is not None:
-                k_cache = k_cache.at[batch_index, positions].set(k.astype(k_cache.dtype))
-                v_cache = v_cache.at[batch_index, positions].set(v.astype(v_cache.dtype))
-                k, v = k_cache.astype(dtype), v_cache.astype(dtype)
+            if k_all is not None:
+                k_all = k_all.at[i, batch_index, positions].set(k.astype(k_all.dtype))
+                v_all = v_all.at[i, batch_index, positions].set(v.astype(v_all.dtype))
+                k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False).astype(dtype)
+                v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False).astype(dtype)
             if fused:
                 out = attend_fused(q, k, v, causal=t > 1, kv_lengths=positions[:, -1] + 1,
                                    implementation=ATTENTION_IMPLEMENTATIONS[self.attention])
@@ -196,10 +200,11 @@ class Qwen2(nnx.Module):
             h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
             gated = jax.nn.silu(h @ p["gate_kernel"]) * (h @ p["up_kernel"])
             x = x + gated @ p["down_kernel"]
-            return x, (k_cache, v_cache)
+            return (x, i + 1, k_all, v_all), None
 
         kv = (None, None) if cache is None else (cache.k, cache.v)
-        x, (k_all, v_all) = jax.lax.scan(layer, x, (self.layers.stacked(),) + kv)
+        (x, _, k_all, v_all), _ = jax.lax.scan(layer, (x, jnp.int32(0)) + kv,
+                                               self.layers.stacked())
         x = rms_norm(x, self.final_norm[...].astype(dtype), config.rms_norm_eps)
         return x, (None if cache is None else KVCache(k_all, v_all))
 

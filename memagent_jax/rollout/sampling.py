@@ -37,11 +37,19 @@ def sample(logits: jnp.ndarray, temperature: jnp.ndarray, top_p: jnp.ndarray,
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)[:, None]
     logprobs = jax.nn.log_softmax(scaled, axis=-1)
-    needs_truncation = jnp.any(~greedy & ((top_k > 0) | (top_p < 1)))
-    filtered = jax.lax.cond(needs_truncation, _truncate, lambda s, p, k: s, scaled, top_p, top_k)
-    step_keys = jax.vmap(jax.random.fold_in)(keys, steps)
-    drawn = jax.vmap(jax.random.categorical)(step_keys, filtered)
-    tokens = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+    best = jnp.argmax(logits, axis=-1)
+
+    def draw():
+        needs_truncation = jnp.any(~greedy & ((top_k > 0) | (top_p < 1)))
+        filtered = jax.lax.cond(needs_truncation, _truncate, lambda s, p, k: s, scaled, top_p,
+                                top_k)
+        step_keys = jax.vmap(jax.random.fold_in)(keys, steps)
+        drawn = jax.vmap(jax.random.categorical)(step_keys, filtered)
+        return jnp.where(greedy, best, drawn)
+
+    # An all-greedy batch (free slots are greedy too) skips the Gumbel draw over [S, V]: with a
+    # 152K vocabulary it cost 18 ms per step at 8 slots on a 2-core CPU.
+    tokens = jax.lax.cond(jnp.all(greedy), lambda: best, draw).astype(jnp.int32)
     return tokens, jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
 
 

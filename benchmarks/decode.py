@@ -1,0 +1,411 @@
+"""Decode throughput: our Engine versus `transformers` generate, and versus memory bandwidth.
+
+Single-sequence and small-batch decoding reads every weight once per step, so its ceiling is
+the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measures, in one run:
+- the machine's bandwidth: a large array copy (numpy on the host, and a jitted in-place
+  `a + 1` on JAX's device; bytes read + written / time, best of a few), plus a read-only
+  `jnp.sum` for reference. The limit used below is the best copy figure on the device JAX
+  runs on (a plain jitted `jnp.copy` is shown too, but its fresh output buffer makes it
+  page-fault bound on a CPU);
+- per batch size, greedy decoding of `--new-tokens` tokens after random prompts of
+  `--prompt-len` tokens, no EOS stopping, with the SAME random weights in both frameworks:
+  * ours end to end: `scheduler.generate(engine, requests)` (prefill + insert + steps) after
+    `engine.warm_up()`, best of --repeats;
+  * ours decode only: a loop of `engine.generate(state)` steps over full slots, each step's
+    tokens waited for (`jax.block_until_ready`), as the scheduler does;
+  * transformers end to end: `model.generate(ids [B, P], max_new_tokens=N, min_new_tokens=N,
+    do_sample=False)` under `torch.inference_mode`, after one untimed warm-up call; its decode
+    rate is estimated as B * (N - 1) / (t(N tokens) - t(1 token));
+  * achieved weight bytes/s of our decode: parameter bytes (the tied embedding / LM head once)
+    x decode steps/s, as a fraction of the measured bandwidth;
+  * floors: only the step's weight matmuls (the same bytes, no attention, norms, rope or
+    sampling), once over the stacked arrays by a `lax.scan` as our model runs them, once over
+    one array per layer by an unrolled loop (see `bench_floors`);
+- the tokens both produced are compared (same weights, both float32 greedy: they should agree
+  except where two logits are close to a tie).
+
+    python benchmarks/decode.py [--preset qwen2.5-0.5b] [--dtype float32] [--batch-sizes 1,8,32]
+        [--prompt-len 32] [--new-tokens 64] [--max-len 128] [--repeats 2] [--model-dir DIR]
+
+On a GPU (later: `--preset qwen2.5-7b --dtype bfloat16`) JAX uses its default device and torch
+runs on cuda; neither is required. Random weights are written to a temporary directory unless
+--model-dir names one (written there if it has no config.json yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import subprocess
+import tempfile
+import time
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave GPU memory to torch too
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+GB = 1e9
+
+
+def cpu_busy() -> tuple[float, float]:
+    """(seconds of CPU time the whole machine has been busy, incl. hypervisor steal; seconds of
+    CPU time this process has used), for `best_time`'s load check."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+        busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        busy = float("nan")
+    own = os.times()
+    return busy, own.user + own.system
+
+
+def best_time(fn, repeats: int, loads: list[float] | None = None) -> float:
+    """Fastest of `repeats` runs of fn(), in seconds. If `loads` is given, appends the share of
+    the machine's cores that other processes kept busy during that fastest run (this script
+    shares its machine: a run that other work slowed down shows a high share)."""
+    best, best_load = float("inf"), float("nan")
+    cores = os.cpu_count() or 1
+    for _ in range(repeats):
+        busy0, own0 = cpu_busy()
+        start = time.perf_counter()
+        fn()
+        elapsed = time.perf_counter() - start
+        busy1, own1 = cpu_busy()
+        if elapsed < best:
+            best = elapsed
+            # The counters tick every 10 ms: too coarse for runs shorter than about 0.5 s.
+            other = max(0.0, (busy1 - busy0) - (own1 - own0)) / (elapsed * cores)
+            best_load = min(other, 1.0) if elapsed >= 0.5 else float("nan")
+    if loads is not None:
+        loads.append(best_load)
+    return best
+
+
+# ---- memory bandwidth ---------------------------------------------------------------------
+
+def measure_bandwidth(size_bytes: int, repeats: int) -> dict[str, float]:
+    """GB/s of: numpy copy (host, one thread), a jitted copy and jnp.sum (JAX's default device);
+    a copy counts bytes read + written, the sum bytes read."""
+    n = size_bytes // 4
+    out: dict[str, float] = {}
+    src = np.random.default_rng(0).random(n, dtype=np.float32)
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    out["numpy copy (1 thread)"] = 2 * src.nbytes / best_time(lambda: np.copyto(dst, src),
+                                                              repeats) / GB
+    del src, dst
+    gc.collect()
+
+    x = jax.random.uniform(jax.random.PRNGKey(0), (n,), jnp.float32)
+    # In place (donated) a + 1: read n, write n into the same buffer. A non-donated copy
+    # writes a fresh buffer every call, and first-touching its pages costs more than the
+    # copy (shown for reference, not used as the limit). (+ 0 would be folded away.)
+    add_one = jax.jit(lambda a: a + jnp.float32(1), donate_argnums=0)
+    x = jax.block_until_ready(add_one(x))
+
+    def in_place():
+        nonlocal x
+        x = jax.block_until_ready(add_one(x))
+
+    out["jax copy (jit a+1, donated)"] = 2 * x.nbytes / best_time(in_place, repeats) / GB
+    jcopy = jax.jit(jnp.copy)
+    jax.block_until_ready(jcopy(x))
+    out["jax copy (jnp.copy, fresh out)"] = 2 * x.nbytes / best_time(
+        lambda: jax.block_until_ready(jcopy(x)), min(repeats, 2)) / GB
+    total = jax.jit(jnp.sum)
+    jax.block_until_ready(total(x))
+    out["jax read (jit jnp.sum)"] = x.nbytes / best_time(
+        lambda: jax.block_until_ready(total(x)), repeats) / GB
+    del x
+    gc.collect()
+    return out
+
+
+# ---- model files --------------------------------------------------------------------------
+
+def ensure_model_dir(path: str | None, preset: str, dtype: str) -> tuple[str, object]:
+    from memagent_jax.models import preset_config, random_model, save_hf
+    if path and os.path.isfile(os.path.join(path, "config.json")):
+        return path, None
+    tmp = None
+    if not path:
+        tmp = tempfile.TemporaryDirectory(prefix="decode_bench_")
+        path = os.path.join(tmp.name, "model")
+    config = preset_config(preset, dtype=dtype)
+    start = time.perf_counter()
+    model = random_model(config, dtype=dtype)
+    save_hf(model, config, path)
+    del model
+    gc.collect()
+    print(f"wrote random {preset} ({dtype}) to {path} in {time.perf_counter() - start:.1f} s")
+    return path, tmp
+
+
+# ---- ours ---------------------------------------------------------------------------------
+
+def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeats: int,
+               decode_steps: int) -> dict:
+    from memagent_jax.rollout.engine import Engine, EngineConfig
+    from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.rollout.scheduler import Request, generate
+
+    batch, prompt_len = prompts.shape
+    engine = Engine(model, EngineConfig(slots=batch, max_len=max_len,
+                                        prefill_buckets=(prompt_len,)))
+    start = time.perf_counter()
+    engine.warm_up()
+    warm_up_s = time.perf_counter() - start
+    greedy = SamplingParams(temperature=0.0, seed=0)
+    requests = [Request(tuple(int(t) for t in row), max_new_tokens=new_tokens, sampling=greedy,
+                        stop_ids=()) for row in prompts]
+    results, loads = [], []
+
+    def run():
+        results.append(generate(engine, requests))
+
+    e2e_s = best_time(run, repeats, loads)
+    tokens = np.array([r[0].token_ids for r in results[-1]], np.int64)
+    assert tokens.shape == (batch, new_tokens), tokens.shape
+
+    # Decode only: every slot busy, then `decode_steps` steps, each waited for.
+    state = engine.init_decode_state()
+    for slot, row in enumerate(prompts):
+        state, _, _ = engine.insert(engine.prefill(row), state, slot, greedy)
+    for _ in range(2):
+        state, tok, _ = engine.generate(state)
+    jax.block_until_ready(tok)
+
+    def steps():
+        nonlocal state
+        for _ in range(decode_steps):
+            state, tok, _ = engine.generate(state)
+            jax.block_until_ready(tok)
+
+    step_s = best_time(steps, repeats, loads) / decode_steps
+    del state, engine
+    gc.collect()
+    return {"warm_up_s": warm_up_s, "e2e_s": e2e_s, "step_s": step_s, "tokens": tokens,
+            "ours_load": max(loads)}
+
+
+def bench_floors(model, batch: int, repeats: int, steps: int) -> tuple[float, float]:
+    """Seconds per step of a chain of only the decode step's weight matmuls (q, k, v, o, gate,
+    up, down per layer, then the LM head; no attention, norms, rope or sampling), against the
+    same bytes held two ways: (stacked) the model's own stacked arrays run by a `lax.scan`, as
+    `Qwen2._layers` does; (per-layer) one array per layer and weight, run by an unrolled Python
+    loop. Their difference is what slicing a layer out of the stacked arrays costs."""
+    stacked = {k: v for k, v in model.layers.stacked().items() if v.ndim >= 3}
+    tied = model.config.tie_word_embeddings
+    head = model.embed[...] if tied else model.lm_head[...]
+    dtype, d = model.dtype, model.config.hidden_size
+
+    def layer(x, p):
+        p = jax.tree.map(lambda a: a.astype(dtype), p)
+        q = jnp.einsum("bd,dhk->bhk", x, p["q_kernel"])
+        kv = (jnp.einsum("bd,dhk->bhk", x, p["k_kernel"]).sum()
+              + jnp.einsum("bd,dhk->bhk", x, p["v_kernel"]).sum())
+        x = x + jnp.einsum("bhk,hkd->bd", q, p["o_kernel"]) + 1e-3 * kv
+        g = jax.nn.silu(x @ p["gate_kernel"]) * (x @ p["up_kernel"])
+        return x + g @ p["down_kernel"], None
+
+    def lm_head(x, head):
+        eq = "bd,vd->bv" if tied else "bd,dv->bv"
+        return jnp.argmax(jnp.einsum(eq, x, head.astype(dtype),
+                                     preferred_element_type=jnp.float32), axis=-1)
+
+    @jax.jit
+    def scanned(stacked, head, x):
+        return lm_head(jax.lax.scan(layer, x, stacked)[0], head)
+
+    @jax.jit
+    def unrolled(layers, head, x):
+        for p in layers:
+            x = layer(x, p)[0]
+        return lm_head(x, head)
+
+    x = jnp.ones((batch, d), dtype)
+
+    def timed(fn, weights):
+        jax.block_until_ready(fn(weights, head, x))
+
+        def run():
+            for _ in range(steps):
+                jax.block_until_ready(fn(weights, head, x))
+
+        return best_time(run, repeats) / steps
+
+    stacked_s = timed(scanned, stacked)
+    layers = jax.block_until_ready([{k: v[i] for k, v in stacked.items()}
+                                    for i in range(model.config.num_layers)])
+    per_layer_s = timed(unrolled, layers)
+    del layers
+    gc.collect()
+    return stacked_s, per_layer_s
+
+
+# ---- transformers -------------------------------------------------------------------------
+
+def bench_hf(hf_model, prompts: np.ndarray, new_tokens: int, repeats: int, device) -> dict:
+    import torch
+    ids = torch.as_tensor(prompts, dtype=torch.long, device=device)
+    mask = torch.ones_like(ids)
+
+    def gen(n):
+        with torch.inference_mode():
+            out = hf_model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n,
+                                    min_new_tokens=n, do_sample=False, pad_token_id=0)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return out
+
+    gen(2)  # warm-up
+    outs, loads = [], []
+    e2e_s = best_time(lambda: outs.append(gen(new_tokens)), repeats, loads)
+    prefill_s = best_time(lambda: gen(1), repeats, loads)
+    tokens = outs[-1][:, prompts.shape[1]:].cpu().numpy()
+    assert tokens.shape == (prompts.shape[0], new_tokens), tokens.shape
+    return {"e2e_s": e2e_s, "prefill_s": prefill_s, "tokens": tokens, "hf_load": max(loads)}
+
+
+# ---- main ---------------------------------------------------------------------------------
+
+def cpu_model_name() -> str:
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("\n"):
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "?"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="qwen2.5-0.5b")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=2,
+                        help="timed runs per measurement (best kept)")
+    parser.add_argument("--large-batch", type=int, default=32,
+                        help="batches >= this use --large-repeats (transformers is slow there)")
+    parser.add_argument("--large-repeats", type=int, default=1)
+    parser.add_argument("--decode-steps", type=int, default=32,
+                        help="steps per timed decode-only loop")
+    parser.add_argument("--bandwidth-gb", type=float, default=1.0,
+                        help="size of the array copied to measure bandwidth")
+    parser.add_argument("--model-dir", default=None)
+    parser.add_argument("--skip-transformers", action="store_true")
+    args = parser.parse_args()
+    batches = [int(b) for b in args.batch_sizes.split(",")]
+    if args.prompt_len + args.new_tokens > args.max_len:
+        parser.error("--prompt-len + --new-tokens must be <= --max-len")
+
+    import torch
+    import transformers
+    import flax
+    from flax import nnx
+    cores = os.cpu_count() or 1
+    torch.set_num_threads(cores)
+    torch_device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    jax_device = jax.devices()[0]
+    print(f"machine: {platform.machine()} {cpu_model_name()}, {cores} cores, "
+          f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB; "
+          f"jax device {jax_device.platform} ({jax_device.device_kind}); torch device "
+          f"{torch_device}")
+    print(f"jax {jax.__version__}, flax {flax.__version__}, torch {torch.__version__} "
+          f"(threads {torch.get_num_threads()}), transformers {transformers.__version__}, "
+          f"numpy {np.__version__}")
+    print(f"preset {args.preset} {args.dtype}, prompts {args.prompt_len} tokens, "
+          f"{args.new_tokens} new tokens, greedy, no EOS; engine max_len {args.max_len}")
+
+    bw = measure_bandwidth(int(args.bandwidth_gb * GB), repeats=5)
+    for name, value in bw.items():
+        print(f"bandwidth  {name:26s} {value:7.1f} GB/s")
+    copies = [v for k, v in bw.items() if "copy" in k and "fresh" not in k and
+              (jax_device.platform == "cpu" or k.startswith("jax"))]
+    limit = max(copies)
+    read_bw = bw["jax read (jit jnp.sum)"]
+    print(f"bandwidth limit used: {limit:.1f} GB/s (best copy on the JAX device)")
+
+    from memagent_jax.models import load_model
+    model_dir, tmp = ensure_model_dir(args.model_dir, args.preset, args.dtype)
+    model, config = load_model(model_dir, dtype=args.dtype)
+    param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+    print(f"parameters: {param_bytes / GB:.3f} GB read per decode step "
+          f"(tied head counted once: {config.tie_word_embeddings})")
+    hf_model = None
+    if not args.skip_transformers:
+        hf_model = transformers.AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=getattr(torch, args.dtype)).to(torch_device).eval()
+        print(f"transformers attention: {hf_model.config._attn_implementation}")
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for batch in batches:
+        repeats = args.large_repeats if batch >= args.large_batch else args.repeats
+        prompts = rng.integers(0, config.vocab_size, (batch, args.prompt_len)).astype(np.int32)
+        ours = bench_ours(model, prompts, args.new_tokens, args.max_len, repeats,
+                          args.decode_steps)
+        floor_s, per_layer_s = bench_floors(model, batch, repeats,
+                                            max(4, args.decode_steps // 4))
+        row = {"batch": batch, "repeats": repeats, **ours, "floor_s": floor_s,
+               "per_layer_s": per_layer_s}
+        generated = batch * args.new_tokens
+        row["ours_e2e"] = generated / ours["e2e_s"]
+        row["ours_decode"] = batch / ours["step_s"]
+        row["weight_gbs"] = param_bytes / ours["step_s"] / GB
+        row["floor_gbs"] = param_bytes / floor_s / GB
+        row["per_layer_gbs"] = param_bytes / per_layer_s / GB
+        msg = (f"batch {batch:3d}: ours e2e {ours['e2e_s']:.2f} s = {row['ours_e2e']:.1f} tok/s, "
+               f"decode step {ours['step_s'] * 1e3:.1f} ms = {row['ours_decode']:.1f} tok/s "
+               f"({row['weight_gbs']:.1f} GB/s of weights); matmuls alone: stacked scan "
+               f"{floor_s * 1e3:.1f} ms, per-layer arrays {per_layer_s * 1e3:.1f} ms; "
+               f"warm-up {ours['warm_up_s']:.1f} s; other load {ours['ours_load']:.0%}")
+        if hf_model is not None:
+            hf = bench_hf(hf_model, prompts, args.new_tokens, repeats, torch_device)
+            row["hf_e2e"] = generated / hf["e2e_s"]
+            row["hf_decode"] = batch * (args.new_tokens - 1) / max(hf["e2e_s"] - hf["prefill_s"],
+                                                                   1e-9)
+            row["hf_prefill_s"] = hf["prefill_s"]
+            row["hf_load"] = hf["hf_load"]
+            same = ours["tokens"] == hf["tokens"]
+            row["match_rows"] = int(same.all(axis=1).sum())
+            row["match_first"] = float(np.mean([np.argmin(r) if not r.all() else len(r)
+                                                for r in same]))
+            msg += (f"\n           transformers e2e {hf['e2e_s']:.2f} s = {row['hf_e2e']:.1f} "
+                    f"tok/s (1-token call {hf['prefill_s']:.2f} s, decode ~{row['hf_decode']:.1f}"
+                    f" tok/s); identical rows {row['match_rows']}/{batch}, mean agreeing "
+                    f"prefix {row['match_first']:.1f} tokens; other load {hf['hf_load']:.0%}")
+        print(msg, flush=True)
+        rows.append(row)
+
+    print()
+    print(f"| batch | ours e2e tok/s | ours decode tok/s | transformers tok/s (decode) | "
+          f"ours/transformers e2e (decode) | our weight GB/s | / copy limit {limit:.1f} | "
+          f"/ read {read_bw:.1f} | matmuls alone, stacked scan / per-layer arrays: ms (GB/s) | "
+          f"other load ours / transformers |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        hf_cell = (f"{r['hf_e2e']:.1f} ({r['hf_decode']:.1f})" if "hf_e2e" in r else "-")
+        ratio = (f"{r['ours_e2e'] / r['hf_e2e']:.2f}x ({r['ours_decode'] / r['hf_decode']:.2f}x)"
+                 if "hf_e2e" in r else "-")
+        print(f"| {r['batch']} | {r['ours_e2e']:.1f} | {r['ours_decode']:.1f} | {hf_cell} | "
+              f"{ratio} | {r['weight_gbs']:.1f} | {r['weight_gbs'] / limit:.0%} | "
+              f"{r['weight_gbs'] / read_bw:.0%} | {r['floor_s'] * 1e3:.1f} "
+              f"({r['floor_gbs']:.1f}) / {r['per_layer_s'] * 1e3:.1f} "
+              f"({r['per_layer_gbs']:.1f}) | {r['ours_load']:.0%} / "
+              f"{r.get('hf_load', float('nan')):.0%} |")
+    if tmp is not None:
+        tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
