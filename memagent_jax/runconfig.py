@@ -1,0 +1,141 @@
+"""YAML run configs: typed dataclass schemas, `key=value` overrides, errors that name the key.
+
+A schema is a (nested) dataclass whose fields carry defaults; a YAML file and command-line
+overrides (`learner.lr=1e-6`, dotted keys into nested sections, values parsed as YAML) fill it.
+Everything is checked before any device work: an unknown key, or a value of the wrong type, is a
+`UserError` naming the file, the key and the value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, TypeVar
+
+import yaml
+
+from memagent_jax.errors import UserError
+
+T = TypeVar("T")
+
+
+def load_config(schema: type[T], path: str | None = None, overrides: list[str] = ()) -> T:
+    """The schema's instance from the YAML file at `path` (None: defaults) and overrides."""
+    values: dict = {}
+    if path is not None:
+        try:
+            with open(path, encoding="utf-8") as f:
+                values = yaml.safe_load(f) or {}
+        except FileNotFoundError:
+            raise UserError(f"{path}: config file not found") from None
+        except yaml.YAMLError as e:
+            raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        if not isinstance(values, dict):
+            raise UserError(f"{path}: expected a mapping of keys at the top level")
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"override '{item}': expected key=value")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            value = text
+        _set_dotted(values, key.strip(), value, item)
+    return _build(schema, values, path or "command line", "")
+
+
+def to_dict(config) -> dict:
+    """The config as plain YAML-able data (to save beside a run's outputs)."""
+    def plain(value):
+        if isinstance(value, (list, tuple)):
+            return [plain(v) for v in value]
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        return value
+    return plain(dataclasses.asdict(config))
+
+
+def _set_dotted(values: dict, key: str, value, item: str) -> None:
+    *parents, name = key.split(".")
+    node = values
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise UserError(f"override '{item}': '{part}' is not a section")
+        node = child
+    node[name] = value
+
+
+def _build(schema: type, values: dict, source: str, prefix: str):
+    fields = {f.name: f for f in dataclasses.fields(schema)}
+    hints = typing.get_type_hints(schema)
+    for key in values:
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise UserError(f"{source}: unknown key '{prefix}{key}' (known keys here: {known})")
+    kwargs = {}
+    for name, value in values.items():
+        kwargs[name] = _convert(hints[name], value, source, prefix + name)
+    try:
+        return schema(**kwargs)
+    except (TypeError, ValueError) as e:  # a schema's __post_init__ check
+        raise UserError(f"{source}: {prefix.rstrip('.') or 'config'}: {e}") from None
+
+
+def _convert(kind, value, source: str, key: str) -> Any:
+    """value checked (and, where lossless, converted) against the annotation `kind`."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        options = [a for a in args if a is not type(None)]
+        for option in options:
+            try:
+                return _convert(option, value, source, key)
+            except UserError:
+                continue
+        raise _type_error(source, key, value, " or ".join(_name(o) for o in options))
+    if dataclasses.is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise _type_error(source, key, value, "a mapping")
+        return _build(kind, value, source, key + ".")
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise _type_error(source, key, value, "a list")
+        item = args[0] if args else Any
+        items = [_convert(item, v, source, f"{key}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple else items
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _type_error(source, key, value, "a mapping")
+        return {k: _convert(args[1], v, source, f"{key}.{k}") if args else v
+                for k, v in value.items()}
+    if origin is typing.Literal:
+        if value not in args:
+            raise UserError(f"{source}: key '{key}' must be one of "
+                            f"{', '.join(map(repr, args))}, got {value!r}")
+        return value
+    if kind is Any:
+        return value
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is float and isinstance(value, str):
+        try:  # PyYAML reads 1e-6 (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if kind in (int, float) and isinstance(value, bool):
+        raise _type_error(source, key, value, _name(kind))
+    if not isinstance(value, kind):
+        raise _type_error(source, key, value, _name(kind))
+    return value
+
+
+def _type_error(source: str, key: str, value, expected: str) -> UserError:
+    return UserError(f"{source}: key '{key}' must be {expected}, got {value!r} "
+                     f"({type(value).__name__})")
+
+
+def _name(kind) -> str:
+    return getattr(kind, "__name__", str(kind))

@@ -1,0 +1,73 @@
+"""YAML run configs: defaults, files, dotted overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+import pytest
+
+from memagent_jax.errors import UserError
+from memagent_jax.runconfig import load_config, to_dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Optim:
+    lr: float = 1e-6
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    name: str = "run"
+    lengths: tuple[int, ...] = (7000,)
+    max_chunks: int | None = None
+    optim: Optim = Optim()
+
+    def __post_init__(self):
+        if not self.lengths:
+            raise ValueError("lengths must not be empty")
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_file_and_overrides(tmp_path):
+    path = write(tmp_path, "name: a\nlengths: [7000, 14000]\noptim:\n  lr: 1e-5\n")
+    config = load_config(Run, path, ["optim.schedule=cosine", "max_chunks=4", "optim.lr=2e-6"])
+    assert config == Run("a", (7000, 14000), 4, Optim(2e-6, "cosine", 20))
+    assert to_dict(config)["optim"] == {"lr": 2e-6, "schedule": "cosine", "warmup_steps": 20}
+    assert load_config(Run) == Run()
+    assert load_config(Run, None, ["max_chunks=null"]).max_chunks is None
+
+
+@pytest.mark.parametrize("text, overrides, words", [
+    ("nmae: a\n", [], ["c.yaml", "unknown key 'nmae'"]),
+    ("optim:\n  lr: fast\n", [], ["c.yaml", "'optim.lr'", "float", "'fast'"]),
+    ("", ["optim.warmup_steps=2.5"], ["'optim.warmup_steps'", "int", "2.5"]),
+    ("", ["optim.warmup_steps=true"], ["'optim.warmup_steps'", "int", "True"]),
+    ("", ["optim.schedule=linear"], ["'optim.schedule'", "'constant'", "'linear'"]),
+    ("", ["optim.betas=1"], ["unknown key 'optim.betas'"]),
+    ("", ["lengths=[7000, x]"], ["'lengths[1]'", "int"]),
+    ("", ["lengths=[]"], ["lengths must not be empty"]),
+    ("", ["optim=3"], ["'optim'", "a mapping"]),
+    ("", ["lr"], ["override 'lr'", "key=value"]),
+    ("- 1\n", [], ["c.yaml", "mapping"]),
+    ("a: [\n", [], ["c.yaml", "not valid YAML"]),
+])
+def test_errors_name_the_key(tmp_path, text, overrides, words):
+    with pytest.raises(UserError) as e:
+        load_config(Run, write(tmp_path, text), overrides)
+    message = str(e.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(UserError, match="config file not found"):
+        load_config(Run, str(tmp_path / "nope.yaml"))
