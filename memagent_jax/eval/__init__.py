@@ -1,0 +1,1 @@
+"""Evaluation over context lengths: metrics, the eval runner, tables and plots."""
