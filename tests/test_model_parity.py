@@ -37,6 +37,11 @@ def test_logits_match_transformers(tmp_path, case):
     assert _compare_unpadded(tmp_path, **CASES[case]) <= TOL
 
 
+def test_long_sequence_matches_transformers(tmp_path):
+    """300 tokens: the blocked causal attention runs 3 query blocks, the last one padded."""
+    assert _compare_unpadded(tmp_path, seq_len=300, num_key_value_heads=1) <= TOL
+
+
 def test_old_rope_config_form_matches(tmp_path):
     """config.json with top-level rope_theta + rope_scaling (pre-transformers-5 form)."""
     from transformers import AutoModelForCausalLM

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import attend, attend_fused
+from memagent_jax.models.attention import attend, attend_causal, attend_fused
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.rope import apply_rope, inverse_frequencies
 
@@ -127,11 +127,16 @@ class Qwen2(nnx.Module):
         """input_ids [B, T] int; attention_mask [B, T] (1 = token, 0 = padding, on either side).
 
         Positions count real tokens only, so a padded row gives the logits the same sequence
-        would give unpadded. Returns logits [B, T, V] float32 (rows at padding are meaningless).
+        would give unpadded. Without a mask every row runs causally from position 0 on the
+        blocked attention path (right-padded rows may pass None too: padding after a token never
+        affects it). Returns logits [B, T, V] float32 (rows at padding are meaningless).
         """
         b, t = input_ids.shape
-        mask = (jnp.ones((b, t), bool) if attention_mask is None
-                else attention_mask.astype(bool))
+        if attention_mask is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+            hidden, _ = self._layers(input_ids, positions, None, None)
+            return self.logits(hidden)
+        mask = attention_mask.astype(bool)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         causal = jnp.tril(jnp.ones((t, t), bool))
         hidden, _ = self._layers(input_ids, positions, causal[None] & mask[:, None, :], None)
@@ -149,7 +154,9 @@ class Qwen2(nnx.Module):
         Returns (logits [B, T, V] or [B, V] float32, updated cache).
         """
         length = cache.k.shape[2]
-        mask = jnp.arange(length)[None, None, :] <= positions[:, :, None]
+        # T == length: the prompt fills the cache from 0, a causal prefill.
+        mask = (None if input_ids.shape[1] == length
+                else jnp.arange(length)[None, None, :] <= positions[:, :, None])
         hidden, cache = self._layers(input_ids, positions, mask, cache)
         if logits_index is not None:
             hidden = jnp.take_along_axis(hidden, logits_index[:, None, None], axis=1)
@@ -165,6 +172,8 @@ class Qwen2(nnx.Module):
                           preferred_element_type=jnp.float32)
 
     def _layers(self, input_ids, positions, mask, cache: KVCache | None):
+        """The decoder stack: mask [B, T, S] bool, or None for causal attention from position
+        0 (T == S), which takes the blocked path and never builds a [T, S] mask or scores."""
         config, dtype = self.config, self.dtype
         inv_freq, attention_factor = _rope_constants(config)
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(dtype)
@@ -194,6 +203,8 @@ class Qwen2(nnx.Module):
             if fused:
                 out = attend_fused(q, k, v, causal=t > 1, kv_lengths=positions[:, -1] + 1,
                                    implementation=ATTENTION_IMPLEMENTATIONS[self.attention])
+            elif mask is None:
+                out = attend_causal(q, k, v)
             else:
                 out = attend(q, k, v, mask)
             x = x + jnp.einsum("bthk,hkd->btd", out, p["o_kernel"])
