@@ -1,0 +1,26 @@
+"""Group-relative advantages (GRPO / DAPO, REFERENCE.md section 3).
+
+Each prompt is sampled n times; a trajectory's advantage is its reward minus the mean reward of
+its group (the original does not divide by the group's standard deviation; `normalize_std` does,
+with the unbiased estimate, as verl's GRPO). A group of one has no baseline: as in verl its
+advantage is its raw reward (mean 0, std 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def group_advantages(rewards: np.ndarray, normalize_std: bool = False,
+                     eps: float = 1e-6) -> np.ndarray:
+    """rewards [G, n] (G groups of n trajectories) -> advantages [G, n] float32."""
+    rewards = np.asarray(rewards, np.float64)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [groups, n], got shape {rewards.shape}")
+    n = rewards.shape[1]
+    if n == 1:
+        return rewards.astype(np.float32)
+    advantages = rewards - rewards.mean(axis=1, keepdims=True)
+    if normalize_std:
+        advantages = advantages / (rewards.std(axis=1, ddof=1, keepdims=True) + eps)
+    return advantages.astype(np.float32)

@@ -1,0 +1,109 @@
+"""The DAPO policy loss and DAPO's two batch-shaping rules (REFERENCE.md section 3).
+
+`policy_loss` is verl's PPO loss as MemAgent ran it: per-token importance ratio against the
+rollout policy, clipped to [1 - eps_low, 1 + eps_high] ("clip-higher" when eps_high > eps_low),
+dual clip for negative advantages, token-mean over every response token of the mini-batch, plus
+an optional KL penalty to a frozen reference (verl's `low_var_kl`) and an optional entropy bonus.
+
+`overlong_penalty` and `informative_groups` are DAPO's overlong reward shaping and dynamic
+sampling filter; they work on host numpy arrays before any row reaches the learner.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+# verl clamps log-ratios to +-20 before exponentiating, so one wild token gives a large but
+# finite ratio instead of inf (whose gradient would poison the whole update).
+_LOG_RATIO_LIMIT = 20.0
+_KL_LIMIT = 10.0
+
+
+def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
+                eps_high: float = 0.28, dual_clip: float | None = 3.0, ref_logp=None,
+                kl_coef: float = 0.0, entropy=None, entropy_coef: float = 0.0,
+                token_count=None):
+    """The mini-batch loss to minimise, and its metrics.
+
+    logp, old_logp, mask: [rows, T] (log-probabilities of the tokens under the policy being
+    trained and under the policy that sampled them; mask 1 on response tokens). advantages:
+    [rows]. ref_logp: [rows, T] under the frozen reference, used when kl_coef != 0. entropy:
+    [rows, T] the policy's per-token entropy (metric, and a bonus when entropy_coef != 0).
+    dual_clip: c > 1, or None for plain PPO clipping.
+    token_count: the token-mean's denominator; default mask.sum(). A learner that accumulates
+    gradients over micro-batches passes the whole mini-batch's count, so the micro-batch losses
+    sum to the mini-batch token-mean.
+
+    Returns (loss [], metrics): pg_loss, clip_fraction (tokens whose ratio the clip bound),
+    dual_clip_fraction, approx_kl (to the sampling policy), kl (to the reference, 0 without one),
+    entropy (when given). Each metric is a token-mean with the same denominator.
+    """
+    mask = jnp.asarray(mask, jnp.float32)
+    denominator = (jnp.maximum(mask.sum(), 1.0) if token_count is None
+                   else jnp.asarray(token_count, jnp.float32))
+
+    def token_mean(x):
+        return jnp.sum(x * mask) / denominator
+
+    advantages = jnp.asarray(advantages, jnp.float32)[:, None]
+    log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+    ratio = jnp.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    pg = jnp.maximum(unclipped, clipped)
+    metrics = {"clip_fraction": token_mean((clipped > unclipped).astype(jnp.float32)),
+               "approx_kl": token_mean(-log_ratio)}
+    if dual_clip is not None:
+        # For A < 0 a huge ratio would give an unbounded loss; cap it at -A * c.
+        bound = -advantages * dual_clip
+        metrics["dual_clip_fraction"] = token_mean(
+            ((pg > bound) & (advantages < 0)).astype(jnp.float32))
+        pg = jnp.where(advantages < 0, jnp.minimum(pg, bound), pg)
+    else:
+        metrics["dual_clip_fraction"] = jnp.zeros((), jnp.float32)
+    pg_loss = token_mean(pg)
+    loss = pg_loss
+    metrics["pg_loss"] = pg_loss
+    if ref_logp is not None and kl_coef != 0.0:
+        kl = token_mean(low_var_kl(logp, ref_logp))
+        loss = loss + kl_coef * kl
+    else:
+        kl = jnp.zeros((), jnp.float32)
+    metrics["kl"] = kl
+    if entropy is not None:
+        mean_entropy = token_mean(entropy)
+        metrics["entropy"] = mean_entropy
+        if entropy_coef != 0.0:
+            loss = loss - entropy_coef * mean_entropy
+    metrics["loss"] = loss
+    return loss, metrics
+
+
+def low_var_kl(logp, ref_logp):
+    """verl's low-variance KL estimate (Schulman's k3) per token, clamped to [-10, 10]:
+    r - log r - 1 with r = p_ref / p, an unbiased, always non-negative estimate of KL(p||ref)."""
+    log_ratio = jnp.clip(ref_logp - logp, -_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
+    return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -_KL_LIMIT, _KL_LIMIT)
+
+
+def overlong_penalty(response_lengths, max_response_tokens: int, buffer: int,
+                     penalty_factor: float = 1.0) -> np.ndarray:
+    """DAPO's soft overlong punishment, added to the reward: 0 up to max - buffer tokens, then
+    falling linearly to -penalty_factor at the cap (and staying there beyond it).
+    response_lengths [N] -> [N] float32."""
+    if buffer <= 0 or buffer > max_response_tokens:
+        raise ValueError(f"overlong buffer must be in 1..{max_response_tokens}, got {buffer}")
+    lengths = np.asarray(response_lengths, np.float64)
+    excess = lengths - (max_response_tokens - buffer)
+    penalty = -np.clip(excess / buffer, 0.0, 1.0) * penalty_factor
+    return penalty.astype(np.float32)
+
+
+def informative_groups(rewards) -> np.ndarray:
+    """DAPO dynamic sampling: rewards [G, n] -> bool [G], True for groups whose rewards are not
+    all equal (an all-equal group has zero advantage everywhere and teaches nothing)."""
+    rewards = np.asarray(rewards)
+    if rewards.ndim != 2:
+        raise ValueError(f"rewards must be [groups, n], got shape {rewards.shape}")
+    return np.any(rewards != rewards[:, :1], axis=1)

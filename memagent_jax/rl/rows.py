@@ -1,0 +1,174 @@
+"""Training rows: every conversation of every trajectory, and their static-shape micro-batches.
+
+MemAgent trains on each conversation (a memory update or the final answer) as an independent
+row: its own prompt followed by its own response, every response token carrying the advantage of
+the trajectory the conversation belongs to (REFERENCE.md section 3). A trajectory with more
+chunks therefore contributes more rows and more tokens.
+
+Rows live on the host as numpy arrays. The learner feeds them to jitted functions in
+micro-batches of a few fixed shapes: rows sorted by length are cut into groups, each padded to
+the smallest bucket length that holds its longest row and to a row count from a short list
+(a token budget per micro-batch, shrunk to a power of two for the last few rows of a bucket),
+so a handful of shapes compile and padding stays a bounded fraction of each micro-batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from memagent_jax.errors import UserError
+
+
+@dataclasses.dataclass
+class TrainingRows:
+    """R rows right-padded to a common length T (host numpy arrays).
+
+    tokens [R, T] int32: the prompt, then the response, then 0s.
+    loss_mask [R, T] float32: 1 where tokens holds a response token.
+    advantages [R] float32: the row's trajectory's advantage (on each of its response tokens).
+    rollout_logprobs [R, T] float32: each response token's log-probability under the sampling
+        policy, at its position in tokens; 0 elsewhere.
+    prompt_lengths, lengths [R] int32: prompt tokens, prompt + response tokens.
+    trajectory [R] int32: index of the row's trajectory in the (flattened) input list.
+    """
+    tokens: np.ndarray
+    loss_mask: np.ndarray
+    advantages: np.ndarray
+    rollout_logprobs: np.ndarray
+    prompt_lengths: np.ndarray
+    lengths: np.ndarray
+    trajectory: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def response_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+    def token_advantages(self) -> np.ndarray:
+        """[R, T] float32: the advantage on every response token, 0 elsewhere."""
+        return self.advantages[:, None] * self.loss_mask
+
+
+def rows_from_trajectories(trajectories: Sequence, advantages) -> TrainingRows:
+    """One row per conversation of every trajectory.
+
+    trajectories: a flat list of `rollout.memagent.Trajectory`, or a list of groups (lists) of
+    them, as `MemoryAgent.run` returns; advantages: one per trajectory, flat [N] or [G, n]
+    matching the grouping. Conversations without response tokens have nothing to train and
+    are left out.
+    """
+    flat = [t for group in trajectories for t in group] if (
+        trajectories and isinstance(trajectories[0], (list, tuple))) else list(trajectories)
+    advantages = np.asarray(advantages, np.float32).reshape(-1)
+    if len(advantages) != len(flat):
+        raise ValueError(f"{len(advantages)} advantages for {len(flat)} trajectories")
+    conversations = [(i, c) for i, t in enumerate(flat) for c in t.conversations
+                     if len(c.response_ids)]
+    if not conversations:
+        raise ValueError("no conversation with response tokens to train on")
+    for _, c in conversations:
+        if len(c.response_logprobs) != len(c.response_ids):
+            raise ValueError("a conversation's response_logprobs and response_ids differ in length")
+    lengths = np.array([len(c.prompt_ids) + len(c.response_ids) for _, c in conversations],
+                       np.int32)
+    rows, width = len(conversations), int(lengths.max())
+    tokens = np.zeros((rows, width), np.int32)
+    loss_mask = np.zeros((rows, width), np.float32)
+    logprobs = np.zeros((rows, width), np.float32)
+    prompt_lengths = np.zeros(rows, np.int32)
+    for r, (_, c) in enumerate(conversations):
+        p, n = len(c.prompt_ids), len(c.response_ids)
+        tokens[r, :p] = c.prompt_ids
+        tokens[r, p:p + n] = c.response_ids
+        loss_mask[r, p:p + n] = 1.0
+        logprobs[r, p:p + n] = c.response_logprobs
+        prompt_lengths[r] = p
+    index = np.array([i for i, _ in conversations], np.int32)
+    return TrainingRows(tokens, loss_mask, advantages[index], logprobs, prompt_lengths, lengths,
+                        index)
+
+
+def default_buckets(max_length: int, smallest: int = 64) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to the first one >= max_length."""
+    buckets = [smallest]
+    while buckets[-1] < max_length:
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
+
+
+def bucket_for(length: int, buckets: Sequence[int]) -> int:
+    for bucket in sorted(buckets):
+        if length <= bucket:
+            return bucket
+    raise UserError(f"a training row of {length} tokens exceeds the largest bucket length "
+                    f"{max(buckets)} (raise the learner's bucket lengths)")
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchPlan:
+    """index [B] int: rows of TrainingRows in this micro-batch, -1 for padding rows; length:
+    the bucket length every row is padded to."""
+    index: np.ndarray
+    length: int
+
+
+def plan_micro_batches(lengths: np.ndarray, indices: Iterable[int], buckets: Sequence[int],
+                       rows: int | None = None, tokens: int | None = None,
+                       row_multiple: int = 1) -> list[MicroBatchPlan]:
+    """Cuts rows `indices` (lengths[i] tokens each) into micro-batches of static shapes.
+
+    Each micro-batch is padded to the bucket of its longest row, and holds `rows` rows or, with
+    a token budget, tokens // bucket rows; row counts are multiples of `row_multiple` (the
+    data-parallel width, so the batch splits evenly over devices). Rows are taken longest
+    first, so each micro-batch spans a narrow range of lengths; the final group of a bucket is
+    shrunk to the next power of two (times row_multiple) that holds it rather than padded
+    with empty rows up to the full count.
+    """
+    if (rows is None) == (tokens is None):
+        raise ValueError("give exactly one of rows or tokens per micro-batch")
+    order = sorted(indices, key=lambda i: -int(lengths[i]))
+    plans, start = [], 0
+    while start < len(order):
+        bucket = bucket_for(int(lengths[order[start]]), buckets)
+        capacity = rows if rows is not None else max(1, tokens // bucket)
+        capacity = max(row_multiple, capacity // row_multiple * row_multiple)
+        left = len(order) - start
+        if left < capacity:
+            units = -(-left // row_multiple)  # ceil
+            capacity = min(capacity, row_multiple * (1 << (units - 1).bit_length()))
+        taken = order[start:start + capacity]
+        index = np.full(capacity, -1, np.int64)
+        index[:len(taken)] = taken
+        plans.append(MicroBatchPlan(index, bucket))
+        start += len(taken)
+    return plans
+
+
+def gather(plan: MicroBatchPlan, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The plan's rows of each array, padded: [R, T] arrays -> [B, length] (cut or 0-padded
+    on the right), [R] arrays -> [B]. Padding rows are all 0 (so their loss mask is 0)."""
+    valid = plan.index >= 0
+    rows = np.where(valid, plan.index, 0)
+    out = {}
+    for name, array in arrays.items():
+        taken = array[rows]
+        if array.ndim == 2:
+            width = min(array.shape[1], plan.length)
+            padded = np.zeros((len(rows), plan.length), array.dtype)
+            padded[:, :width] = taken[:, :width]
+            taken = padded
+        taken[~valid] = 0
+        out[name] = taken
+    return out
+
+
+def scatter(plan: MicroBatchPlan, values: np.ndarray, into: np.ndarray) -> None:
+    """Writes a micro-batch's [B, length] values back into rows of into [R, T] (in place)."""
+    valid = plan.index >= 0
+    width = min(into.shape[1], plan.length)
+    into[plan.index[valid], :width] = values[valid, :width]
