@@ -266,6 +266,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-shard-size", default="5GB")
     p.set_defaults(func=_random_model)
+
+    from memagent_jax.data import command as data_command  # stdlib-only at import
+    data_command.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,115 @@
+"""Data files: reading sources through `datasets`, reading and writing evaluation sets.
+
+Sources (HotpotQA, or an existing set to take question indices from) are read with Hugging Face
+`datasets`: a hub id where there is network, or local .json/.jsonl/.parquet files. Evaluation
+sets are read WITHOUT `datasets` (GPU images often lack it): a .json list (the original's
+`eval_{N}.json`), .jsonl, or .parquet (pyarrow). Sets are written as a JSON list, streamed
+record by record into a temporary file that is renamed into place, so a set file is either
+complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Iterable
+
+from memagent_jax.errors import UserError
+
+_LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+def load_source(source: str, split: str | None = None, name: str | None = None,
+                default_name: str | None = None, default_split: str = "validation"):
+    """A `datasets.Dataset` from local files (one path, or several joined by commas) or a hub
+    id. Local files form the "train" split of their builder; for a hub id, `name` (default
+    `default_name`) is the dataset configuration and `split` (default `default_split`)."""
+    try:
+        import datasets
+    except ImportError:
+        raise UserError("reading data sources needs the `datasets` package: "
+                        "pip install 'memagent-jax[data]'") from None
+    paths = [p for p in source.split(",") if p]
+    if paths and all(os.path.exists(p) for p in paths):
+        kinds = {os.path.splitext(p)[1].lower() for p in paths}
+        if len(kinds) != 1 or next(iter(kinds)) not in _LOCAL_BUILDERS:
+            raise UserError(f"{source}: expected .json, .jsonl or .parquet files of one kind")
+        builder = _LOCAL_BUILDERS[kinds.pop()]
+        try:
+            return datasets.load_dataset(builder, data_files=paths, split="train")
+        except Exception as e:  # noqa: BLE001 - pyarrow/json errors of many types
+            raise UserError(f"{source}: cannot read ({type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if any(p.endswith(tuple(_LOCAL_BUILDERS)) or os.sep in p for p in paths):
+        raise UserError(f"{source}: file not found")
+    try:
+        return datasets.load_dataset(source, name or default_name, split=split or default_split)
+    except Exception as e:  # noqa: BLE001 - hub and network errors of many types
+        raise UserError(f"{source}: cannot load from the Hugging Face hub "
+                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                        ) from None
+
+
+def read_set(path: str) -> list[dict]:
+    """All records of an evaluation set file (.json list, .jsonl or .parquet)."""
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: evaluation set not found")
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".parquet":
+        import pyarrow.parquet as pq
+        return pq.read_table(path).to_pylist()
+    if ext not in (".json", ".jsonl"):
+        raise UserError(f"{path}: expected a .json, .jsonl or .parquet evaluation set")
+    with open(path, encoding="utf-8") as f:
+        if ext == ".json":
+            try:
+                records = json.load(f)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+            if not isinstance(records, list):
+                raise UserError(f"{path}: expected a JSON list of records")
+            return records
+        records = []
+        for number, line in enumerate(f, start=1):
+            if line.strip():
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise UserError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+        return records
+
+
+def write_set(path: str, records: Iterable[dict]) -> int:
+    """Streams records into `path` as a JSON list (one record per line inside the brackets);
+    returns how many. Written to a temporary file renamed into place: all or nothing."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    count = 0
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write("[")
+            for record in records:
+                f.write(",\n" if count else "\n")
+                f.write(json.dumps(record, ensure_ascii=False))
+                count += 1
+            f.write("\n]\n")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return count
+
+
+def write_parquet(path: str, rows: list[dict]) -> None:
+    """rows as one parquet table, written to a temporary file renamed into place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
