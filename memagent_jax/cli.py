@@ -47,15 +47,13 @@ def _random_model(args) -> None:
 
 
 def _generate(args) -> None:
-    import jax
     from tqdm import tqdm
 
-    from memagent_jax.models import load_model
-    from memagent_jax.rollout.engine import Engine, EngineConfig
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
+    from memagent_jax.rollout.local import load_engine
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.rollout.scheduler import Request, generate
-    from memagent_jax.tokenizer import load_tokenizer, stop_token_ids
+    from memagent_jax.tokenizer import load_tokenizer
 
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
@@ -71,10 +69,8 @@ def _generate(args) -> None:
         if len(prompt) >= max_len:
             raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
                             f"--max-len {max_len} (prompt + at least one new token)")
-    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
-    model, config = load_model(args.model, dtype=dtype, attention=args.attention)
-    engine = Engine(model, EngineConfig(slots=args.slots, max_len=max_len))
-    stops = stop_token_ids(args.model, config)
+    engine, _, stops = load_engine(args.model, max_len=max_len, slots=args.slots,
+                                   dtype=args.dtype, attention=args.attention)
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
         args.temperature, args.top_p, args.top_k, args.seed + i), stops)
         for i, p in enumerate(prompts)]
@@ -136,23 +132,15 @@ def _run(args) -> None:
 def _run_locally(args, config, tokenizer, document, show) -> dict:
     import dataclasses
 
-    import jax
-
-    from memagent_jax.models import load_model
-    from memagent_jax.rollout.engine import Engine, EngineConfig
+    from memagent_jax.rollout.local import load_engine
     from memagent_jax.rollout.memagent import MemoryAgent, required_length
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.rollout.scheduler import Scheduler
-    from memagent_jax.tokenizer import stop_token_ids
 
-    if not os.path.isdir(args.model):
-        raise UserError(f"{args.model}: model directory not found")
     needed = required_length(tokenizer, config.max_problem_tokens, config)
-    dtype = args.dtype or ("float32" if jax.default_backend() == "cpu" else "bfloat16")
-    model, model_config = load_model(args.model, dtype=dtype, attention=args.attention)
-    engine = Engine(model, EngineConfig(slots=1, max_len=-(-needed // 256) * 256))
-    agent = MemoryAgent(Scheduler(engine), tokenizer, config,
-                        stop_token_ids(args.model, model_config))
+    engine, _, stops = load_engine(args.model, max_len=-(-needed // 256) * 256, slots=1,
+                                   dtype=args.dtype, attention=args.attention)
+    agent = MemoryAgent(Scheduler(engine), tokenizer, config, stops)
     sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
     (trajectory,) = agent.run([(args.question, document)], sampling,
                               seed=args.seed, on_turn=lambda i, c: show(c.kind, c.reply))[0]
