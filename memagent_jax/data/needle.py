@@ -1,0 +1,121 @@
+"""A tiny synthetic needle task in the training layout, with a word-level tokenizer for it.
+
+For training runs that must finish on a CPU in minutes (configs/tiny_cpu.yaml, the tests): each
+document is a few sentences of filler words with one needle sentence, "the secret code is
+<word> .", at a random place; the question asks for the code; the ground truth is the word.
+Rows follow the layout of `BytedTsinghua-SIA/hotpotqa` (see data/pipeline.py) with data_source
+"needle", so the trainer reads them exactly as it reads the real data set.
+
+No Qwen tokenizer can be downloaded everywhere, so `write_tokenizer` writes a real `transformers`
+fast tokenizer (word level, whitespace/punctuation split) whose vocabulary holds the MemAgent
+templates' words and this task's words, with a minimal chat template; it fits the `tiny`
+preset's 512 embedding rows. Everything is deterministic by seed.
+
+    python -m memagent_jax.data.needle --out DIR   # DIR/train.parquet, val.parquet, tokenizer/
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+
+FILLER = ("the river runs past an old mill where farmers bring grain every autumn and the town "
+          "keeps a small market near a stone bridge with bright lamps on long evenings while "
+          "children play by the water and birds sing in tall green trees").split()
+CODES = ("apple", "tiger", "violet", "copper", "falcon", "maple", "ocean", "granite", "lemon",
+         "cobalt", "willow", "ember")
+QUESTION = "what is the secret code ?"
+NEEDLE = "the secret code is {code} ."
+
+
+def needle_rows(count: int, seed: int = 0, sentences: tuple[int, int] = (3, 6),
+                sentence_words: tuple[int, int] = (5, 9)) -> list[dict]:
+    """count rows of the training layout; each document has a random number of filler
+    sentences (inclusive range) plus the needle sentence at a random position."""
+    rng = random.Random(seed)
+    rows = []
+    for index in range(count):
+        code = rng.choice(CODES)
+        body = [" ".join(rng.choice(FILLER) for _ in range(rng.randint(*sentence_words))) + " ."
+                for _ in range(rng.randint(*sentences))]
+        body.insert(rng.randint(0, len(body)), NEEDLE.format(code=code))
+        rows.append({
+            "data_source": "needle",
+            "prompt": [{"role": "user", "content": QUESTION}],
+            "context": " ".join(body),
+            "reward_model": {"ground_truth": [code], "style": "rule"},
+            "extra_info": {"index": index, "question": QUESTION, "num_docs": 1},
+        })
+    return rows
+
+
+def write_rows(rows: list[dict], path: str) -> str:
+    """Writes rows as a parquet file (the published data set's format); returns the path."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def vocabulary() -> list[str]:
+    """Special tokens first (<pad>=0, <s>=1, </s>=2, [UNK]=3) and the chat roles, then every word the templates,
+    the answer format and this task use, in a fixed order."""
+    from tokenizers import pre_tokenizers
+
+    from memagent_jax.rollout.templates import FINAL_TEMPLATE, INITIAL_MEMORY, UPDATE_TEMPLATE
+
+    words = ["<pad>", "<s>", "</s>", "[UNK]", "user", "assistant"]  # chat template words
+    text = " ".join([UPDATE_TEMPLATE, FINAL_TEMPLATE, INITIAL_MEMORY, "\\boxed{}", QUESTION,
+                     NEEDLE, *FILLER, *CODES])
+    for word, _ in pre_tokenizers.Whitespace().pre_tokenize_str(text):
+        if word not in words:
+            words.append(word)
+    return words
+
+
+def write_tokenizer(out_dir: str) -> str:
+    """Saves the word-level tokenizer (tokenizer.json + tokenizer_config.json, eos </s>)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = vocabulary()
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
+                                           unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with single spaces
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>",
+                                      pad_token="<pad>", bos_token="<s>", unk_token="[UNK]")
+    wrapped.chat_template = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> "
+                             "{% endfor %}{% if add_generation_prompt %}<s> assistant {% endif %}")
+    wrapped.save_pretrained(out_dir)
+    return out_dir
+
+
+def write_task(out_dir: str, train_size: int = 64, val_size: int = 16, seed: int = 0,
+               **row_options) -> dict[str, str]:
+    """train.parquet, val.parquet (a different seed) and tokenizer/ under out_dir."""
+    paths = {"train": os.path.join(out_dir, "train.parquet"),
+             "val": os.path.join(out_dir, "val.parquet"),
+             "tokenizer": os.path.join(out_dir, "tokenizer")}
+    write_rows(needle_rows(train_size, seed, **row_options), paths["train"])
+    write_rows(needle_rows(val_size, seed + 1_000_003, **row_options), paths["val"])
+    write_tokenizer(paths["tokenizer"])
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--train-size", type=int, default=64)
+    parser.add_argument("--val-size", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    paths = write_task(args.out, args.train_size, args.val_size, args.seed)
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+
+
+if __name__ == "__main__":
+    main()

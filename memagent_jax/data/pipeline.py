@@ -1,0 +1,178 @@
+"""Training examples from a `datasets` source, served by a shuffled, sharded `grain` iterator.
+
+The source layout is the published MemAgent training set `BytedTsinghua-SIA/hotpotqa`
+(REFERENCE.md section 4), one row per question:
+    data_source: str                      selects the reward function
+    prompt: [{"role": "user", "content": question}]
+    context: str                          the long document
+    reward_model: {"ground_truth": [str, ...], ...}
+    extra_info: {"index": int, "question": str, "num_docs": int, ...}   (optional)
+A source is a local parquet / json / jsonl file or a directory of them, an `hf://` path, or a
+hub id (read through `datasets`, from its cache when there is no network).
+
+`training_iterator` shards the rows by process (process i of n takes rows i, i+n, ...), shuffles
+its shard by seed, a new permutation every epoch, and repeats forever; its position is a small
+JSON-able state (`get_state`/`set_state`) that the checkpoint carries, so a resumed run draws
+exactly the examples the uninterrupted run would have drawn.
+
+`datasets` and `grain` are imported lazily: inference images often lack them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Sequence
+
+from memagent_jax.errors import UserError
+
+REQUIRED_FIELDS = ("data_source", "prompt", "context", "reward_model")
+_FILE_KINDS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One training question. index: the row in its source (a stable id, logged per step)."""
+    index: int
+    data_source: str
+    question: str
+    context: str
+    ground_truths: tuple[str, ...]
+    extra_info: dict = dataclasses.field(default_factory=dict, compare=False)
+
+
+def load_source(spec: str, split: str = "train", key: str = "data"):
+    """The `datasets.Dataset` a source names (see the module docstring); `key` names the config
+    key in errors. Raises UserError when it is missing, empty, or lacks a required field."""
+    import datasets  # lazy: optional dependency
+
+    kind = _FILE_KINDS.get(os.path.splitext(spec)[1].lower())
+    local = os.path.exists(spec)
+    if kind is None and not local and not _looks_like_hub_id(spec):
+        raise UserError(f"{key}: '{spec}' not found (expected a parquet/json/jsonl file, a "
+                        "directory of them, or a hub id such as BytedTsinghua-SIA/hotpotqa)")
+    if kind is not None and not local and not spec.startswith("hf://"):
+        raise UserError(f"{key}: '{spec}' not found")
+    previous = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()  # the trainer has its own progress bar
+    try:
+        if kind is not None:
+            dataset = datasets.load_dataset(kind, data_files=spec, split="train")
+        else:
+            dataset = datasets.load_dataset(spec, split=split)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - datasets raises many kinds; the user needs one line
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"{key}: cannot read '{spec}' (split '{split}'): {message}") from None
+    finally:
+        datasets.logging.set_verbosity(previous)
+    if isinstance(dataset, datasets.DatasetDict):  # a directory whose files name splits
+        if split not in dataset:
+            raise UserError(f"{key}: '{spec}' has no split '{split}' "
+                            f"(it has: {', '.join(dataset)})")
+        dataset = dataset[split]
+    missing = [f for f in REQUIRED_FIELDS if f not in dataset.column_names]
+    if missing:
+        raise UserError(f"{key}: '{spec}' lacks the field(s) {', '.join(missing)} "
+                        f"(it has: {', '.join(dataset.column_names)})")
+    if len(dataset) == 0:
+        raise UserError(f"{key}: '{spec}' has no rows")
+    example_from_row(dataset[0], 0, f"{key}: '{spec}'")  # a malformed layout fails here, early
+    return dataset
+
+
+def example_from_row(row: dict, index: int, source: str = "data") -> Example:
+    """One row of the layout as an Example; errors name the row and the field."""
+    where = f"{source} row {index}"
+    row = {k: _listed(v) for k, v in row.items()}
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        question = prompt
+    elif (isinstance(prompt, Sequence) and prompt and isinstance(prompt[-1], dict)
+          and isinstance(prompt[-1].get("content"), str)):
+        question = prompt[-1]["content"]  # the user message (the only one in the layout)
+    else:
+        raise UserError(f"{where}: field 'prompt' must be [{{role: user, content: question}}], "
+                        f"got {prompt!r:.80}")
+    context = row.get("context")
+    if not isinstance(context, str):
+        raise UserError(f"{where}: field 'context' must be a string, got {type(context).__name__}")
+    reward = row.get("reward_model")
+    truths = reward.get("ground_truth") if isinstance(reward, dict) else None
+    if isinstance(truths, str):
+        truths = [truths]
+    if (not isinstance(truths, Sequence) or not truths
+            or not all(isinstance(t, str) for t in truths)):
+        raise UserError(f"{where}: field 'reward_model.ground_truth' must be a non-empty list of "
+                        f"strings, got {truths!r:.80}")
+    extra = row.get("extra_info")
+    return Example(index=index, data_source=str(row.get("data_source") or ""),
+                   question=question, context=context, ground_truths=tuple(truths),
+                   extra_info=dict(extra) if isinstance(extra, dict) else {})
+
+
+class ExampleSource:
+    """Random access to a dataset's rows as Examples (what `grain.MapDataset.source` reads)."""
+
+    def __init__(self, dataset, name: str = "data"):
+        self.dataset, self.name = dataset, name
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Example:
+        return example_from_row(self.dataset[int(index)], int(index), self.name)
+
+
+def training_iterator(dataset, seed: int, process_index: int | None = None,
+                      process_count: int | None = None, prefetch: int = 4):
+    """An endless grain iterator of Examples over this process's shard (module docstring).
+
+    process_index/count default to jax.process_index()/process_count(). The iterator has
+    get_state() -> dict and set_state(dict); `grain.checkpoint.CheckpointSave` stores it in an
+    Orbax checkpoint, one file per process."""
+    import grain  # lazy: optional dependency
+
+    if process_index is None or process_count is None:
+        import jax
+        process_index, process_count = jax.process_index(), jax.process_count()
+    source = dataset if isinstance(dataset, ExampleSource) else ExampleSource(dataset)
+    if len(source) < process_count:
+        raise UserError(f"{source.name}: {len(source)} rows cannot be shared by "
+                        f"{process_count} processes")
+    ds = grain.MapDataset.source(source)[process_index::process_count]
+    # Shuffle before repeat: grain re-seeds the permutation each epoch.
+    ds = ds.shuffle(seed=seed).repeat(None)
+    # One reader thread keeps the order independent of timing; a few rows of read-ahead is
+    # plenty, since a rollout takes far longer than reading a row.
+    options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=prefetch)
+    return iter(ds.to_iter_dataset(options))
+
+
+def take(iterator, count: int) -> list[Example]:
+    """The next `count` examples."""
+    return [next(iterator) for _ in range(count)]
+
+
+def evaluation_examples(dataset, size: int | None = None, name: str = "data.val") -> list[Any]:
+    """The first `size` rows (all when None), in order: a fixed validation set."""
+    source = ExampleSource(dataset, name)
+    return [source[i] for i in range(len(source) if size is None else min(size, len(source)))]
+
+
+def _listed(value):
+    """NumPy arrays (pandas-written parquet read back by pandas) -> lists, recursively."""
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, dict):
+        return {k: _listed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_listed(v) for v in value]
+    return value
+
+
+def _looks_like_hub_id(spec: str) -> bool:
+    parts = spec.split("/")
+    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))

@@ -1,0 +1,109 @@
+"""Training checkpoints with Orbax: atomic, keep-last-N, exact resume, multi-host aware.
+
+A checkpoint is one step directory `<dir>/<step>/` of an Orbax `CheckpointManager`, with items:
+- `state`: the learner's pytree {params, opt_state, step} (sharded arrays; every process writes
+  its shards, and restore puts each array back on the sharding of the target it is given);
+- `meta`:  JSON written by process 0: the trainer step, the RNG key data, and whatever else the
+  trainer needs to continue exactly (e.g. how many examples it has drawn);
+- `data`:  the grain iterator's position, one small JSON file per process.
+
+Atomicity is Orbax's: a step is written under a temporary name and renamed to `<step>` only when
+every item of every process is complete (on object stores a commit marker plays that part), so
+a crash mid-save leaves the previous steps as they were, and the half-written directory is never
+listed as a step (it is cleaned up by the next manager). `keep` bounds the steps kept.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+
+
+class Checkpointer:
+    """save(step, state, meta, data_iterator) / restore(target, data_iterator); see the module
+    docstring. async_save: the arrays are copied to host memory during save() and written in
+    a background thread while training goes on; wait() blocks until the last save committed."""
+
+    def __init__(self, directory: str, keep: int | None = 3, async_save: bool = True):
+        import orbax.checkpoint as ocp
+        from grain.checkpoint import CheckpointHandler as GrainHandler  # lazy: optional
+
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(
+            max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
+            cleanup_tmp_directories=True)
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options,
+            item_handlers={"state": ocp.StandardCheckpointHandler(),
+                           "meta": ocp.JsonCheckpointHandler(),
+                           "data": GrainHandler()})
+
+    def latest_step(self) -> int | None:
+        """The newest committed step, or None."""
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def save(self, step: int, state: Any, meta: dict, data_iterator=None) -> None:
+        """Starts writing checkpoint `step` (see async_save). The data iterator's position is
+        read now, synchronously, so later draws do not leak into this checkpoint."""
+        import orbax.checkpoint as ocp
+        from grain.checkpoint import CheckpointSave
+
+        items = {"state": ocp.args.StandardSave(state),
+                 "meta": ocp.args.JsonSave(_plain(meta))}
+        if data_iterator is not None:
+            items["data"] = CheckpointSave(data_iterator)
+        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+
+    def restore(self, target: Any, data_iterator=None, step: int | None = None
+                ) -> tuple[Any, dict]:
+        """(state, meta) of `step` (default the latest). target: a pytree like the saved state
+        (arrays or jax.ShapeDtypeStruct): its shapes, dtypes and shardings are what is
+        restored. data_iterator, when given, is moved to the saved position in place."""
+        import orbax.checkpoint as ocp
+        from grain.checkpoint import CheckpointRestore
+
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"{self.directory}: no checkpoint to restore")
+        items = {"state": ocp.args.StandardRestore(abstract_like(target)),
+                 "meta": ocp.args.JsonRestore()}
+        if data_iterator is not None:
+            items["data"] = CheckpointRestore(data_iterator)
+        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        return restored["state"], dict(restored["meta"])
+
+    def wait(self) -> None:
+        """Blocks until every started save has committed."""
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def abstract_like(tree: Any) -> Any:
+    """Arrays -> ShapeDtypeStruct with their sharding (what restore needs to place them);
+    other leaves (Python/NumPy scalars) as they are."""
+    def leaf(x):
+        if isinstance(x, jax.Array):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+        return x
+    return jax.tree.map(leaf, tree)
+
+
+def _plain(value):
+    """JSON-able copy (tuples -> lists, NumPy scalars -> Python numbers)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
