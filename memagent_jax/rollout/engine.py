@@ -124,6 +124,22 @@ class Engine:
         """One token for every slot: (state, tokens [S] int32, logprobs [S] float32)."""
         return self._generate(self.params, state)
 
+    def update_params(self, params: nnx.State) -> None:
+        """Decodes with new parameter values from now on (a learner's updated state).
+
+        The arrays are used as they are: they must match the current ones in structure, shape,
+        dtype and sharding, so the swap never copies, reshards or recompiles; a mismatch raises
+        ValueError rather than silently moving weights between devices."""
+        old, new = jax.tree.leaves_with_path(self.params), jax.tree.leaves_with_path(params)
+        if jax.tree.structure(self.params) != jax.tree.structure(params):
+            raise ValueError("update_params: the new state's structure differs from the model's")
+        for (path, a), (_, b) in zip(old, new):
+            if (a.shape, a.dtype) != (b.shape, b.dtype) or a.sharding != b.sharding:
+                raise ValueError(f"update_params: {jax.tree_util.keystr(path)} is "
+                                 f"{b.dtype}{list(b.shape)} on {b.sharding}, the engine's is "
+                                 f"{a.dtype}{list(a.shape)} on {a.sharding}")
+        self.params = params
+
     # ---- helpers --------------------------------------------------------------------------
 
     def bucket_for(self, length: int) -> int:

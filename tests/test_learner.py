@@ -1,0 +1,290 @@
+"""The DAPO learner: it learns a rewarded task from the engine's own samples, shares its arrays
+with the engine, shards, skips non-finite updates and recomputes the sampler's log-probs."""
+
+import dataclasses
+
+import jax
+import jax.monitoring
+import numpy as np
+import pytest
+from flax import nnx
+
+from memagent_jax.errors import UserError
+from memagent_jax.models import ModelConfig, build_model, make_mesh, param_shardings, random_model
+from memagent_jax.models.loading import flatten, nest
+from memagent_jax.rl.advantages import group_advantages
+from memagent_jax.rl.dapo import informative_groups
+from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.memagent import Conversation, Trajectory
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.scheduler import Request, generate
+
+# tests/hf_reference.TINY's shape; vocab 64 so that the tensor axis divides it too
+CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+def _rollouts(engine, prompts, n, max_new_tokens, seed, temperature=1.0):
+    """n samples per prompt from the engine -> (groups of single-turn Trajectories,
+    completions)."""
+    requests = [Request(p, max_new_tokens, SamplingParams(temperature=temperature,
+                                                          seed=seed * 1000 + i), n=n)
+                for i, p in enumerate(prompts)]
+    results = generate(engine, requests)
+    groups = [[Trajectory("", [Conversation("final", list(p), c.token_ids, c.logprobs,
+                                            c.finish_reason, "")]) for c in completions]
+              for p, completions in zip(prompts, results)]
+    return groups, results
+
+
+def _random_rows(seed=0, trajectories=12):
+    """Multi-conversation trajectories (1 to 3 turns) with random tokens and advantages."""
+    rng = np.random.RandomState(seed)
+    flat = []
+    for _ in range(trajectories):
+        turns = []
+        for _ in range(1 + rng.randint(3)):
+            p, n = 4 + rng.randint(8), 2 + rng.randint(6)
+            turns.append(Conversation("update", list(rng.randint(3, 64, p)),
+                                      list(rng.randint(3, 64, n)),
+                                      list(-rng.uniform(2, 5, n)), "length", ""))
+        flat.append(Trajectory("", turns))
+    return rows_from_trajectories(flat, rng.randn(trajectories))
+
+
+def _host(tree):
+    return jax.tree.map(np.asarray, tree)
+
+
+def _sharded_copy(model, mesh):
+    """The same weights as `model`, placed on the mesh's parameter shardings."""
+    shardings = param_shardings(model.config, mesh)
+    flat = flatten(nnx.to_pure_dict(nnx.state(model)))
+    return build_model(model.config, nest({k: jax.device_put(np.asarray(v), shardings[k])
+                                           for k, v in flat.items()}))
+
+
+class _CompileCounter:
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, event, duration, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            self.count += 1
+
+
+@pytest.mark.slow
+def test_learns_a_rewarded_task_from_engine_rollouts():
+    """Reward 1 when the reply holds token 7. The random policy finds it in ~20% of 4-token
+    replies; DAPO (group advantages, dynamic sampling, clipped loss; no supervised loss) on the
+    engine's own temperature-1 samples must lift the mean reward to >= 0.8."""
+    target, vocab = 7, 32
+    model = random_model(CONFIG.replace(vocab_size=vocab), seed=0)
+    engine = Engine(model, EngineConfig(slots=16, max_len=16, prefill_buckets=(8,)))
+    learner = Learner(model, LearnerConfig(lr=2e-2, warmup_steps=0, micro_batch_rows=8,
+                                           bucket_lengths=(16,), ppo_epochs=2))
+    rng = np.random.RandomState(0)
+    curve = []
+    for step in range(25):
+        prompts = [tuple(int(t) for t in rng.randint(3, vocab, 6)) for _ in range(4)]
+        groups, results = _rollouts(engine, prompts, n=8, max_new_tokens=4, seed=step)
+        rewards = np.array([[float(target in c.token_ids) for c in cs] for cs in results])
+        curve.append(float(rewards.mean()))
+        if len(curve) >= 2 and min(curve[-2:]) >= 0.8:
+            break
+        keep = informative_groups(rewards)
+        if not keep.any():
+            continue
+        rows = rows_from_trajectories([g for g, k in zip(groups, keep) if k],
+                                      group_advantages(rewards[keep]))
+        metrics = learner.update(rows)
+        assert metrics["skipped_updates"] == 0 and np.isfinite(metrics["loss"])
+        engine.update_params(learner.params)
+    print("mean reward per step:", curve)
+    assert curve[0] < 0.4
+    assert min(curve[-2:]) >= 0.8, curve
+
+
+def test_engine_decodes_with_the_updated_arrays_without_reshard():
+    mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    model = _sharded_copy(random_model(CONFIG, seed=1), mesh)
+    engine = Engine(model, EngineConfig(slots=8, max_len=32, prefill_buckets=(16,)), mesh=mesh)
+    learner = Learner(model, LearnerConfig(lr=5e-2, warmup_steps=0, micro_batch_rows=8,
+                                           bucket_lengths=(32,)), mesh=mesh)
+    before = {jax.tree_util.keystr(p): a.sharding
+              for p, a in jax.tree.leaves_with_path(engine.params)}
+    prompts = [tuple(range(3 + i, 13 + i)) for i in range(4)]
+    greedy = [Request(p, 8, SamplingParams(temperature=0.0, seed=0)) for p in prompts]
+    old_tokens = [r[0].token_ids for r in generate(engine, greedy)]
+
+    groups, results = _rollouts(engine, prompts, n=4, max_new_tokens=8, seed=0)
+    rewards = np.array([[float(np.mean(c.token_ids) > 32) for c in cs] for cs in results])
+    metrics = learner.update(rows_from_trajectories(groups, group_advantages(rewards)))
+    assert metrics["updates"] == 1 and metrics["skipped_updates"] == 0
+
+    engine.update_params(learner.params)
+    after = {jax.tree_util.keystr(p): a.sharding
+             for p, a in jax.tree.leaves_with_path(engine.params)}
+    assert after == before
+    # the engine, the learner and the live module hold the very same arrays
+    for a, b, c in zip(jax.tree.leaves(engine.params), jax.tree.leaves(learner.params),
+                       jax.tree.leaves(nnx.state(learner.model))):
+        assert a is b is c
+    new_tokens = [r[0].token_ids for r in generate(engine, greedy)]
+    assert new_tokens != old_tokens
+    # ... and decodes exactly what the updated model's full forward says, greedily
+    graphdef, state = nnx.split(learner.model)
+    forward = jax.jit(lambda s, ids: nnx.merge(graphdef, s)(ids))  # right padding: no mask
+    for prompt, tokens in zip(prompts, new_tokens):
+        ids = list(prompt)
+        for _ in range(len(tokens)):
+            padded = np.zeros((1, 32), np.int32)
+            padded[0, :len(ids)] = ids
+            ids.append(int(np.argmax(forward(state, padded)[0, len(ids) - 1])))
+        assert tokens == ids[len(prompt):]
+
+    # a state on other shardings is refused, not silently resharded
+    replicated = jax.tree.map(lambda x: jax.device_put(x, jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec())), learner.params)
+    with pytest.raises(ValueError, match="update_params"):
+        engine.update_params(replicated)
+
+
+def test_sharded_micro_batched_update_equals_unsharded_single_batch():
+    """One update with 4-row micro-batches on fsdp=4 x tensor=2 equals it on one device as a
+    single 32-row micro-batch: sharding and gradient accumulation change nothing (the loss is
+    the token-mean over the whole mini-batch either way)."""
+    rows = _random_rows()
+    config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=4, adam_eps=1e-3,
+                           bucket_lengths=(16, 32))
+    base = random_model(CONFIG, seed=2)
+    start = _host(nnx.to_pure_dict(nnx.state(base)))
+    mesh = make_mesh({"fsdp": 4, "tensor": 2})
+    sharded = Learner(_sharded_copy(base, mesh), config, mesh=mesh)
+    shardings = jax.tree.map(lambda x: x.sharding, sharded.state()["params"])
+    assert any(s.spec != jax.sharding.PartitionSpec(*[None] * len(s.spec))
+               for s in jax.tree.leaves(shardings))
+    single = Learner(base, dataclasses.replace(config, micro_batch_rows=32))
+    assert len(rows) <= 32
+    sharded_metrics = sharded.update(rows)
+    single_metrics = single.update(rows)
+    assert jax.tree.map(lambda x: x.sharding, sharded.state()["params"]) == shardings
+    expected = _host(single.state()["params"])
+    moved = max(float(np.abs(a - b).max())
+                for a, b in zip(jax.tree.leaves(expected), jax.tree.leaves(start)))
+    assert moved > 5e-4  # lr 1e-3: the update is well above the tolerance
+    for a, b in zip(jax.tree.leaves(_host(sharded.state()["params"])),
+                    jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, atol=2e-6, rtol=0)
+    for key in ("loss", "grad_norm", "entropy", "clip_fraction"):
+        assert sharded_metrics[key] == pytest.approx(single_metrics[key], rel=1e-4, abs=1e-7)
+
+
+def test_non_finite_loss_skips_the_update():
+    rows = _random_rows(seed=3)
+    learner = Learner(random_model(CONFIG, seed=4),
+                      LearnerConfig(lr=1e-2, warmup_steps=0, micro_batch_rows=8,
+                                    bucket_lengths=(32,), mini_batches=1))
+    learner.update(rows)  # one real update, so the optimiser state is not all zeros
+    params, opt_state, step = _host(learner.state()["params"]), \
+        _host(learner.state()["opt_state"]), learner.step
+
+    poisoned = _random_rows(seed=3)
+    poisoned.advantages[0] = np.nan
+    metrics = learner.update(poisoned)
+    assert metrics["skipped_updates"] == 1 and metrics["updates"] == 0
+    assert learner.step == step
+    for a, b in zip(jax.tree.leaves(_host(learner.state()["params"])), jax.tree.leaves(params)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(jax.tree.leaves(_host(learner.state()["opt_state"])),
+                    jax.tree.leaves(opt_state)):
+        np.testing.assert_array_equal(a, b)
+    # the model module still holds the (unchanged) live parameters
+    np.testing.assert_array_equal(np.asarray(learner.model.embed[...]), params["embed"])
+
+    # the accumulator was reset: the next finite batch updates normally
+    metrics = learner.update(rows)
+    assert metrics["skipped_updates"] == 0 and metrics["updates"] == 1
+    assert np.isfinite(metrics["loss"]) and learner.step == step + 1
+
+
+def test_state_restore_round_trip_and_no_recompilation():
+    rows = _random_rows(seed=5)
+    learner = Learner(random_model(CONFIG, seed=6),
+                      LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
+                                    bucket_lengths=(32,), mini_batches=2))
+    first = learner.update(rows)
+    assert first["updates"] == 2 and first["lr"] == pytest.approx(1e-2)  # 2nd warm-up step
+    saved = _host(learner.state())
+    counter = _CompileCounter()
+    jax.monitoring.register_event_duration_secs_listener(counter)
+    try:
+        learner.update(rows)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(counter)
+    assert counter.count == 0, f"{counter.count} compilations on the second update"
+    assert learner.step == 4
+    learner.restore(saved)
+    assert learner.step == 2
+    for a, b in zip(jax.tree.leaves(_host(learner.state())), jax.tree.leaves(saved)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(np.asarray(learner.model.lm_head[...]),
+                                  saved["params"]["lm_head"])
+
+
+def test_recomputed_old_logprobs_match_the_rollout():
+    """Sampled at temperature 1 and 0.7, the engine's logprobs (prefill + cached decode) equal
+    the learner's full-forward recompute at the same temperature."""
+    model = random_model(CONFIG, seed=7)
+    engine = Engine(model, EngineConfig(slots=8, max_len=48, prefill_buckets=(16, 32)))
+    rng = np.random.RandomState(8)
+    prompts = [tuple(int(t) for t in rng.randint(3, 64, 5 + 6 * i)) for i in range(4)]
+    for temperature in (1.0, 0.7):
+        learner = Learner(model, LearnerConfig(temperature=temperature, micro_batch_rows=8,
+                                               bucket_lengths=(64,)))
+        groups, _ = _rollouts(engine, prompts, n=3, max_new_tokens=12, seed=1,
+                              temperature=temperature)
+        rows = rows_from_trajectories(groups, np.zeros(12))
+        recomputed = learner.logprobs(rows)
+        mask = rows.loss_mask > 0
+        assert mask.sum() == 12 * 12
+        np.testing.assert_allclose(recomputed[mask], rows.rollout_logprobs[mask], atol=1e-4,
+                                   rtol=0)
+        assert np.all(recomputed[:, 0] == 0)
+        assert np.all(recomputed[np.arange(rows.tokens.shape[1]) >= rows.lengths[:, None]] == 0)
+
+
+def test_kl_reference_is_only_built_when_used():
+    rows = _random_rows(seed=9)
+    config = dict(lr=1e-2, warmup_steps=0, micro_batch_rows=8, bucket_lengths=(32,))
+    plain = Learner(random_model(CONFIG, seed=10), LearnerConfig(**config))
+    assert plain._ref_params is None
+    learner = Learner(random_model(CONFIG, seed=10), LearnerConfig(kl_coef=0.5, **config))
+    first = learner.update(rows)
+    assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before updating
+    second = learner.update(rows)
+    assert second["kl"] > 1e-6 and second["loss"] != second["pg_loss"]
+
+
+@pytest.mark.parametrize("overrides, key", [
+    ({"lr": 0.0}, "learner.lr"),
+    ({"lr_schedule": "linear"}, "learner.lr_schedule"),
+    ({"lr_schedule": "cosine"}, "learner.total_steps"),
+    ({"old_logprobs": "cached"}, "learner.old_logprobs"),
+    ({"dual_clip": 1.0}, "learner.dual_clip"),
+    ({"micro_batch_tokens": None}, "learner.micro_batch_tokens"),
+])
+def test_bad_config_names_the_key(overrides, key):
+    with pytest.raises(UserError, match=key):
+        LearnerConfig(**overrides)
+
+
+def test_cosine_schedule():
+    config = LearnerConfig(lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=12,
+                           min_lr_ratio=0.1)
+    lrs = [float(config.learning_rate(s)) for s in range(14)]
+    assert lrs[:2] == [0.5, 1.0]
+    assert lrs[2] == pytest.approx(1.0) and lrs[7] == pytest.approx(0.55)
+    assert lrs[12] == pytest.approx(0.1) and lrs[13] == pytest.approx(0.1)
