@@ -186,6 +186,11 @@ def _parse_size(text: str) -> int:
     return size
 
 
+def _eval(args) -> None:
+    from memagent_jax.eval.runner import main as eval_main
+    eval_main(args.config, args.overrides)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="memagent-jax",
@@ -254,6 +259,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-shard-size", default="5GB")
     p.set_defaults(func=_random_model)
+
+    p = sub.add_parser("eval", help="evaluate the memory agent (or the full-context baseline) "
+                                    "over context lengths; an interrupted eval resumes")
+    p.add_argument("--config", required=True, metavar="YAML",
+                   help="e.g. configs/eval_ruler_hqa_memagent_14b.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides, e.g. sampling.n=4 data.max_samples=16")
+    p.set_defaults(func=_eval)
 
     from memagent_jax.data import command as data_command  # stdlib-only at import
     data_command.add_parser(sub)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 
@@ -24,13 +24,24 @@ def default_dtype() -> str:
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
-def load_engine(model_path: str, *, max_len: int, slots: int, dtype: str | None = None,
-                attention: str = "xla", mesh: jax.sharding.Mesh | None = None) -> LocalModel:
+def load_engine(model_path: str, *, max_len: int | Callable[[ModelConfig], int], slots: int,
+                dtype: str | None = None, attention: str = "xla",
+                mesh: jax.sharding.Mesh | None = None,
+                prefill_buckets: tuple[int, ...] | None = None) -> LocalModel:
     """Loads an HF or checkpoint directory onto an Engine of `slots` slots x `max_len` KV
-    entries; dtype None picks `default_dtype()`."""
+    entries (or max_len(model config), for callers sized by the model's context length);
+    dtype None picks `default_dtype()`; prefill_buckets None: powers of two up to max_len
+    (given ones get max_len added, so every prompt that fits the cache has a bucket)."""
     if not os.path.isdir(model_path):
         raise UserError(f"{model_path}: model directory not found")
     model, config = load_model(model_path, dtype=dtype or default_dtype(), mesh=mesh,
                                attention=attention)
-    engine = Engine(model, EngineConfig(slots=slots, max_len=max_len), mesh=mesh)
+    if callable(max_len):
+        max_len = max_len(config)
+    if prefill_buckets:
+        if max(prefill_buckets) > max_len:
+            raise UserError(f"prefill bucket {max(prefill_buckets)} exceeds the KV length "
+                            f"{max_len}")
+        prefill_buckets = tuple(sorted(set(prefill_buckets) | {max_len}))
+    engine = Engine(model, EngineConfig(slots, max_len, prefill_buckets), mesh=mesh)
     return LocalModel(engine, config, stop_token_ids(model_path, config))

@@ -1,0 +1,229 @@
+"""The two ways an eval answers a question about a long context, on the local engine.
+
+- MemAgentMethod: the memory agent (`rollout.memagent.MemoryAgent`): chunk by chunk, then an
+  answer from the memory; n trajectories per question share the first prefill.
+- FullContextMethod: the baseline of the paper's table: the whole context in one prompt (the
+  original's "boxed" template), centre-truncated to the model window (first half + last half
+  of the prompt's tokens, as the original), n samples per question.
+
+Both are used the same way: `check(where, row, record)` on every sample before any device work;
+`start()` loads the model (only when something is left to run); `run(set_name, batch, on_done,
+on_turn, add_turns)` over a batch of (row, record) pairs calls `on_done(row, answers, info)` as
+each question finishes (answers: one `Answer` per sample; info: context_tokens, turns),
+`on_turn()` after every model call and `add_turns(k)` as it learns how many calls are coming
+(both for the progress bar).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import zlib
+from typing import Callable
+
+from memagent_jax.errors import UserError
+from memagent_jax.eval.config import EvalConfig
+from memagent_jax.rollout.answers import extract_boxed
+from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, required_length
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.scheduler import Request, Scheduler, generate
+from memagent_jax.rollout.templates import chat_prompt_ids
+
+# The original's full-context prompt (MemAgent taskutils/memory_eval/utils/boxed.py).
+FULL_CONTEXT_TEMPLATE = """Please read the following text and answer the question below.
+
+<text>
+$DOC$
+</text>
+
+$Q$
+
+Put the answer in \\boxed{}."""
+
+
+@dataclasses.dataclass
+class Answer:
+    """One sampled answer: the \\boxed{} content (None without one) and the reply it came from."""
+    pred: str | None
+    reply: str
+    finish_reason: str
+    response_tokens: int
+
+
+OnDone = Callable[[int, list[Answer], dict], None]
+
+
+def _round_up(n: int, to: int = 256) -> int:
+    return -(-n // to) * to
+
+
+def _count(tokenizer, texts: list[str]) -> list[int]:
+    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+class _OnEngine:
+    """Loading the model onto an engine sized by the method (`max_len`), then `attach`."""
+    config: EvalConfig
+
+    def start(self) -> None:
+        from memagent_jax.models import make_mesh
+        from memagent_jax.rollout.local import load_engine
+        engine = self.config.engine
+        mesh = make_mesh(engine.mesh, source="engine.mesh") if engine.mesh else None
+        self.attach(load_engine(self.config.model.path,
+                                max_len=lambda model_config: (engine.max_len
+                                                              or self.max_len(model_config)),
+                                slots=engine.slots, dtype=self.config.model.dtype,
+                                attention=self.config.model.attention, mesh=mesh,
+                                prefill_buckets=engine.prefill_buckets
+                                and tuple(engine.prefill_buckets)))
+
+
+class MemAgentMethod(_OnEngine):
+    def __init__(self, config: EvalConfig, tokenizer):
+        m = config.memagent
+        self.config, self.tokenizer = config, tokenizer
+        self.agent_config = MemAgentConfig(m.chunk_tokens, m.max_memory_tokens,
+                                           m.max_final_tokens, m.max_problem_tokens)
+        self.agent: MemoryAgent | None = None
+
+    def max_len(self, model_config) -> int:
+        """KV entries a turn needs (the update template with full question, memory and chunk,
+        plus the longest reply), rounded up."""
+        return _round_up(required_length(self.tokenizer, self.agent_config.max_problem_tokens,
+                                         self.agent_config))
+
+    def check(self, where: str, row: int, record: dict) -> None:
+        if not record["context"].strip():
+            raise UserError(f"{where}: row {row}: the context is empty")
+        tokens = _count(self.tokenizer, [record["input"]])[0]
+        if tokens > self.agent_config.max_problem_tokens:
+            raise UserError(f"{where}: row {row}: the question has {tokens} tokens, over "
+                            f"memagent.max_problem_tokens = {self.agent_config.max_problem_tokens}")
+
+    def attach(self, local) -> None:
+        self.agent = MemoryAgent(Scheduler(local.engine), self.tokenizer, self.agent_config,
+                                 local.stop_ids)
+
+    def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
+            on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
+        s, n = self.config.sampling, self.config.sampling.n
+        sampling = SamplingParams(s.temperature, s.top_p, s.top_k)
+        tokens = _count(self.tokenizer, [record["context"] for _, record in batch])
+        # turns per trajectory: one per chunk, then the final answer
+        turns = [-(-t // self.agent_config.chunk_tokens) + 1 for t in tokens]
+        add_turns(n * sum(turns))
+        finals: dict[int, list[Answer]] = collections.defaultdict(list)
+
+        def turn_done(i: int, conversation) -> None:
+            on_turn()
+            if conversation.kind != "final":
+                return
+            finals[i].append(Answer(extract_boxed(conversation.reply), conversation.reply,
+                                    conversation.finish_reason,
+                                    len(conversation.response_ids)))
+            if len(finals[i]) == n:  # the question's last trajectory has answered
+                on_done(batch[i][0], finals.pop(i),
+                        {"context_tokens": tokens[i], "turns": turns[i]})
+
+        # A batch's seed comes from its first row: a fresh run is reproducible; a resumed
+        # run re-runs its unfinished rows in new batches, so with new random numbers.
+        seed = zlib.crc32(f"{s.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
+        self.agent.run([(record["input"], record["context"]) for _, record in batch],
+                       sampling, n=n, seed=seed, on_turn=turn_done)
+
+
+class FullContextMethod(_OnEngine):
+    def __init__(self, config: EvalConfig, tokenizer):
+        self.config, self.tokenizer = config, tokenizer
+        self.overhead = len(chat_prompt_ids(tokenizer, ""))  # chat template + system prompt
+        self.max_input: int | None = config.full_context.max_input_tokens
+        self.local = None
+
+    def _budget(self, window: int, what: str) -> int:
+        """User-message tokens left in `window` KV entries after the chat template, the reply
+        and 64 spare (re-encoding decoded, truncated text may differ by a few tokens)."""
+        budget = window - self.overhead - 64 - self.config.full_context.max_new_tokens
+        if budget <= 0:
+            raise UserError(f"{what} of {window} tokens leaves no room for a prompt of "
+                            f"full_context.max_new_tokens = "
+                            f"{self.config.full_context.max_new_tokens} new tokens")
+        return budget
+
+    def max_len(self, model_config) -> int:
+        """Without full_context.max_input_tokens the prompt gets the model's context length
+        (YaRN-extended when its config says so)."""
+        if self.max_input is None:
+            scaling = model_config.rope_scaling or {}
+            window = model_config.max_position_embeddings
+            if scaling.get("rope_type") == "yarn":
+                window = int(scaling.get("original_max_position_embeddings", window)
+                             * scaling.get("factor", 1.0))
+            self.max_input = self._budget(window, "the model's context length")
+        return _round_up(self.max_input + self.overhead + 64
+                         + self.config.full_context.max_new_tokens)
+
+    def check(self, where: str, row: int, record: dict) -> None:
+        if not record["context"].strip():
+            raise UserError(f"{where}: row {row}: the context is empty")
+
+    def attach(self, local) -> None:
+        self.local = local
+        # engine.max_len, when set, may hold less than the model window
+        budget = self._budget(local.engine.config.max_len, "engine.max_len")
+        self.max_input = budget if self.max_input is None else min(self.max_input, budget)
+
+    def prompt_ids(self, record: dict) -> tuple[list[int], int]:
+        """The chat prompt, its user message centre-truncated to max_input tokens as the
+        original does (keep the first and last halves, decode to text); and the context's
+        length in tokens. Re-encoding the decoded text can come out longer than the cut (a
+        merge at the seam; a word-level tokenizer's "[UNK]"): the cut shrinks until it fits."""
+        text = (FULL_CONTEXT_TEMPLATE.replace("$DOC$", record["context"].strip())
+                .replace("$Q$", record["input"].strip()))
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        limit = self.max_input + self.overhead + 64  # what max_len was sized for
+        budget = self.max_input
+        for _ in range(8):
+            cut = text
+            if len(ids) > budget:
+                half = budget // 2
+                cut = self.tokenizer.decode(ids[:half] + ids[len(ids) - half:],
+                                            skip_special_tokens=True)
+            prompt = chat_prompt_ids(self.tokenizer, cut)
+            if len(prompt) <= limit:
+                return prompt, len(self.tokenizer(record["context"],
+                                                  add_special_tokens=False)["input_ids"])
+            budget = min(budget - 1, budget * limit // len(prompt))
+            if budget <= 0:
+                break
+        raise UserError(f"the prompt does not shrink to {limit} tokens by centre truncation")
+
+    def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
+            on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
+        s, fc = self.config.sampling, self.config.full_context
+        add_turns(s.n * len(batch))
+        requests, tokens = [], []
+        for row, record in batch:
+            ids, context_tokens = self.prompt_ids(record)
+            seed = zlib.crc32(f"{s.seed}/{set_name}/{row}".encode()) & 0x7FFFFFFF
+            requests.append(Request(tuple(ids), fc.max_new_tokens,
+                                    SamplingParams(s.temperature, s.top_p, s.top_k, seed),
+                                    self.local.stop_ids, s.n))
+            tokens.append(context_tokens)
+
+        def request_done(i: int, completions) -> None:
+            answers = []
+            for completion in completions:
+                on_turn()
+                ids = [t for t in completion.token_ids if t not in self.local.stop_ids]
+                reply = self.tokenizer.decode(ids, skip_special_tokens=True)
+                answers.append(Answer(extract_boxed(reply), reply, completion.finish_reason,
+                                      len(completion.token_ids)))
+            on_done(batch[i][0], answers, {"context_tokens": tokens[i], "turns": 1})
+
+        generate(self.local.engine, requests, on_done=request_done)
+
+
+def make_method(config: EvalConfig, tokenizer):
+    return (MemAgentMethod if config.method == "memagent" else FullContextMethod)(config,
+                                                                                  tokenizer)

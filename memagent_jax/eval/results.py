@@ -1,0 +1,107 @@
+"""The eval's output directory: per-sample JSONL logs that survive a crash, and its guard.
+
+Each finished sample is ONE line appended to `samples/<set>.jsonl`, written with a single
+write, flushed and fsynced before the next sample counts as done. A crash can therefore only
+leave a torn LAST line (no trailing newline); reopening the log drops it (truncating the file),
+so a rerun evaluates exactly the samples that have no complete line: none twice, none lost.
+
+The directory also keeps `run.json` (the settings the results depend on, see
+`EvalConfig.identity`): a rerun with different settings is refused rather than mixed in. An
+exclusive lock (`.lock`, flock) keeps two evals from appending to the same logs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+from memagent_jax.errors import UserError
+
+
+class ResultLog:
+    """Append-only JSONL of per-sample results, keyed by their "row"."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.records: dict[int, dict] = {}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        if os.path.exists(path):
+            self._load()
+        self._file = open(path, "ab")
+
+    def _load(self) -> None:
+        with open(self.path, "rb") as f:
+            data = f.read()
+        complete = data.rfind(b"\n") + 1  # bytes after the last newline: a torn write
+        if complete < len(data):
+            with open(self.path, "r+b") as f:
+                f.truncate(complete)
+                f.flush()
+                os.fsync(f.fileno())
+        for number, line in enumerate(data[:complete].splitlines(), start=1):
+            try:
+                record = json.loads(line)
+                row = record["row"]
+            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+                raise UserError(f"{self.path} line {number}: not a result line; the file is "
+                                "damaged (move it away to re-run that set)") from None
+            if row in self.records:
+                raise UserError(f"{self.path} line {number}: row {row} appears twice")
+            self.records[row] = record
+
+    def append(self, record: dict) -> None:
+        """Durably adds one sample's result (record["row"] must be new)."""
+        if record["row"] in self.records:
+            raise ValueError(f"row {record['row']} is already in {self.path}")
+        self._file.write((json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8"))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.records[record["row"]] = record
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class OutputDir:
+    """Claims `path` for one eval: takes the lock, checks or writes run.json."""
+
+    def __init__(self, path: str, identity: dict):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        self._lock = open(os.path.join(path, ".lock"), "w")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise UserError(f"{path}: another eval is writing there") from None
+        run_file = os.path.join(path, "run.json")
+        if os.path.exists(run_file):
+            with open(run_file, encoding="utf-8") as f:
+                previous = json.load(f)
+            difference = _first_difference(previous, json.loads(json.dumps(identity)))
+            if difference:
+                self.close()
+                raise UserError(f"{path} holds results of a different run ({difference}); "
+                                "choose a new output_dir")
+        else:
+            tmp = run_file + ".tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(identity, f, indent=2)
+            os.replace(tmp, run_file)
+
+    def log(self, set_name: str) -> ResultLog:
+        return ResultLog(os.path.join(self.path, "samples", f"{set_name}.jsonl"))
+
+    def close(self) -> None:
+        self._lock.close()  # releases the flock
+
+
+def _first_difference(old, new, prefix: str = "") -> str | None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            found = _first_difference(old.get(key), new.get(key), f"{prefix}{key}.")
+            if found:
+                return found
+        return None
+    return None if old == new else f"{prefix.rstrip('.')} was {old!r}, now {new!r}"

@@ -1,0 +1,139 @@
+"""`memagent-jax eval`: one method over evaluation sets at several lengths, resumable.
+
+Order of work: read and check every set and the tokenizer (bad input fails before any device
+work); claim the output dir (a rerun must have the same settings); count the samples already
+in the per-set logs; load the model only if some are left; run the rest in batches, each
+finished question one durable JSONL line; then summarise from the logs and write the report.
+
+Output dir:
+  run.json                 settings the results depend on (checked on resume)
+  samples/<set>.jsonl      one line per question: {row, index, question, answers, <metrics>,
+                           context_tokens, turns, runs: [{pred, reply, finish_reason,
+                           response_tokens, <metrics>}]}  (metrics in [0, 1], mean over runs)
+  summary.json             this run's row: per set {label, samples, tokens, metrics x 100}
+  table.md, table.json     rows = model/method (+ compared runs, + the paper), columns = lengths
+  accuracy.png             accuracy vs context length, log x
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from memagent_jax.errors import UserError
+from memagent_jax.eval.config import EvalConfig
+from memagent_jax.eval.report import write_report
+from memagent_jax.eval.results import OutputDir, ResultLog
+from memagent_jax.eval.sets import EvalSet, load_sets
+
+
+class Progress:
+    """Two bars on stderr: questions finished, and model calls (chunks and answers)."""
+
+    def __init__(self, samples: int):
+        from tqdm import tqdm
+        self.samples = tqdm(total=samples, desc="samples", unit="sample", position=0,
+                            file=sys.stderr, dynamic_ncols=True)
+        self.turns = tqdm(total=0, desc="chunks", unit="turn", position=1, file=sys.stderr,
+                          dynamic_ncols=True)
+
+    def add_turns(self, count: int) -> None:
+        self.turns.total += count
+        self.turns.refresh()
+
+    def turn(self) -> None:
+        self.turns.update(1)
+
+    def close(self) -> None:
+        self.turns.close()
+        self.samples.close()
+
+
+def run_eval(config: EvalConfig, method=None) -> dict:
+    """Runs what is left of the eval and returns its summary. `method` replaces the one the
+    config names (tests drive the runner with scripted answers this way)."""
+    from memagent_jax.eval.methods import make_method
+    from memagent_jax.tokenizer import load_tokenizer
+
+    sets = load_sets(config.data.sets, config.data.max_samples)
+    tokenizer_dir = config.model.tokenizer or config.model.path
+    tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
+    if tokenizer is None:
+        raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json); set "
+                        "model.tokenizer")
+    method = method or make_method(config, tokenizer)
+    for s in sets:
+        for row, record in enumerate(s.records):
+            method.check(s.path, row, record)
+    out = OutputDir(config.output_dir, config.identity())
+    logs: dict[str, ResultLog] = {}
+    try:
+        logs = {s.name: out.log(s.name) for s in sets}
+        todo = [(s, [r for r in range(len(s.records)) if r not in logs[s.name].records])
+                for s in sets]
+        remaining = sum(len(rows) for _, rows in todo)
+        if remaining:
+            method.start()  # loads the model: only when something is left to do
+            progress = Progress(remaining)
+            try:
+                for s, rows in todo:
+                    _run_set(method, s, rows, logs[s.name], progress, config.data.batch_size)
+            finally:
+                progress.close()
+        summary = summarize(config, sets, logs)
+    finally:
+        for log in logs.values():
+            log.close()
+        out.close()
+    summary["table"] = write_report(config.output_dir, summary, config.report.compare,
+                                    config.report.published)
+    return summary
+
+
+def _run_set(method, s: EvalSet, rows: list[int], log: ResultLog, progress: Progress,
+             batch_size: int) -> None:
+    def done(row: int, answers, info: dict) -> None:
+        record = s.records[row]
+        runs = [{**dataclasses.asdict(a), **s.score(a.pred, record["answers"])}
+                for a in answers]
+        means = {k: sum(run[k] for run in runs) / len(runs) for k in s.metric_names}
+        log.append({"row": row, "index": record.get("index", row),
+                    "question": record["input"], "answers": record["answers"], **means,
+                    **info, "runs": runs})
+        progress.samples.update(1)
+
+    for start in range(0, len(rows), batch_size):
+        batch = [(row, s.records[row]) for row in rows[start:start + batch_size]]
+        method.run(s.name, batch, on_done=done, on_turn=progress.turn,
+                   add_turns=progress.add_turns)
+
+
+def summarize(config: EvalConfig, sets: list[EvalSet], logs: dict[str, ResultLog]) -> dict:
+    """This run's table row: per set the mean of each metric x 100 over its questions."""
+    columns = []
+    for s in sets:
+        lines = [logs[s.name].records[r] for r in range(len(s.records))
+                 if r in logs[s.name].records]
+        if len(lines) < len(s.records):
+            raise UserError(f"{s.path}: {len(s.records) - len(lines)} samples have no result")
+        column = {"set": s.name, "label": s.label, "samples": len(lines),
+                  "tokens": sum(line["context_tokens"] for line in lines) / len(lines),
+                  "nominal_tokens": s.nominal_tokens,
+                  "turns": sum(line["turns"] for line in lines) / len(lines)}
+        column.update({k: 100 * sum(line[k] for line in lines) / len(lines)
+                       for k in s.metric_names})
+        columns.append(column)
+    columns.sort(key=lambda c: c["tokens"])
+    return {"model": config.row_name, "method": config.method, "task": sets[0].task,
+            "metric": sets[0].metric, "n": config.sampling.n, "columns": columns}
+
+
+def main(config_path: str, overrides: list[str]) -> None:
+    """The CLI entry: load the config, run, print the table."""
+    from memagent_jax.runconfig import load_config
+    config = load_config(EvalConfig, config_path, overrides)
+    summary = run_eval(config)
+    from memagent_jax.eval.report import markdown
+    print(markdown(summary["table"]), end="")
+    print(f"results in {config.output_dir} (table.md, table.json, accuracy.png, samples/)")

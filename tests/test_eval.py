@@ -1,0 +1,306 @@
+"""`memagent-jax eval`: scoring and tables (scripted answers), resume after a crash, bad input,
+and end-to-end runs of the memory agent and the full-context baseline with a tiny model."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from memagent_jax.cli import main
+from memagent_jax.data.hotpotqa import read_corpus, ruler_hqa_records
+from memagent_jax.data.io import load_source, write_set
+from memagent_jax.errors import UserError
+from memagent_jax.eval.config import EvalConfig
+from memagent_jax.eval.methods import Answer, FullContextMethod
+from memagent_jax.eval.runner import run_eval
+from memagent_jax.rollout.answers import extract_boxed
+from memagent_jax.runconfig import load_config
+from memagent_jax.tokenizer import load_tokenizer
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.test_data import hotpot_rows
+
+CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "eval_tiny_cpu.yaml")
+PREFIX = "memagent-jax: error: "
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    path = write_hf_model(tmp_path_factory.mktemp("eval") / "m", seed=3)
+    write_tiny_tokenizer(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def sets(tmp_path_factory):
+    """RULER-HQA sets with 12 and 20 documents per sample, 4 questions each."""
+    root = tmp_path_factory.mktemp("sets")
+    source = root / "hotpot.json"
+    source.write_text(json.dumps(hotpot_rows()))
+    corpus = read_corpus(load_source(str(source)), str(source))
+    paths = []
+    for n in (12, 20):
+        paths.append(str(root / f"eval_{n}.json"))
+        write_set(paths[-1], ruler_hqa_records(corpus, n, [0, 1, 2, 3]))
+    return paths
+
+
+def _config(model_dir, sets, out, *overrides) -> EvalConfig:
+    return load_config(EvalConfig, CONFIG, [f"model.path={model_dir}",
+                                            f"data.sets={json.dumps(sets)}",
+                                            f"output_dir={out}", *overrides])
+
+
+def _cli(model_dir, sets, out, *overrides) -> int:
+    return main(["eval", "--config", CONFIG, f"model.path={model_dir}",
+                 f"data.sets={json.dumps(sets)}", f"output_dir={out}", *overrides])
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+class Scripted:
+    """A method with canned replies instead of a model: reply(set, row, k) for sample k.
+    fail_after: raise (a crash) once that many questions have finished in this run."""
+
+    def __init__(self, reply, n=2, fail_after=None):
+        self.reply, self.n, self.fail_after = reply, n, fail_after
+        self.finished, self.started = [], False
+
+    def check(self, where, row, record):
+        pass
+
+    def start(self):
+        self.started = True
+
+    def run(self, set_name, batch, on_done, on_turn, add_turns):
+        add_turns(self.n * len(batch))
+        for row, record in batch:
+            if self.fail_after is not None and len(self.finished) == self.fail_after:
+                raise RuntimeError("injected crash")
+            answers = []
+            for k in range(self.n):
+                on_turn()
+                text = self.reply(set_name, row, k)
+                answers.append(Answer(extract_boxed(text), text, "stop", 3))
+            on_done(row, answers, {"context_tokens": len(record["context"].split()),
+                                   "turns": 1})
+            self.finished.append((set_name, row))
+
+
+REPLIES = {0: ("so \\boxed{France}", "\\boxed{Germany}"),      # sub-EM 1, 0
+           1: ("\\boxed{Yes.}", "\\boxed{yes}"),                # EM after normalising
+           2: ("\\boxed{named in 1846 by Fremont}",) * 2,       # sub-EM 1, EM 0, F1 1/3
+           3: ("no box at all",) * 2}                           # no answer: 0
+
+
+def test_scores_per_sample_and_table(model_dir, sets, tmp_path):
+    out = tmp_path / "out"
+    method = Scripted(lambda s, row, k: REPLIES[row][k])
+    summary = run_eval(_config(model_dir, sets, out), method=method)
+    assert method.started
+    for name in ("eval_12", "eval_20"):
+        lines = _lines(out / "samples" / f"{name}.jsonl")
+        assert [line["row"] for line in lines] == [0, 1, 2, 3]
+        assert [line["sub_em"] for line in lines] == [0.5, 1.0, 1.0, 0.0]
+        assert [line["em"] for line in lines] == [0.5, 1.0, 0.0, 0.0]
+        assert lines[2]["f1"] == pytest.approx(1 / 3)
+        assert [r["pred"] for r in lines[0]["runs"]] == ["France", "Germany"]
+        assert lines[3]["runs"][0]["pred"] is None
+    column = summary["columns"][0]
+    assert column["label"] == "12 docs" and column["samples"] == 4
+    assert column["accuracy"] == column["sub_em"] == pytest.approx(62.5)
+    assert column["em"] == pytest.approx(37.5)
+    assert column["f1"] == pytest.approx(100 * (0.5 + 1 + 1 / 3 + 0) / 4)
+    table = (out / "table.md").read_text().splitlines()
+    assert table[0] == "| model | method | 12 docs | 20 docs |"
+    assert table[2] == "| tiny-random | memagent | 62.50 | 62.50 |"
+    saved = json.loads((out / "table.json").read_text())
+    assert saved["columns"] == ["12 docs", "20 docs"] and len(saved["rows"]) == 1
+    assert json.loads((out / "summary.json").read_text())["columns"][1]["label"] == "20 docs"
+
+
+def test_published_rows_join_the_paper_lengths(model_dir, tmp_path):
+    paths = []
+    for n in (50, 100):  # the paper's 7K and 14K columns (tiny stand-in contexts)
+        paths.append(str(tmp_path / f"eval_{n}.json"))
+        write_set(paths[-1], [{"context": "Document 1:\nParis\nParis is in France.",
+                               "input": "Where is Paris?", "answers": ["France"],
+                               "num_docs": n, "index": i} for i in range(2)])
+    out = tmp_path / "out"
+    run_eval(_config(model_dir, paths, out),
+             method=Scripted(lambda s, row, k: "\\boxed{France}" if row == 0 else "?"))
+    table = (out / "table.md").read_text()
+    assert "| model | method | 7K | 14K |" in table
+    assert "| tiny-random | memagent | 50.00 | 50.00 |" in table
+    assert "| RL-MemAgent-14B | paper | 83.59 | 82.03 |" in table
+    assert "| Qwen2.5-7B-Instruct-1M | paper | 61.72 | 56.25 |" in table
+
+
+def test_ruler_sets_use_string_match_all(model_dir, tmp_path):
+    path = str(tmp_path / "eval_niah_multivalue_8192.json")
+    write_set(path, [{"context": "...", "input": "What are all the special magic numbers?",
+                      "answers": ["1234567", "7654321"], "task": "niah_multivalue",
+                      "length": 8192, "tokens": 8190, "index": i} for i in range(2)])
+    summary = run_eval(_config(model_dir, [path], tmp_path / "out"), method=Scripted(
+        lambda s, row, k: "\\boxed{1234567, 7654321}" if row else "\\boxed{1234567 only}"))
+    (column,) = summary["columns"]
+    assert column["label"] == "8K" and summary["metric"] == "string_match_all"
+    assert column["accuracy"] == column["string_match_all"] == pytest.approx(75.0)
+
+
+def test_resume_after_a_crash_evaluates_every_sample_once(model_dir, sets, tmp_path):
+    out = tmp_path / "out"
+    crashing = Scripted(lambda s, row, k: REPLIES[row][k], fail_after=5)
+    with pytest.raises(RuntimeError, match="injected crash"):
+        run_eval(_config(model_dir, sets, out, "data.batch_size=2"), method=crashing)
+    done = crashing.finished
+    assert done == [("eval_12", r) for r in range(4)] + [("eval_20", 0)]
+    # the crash also tore the line being written
+    log = out / "samples" / "eval_20.jsonl"
+    with open(log, "ab") as f:
+        f.write(b'{"row": 1, "index": 1, "question": "Were Ada')
+    rerun = Scripted(lambda s, row, k: REPLIES[row][k])
+    summary = run_eval(_config(model_dir, sets, out, "data.batch_size=2"), method=rerun)
+    assert rerun.finished == [("eval_20", r) for r in (1, 2, 3)]
+    for name in ("eval_12", "eval_20"):
+        assert [line["row"] for line in _lines(out / "samples" / f"{name}.jsonl")] == [0, 1, 2,
+                                                                                      3]
+    assert log.read_bytes().endswith(b"\n")
+    assert [c["samples"] for c in summary["columns"]] == [4, 4]
+    # a finished eval re-run does nothing, not even load the model
+    idle = Scripted(lambda s, row, k: "")
+    run_eval(_config(model_dir, sets, out), method=idle)
+    assert idle.finished == [] and not idle.started
+
+
+def test_rerun_with_other_settings_is_refused(model_dir, sets, tmp_path):
+    out = tmp_path / "out"
+    run_eval(_config(model_dir, sets, out), method=Scripted(lambda s, row, k: ""))
+    with pytest.raises(UserError, match="sampling.temperature was 0.7, now 1.0"):
+        run_eval(_config(model_dir, sets, out, "sampling.temperature=1.0"),
+                 method=Scripted(lambda s, row, k: ""))
+
+
+def _error(capsys) -> str:
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines and lines[-1].startswith(PREFIX)
+    return lines[-1]
+
+
+def test_bad_config_and_sets(model_dir, sets, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert _cli(model_dir, sets, out, "sampling.temprature=1") == 2
+    assert "unknown key 'sampling.temprature'" in _error(capsys)
+    assert _cli(model_dir, sets, out, "sampling.top_p=2") == 2
+    assert "sampling: temperature must be >= 0, top_p in (0, 1]" in _error(capsys)
+    bad = tmp_path / "eval_bad.json"
+    bad.write_text(json.dumps([{"context": "c", "input": "q", "answers": ["a"]},
+                               {"context": "c", "input": "q"}]))
+    assert _cli(model_dir, [str(bad)], out) == 2
+    assert f"{bad}: row 1: missing field 'answers'" in _error(capsys)
+    assert _cli(model_dir, [str(tmp_path / "nope.json")], out) == 2
+    assert "nope.json: evaluation set not found" in _error(capsys)
+    ruler = tmp_path / "eval_vt.json"
+    ruler.write_text(json.dumps([{"context": "c", "input": "q", "answers": ["A"],
+                                  "task": "vt", "length": 10}]))
+    assert _cli(model_dir, [sets[0], str(ruler)], out) == 2
+    assert "data.sets mix tasks ruler_hqa, vt" in _error(capsys)
+    assert not out.exists()  # nothing written before the input is known good
+
+
+def test_full_context_prompt_is_centre_truncated(model_dir, sets):
+    config = _config(model_dir, sets, "unused", "method=full_context",
+                     "full_context.max_input_tokens=40")
+    tokenizer = load_tokenizer(model_dir)
+    method = FullContextMethod(config, tokenizer)
+    method.max_input = 40
+    record = {"context": " ".join(["hello"] * 30 + ["memory"] * 30 + ["world"] * 30),
+              "input": "what is the answer"}
+    ids, context_tokens = method.prompt_ids(record)
+    assert context_tokens == 90
+    text = tokenizer.decode(ids)
+    kept = text.split()
+    # the first and last halves survive (the question and instruction are at the end), the
+    # middle of the document is cut
+    assert "hello" in kept and "memory" not in kept and "world" in kept
+    assert "answer" in kept[len(kept) - kept[::-1].index("world"):]  # the question stays
+    assert len(ids) <= 40 + method.overhead + 64
+    short = {"context": "hello world", "input": "what is the answer"}
+    full, _ = method.prompt_ids(short)
+    assert "hello world" in tokenizer.decode(full)
+
+
+def _png_ok(path):
+    from PIL import Image
+    image = np.asarray(Image.open(path).convert("RGB"), dtype=np.int32)
+    assert image.shape == (500, 800, 3)
+    not_white = (image < 250).any(axis=-1).mean()
+    assert 0.02 < not_white < 0.9 and len(np.unique(image.reshape(-1, 3), axis=0)) > 20
+
+
+@pytest.mark.slow
+def test_tiny_model_memagent_and_full_context(model_dir, sets, tmp_path, capsys):
+    memagent, baseline = tmp_path / "memagent", tmp_path / "full"
+    assert _cli(model_dir, sets, memagent) == 0
+    err = capsys.readouterr().err
+    assert "samples: 100%" in err and "chunks: 100%" in err
+    tokenizer = load_tokenizer(model_dir)
+    summary = json.loads((memagent / "summary.json").read_text())
+    for path, column in zip(sets, summary["columns"]):
+        lines = _lines(memagent / "samples" / f"{Path(path).stem}.jsonl")
+        records = json.loads(Path(path).read_text())
+        assert sorted(line["row"] for line in lines) == [0, 1, 2, 3]
+        for line in lines:
+            tokens = len(tokenizer(records[line["row"]]["context"],
+                                   add_special_tokens=False)["input_ids"])
+            assert line["context_tokens"] == tokens
+            assert line["turns"] == math.ceil(tokens / 64) + 1
+            assert len(line["runs"]) == 2
+            assert all(r["response_tokens"] <= 8 for r in line["runs"])
+        assert column["sub_em"] == pytest.approx(100 * np.mean([x["sub_em"] for x in lines]))
+        assert column["tokens"] == pytest.approx(np.mean([x["context_tokens"] for x in lines]))
+    _png_ok(memagent / "accuracy.png")
+
+    assert _cli(model_dir, sets[:1], baseline, "method=full_context", "data.max_samples=2",
+                f"report.compare=[{memagent}]") == 0
+    lines = _lines(baseline / "samples" / "eval_12.jsonl")
+    assert [line["turns"] for line in lines] == [1, 1]
+    table = (baseline / "table.md").read_text().splitlines()
+    assert table[0] == "| model | method | 12 docs | 20 docs |"
+    assert table[2].startswith("| tiny-random | full_context |") and table[2].endswith("| - |")
+    assert table[3].startswith("| tiny-random | memagent |")
+    _png_ok(baseline / "accuracy.png")
+
+
+@pytest.mark.slow
+def test_eval_killed_midway_resumes(model_dir, sets, tmp_path):
+    out = tmp_path / "out"
+    args = ["eval", "--config", CONFIG, f"model.path={model_dir}",
+            f"data.sets={json.dumps(sets)}", f"output_dir={out}", "data.batch_size=1"]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen([sys.executable, "-m", "memagent_jax.cli", *args], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    log = out / "samples" / "eval_12.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and log.read_bytes().count(b"\n") >= 2:
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    assert proc.wait() == -signal.SIGKILL, "the eval finished (or failed) before the kill"
+    before = {p.name: p.read_bytes().count(b"\n") for p in (out / "samples").iterdir()}
+    assert 2 <= sum(before.values()) < 8
+    assert main(args) == 0
+    for path in sets:
+        rows = [line["row"] for line in _lines(out / "samples" / f"{Path(path).stem}.jsonl")]
+        assert sorted(rows) == [0, 1, 2, 3]  # each sample exactly once
+    kept = _lines(log)[:before["eval_12.jsonl"]]
+    assert [line["row"] for line in kept] == list(range(len(kept)))  # earlier lines untouched
