@@ -129,7 +129,7 @@ def write_report(out_dir: str, summary: dict, compare: list[str], published: boo
         plot(os.path.join(out_dir, "accuracy.png"), summaries, published)
     except ImportError:  # GPU images may lack matplotlib; hours of results still count
         print("memagent-jax: warning: matplotlib is not installed; no accuracy.png "
-              "(pip install 'memagent-jax[eval]')", file=sys.stderr)
+              "(pip install 'memagent-jax[data]')", file=sys.stderr)
     return table
 
 
