@@ -149,6 +149,13 @@ def _run_locally(args, config, tokenizer, document, show) -> dict:
     return record
 
 
+def _train(args) -> None:
+    from memagent_jax.rl.config import load_train_config
+    config = load_train_config(args.config, args.overrides)  # every key checked, no device yet
+    from memagent_jax.rl.trainer import train
+    train(config)
+
+
 def _read_document(path: str) -> str:
     if not os.path.isfile(path):
         raise UserError(f"{path}: not found")
@@ -259,6 +266,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-shard-size", default="5GB")
     p.set_defaults(func=_random_model)
+
+    p = sub.add_parser("train", help="train the memory agent with multi-conversation DAPO "
+                                     "(resumes from the newest checkpoint in the run's output)")
+    p.add_argument("--config", required=True, metavar="YAML", help="e.g. configs/tiny_cpu.yaml")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides, e.g. learner.lr=1e-6 steps=10")
+    p.set_defaults(func=_train)
 
     p = sub.add_parser("eval", help="evaluate the memory agent (or the full-context baseline) "
                                     "over context lengths; an interrupted eval resumes")

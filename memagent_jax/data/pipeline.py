@@ -8,7 +8,9 @@ The source layout is the published MemAgent training set `BytedTsinghua-SIA/hotp
     reward_model: {"ground_truth": [str, ...], ...}
     extra_info: {"index": int, "question": str, "num_docs": int, ...}   (optional)
 A source is a local parquet / json / jsonl file or a directory of them, an `hf://` path, or a
-hub id (read through `datasets`, from its cache when there is no network).
+hub id (read through `datasets`, from its cache when there is no network). The evaluation
+layout that `memagent-jax data ruler-hqa` writes (context, input, answers) is read as well, so
+validation can run on a RULER-HQA set.
 
 `training_iterator` shards the rows by process (process i of n takes rows i, i+n, ...), shuffles
 its shard by seed, a new permutation every epoch, and repeats forever; its position is a small
@@ -27,6 +29,7 @@ from typing import Any, Sequence
 from memagent_jax.errors import UserError
 
 REQUIRED_FIELDS = ("data_source", "prompt", "context", "reward_model")
+EVAL_FIELDS = ("context", "input", "answers")  # RULER-HQA evaluation sets
 _FILE_KINDS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 
 
@@ -74,6 +77,8 @@ def load_source(spec: str, split: str = "train", key: str = "data"):
                             f"(it has: {', '.join(dataset)})")
         dataset = dataset[split]
     missing = [f for f in REQUIRED_FIELDS if f not in dataset.column_names]
+    if missing and all(f in dataset.column_names for f in EVAL_FIELDS):
+        missing = []
     if missing:
         raise UserError(f"{key}: '{spec}' lacks the field(s) {', '.join(missing)} "
                         f"(it has: {', '.join(dataset.column_names)})")
@@ -87,6 +92,10 @@ def example_from_row(row: dict, index: int, source: str = "data") -> Example:
     """One row of the layout as an Example; errors name the row and the field."""
     where = f"{source} row {index}"
     row = {k: _listed(v) for k, v in row.items()}
+    if "prompt" not in row and "input" in row:  # the evaluation layout
+        row = {"data_source": row.get("data_source") or "", "prompt": row["input"],
+               "context": row.get("context"), "reward_model": {"ground_truth": row["answers"]},
+               "extra_info": {k: row[k] for k in ("index", "num_docs") if k in row}}
     prompt = row.get("prompt")
     if isinstance(prompt, str):
         question = prompt

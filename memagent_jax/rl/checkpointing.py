@@ -30,7 +30,8 @@ class Checkpointer:
         import orbax.checkpoint as ocp
         from grain.checkpoint import CheckpointHandler as GrainHandler  # lazy: optional
 
-        self.directory = os.path.abspath(directory)
+        # gs:// and other remote URLs go to Orbax as they are (it writes them natively).
+        self.directory = directory if "://" in directory else os.path.abspath(directory)
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, create=True, enable_async_checkpointing=async_save,
             cleanup_tmp_directories=True)

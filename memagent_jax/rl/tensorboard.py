@@ -54,8 +54,8 @@ class ScalarWriter:
                                          summary=Summary(value=entries)))
 
     def start_session(self, step: int) -> None:
-        """Marks a (re)start at `step`: TensorBoard then drops events a killed run wrote past
-        that step (they are written again by the resumed run)."""
+        """Marks a restart whose first step is `step`: TensorBoard then drops the events at
+        `step` and later that a killed run wrote (the resumed run writes them again)."""
         if self._writer is None:
             return
         from tensorboard.compat.proto.event_pb2 import Event, SessionLog

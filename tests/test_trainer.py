@@ -1,0 +1,231 @@
+"""The RL trainer end to end on the synthetic needle task (data/needle.py): the memory loop,
+logs, TensorBoard, checkpoints, exact resume after SIGKILL, and skipped NaN updates."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import yaml
+
+from memagent_jax.data.needle import write_task
+from memagent_jax.rl.config import load_train_config
+from memagent_jax.rl.trainer import Trainer
+
+EXPECTED_TAGS = {
+    "reward/mean", "reward/std", "val/accuracy", "val/f1", "learner/kl", "learner/entropy",
+    "learner/clip_fraction", "learner/grad_norm", "learner/lr", "learner/skipped_updates",
+    "rollout/response_length", "rollout/memory_length", "rollout/turns",
+    "dynamic/kept_fraction", "time/rollout_s", "time/update_s", "rollout/tokens_per_s",
+    "learner/tokens_per_s"}
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """The needle task (32 training rows, 4 validation rows, its tokenizer) and a shared JAX
+    compilation cache for the subprocess runs."""
+    root = tmp_path_factory.mktemp("needle")
+    paths = write_task(str(root / "task"), train_size=32, val_size=4, seed=3)
+    paths["cache"] = str(root / "jax_cache")
+    return paths
+
+
+def _write_config(task, path, **top) -> str:
+    """A YAML config for a tiny run: 4 prompts x n=4, documents of 2-3 chunks of 32 tokens."""
+    config = {
+        "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "dtype": "float32"},
+        "mesh": {"data": 1, "fsdp": -1, "tensor": 1},
+        "data": {"train": [task["train"]], "val": task["val"], "reward": "contains"},
+        "rollout": {"slots": 16, "chunk_tokens": 32, "max_memory_tokens": 12,
+                    "max_final_tokens": 8, "max_problem_tokens": 8, "n": 4,
+                    "prefill_buckets": [256]},
+        "dynamic_sampling": {"enabled": True, "max_tries": 2},
+        "learner": {"lr": 1e-3, "warmup_steps": 0, "micro_batch_tokens": 8192,
+                    "bucket_lengths": [256]},
+        "validation": {"every": 2, "size": 4},
+        "checkpoint": {"every": 2, "keep": 3},
+        "steps": 3, "prompts_per_step": 4, "seed": 5,
+    }
+    for key, value in top.items():
+        node = config
+        *parents, name = key.split("__")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[name] = value
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    return str(path)
+
+
+def _records(output_dir) -> list[dict]:
+    with open(os.path.join(output_dir, "logs", "steps.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def _saved_state(checkpoint_dir, step) -> dict:
+    """A checkpoint's {params, opt_state, step} as read back by Orbax (no target)."""
+    return jax.device_get(ocp.StandardCheckpointer().restore(
+        os.path.join(checkpoint_dir, str(step), "state")))
+
+
+def _assert_trees_equal(a, b):
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(leaves_a, leaves_b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.slow
+def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(task, tmp_path):
+    """3 steps on 8 simulated devices (data 2 x fsdp 2 x tensor 2): every trajectory runs the
+    multi-conversation loop, the learner updates the engine's own arrays, logs and TensorBoard
+    carry every scalar, checkpoints 2 and 3 hold the parameters of those steps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
+        f"output_dir={out}", "mesh={data: 2, fsdp: 2, tensor: 2}"])
+    trainer = Trainer(config)
+    initial = jax.device_get(trainer.learner.state()["params"])
+    last = trainer.run()
+
+    records = _records(out)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        # Documents of 25-70 words in chunks of 32 tokens: 2-4 conversations per trajectory.
+        assert 2 <= r["rollout/turns"] <= 4
+        assert r["rollout/memory_length"] > 0 and r["rollout/final_length"] > 0
+        assert 0 < r["dynamic/kept_fraction"] <= 1 or r["learner/updates"] == 0
+        assert len(r["examples"]) >= 4 and set(r["kept"]) <= set(r["examples"])
+    assert "val/accuracy" in records[1] and "val/accuracy" not in records[0]
+    assert last["step"] == 3
+    updated = [r for r in records if r["learner/updates"] > 0]
+    assert updated, "no step kept an informative group"
+    assert all(np.isfinite(r["learner/loss"]) and r["learner/tokens"] > 0 for r in updated)
+
+    # The engine decodes with the learner's arrays themselves (no copy).
+    engine_leaves = jax.tree.leaves(trainer.engine.params)
+    learner_leaves = jax.tree.leaves(trainer.learner.params)
+    assert all(a is b for a, b in zip(engine_leaves, learner_leaves))
+    final = jax.device_get(trainer.learner.state()["params"])
+    assert any(not np.array_equal(a, b) for a, b in
+               zip(jax.tree.leaves(initial), jax.tree.leaves(final)))
+
+    checkpoints = out / "checkpoints"
+    assert sorted(int(p) for p in os.listdir(checkpoints) if p.isdigit()) == [2, 3]
+    saved = _saved_state(str(checkpoints), 3)
+    _assert_trees_equal(saved["params"], final)
+
+    events = EventAccumulator(str(out / "logs" / "tensorboard"))
+    events.Reload()
+    tags = set(events.Tags()["scalars"])
+    assert EXPECTED_TAGS <= tags, EXPECTED_TAGS - tags
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
+    assert [e.step for e in events.Scalars("val/accuracy")] == [2]
+    assert events.Scalars("reward/mean")[0].value == pytest.approx(records[0]["reward/mean"])
+
+
+def _cli(config_path, output_dir, cache, *overrides):
+    """`memagent-jax train` in a fresh process on one CPU device."""
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    return subprocess.Popen(
+        [sys.executable, "-m", "memagent_jax.cli", "train", "--config", config_path,
+         f"output_dir={output_dir}", f"compilation_cache_dir={cache}", *overrides],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_path):
+    """4 steps straight vs 2 steps, SIGKILL right after step 2's checkpoint commits, resume
+    for 2 more: identical parameters, optimiser state and data order."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    config = _write_config(task, tmp_path / "c.yaml", steps=4, validation__every=0)
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    run = _cli(config, straight, task["cache"])
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-2000:]
+
+    run = _cli(config, killed, task["cache"])
+    committed = killed / "checkpoints" / "2"  # Orbax renames the step in only once complete
+    deadline = time.monotonic() + 300
+    while not committed.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    run.send_signal(signal.SIGKILL)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == -signal.SIGKILL, f"the run ended before the kill: {err[-2000:]}"
+    steps_on_disk = sorted(int(p) for p in os.listdir(killed / "checkpoints") if p.isdigit())
+    assert steps_on_disk == [2], steps_on_disk
+
+    run = _cli(config, killed, task["cache"])
+    _, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-2000:]
+    assert "step 3/4" in err and "step 1/4" not in err  # it resumed, it did not start over
+
+    a, b = _saved_state(str(straight / "checkpoints"), 4), _saved_state(str(killed / "checkpoints"), 4)
+    _assert_trees_equal(a, b)
+    first, second = _records(straight), _records(killed)
+    assert [r["step"] for r in second] == [1, 2, 3, 4]
+    assert [r["examples"] for r in first] == [r["examples"] for r in second]
+    assert [r["kept"] for r in first] == [r["kept"] for r in second]
+    assert [r["reward/mean"] for r in first] == [r["reward/mean"] for r in second]
+
+    # TensorBoard shows each step once: events the killed run wrote past step 2 are dropped.
+    events = EventAccumulator(str(killed / "logs" / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3, 4]
+
+
+class _NaNAtStep(Trainer):
+    """Poisons step 2's advantages, as a diverging loss would."""
+
+    def compute_advantages(self, step, rewards):
+        advantages = super().compute_advantages(step, rewards)
+        return np.full_like(advantages, np.nan) if step == 2 else advantages
+
+
+def nan_run(config_path: str, output_dir: str, cache: str) -> None:
+    """(Run in a subprocess by the test below.) Two steps, the second poisoned; then tries to
+    checkpoint deliberately non-finite parameters."""
+    config = load_train_config(config_path, [
+        f"output_dir={output_dir}", f"compilation_cache_dir={cache}", "steps=2",
+        "checkpoint.every=1", "validation.every=0", "dynamic_sampling.enabled=false"])
+    trainer = _NaNAtStep(config)
+    trainer.run()
+    trainer.learner.restore(jax.tree.map(lambda x: x * np.nan, trainer.learner.state()))
+    try:
+        trainer.save(3)
+    except RuntimeError as e:
+        print(f"refused: {e}")
+
+
+@pytest.mark.slow
+def test_a_nan_update_is_skipped_logged_and_never_checkpointed(task, tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (f"from tests.test_trainer import nan_run; "
+            f"nan_run({_write_config(task, tmp_path / 'c.yaml')!r}, {str(out)!r}, "
+            f"{task['cache']!r})")
+    run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+
+    records = _records(out)
+    assert records[0]["learner/updates"] >= 1 and records[0]["learner/skipped_updates"] == 0
+    assert records[1]["learner/skipped_updates"] >= 1 and records[1]["learner/updates"] == 0
+    assert "step 2: 1 update(s) skipped: non-finite loss" in run.stderr
+    # Step 2's checkpoint holds step 1's parameters and Adam state: the NaN never landed.
+    checkpoints = str(out / "checkpoints")
+    before, after = _saved_state(checkpoints, 1), _saved_state(checkpoints, 2)
+    _assert_trees_equal(after, before)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(after))
+    # Non-finite parameters are refused outright, whatever the learner did.
+    assert "refused: step 3: non-finite parameters; not checkpointed" in run.stdout
+    assert not (out / "checkpoints" / "3").exists()
