@@ -1,0 +1,204 @@
+"""Learner throughput: training tokens/s and model FLOP utilisation of `Learner.update`.
+
+One rollout batch of `--rows` rows (each `--prompt-len` prompt + `--response-len` response
+tokens, random ids, random advantages) goes through `Learner.update`: the old log-probs are
+recomputed (a forward pass), then one AdamW update accumulates gradients over micro-batches of
+`--micro-batch-rows` rows. The script measures, in one run:
+- the machine's matmul rate: a jitted [N, N] @ [N, N] in the compute dtype, 2 N^3 FLOPs, best
+  of --repeats; the hardware limit the other figures are compared with;
+- ours: the whole update (recompute + train step), and the recompute alone, best of --repeats
+  after one untimed warm-up update (compilation); tokens/s counts every token the model runs
+  (prompt and response, no padding here: rows are exactly one bucket long);
+- model FLOPs (PaLM's MFU convention): a train step costs 6 N + 12 L T H D per token, the
+  recompute forward 2 N + 4 L T H D, with N the parameters that multiply (decoder layers +
+  LM head; the embedding gather is not a matmul) and T the row length (the attention the step
+  runs attends over the whole row: the causal half is masked, not skipped);
+  utilisation = model FLOP/s / measured matmul FLOP/s;
+- peer (unless --no-torch): the same update written plainly in PyTorch on `transformers`'
+  Qwen2ForCausalLM with the same shapes and random weights: a no-grad forward for the old
+  log-probs, then per micro-batch forward + token log-probs + PPO-clip loss + backward, one
+  torch.optim.AdamW step; float32 on CPU.
+
+    python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
+        [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
+        [--repeats 2] [--matmul-size 4096] [--no-torch]
+
+--layers keeps the preset's widths (and its 152K-row vocabulary) at fewer layers, so a CPU can
+run it; the per-token FLOP model accounts for whatever depth is run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from memagent_jax.models import preset_config, random_model
+from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.memagent import Conversation, Trajectory
+
+
+def best_time(fn, repeats: int) -> float:
+    """Fastest wall time of `repeats` calls of fn (which must block until its work is done)."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def matmul_flops(size: int, dtype: str, repeats: int) -> float:
+    """FLOP/s of a jitted square matmul (2 size^3 FLOPs) on JAX's default device."""
+    key = jax.random.PRNGKey(0)
+    a = jax.random.normal(key, (size, size), jnp.float32).astype(dtype)
+    b = jax.random.normal(jax.random.fold_in(key, 1), (size, size), jnp.float32).astype(dtype)
+    dot = jax.jit(lambda x, y: jnp.dot(x, y, preferred_element_type=jnp.float32))
+    jax.block_until_ready(dot(a, b))
+    return 2 * size ** 3 / best_time(lambda: jax.block_until_ready(dot(a, b)), max(repeats, 3))
+
+
+def synthetic_rows(config, rows: int, prompt_len: int, response_len: int, seed: int = 0):
+    """rows single-conversation trajectories with random ids, logprobs and advantages."""
+    rng = np.random.default_rng(seed)
+    vocab = config.vocab_size
+    trajectories = [Trajectory("", [Conversation(
+        "final", rng.integers(0, vocab, prompt_len).tolist(),
+        rng.integers(0, vocab, response_len).tolist(),
+        (-rng.uniform(0.1, 5.0, response_len)).tolist(), "length", "")]) for _ in range(rows)]
+    return rows_from_trajectories(trajectories, rng.standard_normal(rows))
+
+
+def flops_per_token(config, length: int) -> tuple[float, float]:
+    """(train-step FLOPs, forward FLOPs) per token of a row `length` tokens long."""
+    c = config
+    per_layer = (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+                 + 3 * c.hidden_size * c.intermediate_size)
+    matmul_params = c.num_layers * per_layer + c.hidden_size * c.vocab_size
+    attention = 4 * c.num_layers * length * c.num_heads * c.head_dim  # QK^T and PV, forward
+    return 6 * matmul_params + 3 * attention, 2 * matmul_params + attention
+
+
+def bench_ours(config, args, rows) -> dict[str, float]:
+    model = random_model(config, seed=0, dtype=args.dtype)
+    length = args.prompt_len + args.response_len
+    learner = Learner(model, LearnerConfig(
+        lr=1e-6, warmup_steps=0, micro_batch_rows=args.micro_batch_rows,
+        bucket_lengths=(length,)))
+    start = time.perf_counter()
+    learner.update(rows)  # compiles the recompute and the train step
+    warm_up = time.perf_counter() - start
+
+    def update():
+        metrics = learner.update(rows)  # returns host floats: the update has finished
+        assert metrics["skipped_updates"] == 0
+
+    full = best_time(update, args.repeats)
+    recompute = best_time(lambda: learner.logprobs(rows), args.repeats)
+    return {"warm_up": warm_up, "update": full, "recompute": recompute}
+
+
+def bench_torch(config, args, rows) -> float:
+    """Seconds per update of the plain PyTorch version (see the module docstring)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    hf_config = Qwen2Config(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
+        num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
+        tie_word_embeddings=config.tie_word_embeddings, rope_theta=config.rope_theta,
+        max_position_embeddings=4096, attn_implementation="sdpa")
+    model = Qwen2ForCausalLM(hf_config).float().train()
+    optimiser = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    tokens = torch.as_tensor(rows.tokens, dtype=torch.long)
+    mask = torch.as_tensor(rows.loss_mask[:, 1:])
+    advantages = torch.as_tensor(rows.advantages)[:, None]
+    step = args.micro_batch_rows
+
+    def token_logprobs(ids):
+        logits = model(ids).logits[:, :-1].float()
+        return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+
+    def update():
+        with torch.no_grad():
+            old = torch.cat([token_logprobs(tokens[i:i + step])
+                             for i in range(0, len(tokens), step)])
+        optimiser.zero_grad()
+        total = mask.sum()
+        for i in range(0, len(tokens), step):
+            logp = token_logprobs(tokens[i:i + step])
+            ratio = torch.exp(logp - old[i:i + step])
+            a = advantages[i:i + step]
+            loss = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.28))
+            (loss * mask[i:i + step]).sum().div(total).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimiser.step()
+
+    update()  # warm-up (allocations, oneDNN primitive caches)
+    return best_time(update, args.repeats)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="qwen2.5-0.5b")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="run the preset's widths at this depth")
+    parser.add_argument("--dtype", default="float32", help="parameter and compute dtype")
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=192)
+    parser.add_argument("--response-len", type=int, default=64)
+    parser.add_argument("--micro-batch-rows", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--matmul-size", type=int, default=4096)
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
+    args = parser.parse_args()
+
+    config = preset_config(args.preset, dtype=args.dtype)
+    if args.layers:
+        config = config.replace(num_layers=args.layers)
+    length = args.prompt_len + args.response_len
+    rows = synthetic_rows(config, args.rows, args.prompt_len, args.response_len)
+    tokens = int(rows.lengths.sum())
+    train_flops, forward_flops = flops_per_token(config, length)
+
+    device = jax.devices()[0]
+    print(f"machine: {platform.machine()} {os.cpu_count()} cores, JAX device "
+          f"{device.device_kind} ({device.platform}), jax {jax.__version__}")
+    print(f"model: {args.preset} widths, {config.num_layers} layers, {args.dtype}; "
+          f"batch: {args.rows} rows x {length} tokens ({args.prompt_len} prompt + "
+          f"{args.response_len} response), micro-batches of {args.micro_batch_rows} rows")
+
+    peak = matmul_flops(args.matmul_size, args.dtype, args.repeats)
+    print(f"matmul {args.matmul_size}^2 {args.dtype}: {peak / 1e9:.1f} GFLOP/s "
+          "(the hardware limit below)")
+
+    ours = bench_ours(config, args, rows)
+    step = ours["update"] - ours["recompute"]
+    update_flops = tokens * (train_flops + forward_flops)
+    print(f"\nours: first update (compiles) {ours['warm_up']:.1f} s")
+    print(f"{'':24}{'seconds':>9}{'tokens/s':>11}{'GFLOP/s':>10}{'of matmul':>11}")
+    for name, seconds, flops in [("update (recompute+step)", ours["update"], update_flops),
+                                 ("  recompute (forward)", ours["recompute"],
+                                  tokens * forward_flops),
+                                 ("  train step", step, tokens * train_flops)]:
+        print(f"{name:24}{seconds:9.2f}{tokens / seconds:11.1f}{flops / seconds / 1e9:10.1f}"
+              f"{flops / seconds / peak:10.1%}")
+
+    if not args.no_torch:
+        torch_seconds = bench_torch(config, args, rows)
+        print(f"\npeer: PyTorch {__import__('torch').__version__} update "
+              f"{torch_seconds:.2f} s, {tokens / torch_seconds:.1f} tokens/s, "
+              f"{update_flops / torch_seconds / peak:.1%} of matmul")
+        print(f"ours / PyTorch tokens/s: {torch_seconds / ours['update']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
