@@ -1,0 +1,134 @@
+"""Training checkpoints (rl/checkpointing.py): Orbax restore equality on a sharded mesh, the data
+iterator's position, keep-last-N, and atomicity under SIGKILL mid-save."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import grain
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec
+
+from memagent_jax.models import make_mesh
+from memagent_jax.rl.checkpointing import Checkpointer
+
+
+def _iterator(seed=7):
+    """A shuffled, endless grain iterator like the trainer's."""
+    ds = grain.MapDataset.range(23).shuffle(seed=seed).repeat(None)
+    return iter(ds.to_iter_dataset(grain.ReadOptions(num_threads=1, prefetch_buffer_size=2)))
+
+
+def _train_state(mesh, scale=1.0):
+    """{params, opt_state, step} after one real AdamW step, parameters sharded over the mesh."""
+    fsdp = NamedSharding(mesh, PartitionSpec("fsdp", None))
+    tensor = NamedSharding(mesh, PartitionSpec(None, "tensor"))
+    params = {"embed": jax.device_put(jnp.arange(16 * 6, dtype=jnp.float32).reshape(16, 6)
+                                      * scale, fsdp),
+              "layers": {"w": jax.device_put(jnp.ones((4, 8), jnp.bfloat16) * scale, tensor)}}
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3, weight_decay=0.01))
+    opt_state = tx.init(params)
+    grads = jax.tree.map(lambda p: jnp.sin(p.astype(jnp.float32)).astype(p.dtype), params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return {"params": optax.apply_updates(params, updates), "opt_state": opt_state,
+            "step": jnp.int32(1)}
+
+
+def _assert_equal(a, b):
+    assert jax.tree.structure(a) == jax.tree.structure(b)
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        assert np.asarray(x).dtype == np.asarray(y).dtype
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_restore_gives_back_every_array_on_its_sharding_and_the_data_position(tmp_path):
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    state = _train_state(mesh)
+    rng = jax.random.key(3)
+    iterator = _iterator()
+    drawn = [next(iterator) for _ in range(30)]  # past the first epoch: a new permutation
+    checkpointer = Checkpointer(str(tmp_path / "ckpt"), keep=3, async_save=True)
+    checkpointer.save(1, state, {"step": 1, "rng": np.asarray(jax.random.key_data(rng))},
+                      iterator)
+    following = [next(iterator) for _ in range(10)]  # drawn after the save: not in it
+    checkpointer.close()
+
+    target = jax.tree.map(jnp.zeros_like, _train_state(mesh, scale=0.0))
+    fresh = _iterator()
+    restored, meta = Checkpointer(str(tmp_path / "ckpt")).restore(target, fresh)
+    _assert_equal(restored, state)
+    for x, y in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
+        assert x.sharding == y.sharding
+    assert meta["step"] == 1
+    assert jax.random.key_data(jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
+                               ).tolist() == jax.random.key_data(rng).tolist()
+    assert [next(fresh) for _ in range(10)] == following
+    assert len(drawn) == 30
+
+
+def test_keeps_only_the_last_n_steps(tmp_path):
+    mesh = make_mesh({"fsdp": -1})
+    checkpointer = Checkpointer(str(tmp_path), keep=2, async_save=True)
+    for step in range(1, 6):
+        checkpointer.save(step, _train_state(mesh, scale=step), {"step": step})
+    checkpointer.wait()
+    assert checkpointer.all_steps() == [4, 5]
+    assert sorted(p for p in os.listdir(tmp_path) if p.isdigit()) == ["4", "5"]
+    restored, meta = checkpointer.restore(_train_state(mesh))
+    _assert_equal(restored, _train_state(mesh, scale=5))
+    assert meta["step"] == 5
+    checkpointer.close()
+
+
+def test_no_checkpoint_to_restore_is_an_error(tmp_path):
+    checkpointer = Checkpointer(str(tmp_path / "empty"))
+    assert checkpointer.latest_step() is None
+    with pytest.raises(FileNotFoundError):
+        checkpointer.restore({"x": jnp.zeros(2)})
+
+
+_CRASH = """
+import os, signal, sys
+import jax.numpy as jnp
+from memagent_jax.rl.checkpointing import Checkpointer
+
+class DiesWhenSaved:
+    '''A data iterator whose position is read mid-save: the process dies right there.'''
+    def get_state(self):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+checkpointer = Checkpointer(sys.argv[1], keep=3, async_save=True)
+checkpointer.save(1, {"w": jnp.arange(4096.0), "step": jnp.int32(1)}, {"step": 1})
+checkpointer.wait()
+checkpointer.save(2, {"w": jnp.arange(4096.0) * 2, "step": jnp.int32(2)}, {"step": 2},
+                  DiesWhenSaved())
+"""
+
+
+def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tmp_path):
+    directory = str(tmp_path / "ckpt")
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", _CRASH, directory], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]
+    leftovers = [p for p in os.listdir(directory) if not p.isdigit()]
+    assert any(p.startswith("2.") and "tmp" in p for p in leftovers), os.listdir(directory)
+
+    checkpointer = Checkpointer(directory, keep=3)
+    assert checkpointer.latest_step() == 1  # the half-written step is not a step
+    target = {"w": jnp.zeros(4096), "step": jnp.int32(0)}
+    restored, meta = checkpointer.restore(target)
+    np.testing.assert_array_equal(restored["w"], np.arange(4096.0))
+    assert meta == {"step": 1}
+
+    # Saving the same step again works, and the half-written directory is gone.
+    checkpointer.save(2, {"w": jnp.arange(4096.0) * 2, "step": jnp.int32(2)}, {"step": 2})
+    checkpointer.close()
+    assert sorted(os.listdir(directory)) == ["1", "2"]
+    restored, _ = Checkpointer(directory).restore(target)
+    np.testing.assert_array_equal(restored["w"], np.arange(4096.0) * 2)

@@ -1,0 +1,160 @@
+"""`memagent-jax train` configs: the shipped YAML files, overrides, and bad input, each caught
+with one clear line before any model is loaded."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from memagent_jax.cli import main
+from memagent_jax.data.needle import write_task
+from memagent_jax.errors import UserError
+from memagent_jax.rl.config import check_devices, load_train_config, validate
+from memagent_jax.rl.learner import LearnerConfig
+from memagent_jax.rl.trainer import Trainer
+
+CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+PREFIX = "memagent-jax: error: "
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory):
+    """A valid tiny config over the needle task."""
+    root = tmp_path_factory.mktemp("cfg")
+    task = write_task(str(root / "task"), train_size=8, val_size=2)
+    config = {"model": {"preset": "tiny", "tokenizer": task["tokenizer"]},
+              "data": {"train": [task["train"]], "val": task["val"]},
+              "rollout": {"slots": 8, "chunk_tokens": 32, "max_memory_tokens": 8,
+                          "max_final_tokens": 8, "max_problem_tokens": 8, "n": 2},
+              "learner": {"micro_batch_tokens": 2048},
+              "steps": 1, "prompts_per_step": 2, "output_dir": str(root / "run")}
+    path = root / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture
+def no_device_work(monkeypatch):
+    """Fails the test if the trainer gets as far as building models or compiling."""
+    def forbidden(self):
+        raise AssertionError("device work started before the input was checked")
+    monkeypatch.setattr(Trainer, "_build", forbidden)
+
+
+@pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen2.5-7b_gpu8.yaml",
+                                  "qwen2.5-7b_tpu_v5p.yaml"])
+def test_shipped_configs_load_and_validate(name):
+    config = load_train_config(os.path.join(CONFIGS, name))
+    if name.startswith("qwen2.5-7b"):  # the original's hyper-parameters (REFERENCE.md 3)
+        assert (config.prompts_per_step, config.rollout.n) == (128, 16)
+        assert config.learner.mini_batches == 16 and config.learner.ppo_epochs == 1
+        assert (config.learner.lr, config.learner.warmup_steps) == (1e-6, 20)
+        assert config.learner.lr_schedule == "constant"
+        assert (config.learner.weight_decay, config.learner.max_grad_norm) == (0.01, 1.0)
+        assert (config.learner.eps_low, config.learner.eps_high) == (0.2, 0.28)
+        assert (config.learner.dual_clip, config.learner.kl_coef) == (3.0, 0.001)
+        assert config.learner.entropy_coef == 0.0 and not config.learner.normalize_std
+        assert (config.rollout.temperature, config.rollout.top_p) == (1.0, 1.0)
+        assert (config.rollout.chunk_tokens, config.rollout.max_memory_tokens,
+                config.rollout.max_final_tokens, config.rollout.max_chunks) == (5000, 1024,
+                                                                                 1024, 8)
+    devices = {"tiny_cpu.yaml": (1, 1), "qwen2.5-7b_gpu8.yaml": (8, 1),
+               "qwen2.5-7b_tpu_v5p.yaml": (32, 8)}[name]
+    axes = check_devices(config, *devices)
+    assert axes["data"] * axes["fsdp"] * axes["tensor"] == devices[0]
+
+
+def test_overrides_reach_nested_sections(config_file):
+    config = load_train_config(config_file, ["learner.lr=3e-4", "steps=7",
+                                             "mesh={data: 2, fsdp: 4, tensor: 1}",
+                                             "rollout.prefill_buckets=[64, 128]"])
+    assert config.learner.lr == 3e-4 and config.steps == 7
+    assert config.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
+    assert config.rollout.prefill_buckets == [64, 128]
+    assert config.checkpoint_dir.endswith(os.path.join("run", "checkpoints"))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["learner.lrr=1e-6"], "unknown key 'learner.lrr'"),
+    (["steps=many"], "key 'steps' must be int, got 'many'"),
+    (["rollout.n=2.5"], "key 'rollout.n' must be int"),
+    (["data.train=[/nonexistent/train.parquet]"],
+     "data.train[0]: '/nonexistent/train.parquet' not found"),
+    (["data.train=[no_such_dir]"], "data.train[0]: 'no_such_dir' not found"),
+    (["mesh={data: 1, fsdp: 8, tensor: 1}", "learner.micro_batch_tokens=null",
+      "learner.micro_batch_rows=6"],
+     "learner: a micro-batch of 6 rows does not split over the mesh's data-parallel axes "
+     "(data x fsdp = 8)"),
+    (["mesh={data: 4, fsdp: 2, tensor: 1}", "rollout.slots=6"],
+     "rollout.slots: 6 decode slots do not split over mesh.data = 4"),
+    (["mesh={data: 3, fsdp: 1, tensor: 1}"], "mesh: axis sizes"),
+    (["learner.temperature=0.7"], "learner.temperature (0.7) must equal rollout.temperature"),
+    (["validation.every=5", "data.val=null"], "data.val: validation is on"),
+    (["model.path=/nonexistent/model"], "model: give exactly one of model.path"),
+    (["learner.lr=-1"], "learner.lr: must be positive"),
+    (["model.attention=splash"], "model.attention: must be one of"),
+])
+def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
+                                                      capsys, no_device_work):
+    assert main(["train", "--config", config_file, *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(PREFIX) and err.count("\n") == 1, err
+    assert message in err, err
+
+
+def test_missing_model_directory_and_tokenizer(config_file, capsys, no_device_work):
+    assert main(["train", "--config", config_file, "model.preset=null",
+                 "model.path=/nonexistent/model"]) == 2
+    assert "model.path: '/nonexistent/model': model directory not found" in \
+        capsys.readouterr().err
+    assert main(["train", "--config", config_file, "model.tokenizer=/tmp"]) == 2
+    assert "model.tokenizer: '/tmp' has no tokenizer files" in capsys.readouterr().err
+
+
+def test_the_command_exits_non_zero_without_touching_a_device(config_file):
+    """A real process whose JAX backend cannot start: the config error still comes out as one
+    line (exit 2), so nothing reached for a device first."""
+    env = dict(os.environ, JAX_PLATFORMS="no_such_backend")
+    run = subprocess.run([sys.executable, "-m", "memagent_jax.cli", "train", "--config",
+                          config_file, "learner.lrr=1"], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [
+        PREFIX + f"{config_file}: unknown key 'learner.lrr' (known keys here: "
+        + ", ".join(sorted(f.name for f in dataclasses.fields(LearnerConfig))) + ")"]
+
+
+def test_device_checks():
+    config = load_train_config(None, ["model.preset=tiny", "model.tokenizer=x",
+                                      "data.train=[x]", "prompts_per_step=6"])
+    assert check_devices(config, 8) == {"data": 1, "fsdp": 8, "tensor": 1}
+    with pytest.raises(UserError, match="6 prompts do not split over 4 processes"):
+        check_devices(config, 8, 4)
+    config.mesh = {"data": 2, "fsdp": -1, "tensor": 2}
+    assert check_devices(config, 8) == {"data": 2, "fsdp": 2, "tensor": 2}
+    with pytest.raises(UserError, match="6 devices do not divide by 4"):
+        check_devices(config, 6)
+    config.mesh = {"data": -1, "fsdp": -1}
+    with pytest.raises(UserError, match="only one axis may be -1"):
+        check_devices(config, 8)
+    config.mesh = {"pipeline": 2}
+    with pytest.raises(UserError, match="unknown axis 'pipeline'"):
+        check_devices(config, 8)
+
+
+def test_validate_rejects_inconsistent_sections():
+    config = load_train_config(None, ["model.preset=tiny", "model.tokenizer=x", "data.train=[x]"])
+    config.overlong.enabled, config.overlong.buffer = True, 5000
+    with pytest.raises(UserError, match=r"overlong.buffer: must be in 1..1024"):
+        validate(config)
+    config.overlong.enabled = False
+    config.rollout.top_p = 0.0
+    with pytest.raises(UserError, match=r"rollout.top_p: must be in \(0, 1\]"):
+        validate(config)
+    with pytest.raises(UserError, match="data.train: no training source"):
+        load_train_config(None, ["model.preset=tiny", "model.tokenizer=x"])
+    with pytest.raises(UserError, match="model.tokenizer: a preset model needs"):
+        load_train_config(None, ["model.preset=tiny", "data.train=[x]"])
