@@ -1,0 +1,83 @@
+"""The training input pipeline (data/pipeline.py): the hotpotqa layout, shuffling by seed,
+sharding by process, a resumable position, and rows that do not fit the layout."""
+
+import json
+
+import pytest
+
+from memagent_jax.data import pipeline
+from memagent_jax.data.needle import needle_rows, write_rows
+from memagent_jax.errors import UserError
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    path = write_rows(needle_rows(10, seed=1), str(tmp_path_factory.mktemp("p") / "t.parquet"))
+    return pipeline.load_source(path)
+
+
+def test_rows_become_examples(dataset):
+    example = pipeline.ExampleSource(dataset)[3]
+    row = needle_rows(10, seed=1)[3]
+    assert example.index == 3 and example.data_source == "needle"
+    assert example.question == row["prompt"][0]["content"]
+    assert example.context == row["context"]
+    assert example.ground_truths == tuple(row["reward_model"]["ground_truth"])
+    assert example.extra_info["index"] == 3
+
+
+def test_shuffled_by_seed_with_a_new_order_each_epoch(dataset):
+    first = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0, 0, 1), 20)]
+    again = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0, 0, 1), 20)]
+    other = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 1, 0, 1), 20)]
+    assert first == again and first != other
+    assert sorted(first[:10]) == sorted(first[10:]) == list(range(10))
+    assert first[:10] != first[10:]
+
+
+def test_processes_get_disjoint_shards_that_cover_the_data(dataset):
+    shards = [{e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0, p, 3), 4)}
+              for p in range(3)]
+    assert shards[0] | shards[1] | shards[2] == set(range(10))
+    assert not (shards[0] & shards[1]) and not (shards[1] & shards[2])
+    with pytest.raises(UserError, match="10 rows cannot be shared by 11 processes"):
+        pipeline.training_iterator(dataset, 0, 0, 11)
+
+
+def test_the_position_is_a_json_state_that_resumes_exactly(dataset):
+    iterator = pipeline.training_iterator(dataset, 4, 0, 1)
+    pipeline.take(iterator, 13)
+    state = json.loads(json.dumps(iterator.get_state()))
+    expected = [e.index for e in pipeline.take(iterator, 9)]
+    resumed = pipeline.training_iterator(dataset, 4, 0, 1)
+    resumed.set_state(state)
+    assert [e.index for e in pipeline.take(resumed, 9)] == expected
+
+
+def test_evaluation_layout_is_read_too(tmp_path):
+    path = tmp_path / "eval_50.json"
+    path.write_text(json.dumps([{"context": "Document 1:\nx", "input": "who?", "answers": ["a"],
+                                 "num_docs": 50, "index": 7}]))
+    (example,) = pipeline.evaluation_examples(pipeline.load_source(str(path)))
+    assert (example.question, example.ground_truths, example.extra_info["index"]) == (
+        "who?", ("a",), 7)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "q", "context": 3, "reward_model": {"ground_truth": ["a"]}},
+     "row 5: field 'context' must be a string"),
+    ({"prompt": [{"role": "user"}], "context": "c", "reward_model": {"ground_truth": ["a"]}},
+     "row 5: field 'prompt' must be"),
+    ({"prompt": "q", "context": "c", "reward_model": {"ground_truth": []}},
+     "row 5: field 'reward_model.ground_truth' must be a non-empty list"),
+])
+def test_a_malformed_row_names_its_row_and_field(row, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(")):
+        pipeline.example_from_row({"data_source": "x", **row}, 5, "data.train[0]")
+
+
+def test_a_source_missing_fields_is_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"question": "q", "context": "c"}) + "\n")
+    with pytest.raises(UserError, match="lacks the field"):
+        pipeline.load_source(str(path), key="data.train[0]")
