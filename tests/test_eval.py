@@ -187,6 +187,13 @@ def test_rerun_with_other_settings_is_refused(model_dir, sets, tmp_path):
     with pytest.raises(UserError, match="sampling.temperature was 0.7, now 1.0"):
         run_eval(_config(model_dir, sets, out, "sampling.temperature=1.0"),
                  method=Scripted(lambda s, row, k: ""))
+    # the same file name with other questions (a set rebuilt differently) is refused too
+    records = json.loads(Path(sets[0]).read_text())
+    records[2]["input"] = "Another question?"
+    rebuilt = tmp_path / "rebuilt" / "eval_12.json"
+    write_set(str(rebuilt), records)
+    with pytest.raises(UserError, match="row 2 holds results for another question"):
+        run_eval(_config(model_dir, [str(rebuilt)], out), method=Scripted(lambda s, r, k: ""))
 
 
 def _error(capsys) -> str:

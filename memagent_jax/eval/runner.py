@@ -23,7 +23,7 @@ import sys
 
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
-from memagent_jax.eval.report import write_report
+from memagent_jax.eval.report import markdown, write_report
 from memagent_jax.eval.results import OutputDir, ResultLog
 from memagent_jax.eval.sets import EvalSet, load_sets
 
@@ -70,6 +70,8 @@ def run_eval(config: EvalConfig, method=None) -> dict:
     logs: dict[str, ResultLog] = {}
     try:
         logs = {s.name: out.log(s.name) for s in sets}
+        for s in sets:
+            _check_log_matches(s, logs[s.name])
         todo = [(s, [r for r in range(len(s.records)) if r not in logs[s.name].records])
                 for s in sets]
         remaining = sum(len(rows) for _, rows in todo)
@@ -89,6 +91,14 @@ def run_eval(config: EvalConfig, method=None) -> dict:
     summary["table"] = write_report(config.output_dir, summary, config.report.compare,
                                     config.report.published)
     return summary
+
+
+def _check_log_matches(s: EvalSet, log: ResultLog) -> None:
+    """A set rebuilt differently under the same name must not be mixed with old results."""
+    for row, line in log.records.items():
+        if row < len(s.records) and line["question"] != s.records[row]["input"]:
+            raise UserError(f"{log.path}: row {row} holds results for another question than "
+                            f"{s.path} row {row}: the set changed; choose a new output_dir")
 
 
 def _run_set(method, s: EvalSet, rows: list[int], log: ResultLog, progress: Progress,
@@ -134,6 +144,5 @@ def main(config_path: str, overrides: list[str]) -> None:
     from memagent_jax.runconfig import load_config
     config = load_config(EvalConfig, config_path, overrides)
     summary = run_eval(config)
-    from memagent_jax.eval.report import markdown
     print(markdown(summary["table"]), end="")
     print(f"results in {config.output_dir} (table.md, table.json, accuracy.png, samples/)")
