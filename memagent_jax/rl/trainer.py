@@ -69,8 +69,11 @@ class Trainer:
         config = self.config
         sources = [pipeline.load_source(s, config.data.train_split, key=f"data.train[{i}]")
                    for i, s in enumerate(config.data.train)]
-        self.train_data = (sources[0] if len(sources) == 1 else
-                           __import__("datasets").concatenate_datasets(sources))
+        if len(sources) > 1:
+            import datasets
+            self.train_data = datasets.concatenate_datasets(sources)
+        else:
+            self.train_data = sources[0]
         self.val_examples = []
         if config.data.val:
             val = pipeline.load_source(config.data.val, config.data.val_split, key="data.val")
