@@ -18,7 +18,8 @@ that, and the speed against a straightforward `transformers` implementation of t
 - Peer: the loop written directly on transformers (`PeerLoop`): per chunk index, every
   document's update prompt (the same `templates` functions, so identical token ids), left-padded
   into one batch, one `model.generate(max_new_tokens=cap, do_sample=False)`, replies decoded as
-  the new memories; then the final prompt. Same weights, float32, torch.set_num_threads(cores).
+  the new memories; then the final prompt. Same weights, float32, torch.set_num_threads(cores),
+  on the GPU when torch sees one.
   It runs right after ours at the same batch and length, so both see the same machine load.
 - `--profile` reruns ours with each engine call timed separately (blocking after each), to
   split the wall time into prefill, insert, decode steps and host work (Python: tokenization,
@@ -107,14 +108,17 @@ class PeerLoop:
         import torch
         from transformers import AutoModelForCausalLM
         self.torch, self.tokenizer, self.config = torch, tokenizer, config
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(
+            self.device).eval()
         self.reply_lengths: list[int] = []
         self.eos = eos
 
     def generate(self, prompts: list[list[int]], cap: int) -> list[str]:
         torch, width = self.torch, max(len(p) for p in prompts)
-        ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                            device=self.device)
         with torch.inference_mode():
             out = self.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=cap,
                                       do_sample=False, pad_token_id=PAD,
@@ -179,6 +183,8 @@ def main() -> None:
     parser.add_argument("--final-tokens", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
     parser.add_argument("--attention", default="xla", help="load_model's attention option")
     parser.add_argument("--stop-at-eos", action="store_true",
                         help="stop replies at EOS (default: every reply runs to its cap)")
@@ -192,7 +198,7 @@ def main() -> None:
     atexit.register(shutil.rmtree, path, True)
     words = [w for w in write_tiny_tokenizer(path) if w.isalpha()]
     write_hf_model(path, seed=0, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                   num_hidden_layers=args.layers, num_attention_heads=4, num_key_value_heads=2,
+                   num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                    max_position_embeddings=4 * args.chunk_tokens)
     tokenizer = load_tokenizer(path)
     model, _ = load_model(path, dtype="float32", attention=args.attention)
@@ -204,7 +210,8 @@ def main() -> None:
     max_len = args.chunk_tokens + 256 + args.memory_tokens * 2
     buckets = (small, max_len - max(args.memory_tokens, args.final_tokens))
     print(machine())
-    print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, vocab "
+    print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/"
+          f"{args.kv_heads} heads, vocab "
           f"{model.config.vocab_size}, float32, random weights, {args.attention} attention; "
           f"chunk {args.chunk_tokens} tokens, memory cap {args.memory_tokens}, final cap "
           f"{args.final_tokens}; engine "

@@ -17,11 +17,12 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
 - peer (unless --no-torch): the same update written plainly in PyTorch on `transformers`'
   Qwen2ForCausalLM with the same shapes and random weights: a no-grad forward for the old
   log-probs, then per micro-batch forward + token log-probs + PPO-clip loss + backward, one
-  torch.optim.AdamW step; float32 on CPU.
+  torch.optim.AdamW step; on the GPU when torch sees one, parameters in --param-dtype and
+  the forward under autocast to --dtype when the two differ (as ours computes).
 
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
-        [--repeats 2] [--matmul-size 4096] [--no-torch]
+        [--repeats 2] [--matmul-size 4096] [--param-dtype DTYPE] [--no-torch]
 
 --layers keeps the preset's widths (and its 152K-row vocabulary) at fewer layers, so a CPU can
 run it; the per-token FLOP model accounts for whatever depth is run.
@@ -86,7 +87,7 @@ def flops_per_token(config, length: int) -> tuple[float, float]:
 
 
 def bench_ours(config, args, rows) -> dict[str, float]:
-    model = random_model(config, seed=0, dtype=args.dtype)
+    model = random_model(config, seed=0, dtype=args.dtype)  # stored as config.dtype
     length = args.prompt_len + args.response_len
     learner = Learner(model, LearnerConfig(
         lr=1e-6, warmup_steps=0, micro_batch_rows=args.micro_batch_rows,
@@ -116,15 +117,19 @@ def bench_torch(config, args, rows) -> float:
         num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
         tie_word_embeddings=config.tie_word_embeddings, rope_theta=config.rope_theta,
         max_position_embeddings=4096, attn_implementation="sdpa")
-    model = Qwen2ForCausalLM(hf_config).float().train()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = Qwen2ForCausalLM(hf_config).to(device, getattr(torch, args.param_dtype)).train()
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
-    tokens = torch.as_tensor(rows.tokens, dtype=torch.long)
-    mask = torch.as_tensor(rows.loss_mask[:, 1:])
-    advantages = torch.as_tensor(rows.advantages)[:, None]
+    tokens = torch.as_tensor(rows.tokens, dtype=torch.long, device=device)
+    mask = torch.as_tensor(rows.loss_mask[:, 1:], device=device)
+    advantages = torch.as_tensor(rows.advantages, device=device)[:, None]
     step = args.micro_batch_rows
+    autocast = torch.autocast(device.type, dtype=getattr(torch, args.dtype),
+                              enabled=args.dtype != args.param_dtype)
 
     def token_logprobs(ids):
-        logits = model(ids).logits[:, :-1].float()
+        with autocast:
+            logits = model(ids).logits[:, :-1].float()
         return torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
 
     def update():
@@ -141,6 +146,8 @@ def bench_torch(config, args, rows) -> float:
             (loss * mask[i:i + step]).sum().div(total).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
 
     update()  # warm-up (allocations, oneDNN primitive caches)
     return best_time(update, args.repeats)
@@ -151,7 +158,9 @@ def main() -> None:
     parser.add_argument("--preset", default="qwen2.5-0.5b")
     parser.add_argument("--layers", type=int, default=None,
                         help="run the preset's widths at this depth")
-    parser.add_argument("--dtype", default="float32", help="parameter and compute dtype")
+    parser.add_argument("--dtype", default="float32", help="compute dtype")
+    parser.add_argument("--param-dtype", default=None,
+                        help="parameter (and optimizer state) dtype; default: --dtype")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=192)
     parser.add_argument("--response-len", type=int, default=64)
@@ -160,8 +169,9 @@ def main() -> None:
     parser.add_argument("--matmul-size", type=int, default=4096)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
     args = parser.parse_args()
+    args.param_dtype = args.param_dtype or args.dtype
 
-    config = preset_config(args.preset, dtype=args.dtype)
+    config = preset_config(args.preset, dtype=args.param_dtype)
     if args.layers:
         config = config.replace(num_layers=args.layers)
     length = args.prompt_len + args.response_len
@@ -172,7 +182,8 @@ def main() -> None:
     device = jax.devices()[0]
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, JAX device "
           f"{device.device_kind} ({device.platform}), jax {jax.__version__}")
-    print(f"model: {args.preset} widths, {config.num_layers} layers, {args.dtype}; "
+    print(f"model: {args.preset} widths, {config.num_layers} layers, {args.param_dtype} "
+          f"parameters, {args.dtype} compute; "
           f"batch: {args.rows} rows x {length} tokens ({args.prompt_len} prompt + "
           f"{args.response_len} response), micro-batches of {args.micro_batch_rows} rows")
 

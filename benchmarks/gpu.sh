@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The GPU checks and benchmarks, in the groups a 10-minute device call can hold:
+#   benchmarks/gpu.sh decode7b   # tests/test_gpu.py (cuDNN attention), decode on the 7B shape
+#   benchmarks/gpu.sh small      # decode 0.5B, train step 0.5B and 1.5B, memory loop
+# Runs from the repository root with the machine's python3 (jax with CUDA, flax, optax, orbax,
+# transformers, torch; no install: the package is put on PYTHONPATH). Each step's log goes to
+# $LOGS (default: $OUT where the device tool sets it, else ./gpu_logs); each step has its own
+# time limit so that one slow step leaves the others their turn.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+LOGS=${LOGS:-${OUT:-gpu_logs}}
+mkdir -p "$LOGS"
+status=0
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $LOGS/NAME.log
+    local name=$1 limit=$2
+    shift 2
+    echo "=== $name (limit ${limit}s): $*"
+    timeout "$limit" "$@" 2>&1 | tee "$LOGS/$name.log"
+    local rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] || { echo "=== $name exited $rc"; status=1; }
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+python3 -c "import jax, flax, optax, orbax.checkpoint as o, torch, transformers as t; \
+print('jax', jax.__version__, jax.devices(), 'flax', flax.__version__, 'optax', \
+optax.__version__, 'torch', torch.__version__, 'transformers', t.__version__)"
+
+case "${1:-}" in
+decode7b)
+    step test_gpu 120 python3 -m pytest -q tests/test_gpu.py
+    step decode_7b 440 python3 benchmarks/decode.py --preset qwen2.5-7b --dtype bfloat16 \
+        --batch-sizes 1,8,16,32,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
+    ;;
+small)
+    step decode_0.5b 120 python3 benchmarks/decode.py --preset qwen2.5-0.5b --dtype bfloat16 \
+        --batch-sizes 1,8,32,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
+    step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
+        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
+        --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
+    step memory_loop 200 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
+        --heads 14 --kv-heads 2 --lengths 16384,65536,262144 --batch-sizes 1,8,32 --max-batch-tokens 524288 \
+        --peer-lengths 16384 --peer-batch-sizes 1,8,32
+    step train_1.5b 110 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
+        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
+        --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
+    ;;
+*)
+    echo "usage: benchmarks/gpu.sh decode7b|small" >&2
+    exit 2
+    ;;
+esac
+exit $status
