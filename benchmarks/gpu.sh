@@ -29,7 +29,7 @@ optax.__version__, 'torch', torch.__version__, 'transformers', t.__version__)"
 
 case "${1:-}" in
 decode7b)
-    step test_gpu 120 python3 -m pytest -q tests/test_gpu.py
+    step test_gpu 120 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/test_gpu.py
     step decode_7b 440 python3 benchmarks/decode.py --preset qwen2.5-7b --dtype bfloat16 \
         --batch-sizes 1,8,16,32,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
     ;;
@@ -39,8 +39,8 @@ small)
     step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
         --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
-    step memory_loop 200 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
-        --heads 14 --kv-heads 2 --lengths 16384,65536,262144 --batch-sizes 1,8,32 --max-batch-tokens 524288 \
+    step memory_loop 170 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
+        --heads 14 --kv-heads 2 --lengths 16384,65536 --batch-sizes 1,8,32 --max-batch-tokens 524288 \
         --peer-lengths 16384 --peer-batch-sizes 1,8,32
     step train_1.5b 110 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
         --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \

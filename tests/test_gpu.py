@@ -2,7 +2,8 @@
 cuDNN flash-attention path (`attention="cudnn"`) against the XLA reference, and that the
 compiled programs really call cuDNN's fused attention.
 
-Run on a GPU machine with `python -m pytest tests/test_gpu.py`. Weights are random bf16 at the
+Run on a GPU machine with `JAX_PLATFORMS=cuda python -m pytest tests/test_gpu.py` (conftest.py
+pins the rest of the suite to simulated CPU devices unless JAX_PLATFORMS is set). Weights are random bf16 at the
 Qwen2.5-0.5B widths (head_dim 64, 14 query / 2 key-value heads) with 2 layers; bf16 results of
 two attention kernels differ by rounding, so the bounds are relative norms, not equality.
 """
@@ -21,7 +22,8 @@ from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, generate
 
-pytestmark = pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs a CUDA GPU")
+pytestmark = pytest.mark.skipif(jax.devices()[0].platform not in ("gpu", "cuda"),
+                                reason="needs a CUDA GPU")
 
 CONFIG = preset_config("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=2)
 
