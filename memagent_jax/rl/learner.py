@@ -297,14 +297,13 @@ class Learner:
     def _logits(self, params, tokens):
         """params: pure dict; tokens [B, L] right-padded -> logits [B, L, V] / temperature.
 
-        The padding sits after every real token, so causal attention keeps it out of the real
-        positions' outputs and an all-ones mask is exact. The mask is passed (rather than None)
-        because the model's mask-free path is its blocked attention, whose loop over a dynamic
-        number of key blocks reverse-mode differentiation cannot go through; the recompute of
-        old log-probabilities uses the same path, so before the first update ratios are 1."""
+        No attention mask: the padding sits after every real token, so the model's causal path
+        from position 0 (blocked attention, no [L, L] scores in the forward or the gradient)
+        gives the real positions exactly what a mask would. The recompute of old log-probabilities
+        runs the same path, so before the first update the ratios are exactly 1."""
         model = nnx.merge(self.graphdef, jax.tree.unflatten(self._state_def,
                                                             jax.tree.leaves(params)))
-        return model(tokens, jnp.ones_like(tokens)) / self.config.temperature
+        return model(tokens) / self.config.temperature
 
     def _logprobs_fn(self, params, tokens):
         logp, _ = token_logprobs(self._logits(params, tokens), tokens, entropy=False)
