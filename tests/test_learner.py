@@ -268,6 +268,23 @@ def test_kl_reference_is_only_built_when_used():
     assert second["kl"] > 1e-6 and second["loss"] != second["pg_loss"]
 
 
+def test_train_step_builds_no_square_score_tensor():
+    """Right-padded rows run without a mask, on the model's blocked causal attention: at
+    bucket length 1024 the compiled train step (forward and gradient) holds no
+    [.., 1024, 1024] buffer."""
+    length = 1024
+    learner = Learner(random_model(CONFIG, seed=11),
+                      LearnerConfig(micro_batch_rows=1, bucket_lengths=(length,)))
+    batch = {"tokens": np.zeros((1, length), np.int32),
+             "loss_mask": np.ones((1, length), np.float32),
+             "advantages": np.ones(1, np.float32),
+             "old_logprobs": np.zeros((1, length), np.float32)}
+    hlo = learner._train_step.lower(learner._params, learner._opt_state, learner._step,
+                                    learner._zero_accumulator(), batch, np.float32(length),
+                                    np.bool_(True)).compile().as_text()
+    assert f"{length},{length}]" not in hlo
+
+
 @pytest.mark.parametrize("overrides, key", [
     ({"lr": 0.0}, "learner.lr"),
     ({"lr_schedule": "linear"}, "learner.lr_schedule"),

@@ -57,6 +57,7 @@ def test_shipped_configs_load_and_validate(name):
         assert (config.learner.eps_low, config.learner.eps_high) == (0.2, 0.28)
         assert (config.learner.dual_clip, config.learner.kl_coef) == (3.0, 0.001)
         assert config.learner.entropy_coef == 0.0 and not config.learner.normalize_std
+        assert config.learner.remat  # full 8448-token rows need activation remat
         assert (config.rollout.temperature, config.rollout.top_p) == (1.0, 1.0)
         assert (config.rollout.chunk_tokens, config.rollout.max_memory_tokens,
                 config.rollout.max_final_tokens, config.rollout.max_chunks) == (5000, 1024,
@@ -68,10 +69,10 @@ def test_shipped_configs_load_and_validate(name):
 
 
 def test_overrides_reach_nested_sections(config_file):
-    config = load_train_config(config_file, ["learner.lr=3e-4", "steps=7",
+    config = load_train_config(config_file, ["learner.lr=3e-4", "steps=7", "learner.remat=true",
                                              "mesh={data: 2, fsdp: 4, tensor: 1}",
                                              "rollout.prefill_buckets=[64, 128]"])
-    assert config.learner.lr == 3e-4 and config.steps == 7
+    assert config.learner.lr == 3e-4 and config.steps == 7 and config.learner.remat is True
     assert config.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
     assert config.rollout.prefill_buckets == [64, 128]
     assert config.checkpoint_dir.endswith(os.path.join("run", "checkpoints"))
@@ -81,6 +82,7 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.lrr=1e-6"], "unknown key 'learner.lrr'"),
     (["steps=many"], "key 'steps' must be int, got 'many'"),
     (["rollout.n=2.5"], "key 'rollout.n' must be int"),
+    (["learner.remat=3"], "key 'learner.remat' must be bool"),
     (["data.train=[/nonexistent/train.parquet]"],
      "data.train[0]: '/nonexistent/train.parquet' not found"),
     (["data.train=[no_such_dir]"], "data.train[0]: 'no_such_dir' not found"),

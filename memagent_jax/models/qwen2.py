@@ -123,23 +123,27 @@ class Qwen2(nnx.Module):
         if not config.tie_word_embeddings:
             self.lm_head = nnx.Param(_init("lm_head", specs["lm_head"][0], param_dtype, rngs))
 
-    def __call__(self, input_ids: jnp.ndarray, attention_mask: jnp.ndarray | None = None):
+    def __call__(self, input_ids: jnp.ndarray, attention_mask: jnp.ndarray | None = None, *,
+                 remat: bool = False):
         """input_ids [B, T] int; attention_mask [B, T] (1 = token, 0 = padding, on either side).
 
         Positions count real tokens only, so a padded row gives the logits the same sequence
         would give unpadded. Without a mask every row runs causally from position 0 on the
         blocked attention path (right-padded rows may pass None too: padding after a token never
-        affects it). Returns logits [B, T, V] float32 (rows at padding are meaningless).
+        affects it). remat: under differentiation, keep only each layer's input and recompute
+        the rest of the layer in the backward (training memory; the values are the same).
+        Returns logits [B, T, V] float32 (rows at padding are meaningless).
         """
         b, t = input_ids.shape
         if attention_mask is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            hidden, _ = self._layers(input_ids, positions, None, None)
+            hidden, _ = self._layers(input_ids, positions, None, None, remat)
             return self.logits(hidden)
         mask = attention_mask.astype(bool)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         causal = jnp.tril(jnp.ones((t, t), bool))
-        hidden, _ = self._layers(input_ids, positions, causal[None] & mask[:, None, :], None)
+        hidden, _ = self._layers(input_ids, positions, causal[None] & mask[:, None, :], None,
+                                 remat)
         return self.logits(hidden)
 
     def forward_cached(self, input_ids: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
@@ -171,9 +175,10 @@ class Qwen2(nnx.Module):
         return jnp.einsum("btd,dv->btv", hidden, self.lm_head[...].astype(self.dtype),
                           preferred_element_type=jnp.float32)
 
-    def _layers(self, input_ids, positions, mask, cache: KVCache | None):
+    def _layers(self, input_ids, positions, mask, cache: KVCache | None, remat: bool = False):
         """The decoder stack: mask [B, T, S] bool, or None for causal attention from position
-        0 (T == S), which takes the blocked path and never builds a [T, S] mask or scores."""
+        0 (T == S), which takes the blocked path and never builds a [T, S] mask or scores.
+        remat: checkpoint each scanned layer (see __call__)."""
         config, dtype = self.config, self.dtype
         inv_freq, attention_factor = _rope_constants(config)
         x = jnp.take(self.embed[...], input_ids, axis=0).astype(dtype)
@@ -213,6 +218,15 @@ class Qwen2(nnx.Module):
             x = x + gated @ p["down_kernel"]
             return (x, i + 1, k_all, v_all), None
 
+        if remat:
+            # Save nothing but the carry (the layer's input [B, T, D]): the backward reruns the
+            # layer's forward (up to a third more compute) and the activations held across the
+            # stack shrink to one [B, T, D] per layer. Saving the matmul outputs instead
+            # (dots_with_no_batch_dims_saveable) would keep the two [B, T, intermediate] MLP
+            # projections, most of what there is to save. prevent_cse=False: the scan already
+            # keeps XLA from merging the recomputation into the forward.
+            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable,
+                                   prevent_cse=False)
         kv = (None, None) if cache is None else (cache.k, cache.v)
         (x, _, k_all, v_all), _ = jax.lax.scan(layer, (x, jnp.int32(0)) + kv,
                                                self.layers.stacked())

@@ -58,7 +58,9 @@ class LearnerConfig:
     those of logits / temperature). bucket_lengths: row lengths micro-batches are padded to
     (default: powers of two from 64, up to what the rows need). normalize_std: read by the
     trainer when it computes advantages (dividing by the group std), kept here with the other
-    algorithm settings.
+    algorithm settings. remat: keep only each decoder layer's input for the backward and
+    recompute the rest of the layer (activation memory one [rows, length, hidden] per layer,
+    for rerunning each layer's forward in the backward).
     """
     lr: float = 1e-6
     warmup_steps: int = 20
@@ -146,10 +148,6 @@ class Learner:
 
     def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None,
                  ref_model: Qwen2 | None = None):
-        if config.remat:
-            raise UserError("learner.remat: activation rematerialisation needs a checkpointed "
-                            "layer in the model's scan (models/qwen2.py), which it does not "
-                            "have yet; set remat to false")
         self.model, self.config, self.mesh = model, config, mesh
         self.graphdef, state = nnx.split(model)
         # Commit the arrays to the devices they are on (no copy): a model built without a mesh
@@ -294,17 +292,17 @@ class Learner:
 
     # ---- pure functions (jitted in __init__) --------------------------------------------
 
-    def _logits(self, params, tokens):
+    def _logits(self, params, tokens, remat=False):
         """params: pure dict; tokens [B, L] right-padded -> logits [B, L, V] / temperature.
 
-        The padding sits after every real token, so causal attention keeps it out of the real
-        positions' outputs and an all-ones mask is exact. The mask is passed (rather than None)
-        because the model's mask-free path is its blocked attention, whose loop over a dynamic
-        number of key blocks reverse-mode differentiation cannot go through; the recompute of
-        old log-probabilities uses the same path, so before the first update ratios are 1."""
+        No attention mask: the padding sits after every real token, so the model's causal path
+        from position 0 (blocked attention, no [L, L] scores in the forward or the gradient)
+        gives the real positions exactly what a mask would. The recompute of old
+        log-probabilities runs the same path, so before the first update the ratios are exactly
+        1. remat: checkpoint the model's layers (for the differentiated loss; same values)."""
         model = nnx.merge(self.graphdef, jax.tree.unflatten(self._state_def,
                                                             jax.tree.leaves(params)))
-        return model(tokens, jnp.ones_like(tokens)) / self.config.temperature
+        return model(tokens, remat=remat) / self.config.temperature
 
     def _logprobs_fn(self, params, tokens):
         logp, _ = token_logprobs(self._logits(params, tokens), tokens, entropy=False)
@@ -312,8 +310,8 @@ class Learner:
 
     def _loss_fn(self, params, batch, token_count):
         config = self.config
-        logp, entropy = token_logprobs(self._logits(params, batch["tokens"]), batch["tokens"],
-                                       entropy=True)
+        logits = self._logits(params, batch["tokens"], remat=config.remat)
+        logp, entropy = token_logprobs(logits, batch["tokens"], entropy=True)
         if config.entropy_coef == 0.0:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
         return policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
