@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks, in the groups a 10-minute device call can hold:
 #   benchmarks/gpu.sh decode7b   # tests/test_gpu.py (cuDNN attention), decode on the 7B shape
-#   benchmarks/gpu.sh small      # decode 0.5B, train step 0.5B and 1.5B, memory loop
+#   benchmarks/gpu.sh small      # decode on the 0.5B shape, the memory loop
+#   benchmarks/gpu.sh train      # learner update: 0.5B, and 1.5B with remat
 # Runs from the repository root with the machine's python3 (jax with CUDA, flax, optax, orbax,
 # transformers, torch; no install: the package is put on PYTHONPATH). Each step's log goes to
 # $LOGS (default: $OUT where the device tool sets it, else ./gpu_logs); each step has its own
@@ -36,18 +37,20 @@ decode7b)
 small)
     step decode_0.5b 120 python3 benchmarks/decode.py --preset qwen2.5-0.5b --dtype bfloat16 \
         --batch-sizes 1,8,32,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
-    step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
-        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
-        --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
     step memory_loop 170 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
         --heads 14 --kv-heads 2 --lengths 16384,65536 --batch-sizes 1,8,32 --max-batch-tokens 524288 \
         --peer-lengths 16384 --peer-batch-sizes 1,8,32
-    step train_1.5b 110 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
+    ;;
+train)
+    step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
         --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
+    step train_1.5b 140 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
+        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
+        --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat
     ;;
 *)
-    echo "usage: benchmarks/gpu.sh decode7b|small" >&2
+    echo "usage: benchmarks/gpu.sh decode7b|small|train" >&2
     exit 2
     ;;
 esac

@@ -11,8 +11,9 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
   (prompt and response, no padding here: rows are exactly one bucket long);
 - model FLOPs (PaLM's MFU convention): a train step costs 6 N + 12 L T H D per token, the
   recompute forward 2 N + 4 L T H D, with N the parameters that multiply (decoder layers +
-  LM head; the embedding gather is not a matmul) and T the row length (the attention the step
-  runs attends over the whole row: the causal half is masked, not skipped);
+  LM head; the embedding gather is not a matmul) and T the row length (the convention counts
+  the whole T x T attention, though the blocked causal path skips most of the upper half;
+  with --remat the recomputed forward is not counted either);
   utilisation = model FLOP/s / measured matmul FLOP/s;
 - peer (unless --no-torch): the same update written plainly in PyTorch on `transformers`'
   Qwen2ForCausalLM with the same shapes and random weights: a no-grad forward for the old
@@ -22,7 +23,7 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
 
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
-        [--repeats 2] [--matmul-size 4096] [--param-dtype DTYPE] [--no-torch]
+        [--repeats 2] [--matmul-size 4096] [--param-dtype DTYPE] [--remat] [--no-torch]
 
 --layers keeps the preset's widths (and its 152K-row vocabulary) at fewer layers, so a CPU can
 run it; the per-token FLOP model accounts for whatever depth is run.
@@ -91,7 +92,7 @@ def bench_ours(config, args, rows) -> dict[str, float]:
     length = args.prompt_len + args.response_len
     learner = Learner(model, LearnerConfig(
         lr=1e-6, warmup_steps=0, micro_batch_rows=args.micro_batch_rows,
-        bucket_lengths=(length,)))
+        bucket_lengths=(length,), remat=args.remat))
     start = time.perf_counter()
     learner.update(rows)  # compiles the recompute and the train step
     warm_up = time.perf_counter() - start
@@ -171,6 +172,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-rows", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--matmul-size", type=int, default=4096)
+    parser.add_argument("--remat", action="store_true",
+                        help="ours recomputes each layer in the backward (LearnerConfig.remat)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
     args = parser.parse_args()
     args.param_dtype = args.param_dtype or args.dtype
@@ -189,7 +192,8 @@ def main() -> None:
     print(f"model: {args.preset} widths, {config.num_layers} layers, {args.param_dtype} "
           f"parameters, {args.dtype} compute; "
           f"batch: {args.rows} rows x {length} tokens ({args.prompt_len} prompt + "
-          f"{args.response_len} response), micro-batches of {args.micro_batch_rows} rows")
+          f"{args.response_len} response), micro-batches of {args.micro_batch_rows} rows, "
+          f"remat {args.remat}")
 
     peak = matmul_flops(args.matmul_size, args.dtype, args.repeats)
     print(f"matmul {args.matmul_size}^2 {args.dtype}: {peak / 1e9:.1f} GFLOP/s "
