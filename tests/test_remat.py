@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memagent_jax.models import ModelConfig, random_model
+from memagent_jax.models import random_model
 from memagent_jax.rl.learner import Learner, LearnerConfig, token_logprobs
-from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.memagent import Conversation, Trajectory
+from tests.test_learner import CONFIG, _random_rows
 
-CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8)
 
 
 def _mean_logprob_grad(model, tokens, remat):
@@ -53,24 +50,9 @@ def test_remat_shrinks_the_gradients_temporary_memory():
     assert temp[True] < 0.6 * temp[False], temp
 
 
-def _rows(seed=0, trajectories=12):
-    """Multi-conversation trajectories (1 to 3 turns) with random tokens and advantages."""
-    rng = np.random.RandomState(seed)
-    flat = []
-    for _ in range(trajectories):
-        turns = []
-        for _ in range(1 + rng.randint(3)):
-            p, n = 4 + rng.randint(8), 2 + rng.randint(6)
-            turns.append(Conversation("update", list(rng.randint(3, 64, p)),
-                                      list(rng.randint(3, 64, n)),
-                                      list(-rng.uniform(2, 5, n)), "length", ""))
-        flat.append(Trajectory("", turns))
-    return rows_from_trajectories(flat, rng.randn(trajectories))
-
-
 def test_learner_update_is_the_same_with_remat():
     """Two mini-batches of 8-row micro-batches: same metrics and same new parameters."""
-    rows = _rows()
+    rows = _random_rows()
     config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=8, adam_eps=1e-3,
                            bucket_lengths=(32,), mini_batches=2)
     learners = {remat: Learner(random_model(CONFIG, seed=1),
