@@ -52,22 +52,27 @@ def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     """
     b, t, hq, d = q.shape
     hkv = k.shape[2]
+    g = hq // hkv
     block = min(block_size, t)
     n = -(-t // block)
     if n * block != t:  # padded keys lie after every real query, so the mask hides them
         pad = ((0, 0), (0, n * block - t), (0, 0), (0, 0))
         q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
-    q = q.reshape(b, n, block, hkv, hq // hkv, d) * jnp.asarray(d ** -0.5, q.dtype)
-    k = k.reshape(b, n, block, hkv, d)
-    v = v.reshape(b, n, block, hkv, d)
-    out = _blocked(q, k, v)  # [n, B, Hkv, G, block, D]
-    out = jnp.transpose(out, (1, 0, 4, 2, 3, 5)).reshape(b, n * block, hq, d)
-    return out[:, :t]
+    # Head-major tiles, transposed once here rather than inside every tile's product: a query
+    # block holds the G query heads of one key-value head as G x block rows (ordered (g, i)),
+    # so each tile is one plain [G * block, D] x [D, block] matmul per key-value head.
+    q = q.reshape(b, n, block, hkv, g, d).transpose(0, 3, 1, 4, 2, 5)
+    q = q.reshape(b, hkv, n, g * block, d) * jnp.asarray(d ** -0.5, q.dtype)
+    k = k.reshape(b, n, block, hkv, d).transpose(0, 3, 1, 2, 4)
+    v = v.reshape(b, n, block, hkv, d).transpose(0, 3, 1, 2, 4)
+    out = _blocked(q, k, v)  # [n, B, Hkv, G * block, D]
+    out = out.reshape(n, b, hkv, g, block, d).transpose(1, 0, 4, 2, 3, 5)
+    return out.reshape(b, n * block, hq, d)[:, :t]
 
 
-# The kernels below take q [B, n, block, Hkv, G, D] (already scaled by D^-0.5), k, v
-# [B, n, block, Hkv, D], and give out [n, B, Hkv, G, block, D] in v.dtype: the layout the loop
-# over query blocks stacks, so the forward writes it without a transpose.
+# The kernels below take q [B, Hkv, n, M, D] with M = G x block rows (already scaled by
+# D^-0.5), k, v [B, Hkv, n, block, D], and give out [n, B, Hkv, M, D] in v.dtype: the layout
+# the loop over query blocks stacks, so the forward writes it without a transpose.
 
 @jax.custom_vjp
 def _blocked(q, k, v):
@@ -75,17 +80,17 @@ def _blocked(q, k, v):
 
 
 def _blocked_forward(q, k, v):
-    """-> (out [n, B, Hkv, G, block, D], lse [n, B, Hkv, G, block] float32: each query row's
-    log-sum-exp of scores, which is all the backward needs to rebuild its probabilities)."""
-    b, n, block, hkv, g, d = q.shape
-    on_diagonal = _on_diagonal(block)
+    """-> (out [n, B, Hkv, M, D], lse [n, B, Hkv, M] float32: each query row's log-sum-exp of
+    scores, which is all the backward needs to rebuild its probabilities)."""
+    b, hkv, n, m, d = q.shape
+    on_diagonal = _on_diagonal(m, k.shape[3])
 
     def query_block(i):
-        q_i = q[:, i]
+        q_i = q[:, :, i]
 
         def key_block(j, carry):
             running_max, normaliser, acc = carry
-            scores = jnp.einsum("bqngd,bknd->bngqk", q_i, k[:, j],
+            scores = jnp.einsum("bhmd,bhkd->bhmk", q_i, k[:, :, j],
                                 preferred_element_type=jnp.float32)
             scores = jnp.where((j < i) | on_diagonal, scores, -jnp.inf)
             new_max = jnp.maximum(running_max, scores.max(axis=-1))
@@ -93,11 +98,11 @@ def _blocked_forward(q, k, v):
             rescale = jnp.exp(running_max - new_max)
             normaliser = normaliser * rescale + probs.sum(axis=-1)
             acc = acc * rescale[..., None] + jnp.einsum(
-                "bngqk,bknd->bngqd", probs.astype(v.dtype), v[:, j],
+                "bhmk,bhkd->bhmd", probs.astype(v.dtype), v[:, :, j],
                 preferred_element_type=jnp.float32)
             return new_max, normaliser, acc
 
-        shape = (b, hkv, g, block)
+        shape = (b, hkv, m)
         init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(shape + (d,), jnp.float32))
         # Key blocks after the diagonal are skipped, not masked: a trip count that depends on
@@ -118,47 +123,48 @@ def _blocked_bwd(residuals, d_out):
     blocks i >= j recompute P = exp(S - lse) tile by tile; dV_j and dK_j accumulate in the
     loop's carry, and dQ_i in a [n, ...] buffer updated in place."""
     q, k, v, out, lse = residuals
-    b, n, block, hkv, g, d = q.shape
-    on_diagonal = _on_diagonal(block)
+    b, hkv, n, m, d = q.shape
+    block = k.shape[3]
+    on_diagonal = _on_diagonal(m, block)
     # rowsum(dO * O) = rowsum(P * dP): the softmax backward's subtrahend, once per query row.
-    delta = jnp.einsum("nbhgqd,nbhgqd->nbhgq", d_out.astype(jnp.float32),
-                       out.astype(jnp.float32))
+    delta = jnp.einsum("nbhmd,nbhmd->nbhm", d_out.astype(jnp.float32), out.astype(jnp.float32))
     f32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
 
     def key_block(dq, j):
-        k_j, v_j = k[:, j], v[:, j]
+        k_j, v_j = k[:, :, j], v[:, :, j]
 
         def query_block(i, carry):
             dq, dk_j, dv_j = carry
-            q_i, do_i = q[:, i], d_out[i]
-            scores = f32("bqngd,bknd->bngqk", q_i, k_j)
+            q_i, do_i = q[:, :, i], d_out[i]
+            scores = f32("bhmd,bhkd->bhmk", q_i, k_j)
             scores = jnp.where((j < i) | on_diagonal, scores, -jnp.inf)
             probs = jnp.exp(scores - lse[i][..., None])
-            dv_j = dv_j + f32("bngqk,bngqd->bknd", probs.astype(v.dtype), do_i)
-            d_probs = f32("bngqd,bknd->bngqk", do_i, v_j)
+            dv_j = dv_j + f32("bhmk,bhmd->bhkd", probs.astype(v.dtype), do_i)
+            d_probs = f32("bhmd,bhkd->bhmk", do_i, v_j)
             d_scores = (probs * (d_probs - delta[i][..., None])).astype(q.dtype)
-            dq = dq.at[i].add(f32("bngqk,bknd->bngqd", d_scores, k_j))
-            dk_j = dk_j + f32("bngqk,bqngd->bknd", d_scores, q_i)
+            dq = dq.at[i].add(f32("bhmk,bhkd->bhmd", d_scores, k_j))
+            dk_j = dk_j + f32("bhmk,bhmd->bhkd", d_scores, q_i)
             return dq, dk_j, dv_j
 
-        zeros = jnp.zeros((b, block, hkv, d), jnp.float32)
+        zeros = jnp.zeros((b, hkv, block, d), jnp.float32)
         dq, dk_j, dv_j = jax.lax.fori_loop(j, n, query_block, (dq, zeros, zeros))
         return dq, (dk_j, dv_j)
 
-    dq = jnp.zeros((n, b, hkv, g, block, d), jnp.float32)
-    dq, (dk, dv) = jax.lax.scan(key_block, dq, jnp.arange(n))  # dk, dv [n, B, block, Hkv, D]
-    dq = jnp.transpose(dq, (1, 0, 4, 2, 3, 5)).astype(q.dtype)
-    dk = jnp.swapaxes(dk, 0, 1).astype(k.dtype)
-    dv = jnp.swapaxes(dv, 0, 1).astype(v.dtype)
+    dq = jnp.zeros((n, b, hkv, m, d), jnp.float32)
+    dq, (dk, dv) = jax.lax.scan(key_block, dq, jnp.arange(n))  # dk, dv [n, B, Hkv, block, D]
+    dq = jnp.transpose(dq, (1, 2, 0, 3, 4)).astype(q.dtype)
+    dk = jnp.transpose(dk, (1, 2, 0, 3, 4)).astype(k.dtype)
+    dv = jnp.transpose(dv, (1, 2, 0, 3, 4)).astype(v.dtype)
     return dq, dk, dv
 
 
 _blocked.defvjp(_blocked_fwd, _blocked_bwd)
 
 
-def _on_diagonal(block: int) -> jnp.ndarray:
-    """[block, block] bool: within the diagonal tile, query q may see key k <= q."""
-    return jnp.arange(block)[:, None] >= jnp.arange(block)[None, :]
+def _on_diagonal(rows: int, block: int) -> jnp.ndarray:
+    """[G x block, block] bool: within the diagonal tile, query row r (query r % block of its
+    block) may see key k <= r % block."""
+    return (jnp.arange(rows) % block)[:, None] >= jnp.arange(block)[None, :]
 
 
 def attend_fused(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, *, causal: bool,
