@@ -27,7 +27,8 @@ that, and the speed against a straightforward `transformers` implementation of t
 
     python benchmarks/memory_loop.py [--lengths 16384,32768,65536,262144,1048576]
         [--batch-sizes 1,8,32] [--max-batch-tokens 1048576] [--peer-lengths 16384]
-        [--peer-batch-sizes 1,8,32] [--chunk-tokens 1024] [--memory-tokens 48] [--profile]
+        [--peer-batch-sizes 1,8,32] [--chunk-tokens 1024] [--memory-tokens 48] [--prefill-rows 1]
+        [--profile]
 
 The defaults take about 9 minutes on a quiet 2-core CPU: runs of more than --max-batch-tokens
 document tokens (batch x length) are skipped, so batch 8 stops at 64K and batch 32 at 32K.
@@ -76,7 +77,8 @@ class Timed:
     def __init__(self, engine: Engine):
         self.seconds = {"prefill": 0.0, "insert": 0.0, "decode": 0.0}
         self.calls = dict.fromkeys(self.seconds, 0)
-        for name, attr in (("prefill", "prefill"), ("insert", "insert"), ("decode", "generate")):
+        for name, attr in (("prefill", "prefill_batch"), ("insert", "insert"),
+                           ("decode", "generate")):
             setattr(engine, attr, self._wrap(name, getattr(engine, attr)))
 
     def _wrap(self, name, fn):
@@ -188,6 +190,8 @@ def main() -> None:
     parser.add_argument("--attention", default="xla", help="load_model's attention option")
     parser.add_argument("--stop-at-eos", action="store_true",
                         help="stop replies at EOS (default: every reply runs to its cap)")
+    parser.add_argument("--prefill-rows", type=int, default=1,
+                        help="engine prefill_rows: prompts prefilled per call (at most batch)")
     parser.add_argument("--profile", action="store_true",
                         help="rerun the shortest length per batch with each engine call timed")
     args = parser.parse_args()
@@ -215,7 +219,8 @@ def main() -> None:
           f"{model.config.vocab_size}, float32, random weights, {args.attention} attention; "
           f"chunk {args.chunk_tokens} tokens, memory cap {args.memory_tokens}, final cap "
           f"{args.final_tokens}; engine "
-          f"max_len {max_len}, prefill buckets {buckets}; replies stop at EOS: "
+          f"max_len {max_len}, prefill buckets {buckets}, prefill rows up to "
+          f"{args.prefill_rows}; replies stop at EOS: "
           f"{args.stop_at_eos}")
 
     peer = None
@@ -238,7 +243,8 @@ def main() -> None:
     print(f"{'impl':13} {'batch':>5} {'doc tokens':>10} {'turns':>6} {'wall s':>8} {'cpu s':>8} "
           f"{'doc tok/s':>10} {'us/doc tok':>10} {'reply':>6}")
     for batch in args.batch_sizes:
-        engine = Engine(model, EngineConfig(slots=batch, max_len=max_len, prefill_buckets=buckets))
+        engine = Engine(model, EngineConfig(slots=batch, max_len=max_len, prefill_buckets=buckets,
+                                            prefill_rows=min(args.prefill_rows, batch)))
         start = time.perf_counter()
         engine.warm_up()
         print(f"# batch {batch}: warm-up (compile) {time.perf_counter() - start:.1f} s, excluded")
@@ -252,13 +258,14 @@ def main() -> None:
             if args.profile and length == min(args.lengths):
                 timed = Timed(engine)
                 wall, _, _ = run_ours(engine, tokenizer, config, samples, stop_ids)
-                del engine.prefill, engine.insert, engine.generate  # back to the class methods
+                del engine.prefill_batch, engine.insert, engine.generate  # the class methods
                 parts = dict(timed.seconds, host=wall - sum(timed.seconds.values()))
                 print("#   profile (blocking): " + ", ".join(
                     f"{k} {v:.2f} s ({100 * v / wall:.0f}%)" for k, v in parts.items())
                     + f"; per call: prefill {1e3 * parts['prefill'] / timed.calls['prefill']:.1f}"
-                    f" ms, decode step {1e3 * parts['decode'] / timed.calls['decode']:.2f} ms, "
-                    f"host per turn {1e3 * parts['host'] / timed.calls['prefill']:.2f} ms")
+                    f" ms ({timed.calls['insert'] / timed.calls['prefill']:.1f} prompts), "
+                    f"decode step {1e3 * parts['decode'] / timed.calls['decode']:.2f} ms, "
+                    f"host per turn {1e3 * parts['host'] / timed.calls['insert']:.2f} ms")
             if peer is not None and batch in args.peer_batch_sizes and length in args.peer_lengths:
                 report("transformers", batch, length, *peer.timed_run(samples))
         del engine

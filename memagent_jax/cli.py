@@ -69,8 +69,11 @@ def _generate(args) -> None:
         if len(prompt) >= max_len:
             raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
                             f"--max-len {max_len} (prompt + at least one new token)")
+    if args.prefill_rows < 1:
+        raise UserError(f"--prefill-rows must be at least 1, got {args.prefill_rows}")
     engine, _, stops = load_engine(args.model, max_len=max_len, slots=args.slots,
-                                   dtype=args.dtype, attention=args.attention)
+                                   dtype=args.dtype, attention=args.attention,
+                                   prefill_rows=args.prefill_rows)
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
         args.temperature, args.top_p, args.top_k, args.seed + i), stops)
         for i, p in enumerate(prompts)]
@@ -227,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i")
     p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
+    p.add_argument("--prefill-rows", type=int, default=1,
+                   help="prompts prefilled together in one call (compiled for 1, 2, 4, ... up "
+                        "to it)")
     p.add_argument("--max-len", type=int, default=None,
                    help="KV cache length per slot (default: longest prompt + max-new-tokens, "
                         "rounded up to a power of two)")

@@ -114,6 +114,34 @@ def test_truncation_to_one_token_is_greedy(engine):
         assert generate(engine, [Request(prompt, 10, sampling)])[0][0].token_ids == greedy
 
 
+def test_batched_prefill_gives_the_same_completions_in_fewer_calls(hf_dir, engine):
+    """prefill_rows 4: the 16 prompts of the parity test (lengths 1..200, so a call mixes
+    buckets) are prefilled 4 per call into 4 slots; every completion equals the one-prompt-per-
+    call engine's (itself checked against transformers above), and after warm-up (every bucket
+    at 1, 2 and 4 rows) nothing compiles."""
+    model, _ = load_model(hf_dir)
+    batched = Engine(model, EngineConfig(slots=4, max_len=256, prefill_rows=4))
+    batched.warm_up()
+    calls = []
+    prefill = batched._prefill
+    batched._prefill = lambda params, ids, lengths: calls.append(ids.shape) or prefill(
+        params, ids, lengths)
+    requests = [Request(p, max_new_tokens=10 + 3 * (i % 4), sampling=GREEDY, stop_ids=(EOS,))
+                for i, p in enumerate(_prompts(16))]
+    counter = _CompileCounter()
+    jax.monitoring.register_event_duration_secs_listener(counter)
+    try:
+        results = generate(batched, requests)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(counter)
+    assert counter.count == 0, f"{counter.count} compilations after warm-up"
+    assert batched.prefill_count == 16 and len(calls) < 16
+    assert max(rows for rows, _ in calls) == 4
+    for (got,), (want,) in zip(results, generate(engine, requests)):
+        assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+
+
 def test_group_sampling_prefills_once(engine):
     prompt = _prompts(1, 40, 40, seed=4)[0]
     request = Request(prompt, max_new_tokens=6, sampling=SamplingParams(1.0, seed=9), n=5)

@@ -25,13 +25,16 @@ def _write_lines(path, lines):
     return str(path)
 
 
-def test_generate_keeps_input_order_and_matches_transformers(model_dir, tmp_path, capsys):
+@pytest.mark.parametrize("prefill_rows", ["1", "3"])  # 3: padded to row counts 1, 2, 3
+def test_generate_keeps_input_order_and_matches_transformers(model_dir, tmp_path, capsys,
+                                                             prefill_rows):
     prompts = [{"prompt": "hello world the answer is"}, {"prompt_ids": [7, 8, 9]},
                {"prompt_ids": list(range(3, 60))}, {"prompt": "memory"}]
     src = _write_lines(tmp_path / "in.jsonl", prompts)
     out = str(tmp_path / "out.jsonl")
     assert main(["generate", "--model", model_dir, "--input", src, "--output", out,
-                 "--max-new-tokens", "9", "--temperature", "0", "--slots", "2"]) == 0
+                 "--max-new-tokens", "9", "--temperature", "0", "--slots", "4",
+                 "--prefill-rows", prefill_rows]) == 0
     rows = [json.loads(line) for line in open(out)]
     assert len(rows) == 4
     reference = hf_model(seed=12)
@@ -65,6 +68,7 @@ def test_sampling_is_reproducible_by_seed(model_dir, tmp_path):
     ([{"text": "hi"}], [], "line 1: expected an object"),
     ([{"prompt_ids": list(range(3, 40))}], ["--max-len", "32"], "37 tokens do not fit"),
     ([{"prompt_ids": [1, 2]}], ["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    ([{"prompt_ids": [1, 2]}], ["--prefill-rows", "0"], "--prefill-rows must be at least 1"),
 ])
 def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, lines, extra, named):
     src = _write_lines(tmp_path / "in.jsonl", lines)

@@ -66,6 +66,9 @@ class ScriptedEngine:
         words = section.split() if "< section >" in text else ["the"]
         return self.tokenizer(" ".join(words[:2] * self.repeat))["input_ids"] + [EOS]
 
+    def prefill_batch(self, prompts):
+        return [self.prefill(p) for p in prompts]
+
     def insert(self, script, state, slot, sampling, sample_index=0):
         state[slot] = list(script)
         return state, state[slot].pop(0), -1.0

@@ -97,6 +97,7 @@ def test_overrides_reach_nested_sections(config_file):
     (["validation.every=5", "data.val=null"], "data.val: validation is on"),
     (["model.path=/nonexistent/model"], "model: give exactly one of model.path"),
     (["learner.lr=-1"], "learner.lr: must be positive"),
+    (["rollout.prefill_rows=0"], "rollout.prefill_rows: must be positive"),
     (["model.attention=splash"], "model.attention: must be one of"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,

@@ -78,9 +78,10 @@ class EngineSection:
     # Prompt lengths compiled for (each one compile); None: powers of two up to max_len.
     # The largest must hold the longest prompt.
     prefill_buckets: list[int] | None = None
+    prefill_rows: int = 1                # prompts prefilled together in one call
 
     def __post_init__(self):
-        _positive(self, "slots")
+        _positive(self, "slots", "prefill_rows")
         if self.prefill_buckets is not None and (not self.prefill_buckets
                                                  or min(self.prefill_buckets) <= 0):
             raise ValueError(f"prefill_buckets must be positive lengths, got "

@@ -76,7 +76,8 @@ class _OnEngine:
                                 slots=engine.slots, dtype=self.config.model.dtype,
                                 attention=self.config.model.attention, mesh=mesh,
                                 prefill_buckets=engine.prefill_buckets
-                                and tuple(engine.prefill_buckets)))
+                                and tuple(engine.prefill_buckets),
+                                prefill_rows=engine.prefill_rows))
 
 
 class MemAgentMethod(_OnEngine):

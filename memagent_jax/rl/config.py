@@ -59,10 +59,12 @@ class DataSection:
 class RolloutSection:
     """slots: sequences decoded together; max_len: KV entries per slot (None: the longest turn
     the budgets allow, rounded up to 256); prefill_buckets: prompt lengths compiled for
-    (None: powers of two up to max_len). n: trajectories per prompt (a group)."""
+    (None: powers of two up to max_len); prefill_rows: prompts prefilled together in one call.
+    n: trajectories per prompt (a group)."""
     slots: int = 64
     max_len: int | None = None
     prefill_buckets: list[int] | None = None
+    prefill_rows: int = 1
     chunk_tokens: int = 5000
     max_memory_tokens: int = 1024
     max_final_tokens: int = 1024
@@ -182,8 +184,8 @@ def validate(config: TrainConfig) -> None:
         raise UserError("model.tokenizer: a preset model needs a tokenizer directory")
     if not config.data.train:
         raise UserError("data.train: no training source given")
-    _positive(config, "steps", "prompts_per_step", "rollout.slots", "rollout.chunk_tokens",
-              "rollout.max_memory_tokens", "rollout.max_final_tokens",
+    _positive(config, "steps", "prompts_per_step", "rollout.slots", "rollout.prefill_rows",
+              "rollout.chunk_tokens", "rollout.max_memory_tokens", "rollout.max_final_tokens",
               "rollout.max_problem_tokens", "rollout.n", "dynamic_sampling.max_tries",
               "checkpoint.keep", "validation.size")
     if rollout.max_chunks is not None and rollout.max_chunks < 1:

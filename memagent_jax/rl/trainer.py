@@ -117,8 +117,8 @@ class Trainer:
         self.learner = Learner(model, config.learner, mesh=self.mesh)
         self.engine = Engine(self.learner.model, EngineConfig(
             slots=rollout.slots, max_len=max_len,
-            prefill_buckets=tuple(rollout.prefill_buckets) if rollout.prefill_buckets else None),
-            mesh=self.mesh)
+            prefill_buckets=tuple(rollout.prefill_buckets) if rollout.prefill_buckets else None,
+            prefill_rows=rollout.prefill_rows), mesh=self.mesh)
         scheduler = Scheduler(self.engine)
         stops = self._stop_ids(model_config)
         self.agent = MemoryAgent(scheduler, self.tokenizer, agent_config, stops)

@@ -1,11 +1,12 @@
 """A JetStream-style decoding engine: prefill, insert into a slot, one step for all slots.
 
 The engine owns a fixed number of decode slots, each with a KV cache of `max_len` entries. A
-prompt is prefilled alone at a bucketed length (a prefix: its cache and last logits), inserted
-into a free slot (sampling that slot's first token), and from then on every `generate` call
-advances all slots by one token. Shapes never change after warm-up: slots, max_len and the
-prefill buckets are fixed, and the three hot functions are jitted pure functions of the model
-state (from `nnx.split`) with the decode state donated, so a step updates the cache in place.
+prompt is prefilled at a bucketed length (a prefix: its cache and last logits), up to
+`prefill_rows` prompts in one call, inserted into a free slot (sampling that slot's first
+token), and from then on every `generate` call advances all slots by one token. Shapes never
+change after warm-up: slots, max_len, the prefill buckets and row counts are fixed, and the
+three hot functions are jitted pure functions of the model state (from `nnx.split`) with the
+decode state donated, so a step updates the cache in place.
 
 Slots are split over the mesh's `data` axis and KV heads over `tensor`, like the parameters.
 """
@@ -30,10 +31,13 @@ from memagent_jax.rollout.sampling import SamplingParams, request_key, sample
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """slots: sequences decoded together; max_len: KV entries per slot (prompt + generated);
-    prefill_buckets: prompt lengths compiled for (default: powers of two from 16 to max_len)."""
+    prefill_buckets: prompt lengths compiled for (default: powers of two from 16 to max_len);
+    prefill_rows: the most prompts prefilled in one call (compiled for 1, 2, 4, ... rows up to
+    it, for every bucket: more rows, fewer and larger prefill calls, more to compile)."""
     slots: int = 8
     max_len: int = 2048
     prefill_buckets: tuple[int, ...] | None = None
+    prefill_rows: int = 1
 
     def buckets(self) -> tuple[int, ...]:
         if self.prefill_buckets:
@@ -43,6 +47,14 @@ class EngineConfig:
             sizes.append(b)
             b *= 2
         return tuple(sizes) + (self.max_len,)
+
+    def row_counts(self) -> tuple[int, ...]:
+        """Row counts a prefill call is padded to: powers of two below prefill_rows, and it."""
+        counts, r = [], 1
+        while r < self.prefill_rows:
+            counts.append(r)
+            r *= 2
+        return tuple(counts) + (self.prefill_rows,)
 
 
 class Prefix(NamedTuple):
@@ -69,7 +81,7 @@ class Engine:
 
     def __init__(self, model: Qwen2, config: EngineConfig = EngineConfig(),
                  mesh: jax.sharding.Mesh | None = None):
-        if config.max_len < 2 or config.slots < 1:
+        if config.max_len < 2 or config.slots < 1 or config.prefill_rows < 1:
             raise ValueError(f"invalid engine config {config}")
         self.config = config
         self.model_config = model.config
@@ -102,12 +114,24 @@ class Engine:
 
     def prefill(self, prompt_ids: list[int] | np.ndarray) -> Prefix:
         """Runs a prompt (1 <= len <= max_len - 1) through the model at its bucket length."""
-        n = len(prompt_ids)
-        bucket = self.bucket_for(n)
-        ids = np.zeros((1, bucket), np.int32)
-        ids[0, :n] = prompt_ids
-        self.prefill_count += 1
-        return self._prefill(self.params, jnp.asarray(ids), jnp.int32(n))
+        return self.prefill_batch([prompt_ids])[0]
+
+    def prefill_batch(self, prompts: list[list[int] | np.ndarray]) -> list[Prefix]:
+        """Prefills up to `prefill_rows` prompts in one call, all at the bucket of the longest
+        (rows padded to a compiled row count); returns one single-row Prefix per prompt."""
+        if not 1 <= len(prompts) <= self.config.prefill_rows:
+            raise ValueError(f"prefill_batch takes 1 to {self.config.prefill_rows} prompts, "
+                             f"got {len(prompts)}")
+        bucket = self.bucket_for(max(len(p) for p in prompts))
+        rows = next(r for r in self.config.row_counts() if r >= len(prompts))
+        ids = np.zeros((rows, bucket), np.int32)
+        lengths = np.ones(rows, np.int32)  # padding rows: one token, never read
+        for row, prompt in enumerate(prompts):
+            ids[row, :len(prompt)] = prompt
+            lengths[row] = len(prompt)
+        self.prefill_count += len(prompts)
+        prefixes = self._prefill(self.params, jnp.asarray(ids), jnp.asarray(lengths))
+        return prefixes[:len(prompts)]
 
     def insert(self, prefix: Prefix, state: DecodeState, slot: int, sampling: SamplingParams,
                sample_index: int = 0) -> tuple[DecodeState, int, float]:
@@ -150,12 +174,14 @@ class Engine:
                          f"{self.buckets[-1]}")
 
     def warm_up(self) -> None:
-        """Compiles every bucket's prefill and insert and the decode step."""
+        """Compiles every bucket's prefill (at every row count) and insert, and the decode
+        step."""
         state = self.init_decode_state()
         for bucket in self.buckets:
             prompt = [0] * min(bucket, self.config.max_len - 1)
-            state, _, _ = self.insert(self.prefill(prompt), state, 0,
-                                      SamplingParams(temperature=0.0, seed=0))
+            for rows in self.config.row_counts():
+                prefix = self.prefill_batch([prompt] * rows)[0]
+            state, _, _ = self.insert(prefix, state, 0, SamplingParams(temperature=0.0, seed=0))
         self.prefill_count = 0
         jax.block_until_ready(self.generate(state))
 
@@ -174,14 +200,16 @@ class Engine:
 
     # ---- pure functions (jitted in __init__) -----------------------------------------------
 
-    def _prefill_fn(self, params, ids, length) -> Prefix:
+    def _prefill_fn(self, params, ids, lengths) -> list[Prefix]:
+        """ids [R, bucket] right-padded, lengths [R] -> R single-row prefixes. Split here, so
+        that insert sees one prefix shape per bucket whatever the row count."""
         model = nnx.merge(self.graphdef, params)
-        bucket = ids.shape[1]
-        cache = KVCache.zeros(self.model_config, 1, bucket, model.dtype)
-        positions = jnp.arange(bucket, dtype=jnp.int32)[None]
-        logits, cache = model.forward_cached(ids, positions, cache,
-                                             logits_index=jnp.reshape(length - 1, (1,)))
-        return Prefix(cache, logits, length)
+        rows, bucket = ids.shape
+        cache = KVCache.zeros(self.model_config, rows, bucket, model.dtype)
+        positions = jnp.broadcast_to(jnp.arange(bucket, dtype=jnp.int32), (rows, bucket))
+        logits, cache = model.forward_cached(ids, positions, cache, logits_index=lengths - 1)
+        return [Prefix(KVCache(cache.k[:, r:r + 1], cache.v[:, r:r + 1]), logits[r:r + 1],
+                       lengths[r]) for r in range(rows)]
 
     def _insert_fn(self, prefix: Prefix, state: DecodeState, slot, key, temperature, top_p,
                    top_k):

@@ -27,11 +27,13 @@ def default_dtype() -> str:
 def load_engine(model_path: str, *, max_len: int | Callable[[ModelConfig], int], slots: int,
                 dtype: str | None = None, attention: str = "xla",
                 mesh: jax.sharding.Mesh | None = None,
-                prefill_buckets: tuple[int, ...] | None = None) -> LocalModel:
+                prefill_buckets: tuple[int, ...] | None = None,
+                prefill_rows: int = 1) -> LocalModel:
     """Loads an HF or checkpoint directory onto an Engine of `slots` slots x `max_len` KV
     entries (or max_len(model config), for callers sized by the model's context length);
     dtype None picks `default_dtype()`; prefill_buckets None: powers of two up to max_len
-    (given ones get max_len added, so every prompt that fits the cache has a bucket)."""
+    (given ones get max_len added, so every prompt that fits the cache has a bucket);
+    prefill_rows: prompts prefilled per call (EngineConfig)."""
     if not os.path.isdir(model_path):
         raise UserError(f"{model_path}: model directory not found")
     model, config = load_model(model_path, dtype=dtype or default_dtype(), mesh=mesh,
@@ -43,5 +45,6 @@ def load_engine(model_path: str, *, max_len: int | Callable[[ModelConfig], int],
             raise UserError(f"prefill bucket {max(prefill_buckets)} exceeds the KV length "
                             f"{max_len}")
         prefill_buckets = tuple(sorted(set(prefill_buckets) | {max_len}))
-    engine = Engine(model, EngineConfig(slots, max_len, prefill_buckets), mesh=mesh)
+    engine = Engine(model, EngineConfig(slots, max_len, prefill_buckets, prefill_rows),
+                    mesh=mesh)
     return LocalModel(engine, config, stop_token_ids(model_path, config))

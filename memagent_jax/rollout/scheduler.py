@@ -1,11 +1,12 @@
 """Continuous batching over the engine's slots: requests in, completions out.
 
-Requests wait in submission order; whenever a slot is free the next one is prefilled and
-inserted, and every engine step advances all busy slots by one token. A slot is freed the step
-its request stops (a stop id, its token limit, or the engine's max_len), so short requests never
-wait for long ones. A request with n > 1 samples is prefilled once and its prefix inserted into
-n slots, each sample drawing from its own key. `on_done` callbacks may submit more requests
-(the MemAgent loop chains a document's turns this way).
+Requests wait in submission order; whenever slots are free the next ones are prefilled (up to
+the engine's `prefill_rows` prompts per call) and inserted, and every engine step advances all
+busy slots by one token. A slot is freed the step its request stops (a stop id, its token
+limit, or the engine's max_len), so short requests never wait for long ones. A request with
+n > 1 samples is prefilled once and its prefix inserted into n slots, each sample drawing from
+its own key. `on_done` callbacks may submit more requests (the MemAgent loop chains a
+document's turns this way).
 """
 
 from __future__ import annotations
@@ -103,23 +104,38 @@ class Scheduler:
                         self._append(slot, int(tokens[slot]), float(logprobs[slot]))
 
     def _fill_free_slots(self) -> None:
-        for slot in range(len(self._slots)):
-            while self._slots[slot] is None and self._waiting:
-                request_id, sample_index = self._waiting.popleft()
+        while self._waiting and None in self._slots:
+            free = [slot for slot, active in enumerate(self._slots) if active is None]
+            starting = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
+            self._prefill_new(dict.fromkeys(request_id for request_id, _ in starting))
+            for slot, (request_id, sample_index) in zip(free, starting):
                 request = self.requests[request_id]
-                prefix = self._take_prefix(request_id, request)
                 self.state, token, logprob = self.engine.insert(
-                    prefix, self.state, slot, request.sampling, sample_index)
+                    self._take_prefix(request_id), self.state, slot, request.sampling,
+                    sample_index)
                 self._slots[slot] = _Active(request_id, sample_index, Completion([], []))
+                # A first token may already finish it (a stop id, or max_new_tokens 1): the
+                # slot is then free again for the next round of this loop.
                 self._append(slot, int(token), float(logprob))
 
-    def _take_prefix(self, request_id: int, request: Request):
-        prefix, left = self._prefixes.get(request_id) or (
-            self.engine.prefill(np.asarray(request.prompt_ids, np.int32)), request.n)
+    def _prefill_new(self, request_ids) -> None:
+        """Prefills, prefill_rows prompts per engine call, the requests not prefilled yet."""
+        new = [r for r in request_ids if r not in self._prefixes]
+        rows = self.engine.config.prefill_rows
+        for start in range(0, len(new), rows):
+            group = new[start:start + rows]
+            prefixes = self.engine.prefill_batch(
+                [np.asarray(self.requests[r].prompt_ids, np.int32) for r in group])
+            for request_id, prefix in zip(group, prefixes):
+                self._prefixes[request_id] = (prefix, self.requests[request_id].n)
+
+    def _take_prefix(self, request_id: int):
+        """The request's prefix, dropped after its last sample's insert."""
+        prefix, left = self._prefixes[request_id]
         if left > 1:
             self._prefixes[request_id] = (prefix, left - 1)
         else:
-            self._prefixes.pop(request_id, None)
+            del self._prefixes[request_id]
         return prefix
 
     def _append(self, slot: int, token: int, logprob: float) -> None:
