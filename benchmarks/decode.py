@@ -10,7 +10,8 @@ the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measur
 - per batch size, greedy decoding of `--new-tokens` tokens after random prompts of
   `--prompt-len` tokens, no EOS stopping, with the SAME random weights in both frameworks:
   * ours end to end: `scheduler.generate(engine, requests)` (prefill + insert + steps) after
-    `engine.warm_up()`, best of --repeats;
+    `engine.warm_up()`, best of --repeats; the engine prefills the whole batch in one call
+    (`prefill_rows` = batch), as transformers does;
   * ours decode only: a loop of `engine.generate(state)` steps over full slots, each step's
     tokens waited for (`jax.block_until_ready`), as the scheduler does;
   * transformers end to end: `model.generate(ids [B, P], max_new_tokens=N, min_new_tokens=N,
@@ -156,7 +157,7 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
 
     batch, prompt_len = prompts.shape
     engine = Engine(model, EngineConfig(slots=batch, max_len=max_len,
-                                        prefill_buckets=(prompt_len,)))
+                                        prefill_buckets=(prompt_len,), prefill_rows=batch))
     start = time.perf_counter()
     engine.warm_up()
     warm_up_s = time.perf_counter() - start

@@ -39,7 +39,10 @@ small)
         --batch-sizes 1,8,32,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
     step memory_loop 170 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
         --heads 14 --kv-heads 2 --lengths 16384,65536 --batch-sizes 1,8,32 --max-batch-tokens 524288 \
-        --peer-lengths 16384 --peer-batch-sizes 1,8,32
+        --peer-lengths 16384 --peer-batch-sizes 1,8,32 --prefill-rows 8
+    step memory_loop_dot_product 120 python3 benchmarks/memory_loop.py --hidden 896 \
+        --layers 24 --heads 14 --kv-heads 2 --lengths 16384 --batch-sizes 8 \
+        --peer-batch-sizes "" --prefill-rows 8 --attention dot_product --profile
     ;;
 train)
     step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
