@@ -58,12 +58,8 @@ class _CompileCounter:
             self.count += 1
 
 
-def test_greedy_matches_transformers_in_one_continuous_batch(engine, reference):
-    """16 prompts of lengths 1..200 through 4 slots, one run: every completion and logprob
-    equals transformers' greedy generate on that prompt alone; nothing compiles after warm-up."""
-    prompts = _prompts(16)
-    requests = [Request(p, max_new_tokens=10 + 3 * (i % 4), sampling=GREEDY, stop_ids=(EOS,))
-                for i, p in enumerate(prompts)]
+def _generate_without_compiling(engine, requests):
+    """generate(engine, requests), failing if anything compiles meanwhile."""
     counter = _CompileCounter()
     jax.monitoring.register_event_duration_secs_listener(counter)
     try:
@@ -71,6 +67,19 @@ def test_greedy_matches_transformers_in_one_continuous_batch(engine, reference):
     finally:
         jax.monitoring.unregister_event_duration_listener(counter)
     assert counter.count == 0, f"{counter.count} compilations after warm-up"
+    return results
+
+
+def _greedy_requests(prompts):
+    return [Request(p, max_new_tokens=10 + 3 * (i % 4), sampling=GREEDY, stop_ids=(EOS,))
+            for i, p in enumerate(prompts)]
+
+
+def test_greedy_matches_transformers_in_one_continuous_batch(engine, reference):
+    """16 prompts of lengths 1..200 through 4 slots, one run: every completion and logprob
+    equals transformers' greedy generate on that prompt alone; nothing compiles after warm-up."""
+    requests = _greedy_requests(_prompts(16))
+    results = _generate_without_compiling(engine, requests)
     for request, (completion,) in zip(requests, results):
         tokens, logprobs = _hf_greedy(reference, request.prompt_ids, request.max_new_tokens)
         assert completion.token_ids == tokens
@@ -126,15 +135,8 @@ def test_batched_prefill_gives_the_same_completions_in_fewer_calls(hf_dir, engin
     prefill = batched._prefill
     batched._prefill = lambda params, ids, lengths: calls.append(ids.shape) or prefill(
         params, ids, lengths)
-    requests = [Request(p, max_new_tokens=10 + 3 * (i % 4), sampling=GREEDY, stop_ids=(EOS,))
-                for i, p in enumerate(_prompts(16))]
-    counter = _CompileCounter()
-    jax.monitoring.register_event_duration_secs_listener(counter)
-    try:
-        results = generate(batched, requests)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(counter)
-    assert counter.count == 0, f"{counter.count} compilations after warm-up"
+    requests = _greedy_requests(_prompts(16))
+    results = _generate_without_compiling(batched, requests)
     assert batched.prefill_count == 16 and len(calls) < 16
     assert max(rows for rows, _ in calls) == 4
     for (got,), (want,) in zip(results, generate(engine, requests)):
