@@ -107,7 +107,7 @@ class Scheduler:
         while self._waiting and None in self._slots:
             free = [slot for slot, active in enumerate(self._slots) if active is None]
             starting = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
-            self._prefill_new(dict.fromkeys(request_id for request_id, _ in starting))
+            self._prefill_new(request_id for request_id, _ in starting)
             for slot, (request_id, sample_index) in zip(free, starting):
                 request = self.requests[request_id]
                 self.state, token, logprob = self.engine.insert(
@@ -119,8 +119,9 @@ class Scheduler:
                 self._append(slot, int(token), float(logprob))
 
     def _prefill_new(self, request_ids) -> None:
-        """Prefills, prefill_rows prompts per engine call, the requests not prefilled yet."""
-        new = [r for r in request_ids if r not in self._prefixes]
+        """Prefills, prefill_rows prompts per engine call, the requests not prefilled yet (each
+        once, however many of its samples start now)."""
+        new = [r for r in dict.fromkeys(request_ids) if r not in self._prefixes]
         rows = self.engine.config.prefill_rows
         for start in range(0, len(new), rows):
             group = new[start:start + rows]
