@@ -1,14 +1,18 @@
-"""Compile time of the Qwen2.5 forward and decode step versus depth: scanned layers vs unrolled.
+"""Compile time of the Qwen2.5 programs versus depth: scanned layers vs unrolled ones.
 
-`memagent_jax.models.qwen2` stacks the decoder layers' weights and runs them with one
-`jax.lax.scan`, so the compiled program is the size of one layer and compile time should not
-grow with depth: Qwen2.5-72B (80 layers) should compile about as fast as Qwen2.5-0.5B (24).
-This script lowers and compiles, from shapes only (no weights are allocated, so the 72B shape
-fits on any machine), for each preset:
+`memagent_jax.models.qwen2` runs the full-sequence forward and the prefill as one `jax.lax.scan`
+over the layers (weights stacked inside the program), so their compiled program is the size of
+one layer and compile time should not grow with depth: Qwen2.5-72B (80 layers) should compile
+about as fast as Qwen2.5-0.5B (24). The decode step is unrolled over the per-layer weights on
+purpose (a scan would copy every layer's weights out of the stack on every token; see the
+model's docstring), so its compile time grows with depth: this script shows by how much.
+It lowers and compiles, from shapes only (no weights are allocated, so the 72B shape fits on
+any machine), for each preset:
 - `forward`: the full-sequence forward `model(input_ids, attention_mask)`;
-- `decode`: one KV-cache decode step `model.forward_cached(ids [B, 1], positions [B, 1], cache)`;
-- `unrolled` (the peer): the same forward with the layer scan fully unrolled, as a port
-  without the scan compiles it (`unrolled_forward` below).
+- `prefill`: `model.prefill(ids [B, T], logits_index)`, the engine's prefill;
+- `decode`: one KV-cache decode step `model.decode_step(tokens [B], positions [B], cache)`;
+- `unrolled` (the peer for the scanned programs): the forward with the layer scan fully
+  unrolled, as a port without the scan compiles it (`unrolled_forward` below).
 It prints per program the lowering and compile wall seconds and the compile CPU seconds, each
 the best of --repeats rounds (every run a fresh jitted function compiled after
 `jax.clear_caches()`, so nothing is reused; rounds go round-robin over the programs, so load
@@ -37,7 +41,7 @@ from flax import nnx  # noqa: E402
 
 from memagent_jax.models import KVCache, Qwen2, preset_config  # noqa: E402
 
-PROGRAMS = ("forward", "decode", "unrolled")
+PROGRAMS = ("forward", "prefill", "decode", "unrolled")
 
 
 def unrolled_forward(model: Qwen2, input_ids: jnp.ndarray, attention_mask: jnp.ndarray):
@@ -59,12 +63,15 @@ def program(kind: str, config, args):
                                          rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(model)
     b, t = args.batch, args.seq
+    rows = jax.ShapeDtypeStruct((b,), jnp.int32)
     if kind == "decode":
-        step = jax.ShapeDtypeStruct((b, 1), jnp.int32)
         cache = jax.eval_shape(lambda: KVCache.zeros(config, b, args.cache_len, dtype))
-        return (lambda s, ids, pos, c: nnx.merge(graphdef, s).forward_cached(ids, pos, c),
-                (state, step, step, cache))
+        return (lambda s, ids, pos, c: nnx.merge(graphdef, s).decode_step(ids, pos, c),
+                (state, rows, rows, cache))
     tokens = jax.ShapeDtypeStruct((b, t), jnp.int32)
+    if kind == "prefill":
+        return lambda s, ids, last: nnx.merge(graphdef, s).prefill(ids, last), (state, tokens,
+                                                                                rows)
     if kind == "forward":
         return lambda s, ids, m: nnx.merge(graphdef, s)(ids, m), (state, tokens, tokens)
     return (lambda s, ids, m: unrolled_forward(nnx.merge(graphdef, s), ids, m),
@@ -101,7 +108,7 @@ def main() -> None:
     parser.add_argument("--programs", nargs="+", default=list(PROGRAMS), choices=PROGRAMS)
     parser.add_argument("--dtype", default="bfloat16", help="parameter and compute dtype")
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seq", type=int, default=128, help="forward sequence length")
+    parser.add_argument("--seq", type=int, default=128, help="forward / prefill length")
     parser.add_argument("--cache-len", type=int, default=1024, help="KV cache length (decode)")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of compilations; the "
                         "fastest per program is reported (timings on shared machines are noisy)")

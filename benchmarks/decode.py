@@ -19,9 +19,8 @@ the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measur
     rate is estimated as B * (N - 1) / (t(N tokens) - t(1 token));
   * achieved weight bytes/s of our decode: parameter bytes (the tied embedding / LM head once)
     x decode steps/s, as a fraction of the measured bandwidth;
-  * floors: only the step's weight matmuls (the same bytes, no attention, norms, rope or
-    sampling), once over the stacked arrays by a `lax.scan` as our model runs them, once over
-    one array per layer by an unrolled loop (see `bench_floors`);
+  * floor: only the step's weight matmuls over the same per-layer arrays (the same bytes; no
+    attention, norms, rope, cache or sampling; see `bench_matmul_floor`);
 - the tokens both produced are compared (same weights, both float32 greedy: they should agree
   except where two logits are close to a tie).
 
@@ -194,59 +193,36 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
             "ours_load": max(loads)}
 
 
-def bench_floors(model, batch: int, repeats: int, steps: int) -> tuple[float, float]:
+def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
     """Seconds per step of a chain of only the decode step's weight matmuls (q, k, v, o, gate,
-    up, down per layer, then the LM head; no attention, norms, rope or sampling), against the
-    same bytes held two ways: (stacked) the model's own stacked arrays run by a `lax.scan`, as
-    `Qwen2._layers` does; (per-layer) one array per layer and weight, run by an unrolled Python
-    loop. Their difference is what slicing a layer out of the stacked arrays costs."""
-    stacked = {k: v for k, v in model.layers.stacked().items() if v.ndim >= 3}
+    up, down per layer, then the LM head; no attention, norms, rope, cache or sampling) over
+    the model's own per-layer arrays: what the step would cost if nothing else took time."""
     tied = model.config.tie_word_embeddings
     head = model.embed[...] if tied else model.lm_head[...]
     dtype, d = model.dtype, model.config.hidden_size
+    layers = [layer.weights(dtype) for layer in model.layers]
 
-    def layer(x, p):
-        p = jax.tree.map(lambda a: a.astype(dtype), p)
-        q = jnp.einsum("bd,dhk->bhk", x, p["q_kernel"])
-        kv = (jnp.einsum("bd,dhk->bhk", x, p["k_kernel"]).sum()
-              + jnp.einsum("bd,dhk->bhk", x, p["v_kernel"]).sum())
-        x = x + jnp.einsum("bhk,hkd->bd", q, p["o_kernel"]) + 1e-3 * kv
-        g = jax.nn.silu(x @ p["gate_kernel"]) * (x @ p["up_kernel"])
-        return x + g @ p["down_kernel"], None
-
-    def lm_head(x, head):
+    @jax.jit
+    def chain(layers, head, x):
+        for p in layers:
+            q = jnp.einsum("bd,dhk->bhk", x, p["q_kernel"])
+            kv = (jnp.einsum("bd,dhk->bhk", x, p["k_kernel"]).sum()
+                  + jnp.einsum("bd,dhk->bhk", x, p["v_kernel"]).sum())
+            x = x + jnp.einsum("bhk,hkd->bd", q, p["o_kernel"]) + 1e-3 * kv
+            g = jax.nn.silu(x @ p["gate_kernel"]) * (x @ p["up_kernel"])
+            x = x + g @ p["down_kernel"]
         eq = "bd,vd->bv" if tied else "bd,dv->bv"
         return jnp.argmax(jnp.einsum(eq, x, head.astype(dtype),
                                      preferred_element_type=jnp.float32), axis=-1)
 
-    @jax.jit
-    def scanned(stacked, head, x):
-        return lm_head(jax.lax.scan(layer, x, stacked)[0], head)
-
-    @jax.jit
-    def unrolled(layers, head, x):
-        for p in layers:
-            x = layer(x, p)[0]
-        return lm_head(x, head)
-
     x = jnp.ones((batch, d), dtype)
+    jax.block_until_ready(chain(layers, head, x))
 
-    def timed(fn, weights):
-        jax.block_until_ready(fn(weights, head, x))
+    def run():
+        for _ in range(steps):
+            jax.block_until_ready(chain(layers, head, x))
 
-        def run():
-            for _ in range(steps):
-                jax.block_until_ready(fn(weights, head, x))
-
-        return best_time(run, repeats) / steps
-
-    stacked_s = timed(scanned, stacked)
-    layers = jax.block_until_ready([{k: v[i] for k, v in stacked.items()}
-                                    for i in range(model.config.num_layers)])
-    per_layer_s = timed(unrolled, layers)
-    del layers
-    gc.collect()
-    return stacked_s, per_layer_s
+    return best_time(run, repeats) / steps
 
 
 # ---- transformers -------------------------------------------------------------------------
@@ -355,21 +331,18 @@ def main() -> None:
         prompts = rng.integers(0, config.vocab_size, (batch, args.prompt_len)).astype(np.int32)
         ours = bench_ours(model, prompts, args.new_tokens, args.max_len, repeats,
                           args.decode_steps)
-        floor_s, per_layer_s = bench_floors(model, batch, repeats,
-                                            max(4, args.decode_steps // 4))
-        row = {"batch": batch, "repeats": repeats, **ours, "floor_s": floor_s,
-               "per_layer_s": per_layer_s}
+        floor_s = bench_matmul_floor(model, batch, repeats, max(4, args.decode_steps // 4))
+        row = {"batch": batch, "repeats": repeats, **ours, "floor_s": floor_s}
         generated = batch * args.new_tokens
         row["ours_e2e"] = generated / ours["e2e_s"]
         row["ours_decode"] = batch / ours["step_s"]
         row["weight_gbs"] = param_bytes / ours["step_s"] / GB
         row["floor_gbs"] = param_bytes / floor_s / GB
-        row["per_layer_gbs"] = param_bytes / per_layer_s / GB
         msg = (f"batch {batch:3d}: ours e2e {ours['e2e_s']:.2f} s = {row['ours_e2e']:.1f} tok/s, "
                f"decode step {ours['step_s'] * 1e3:.1f} ms = {row['ours_decode']:.1f} tok/s "
-               f"({row['weight_gbs']:.1f} GB/s of weights); matmuls alone: stacked scan "
-               f"{floor_s * 1e3:.1f} ms, per-layer arrays {per_layer_s * 1e3:.1f} ms; "
-               f"warm-up {ours['warm_up_s']:.1f} s; other load {ours['ours_load']:.0%}")
+               f"({row['weight_gbs']:.1f} GB/s of weights); matmuls alone "
+               f"{floor_s * 1e3:.1f} ms; warm-up {ours['warm_up_s']:.1f} s; "
+               f"other load {ours['ours_load']:.0%}")
         if hf_model is not None:
             hf = bench_hf(hf_model, prompts, args.new_tokens, repeats, torch_device)
             row["hf_e2e"] = generated / hf["e2e_s"]
@@ -391,7 +364,7 @@ def main() -> None:
     print()
     print(f"| batch | ours e2e tok/s | ours decode tok/s | transformers tok/s (decode) | "
           f"ours/transformers e2e (decode) | our weight GB/s | / copy limit {limit:.1f} | "
-          f"/ read {read_bw:.1f} | matmuls alone, stacked scan / per-layer arrays: ms (GB/s) | "
+          f"/ read {read_bw:.1f} | matmuls alone: ms (GB/s) | "
           f"other load ours / transformers |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
@@ -401,8 +374,7 @@ def main() -> None:
         print(f"| {r['batch']} | {r['ours_e2e']:.1f} | {r['ours_decode']:.1f} | {hf_cell} | "
               f"{ratio} | {r['weight_gbs']:.1f} | {r['weight_gbs'] / limit:.0%} | "
               f"{r['weight_gbs'] / read_bw:.0%} | {r['floor_s'] * 1e3:.1f} "
-              f"({r['floor_gbs']:.1f}) / {r['per_layer_s'] * 1e3:.1f} "
-              f"({r['per_layer_gbs']:.1f}) | {r['ours_load']:.0%} / "
+              f"({r['floor_gbs']:.1f}) | {r['ours_load']:.0%} / "
               f"{r.get('hf_load', float('nan')):.0%} |")
     if tmp is not None:
         tmp.cleanup()

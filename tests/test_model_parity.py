@@ -86,8 +86,9 @@ def test_padded_batch_matches_each_sequence_alone(tmp_path, side):
 
 
 def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path):
-    """Two prompts of different lengths prefilled into a cache (right-padded to a bucket),
-    then N single-token steps; every step's logits equal the full forward's at that position."""
+    """Two prompts of different lengths prefilled (right-padded to a bucket), their keys and
+    values copied into a longer per-layer cache, then N decode steps; the prefill's last-token
+    logits and every step's logits equal the full forward's at that position."""
     path = write_hf_model(tmp_path / "hf", seed=4)
     model, config = load_model(path)
     rng = np.random.RandomState(3)
@@ -97,16 +98,18 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path):
                  for i in range(2)]
 
     prompt = np.where(np.arange(bucket)[None] < prompt_lengths[:, None], full[:, :bucket], 0)
-    positions = np.broadcast_to(np.arange(bucket), (2, bucket))
-    cache = KVCache.zeros(config, batch=2, length=32)
-    logits, cache = model.forward_cached(jnp.asarray(prompt), jnp.asarray(positions), cache)
+    logits, keys, values = model.prefill(jnp.asarray(prompt), jnp.asarray(prompt_lengths - 1))
+    assert keys.shape == (config.num_layers, 2, bucket, config.num_kv_heads, config.head_dim)
     for i in range(2):
         n = prompt_lengths[i]
-        assert np.abs(np.asarray(logits[i, :n]) - reference[i][:n]).max() <= TOL
+        assert np.abs(np.asarray(logits[i]) - reference[i][n - 1]).max() <= TOL
 
+    empty = KVCache.zeros(config, batch=2, length=32)
+    cache = KVCache(tuple(c.at[:, :bucket].set(k) for c, k in zip(empty.k, keys)),
+                    tuple(c.at[:, :bucket].set(v) for c, v in zip(empty.v, values)))
     for step in range(steps):
         pos = prompt_lengths + step  # each row continues at its own position
-        token = full[np.arange(2), pos][:, None]
-        logits, cache = model.forward_cached(jnp.asarray(token), jnp.asarray(pos[:, None]), cache)
+        token = full[np.arange(2), pos]
+        logits, cache = model.decode_step(jnp.asarray(token), jnp.asarray(pos), cache)
         for i in range(2):
-            assert np.abs(np.asarray(logits[i, 0]) - reference[i][pos[i]]).max() <= TOL
+            assert np.abs(np.asarray(logits[i]) - reference[i][pos[i]]).max() <= TOL

@@ -75,10 +75,16 @@ def _saved_state(checkpoint_dir, step) -> dict:
 
 
 def _assert_trees_equal(a, b):
-    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
-    assert jax.tree.structure(a) == jax.tree.structure(b)
-    for x, y in zip(leaves_a, leaves_b):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    """Same leaves at the same paths (a target-less Orbax restore gives the layer indices as
+    string keys, so paths are compared as text)."""
+    def by_path(tree):
+        return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): leaf
+                for path, leaf in jax.tree.leaves_with_path(tree)}
+
+    leaves_a, leaves_b = by_path(a), by_path(b)
+    assert leaves_a.keys() == leaves_b.keys()
+    for path, x in leaves_a.items():
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(leaves_b[path]), err_msg=path)
 
 
 @pytest.mark.slow

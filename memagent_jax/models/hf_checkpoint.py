@@ -2,19 +2,18 @@
 
 Loading checks every file and tensor against the config before any device work, then places
 the memory-mapped tensors on the devices one at a time (see `_build`), so the host never holds
-more than one HF tensor beyond the model itself. Export writes safetensors shards (with an index above `max_shard_bytes`) tensor by
-tensor, in a temporary directory renamed into place at the end.
+more than one HF tensor beyond the model itself. Export writes safetensors shards (with an index
+above `max_shard_bytes`) tensor by tensor, in a temporary directory renamed into place at the
+end.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import shutil
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.errors import UserError
@@ -72,26 +71,21 @@ def read_params(hf_dir: str, config: ModelConfig,
     """Loads every parameter onto its target (shape, dtype, sharding); 'path' -> array."""
     infos = scan_weights(hf_dir)
     plan = _check_tensors(infos, config, targets, hf_dir)
-    return {row.ours: _build(row, [infos[n] for n in names], targets[row.ours])
-            for row, names in plan}
+    return {ours: _build(row, infos[name], targets[ours]) for row, ours, name in plan}
 
 
 def _check_tensors(infos, config, targets, hf_dir):
     """Checks presence and shape of every expected tensor; rejects unknown ones."""
-    plan, expected = [], set()
-    for row in mapping.rows(config):
-        names = mapping.hf_names(row, config)
-        shape = targets[row.ours].shape
-        want = mapping.hf_shape(row, shape[1:] if row.ours.startswith("layers/") else shape)
-        for name in names:
-            info = infos.get(name)
-            if info is None:
-                raise UserError(f"{hf_dir}: tensor '{name}' not found in any safetensors file")
-            if info.shape != want:
-                raise UserError(f"{info.file}: tensor '{name}' has shape {list(info.shape)}, "
-                                f"config.json implies {list(want)}")
-        expected.update(names)
-        plan.append((row, names))
+    plan = mapping.tensors(config)
+    for row, ours, name in plan:
+        want = mapping.hf_shape(row, targets[ours].shape)
+        info = infos.get(name)
+        if info is None:
+            raise UserError(f"{hf_dir}: tensor '{name}' not found in any safetensors file")
+        if info.shape != want:
+            raise UserError(f"{info.file}: tensor '{name}' has shape {list(info.shape)}, "
+                            f"config.json implies {list(want)}")
+    expected = {name for _, _, name in plan}
     for name in infos:
         ignorable = name.endswith(mapping.IGNORED_HF_SUFFIXES) or (
             name == "lm_head.weight" and config.tie_word_embeddings)
@@ -101,42 +95,23 @@ def _check_tensors(infos, config, targets, hf_dir):
     return plan
 
 
-def _build(row: mapping.Row, infos: list[TensorInfo], target: jax.ShapeDtypeStruct) -> jax.Array:
-    """One parameter on its sharding. A stacked one starts as zeros on the devices and is
-    filled layer by layer in place (donated), so the host holds one HF tensor at a time; an
-    unstacked one is placed device shard by device shard."""
+def _build(row: mapping.Row, info: TensorInfo, target: jax.ShapeDtypeStruct) -> jax.Array:
+    """One parameter, placed device shard by device shard from the memory-mapped tensor, so the
+    host holds at most one shard's copy beside the model."""
     shape, dtype, sharding = target.shape, target.dtype, target.sharding
-    if row.ours.startswith("layers/"):
-        stacked = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)()
-        for layer, info in enumerate(infos):
-            tensor = mapping.to_ours(row, info.read(), shape[1:]).astype(dtype)
-            stacked = _set_layer(stacked, tensor, layer)
-        return stacked.block_until_ready()
-    full = mapping.to_ours(row, infos[0].read(), shape)  # a view of the memory map
+    full = mapping.to_ours(row, info.read(), shape)  # a view of the memory map
     buffers = [jax.device_put(np.ascontiguousarray(full[index]).astype(dtype), device)
                for device, index in sharding.addressable_devices_indices_map(shape).items()]
     return jax.make_array_from_single_device_arrays(shape, sharding, buffers)
-
-
-@functools.partial(jax.jit, donate_argnums=0)
-def _set_layer(stacked: jax.Array, layer: jax.Array, index: int) -> jax.Array:
-    return jax.lax.dynamic_update_index_in_dim(stacked, layer, index, axis=0)
 
 
 def write_directory(params: dict[str, jax.Array], config: ModelConfig, out_dir: str,
                     side_files_dir: str | None = None,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
     """Writes an HF directory from our parameters ('path' -> array), all or nothing."""
-    tensors = []
-    for row in mapping.rows(config):
-        array = params[row.ours]
-        if row.ours.startswith("layers/"):
-            for i, name in enumerate(mapping.hf_names(row, config)):
-                tensors.append((name, array.dtype, mapping.hf_shape(row, array.shape[1:]),
-                                lambda row=row, a=array, i=i: mapping.to_hf(row, np.asarray(a[i]))))
-        else:
-            tensors.append((row.hf, array.dtype, mapping.hf_shape(row, array.shape),
-                            lambda row=row, a=array: mapping.to_hf(row, np.asarray(a))))
+    tensors = [(name, params[ours].dtype, mapping.hf_shape(row, params[ours].shape),
+                lambda row=row, a=params[ours]: mapping.to_hf(row, np.asarray(a)))
+               for row, ours, name in mapping.tensors(config)]
     shards = _split_into_shards(tensors, max_shard_bytes)
     with atomic_directory(out_dir) as tmp:
         weight_map = {}

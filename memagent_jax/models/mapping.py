@@ -1,7 +1,7 @@
 """The one table between Hugging Face tensor names and our parameters, used in both directions.
 
-HF stores each layer separately (`model.layers.{i}...`) and linear weights as [out, in]; we stack
-layers on a leading axis and keep kernels as [in..., out...] with attention heads split out.
+Both sides store each layer separately (HF `model.layers.{i}...`, ours `layers/{i}/...`); HF keeps
+linear weights as [out, in], we keep kernels as [in..., out...] with attention heads split out.
 Each row says which kind of reshaping links the two layouts:
 - "linear": ours [*in, *out] (the first `in_dims` axes are inputs) <-> HF [prod(out), prod(in)];
 - "vector": ours [*shape] <-> HF [prod(shape)] (norm weights, biases);
@@ -20,26 +20,26 @@ from memagent_jax.models.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    ours: str          # path in our parameter tree, 'layers/...' for stacked ones
-    hf: str            # HF tensor name; '{i}' is the layer index
+    ours: str          # path in our parameter tree; '{i}' is the layer index
+    hf: str            # HF tensor name; '{i}' likewise
     kind: str          # "linear" | "vector" | "same"
     in_dims: int = 1   # for "linear": how many leading axes of ours are inputs
 
 
 TABLE = (
     Row("embed", "model.embed_tokens.weight", "same"),
-    Row("layers/attn_norm", "model.layers.{i}.input_layernorm.weight", "vector"),
-    Row("layers/q_kernel", "model.layers.{i}.self_attn.q_proj.weight", "linear"),
-    Row("layers/q_bias", "model.layers.{i}.self_attn.q_proj.bias", "vector"),
-    Row("layers/k_kernel", "model.layers.{i}.self_attn.k_proj.weight", "linear"),
-    Row("layers/k_bias", "model.layers.{i}.self_attn.k_proj.bias", "vector"),
-    Row("layers/v_kernel", "model.layers.{i}.self_attn.v_proj.weight", "linear"),
-    Row("layers/v_bias", "model.layers.{i}.self_attn.v_proj.bias", "vector"),
-    Row("layers/o_kernel", "model.layers.{i}.self_attn.o_proj.weight", "linear", in_dims=2),
-    Row("layers/mlp_norm", "model.layers.{i}.post_attention_layernorm.weight", "vector"),
-    Row("layers/gate_kernel", "model.layers.{i}.mlp.gate_proj.weight", "linear"),
-    Row("layers/up_kernel", "model.layers.{i}.mlp.up_proj.weight", "linear"),
-    Row("layers/down_kernel", "model.layers.{i}.mlp.down_proj.weight", "linear"),
+    Row("layers/{i}/attn_norm", "model.layers.{i}.input_layernorm.weight", "vector"),
+    Row("layers/{i}/q_kernel", "model.layers.{i}.self_attn.q_proj.weight", "linear"),
+    Row("layers/{i}/q_bias", "model.layers.{i}.self_attn.q_proj.bias", "vector"),
+    Row("layers/{i}/k_kernel", "model.layers.{i}.self_attn.k_proj.weight", "linear"),
+    Row("layers/{i}/k_bias", "model.layers.{i}.self_attn.k_proj.bias", "vector"),
+    Row("layers/{i}/v_kernel", "model.layers.{i}.self_attn.v_proj.weight", "linear"),
+    Row("layers/{i}/v_bias", "model.layers.{i}.self_attn.v_proj.bias", "vector"),
+    Row("layers/{i}/o_kernel", "model.layers.{i}.self_attn.o_proj.weight", "linear", in_dims=2),
+    Row("layers/{i}/mlp_norm", "model.layers.{i}.post_attention_layernorm.weight", "vector"),
+    Row("layers/{i}/gate_kernel", "model.layers.{i}.mlp.gate_proj.weight", "linear"),
+    Row("layers/{i}/up_kernel", "model.layers.{i}.mlp.up_proj.weight", "linear"),
+    Row("layers/{i}/down_kernel", "model.layers.{i}.mlp.down_proj.weight", "linear"),
     Row("final_norm", "model.norm.weight", "vector"),
     Row("lm_head", "lm_head.weight", "linear"),
 )
@@ -51,15 +51,21 @@ def rows(config: ModelConfig) -> tuple[Row, ...]:
     return tuple(r for r in TABLE if not (r.ours == "lm_head" and config.tie_word_embeddings))
 
 
-def hf_names(row: Row, config: ModelConfig) -> list[str]:
-    """The HF tensor names behind one of our parameters, one per layer for stacked ones."""
-    if row.ours.startswith("layers/"):
-        return [row.hf.format(i=i) for i in range(config.num_layers)]
-    return [row.hf]
+def tensors(config: ModelConfig) -> list[tuple[Row, str, str]]:
+    """(row, our path, HF name) of every parameter, in HF order (layer by layer)."""
+    layer_rows = [r for r in rows(config) if "{i}" in r.ours]
+    out = []
+    for row in rows(config):
+        if "{i}" not in row.ours:
+            out.append((row, row.ours, row.hf))
+        elif row is layer_rows[0]:
+            out.extend((r, r.ours.format(i=i), r.hf.format(i=i))
+                       for i in range(config.num_layers) for r in layer_rows)
+    return out
 
 
 def hf_shape(row: Row, our_shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The HF tensor shape for one (per-layer, unstacked) slice of our parameter."""
+    """The HF tensor shape of one of our parameters."""
     if row.kind == "linear":
         return (math.prod(our_shape[row.in_dims:]), math.prod(our_shape[:row.in_dims]))
     if row.kind == "vector":
@@ -68,14 +74,14 @@ def hf_shape(row: Row, our_shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def to_ours(row: Row, tensor: np.ndarray, our_shape: tuple[int, ...]) -> np.ndarray:
-    """HF tensor -> our layout (one layer's slice for stacked parameters)."""
+    """HF tensor -> our layout."""
     if row.kind == "linear":
         tensor = tensor.T
     return tensor.reshape(our_shape)
 
 
 def to_hf(row: Row, array: np.ndarray) -> np.ndarray:
-    """Our layout (one layer's slice) -> HF tensor, C-contiguous for writing."""
+    """Our layout -> HF tensor, C-contiguous for writing."""
     flat = array.reshape(hf_shape(row, array.shape)[::-1] if row.kind == "linear"
                          else hf_shape(row, array.shape))
     return np.ascontiguousarray(flat.T if row.kind == "linear" else flat)

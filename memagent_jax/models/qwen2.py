@@ -1,13 +1,23 @@
-"""Qwen2 / Qwen2.5 decoder in Flax NNX, with the layers' weights stacked and run by a scan.
+"""Qwen2 / Qwen2.5 decoder in Flax NNX: one array per layer and weight, three ways to run them.
 
-Stacking every decoder layer's weights along a leading `layers` axis and running one
-`jax.lax.scan` keeps the compiled program the size of one layer, so compile time does not grow
-with depth (80 layers for Qwen2.5-72B).
+Parameters live as `layers/{i}/q_kernel` etc. (the per-layer layout of HF checkpoints), and the
+model runs them three ways:
+- `model(input_ids, attention_mask)`: a whole (left- or right-padded) batch, no cache (training,
+  scoring);
+- `model.prefill(input_ids, logits_index)`: prompts from position 0, returning every layer's
+  keys and values (the engine's prefill);
+- `model.decode_step(tokens, positions, cache)`: one token per row against a per-layer KV cache.
 
-Two entry points share the layer code:
-- `model(input_ids, attention_mask)`: a whole (left- or right-padded) batch, no cache;
-- `model.forward_cached(input_ids, positions, cache)`: tokens at given positions, whose keys and
-  values are written into a KV cache at those positions (prefill: T tokens; decode: T = 1).
+The first two stack the layers' weights inside the jitted function and run one `jax.lax.scan`,
+so their program is the size of one layer however deep the model (80 layers for Qwen2.5-72B
+compile as fast as 2, for the train step and every prefill bucket); the stack is one copy of
+the weights in the compute dtype per call, small beside the work of a batch of long rows.
+The decode step loops over the layers in Python instead. It reads every weight once per token
+and is bound by memory bandwidth, and a scan over stacked weights copies each layer's slice
+(dynamic-slice) before its matmuls read it, on XLA:CPU and XLA:GPU alike: about 2.4x the bytes
+(BENCHMARKS.md). Unrolled over per-layer arrays, each matmul reads its weight where it lies, and
+each layer's cache is its own buffer, updated in place. The price: the decode step's compile
+time grows with depth (one program per engine; benchmarks/compile_time.py).
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ class ParamSpec:
     axes: tuple[str | None, ...]
 
 
-# One decoder layer; stored stacked as [num_layers, *shape] under `layers/`.
+# One decoder layer's weights, stored per layer under `layers/{i}/`.
 LAYER_PARAMS = {
     "attn_norm": ParamSpec(lambda c: (c.hidden_size,), (None,)),
     "q_kernel": ParamSpec(lambda c: (c.hidden_size, c.num_heads, c.head_dim),
@@ -61,52 +71,50 @@ TOP_PARAMS = {
 def param_specs(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...]]]:
     """Every parameter of the model: 'path' -> (shape, logical axes), in HF checkpoint order."""
     specs = {"embed": TOP_PARAMS["embed"]}
-    specs.update({f"layers/{n}": ParamSpec(s.shape, ("layers",) + s.axes)
-                  for n, s in LAYER_PARAMS.items()})
+    for i in range(config.num_layers):
+        specs.update({f"layers/{i}/{name}": spec for name, spec in LAYER_PARAMS.items()})
     specs["final_norm"] = TOP_PARAMS["final_norm"]
     if not config.tie_word_embeddings:
         specs["lm_head"] = TOP_PARAMS["lm_head"]
-    out = {}
-    for path, spec in specs.items():
-        shape = spec.shape(config)
-        if path.startswith("layers/"):
-            shape = (config.num_layers,) + shape
-        out[path] = (shape, spec.axes)
-    return out
+    return {path: (spec.shape(config), spec.axes) for path, spec in specs.items()}
 
 
 class KVCache(NamedTuple):
-    """Keys and values of every layer: k, v [L, B, S, Hkv, D]. Entry s holds position s."""
-    k: jnp.ndarray
-    v: jnp.ndarray
+    """Keys and values, one buffer per layer: k[i], v[i] [B, S, Hkv, D]; entry s holds position
+    s of its row."""
+    k: tuple[jnp.ndarray, ...]
+    v: tuple[jnp.ndarray, ...]
 
     @classmethod
     def zeros(cls, config: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
-        shape = (config.num_layers, batch, length, config.num_kv_heads, config.head_dim)
-        return cls(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        shape = (batch, length, config.num_kv_heads, config.head_dim)
+        return cls(*(tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
+                     for _ in range(2)))
 
 
-class DecoderLayers(nnx.Module):
-    """All decoder layers' weights, each stacked to [num_layers, ...]."""
+class DecoderLayer(nnx.Module):
+    """One decoder layer's weights (LAYER_PARAMS)."""
 
     def __init__(self, config: ModelConfig, param_dtype, rngs: nnx.Rngs):
-        for name, (shape, _) in param_specs(config).items():
-            if name.startswith("layers/"):
-                name = name.removeprefix("layers/")
-                setattr(self, name, nnx.Param(_init(name, shape, param_dtype, rngs)))
+        for name, spec in LAYER_PARAMS.items():
+            setattr(self, name, nnx.Param(_init(name, spec.shape(config), param_dtype, rngs)))
 
-    def stacked(self) -> dict[str, jnp.ndarray]:
-        return {name: getattr(self, name)[...] for name in LAYER_PARAMS}
+    def weights(self, dtype) -> dict[str, jnp.ndarray]:
+        return {name: getattr(self, name)[...].astype(dtype) for name in LAYER_PARAMS}
 
 
 # "xla": the reference einsum attention; "dot_product": jax.nn.dot_product_attention with the
 # implementation JAX picks; "cudnn": forced cuDNN flash attention (GPU, bf16/fp16 only).
 ATTENTION_IMPLEMENTATIONS = {"xla": None, "dot_product": None, "cudnn": "cudnn"}
 
+# attention(q [B, T, Hq, D], k, v [B, T, Hkv, D]) -> (out [B, T, Hq, D], what the layer returns
+# beside its output: nothing, the layer's keys and values, or its updated cache).
+Attention = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], tuple[jnp.ndarray, object]]
+
 
 class Qwen2(nnx.Module):
     """Qwen2 causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
-    `attention` one of ATTENTION_IMPLEMENTATIONS (the fused ones serve the KV-cache path)."""
+    `attention` one of ATTENTION_IMPLEMENTATIONS (the fused ones serve prefill and decode)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
                  attention: str = "xla", rngs: nnx.Rngs):
@@ -116,12 +124,15 @@ class Qwen2(nnx.Module):
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.attention = attention
-        specs = param_specs(config)
-        self.embed = nnx.Param(_init("embed", specs["embed"][0], param_dtype, rngs))
-        self.layers = DecoderLayers(config, param_dtype, rngs)
-        self.final_norm = nnx.Param(_init("final_norm", specs["final_norm"][0], param_dtype, rngs))
+        self.embed = nnx.Param(_init("embed", TOP_PARAMS["embed"].shape(config), param_dtype,
+                                     rngs))
+        self.layers = nnx.List([DecoderLayer(config, param_dtype, rngs)
+                                for _ in range(config.num_layers)])
+        self.final_norm = nnx.Param(_init("final_norm", TOP_PARAMS["final_norm"].shape(config),
+                                          param_dtype, rngs))
         if not config.tie_word_embeddings:
-            self.lm_head = nnx.Param(_init("lm_head", specs["lm_head"][0], param_dtype, rngs))
+            self.lm_head = nnx.Param(_init("lm_head", TOP_PARAMS["lm_head"].shape(config),
+                                           param_dtype, rngs))
 
     def __call__(self, input_ids: jnp.ndarray, attention_mask: jnp.ndarray | None = None, *,
                  remat: bool = False):
@@ -130,42 +141,77 @@ class Qwen2(nnx.Module):
         Positions count real tokens only, so a padded row gives the logits the same sequence
         would give unpadded. Without a mask every row runs causally from position 0 on the
         blocked attention path (right-padded rows may pass None too: padding after a token never
-        affects it). remat: under differentiation, keep only each layer's input and recompute
-        the rest of the layer in the backward (training memory; the values are the same).
+        affects it), which never builds a [T, T] mask or scores. remat: under differentiation,
+        keep only each layer's input and recompute the rest of the layer in the backward
+        (training memory; the values are the same).
         Returns logits [B, T, V] float32 (rows at padding are meaningless).
         """
         b, t = input_ids.shape
         if attention_mask is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            hidden, _ = self._layers(input_ids, positions, None, None, remat)
-            return self.logits(hidden)
+            x, _ = self._scan(input_ids, positions,
+                              lambda q, k, v: (attend_causal(q, k, v), None), remat)
+            return self.logits(x)
         mask = attention_mask.astype(bool)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-        causal = jnp.tril(jnp.ones((t, t), bool))
-        hidden, _ = self._layers(input_ids, positions, causal[None] & mask[:, None, :], None,
-                                 remat)
-        return self.logits(hidden)
+        visible = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
+        x, _ = self._scan(input_ids, positions,
+                          lambda q, k, v: (attend(q, k, v, visible), None), remat)
+        return self.logits(x)
 
-    def forward_cached(self, input_ids: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
-                       logits_index: jnp.ndarray | None = None):
-        """Runs input_ids [B, T] at positions [B, T], attending to cache entries <= position.
+    def prefill(self, input_ids: jnp.ndarray, logits_index: jnp.ndarray):
+        """Runs prompts from position 0: input_ids [B, T] (right padding is harmless: it comes
+        after every real token); logits_index [B]: the position whose logits to return (each
+        row's last prompt token), which spares a long prefill the [B, T, V] tensor.
+        Returns (logits [B, V] float32, keys, values [L, B, T, Hkv, D] in the compute dtype)."""
+        b, t = input_ids.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        implementation = ATTENTION_IMPLEMENTATIONS[self.attention]
 
-        Each token's key/value is written at cache index = its position, so a prefill writes
-        0..T-1 (padding after the prompt lands beyond it and is overwritten by later decode
-        steps before any query can see it) and a decode step writes one entry per row.
-        logits_index [B]: return only the logits at that index of each row ([B, V]), which
-        spares a long prefill the [B, T, V] tensor.
-        Returns (logits [B, T, V] or [B, V] float32, updated cache).
-        """
-        length = cache.k.shape[2]
-        # T == length: the prompt fills the cache from 0, a causal prefill.
-        mask = (None if input_ids.shape[1] == length
-                else jnp.arange(length)[None, None, :] <= positions[:, :, None])
-        hidden, cache = self._layers(input_ids, positions, mask, cache)
-        if logits_index is not None:
-            hidden = jnp.take_along_axis(hidden, logits_index[:, None, None], axis=1)
-            return self.logits(hidden)[:, 0], cache
-        return self.logits(hidden), cache
+        def attention(q, k, v):
+            if self.attention == "xla":
+                return attend_causal(q, k, v), (k, v)
+            out = attend_fused(q, k, v, causal=True, kv_lengths=jnp.full((b,), t),
+                               implementation=implementation)
+            return out, (k, v)
+
+        x, (keys, values) = self._scan(input_ids, positions, attention)
+        x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)
+        return self.logits(x)[:, 0], keys, values
+
+    def decode_step(self, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache):
+        """tokens, positions [B] int32: each row's next token and its position. Its key and
+        value are written at cache entry `position` (in place when the cache is donated) and it
+        attends to the entries up to it. Returns (logits [B, V] float32, updated cache)."""
+        dtype = self.dtype
+        rows = jnp.arange(tokens.shape[0])
+        length = cache.k[0].shape[1]
+        visible = (jnp.arange(length)[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
+        implementation = ATTENTION_IMPLEMENTATIONS[self.attention]
+
+        def cached_attention(k_cache, v_cache) -> Attention:
+            def attention(q, k, v):
+                k_all = k_cache.at[rows, positions].set(k[:, 0].astype(k_cache.dtype))
+                v_all = v_cache.at[rows, positions].set(v[:, 0].astype(v_cache.dtype))
+                keys, values = k_all.astype(dtype), v_all.astype(dtype)
+                if self.attention == "xla":
+                    out = attend(q, keys, values, visible)
+                else:
+                    out = attend_fused(q, keys, values, causal=False, kv_lengths=positions + 1,
+                                       implementation=implementation)
+                return out, (k_all, v_all)
+            return attention
+
+        x = self._embed(tokens[:, None])
+        new_k, new_v = [], []
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            x, (k_cache, v_cache) = decoder_layer(self.config, layer.weights(dtype), x,
+                                                  positions[:, None],
+                                                  cached_attention(k_cache, v_cache))
+            new_k.append(k_cache)
+            new_v.append(v_cache)
+        x = rms_norm(x, self.final_norm[...].astype(dtype), self.config.rms_norm_eps)
+        return self.logits(x)[:, 0], KVCache(tuple(new_k), tuple(new_v))
 
     def logits(self, hidden: jnp.ndarray) -> jnp.ndarray:
         """hidden [B, T, D] (after the final norm) -> logits [B, T, V] float32."""
@@ -175,48 +221,18 @@ class Qwen2(nnx.Module):
         return jnp.einsum("btd,dv->btv", hidden, self.lm_head[...].astype(self.dtype),
                           preferred_element_type=jnp.float32)
 
-    def _layers(self, input_ids, positions, mask, cache: KVCache | None, remat: bool = False):
-        """The decoder stack: mask [B, T, S] bool, or None for causal attention from position
-        0 (T == S), which takes the blocked path and never builds a [T, S] mask or scores.
-        remat: checkpoint each scanned layer (see __call__)."""
-        config, dtype = self.config, self.dtype
-        inv_freq, attention_factor = _rope_constants(config)
-        x = jnp.take(self.embed[...], input_ids, axis=0).astype(dtype)
-        batch_index = jnp.arange(input_ids.shape[0])[:, None]
-        t = input_ids.shape[1]
-        # The fused kernels express a prefill from 0 filling the cache, or single-token steps.
-        fused = (self.attention != "xla" and cache is not None
-                 and t in (1, cache.k.shape[2]))
+    def _embed(self, input_ids: jnp.ndarray) -> jnp.ndarray:
+        return jnp.take(self.embed[...], input_ids, axis=0).astype(self.dtype)
 
-        def layer(carry, p):
-            # The cache rides in the carry and each layer writes its new entries in place: as a
-            # scanned input and output it would be copied whole on every call (the stacked
-            # output starts as a fresh buffer that the loop fills layer by layer).
-            x, i, k_all, v_all = carry
-            p = jax.tree.map(lambda a: a.astype(dtype), p)
-            h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
-            q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"]) + p["q_bias"]
-            k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"]) + p["k_bias"]
-            v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"]) + p["v_bias"]
-            q = apply_rope(q, positions, inv_freq, attention_factor)
-            k = apply_rope(k, positions, inv_freq, attention_factor)
-            if k_all is not None:
-                k_all = k_all.at[i, batch_index, positions].set(k.astype(k_all.dtype))
-                v_all = v_all.at[i, batch_index, positions].set(v.astype(v_all.dtype))
-                k = jax.lax.dynamic_index_in_dim(k_all, i, keepdims=False).astype(dtype)
-                v = jax.lax.dynamic_index_in_dim(v_all, i, keepdims=False).astype(dtype)
-            if fused:
-                out = attend_fused(q, k, v, causal=t > 1, kv_lengths=positions[:, -1] + 1,
-                                   implementation=ATTENTION_IMPLEMENTATIONS[self.attention])
-            elif mask is None:
-                out = attend_causal(q, k, v)
-            else:
-                out = attend(q, k, v, mask)
-            x = x + jnp.einsum("bthk,hkd->btd", out, p["o_kernel"])
-            h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
-            gated = jax.nn.silu(h @ p["gate_kernel"]) * (h @ p["up_kernel"])
-            x = x + gated @ p["down_kernel"]
-            return (x, i + 1, k_all, v_all), None
+    def _scan(self, input_ids, positions, attention: Attention, remat: bool = False):
+        """The decoder stack as one scan over the stacked layer weights, then the final norm.
+        Returns (hidden [B, T, D], the attention's aux outputs stacked over layers)."""
+        dtype = self.dtype
+        stacked = {name: jnp.stack([getattr(layer, name)[...].astype(dtype)
+                                    for layer in self.layers]) for name in LAYER_PARAMS}
+
+        def layer(x, weights):
+            return decoder_layer(self.config, weights, x, positions, attention)
 
         if remat:
             # Save nothing but the carry (the layer's input [B, T, D]): the backward reruns the
@@ -227,11 +243,27 @@ class Qwen2(nnx.Module):
             # keeps XLA from merging the recomputation into the forward.
             layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable,
                                    prevent_cse=False)
-        kv = (None, None) if cache is None else (cache.k, cache.v)
-        (x, _, k_all, v_all), _ = jax.lax.scan(layer, (x, jnp.int32(0)) + kv,
-                                               self.layers.stacked())
-        x = rms_norm(x, self.final_norm[...].astype(dtype), config.rms_norm_eps)
-        return x, (None if cache is None else KVCache(k_all, v_all))
+        x, aux = jax.lax.scan(layer, self._embed(input_ids), stacked)
+        x = rms_norm(x, self.final_norm[...].astype(dtype), self.config.rms_norm_eps)
+        return x, aux
+
+
+def decoder_layer(config: ModelConfig, p: dict[str, jnp.ndarray], x: jnp.ndarray,
+                  positions: jnp.ndarray, attention: Attention):
+    """One decoder layer: x [B, T, D] at positions [B, T], weights p (LAYER_PARAMS, compute
+    dtype). Returns (x [B, T, D], the attention's aux output)."""
+    inv_freq, attention_factor = _rope_constants(config)
+    h = rms_norm(x, p["attn_norm"], config.rms_norm_eps)
+    q = jnp.einsum("btd,dhk->bthk", h, p["q_kernel"]) + p["q_bias"]
+    k = jnp.einsum("btd,dhk->bthk", h, p["k_kernel"]) + p["k_bias"]
+    v = jnp.einsum("btd,dhk->bthk", h, p["v_kernel"]) + p["v_bias"]
+    q = apply_rope(q, positions, inv_freq, attention_factor)
+    k = apply_rope(k, positions, inv_freq, attention_factor)
+    out, aux = attention(q, k, v)
+    x = x + jnp.einsum("bthk,hkd->btd", out, p["o_kernel"])
+    h = rms_norm(x, p["mlp_norm"], config.rms_norm_eps)
+    gated = jax.nn.silu(h @ p["gate_kernel"]) * (h @ p["up_kernel"])
+    return x + gated @ p["down_kernel"], aux
 
 
 def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:

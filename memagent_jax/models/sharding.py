@@ -22,7 +22,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
 RULES: Mapping[str, str | None] = {
     "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor",
-    "mlp": "tensor", "layers": None, "batch": "data",
+    "mlp": "tensor", "batch": "data",
 }
 
 

@@ -58,15 +58,17 @@ class EngineConfig:
 
 
 class Prefix(NamedTuple):
-    """A prefilled prompt: cache [L, 1, bucket, Hkv, D], last_logits [1, V], length [] int32."""
-    cache: KVCache
+    """A prefilled prompt: keys, values [L, 1, bucket, Hkv, D], last_logits [1, V], length []
+    int32."""
+    keys: jnp.ndarray
+    values: jnp.ndarray
     last_logits: jnp.ndarray
     length: jnp.ndarray
 
 
 class DecodeState(NamedTuple):
     """Everything a decode step reads, one row per slot ([S] unless noted)."""
-    cache: KVCache            # [L, S, max_len, Hkv, D]
+    cache: KVCache            # one [S, max_len, Hkv, D] buffer per layer
     tokens: jnp.ndarray       # int32: the token each slot feeds next
     positions: jnp.ndarray    # int32: that token's position
     steps: jnp.ndarray        # int32: tokens generated so far (indexes the sampling key)
@@ -186,17 +188,18 @@ class Engine:
         jax.block_until_ready(self.generate(state))
 
     def _decode_state_sharding(self) -> DecodeState:
+        layers = self.model_config.num_layers
         if self.mesh is None:
             device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            return DecodeState(KVCache(device, device), *[device] * 7)
+            return DecodeState(KVCache((device,) * layers, (device,) * layers), *[device] * 7)
         c, slots, length = self.model_config, self.config.slots, self.config.max_len
-        cache_shape = (c.num_layers, slots, length, c.num_kv_heads, c.head_dim)
         spec = functools.partial(partition_spec, mesh=self.mesh)
-        cache = NamedSharding(self.mesh, spec(cache_shape, ("layers", "batch", None,
-                                                            "kv_heads", None)))
+        cache = NamedSharding(self.mesh, spec((slots, length, c.num_kv_heads, c.head_dim),
+                                              ("batch", None, "kv_heads", None)))
         row = NamedSharding(self.mesh, spec((slots,), ("batch",)))
         keys = NamedSharding(self.mesh, spec((slots, 2), ("batch", None)))
-        return DecodeState(KVCache(cache, cache), row, row, row, keys, row, row, row)
+        return DecodeState(KVCache((cache,) * layers, (cache,) * layers), row, row, row, keys,
+                           row, row, row)
 
     # ---- pure functions (jitted in __init__) -----------------------------------------------
 
@@ -204,12 +207,9 @@ class Engine:
         """ids [R, bucket] right-padded, lengths [R] -> R single-row prefixes. Split here, so
         that insert sees one prefix shape per bucket whatever the row count."""
         model = nnx.merge(self.graphdef, params)
-        rows, bucket = ids.shape
-        cache = KVCache.zeros(self.model_config, rows, bucket, model.dtype)
-        positions = jnp.broadcast_to(jnp.arange(bucket, dtype=jnp.int32), (rows, bucket))
-        logits, cache = model.forward_cached(ids, positions, cache, logits_index=lengths - 1)
-        return [Prefix(KVCache(cache.k[:, r:r + 1], cache.v[:, r:r + 1]), logits[r:r + 1],
-                       lengths[r]) for r in range(rows)]
+        logits, keys, values = model.prefill(ids, logits_index=lengths - 1)
+        return [Prefix(keys[:, r:r + 1], values[:, r:r + 1], logits[r:r + 1], lengths[r])
+                for r in range(ids.shape[0])]
 
     def _insert_fn(self, prefix: Prefix, state: DecodeState, slot, key, temperature, top_p,
                    top_k):
@@ -217,11 +217,12 @@ class Engine:
                                 key[None], jnp.zeros(1, jnp.int32))
 
         def put(cache, new):
-            return jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype),
-                                                (0, slot, 0, 0, 0))
+            return tuple(jax.lax.dynamic_update_slice(layer, new[i].astype(layer.dtype),
+                                                      (slot, 0, 0, 0))
+                         for i, layer in enumerate(cache))
 
         state = DecodeState(
-            cache=KVCache(put(state.cache.k, prefix.cache.k), put(state.cache.v, prefix.cache.v)),
+            cache=KVCache(put(state.cache.k, prefix.keys), put(state.cache.v, prefix.values)),
             tokens=state.tokens.at[slot].set(token[0]),
             positions=state.positions.at[slot].set(prefix.length),
             steps=state.steps.at[slot].set(1),
@@ -233,9 +234,7 @@ class Engine:
 
     def _generate_fn(self, params, state: DecodeState):
         model = nnx.merge(self.graphdef, params)
-        logits, cache = model.forward_cached(
-            state.tokens[:, None], state.positions[:, None], state.cache,
-            logits_index=jnp.zeros_like(state.tokens))
+        logits, cache = model.decode_step(state.tokens, state.positions, state.cache)
         tokens, logprobs = sample(logits, state.temperature, state.top_p, state.top_k,
                                   state.keys, state.steps)
         # A free slot keeps stepping; clamping keeps its writes inside the cache.
