@@ -57,7 +57,10 @@ def _copy(src: str, tmp_path) -> str:
 
 
 def _edit_config(hf_dir: str, edit) -> str:
-    path = os.path.join(hf_dir, "config.json")
+    return _edit_config_file(os.path.join(hf_dir, "config.json"), edit)
+
+
+def _edit_config_file(path: str, edit) -> str:
     with open(path) as f:
         config = json.load(f)
     edit(config)
@@ -275,6 +278,35 @@ def test_export_ckpt_is_not_a_checkpoint(capsys, hf_single, tmp_path, kind):
     out = str(tmp_path / "exported")
     line = fails_cleanly(capsys, ["export", "--ckpt", ckpt, "--out", out], out, ckpt)
     assert "not a memagent-jax checkpoint" in line
+
+
+@pytest.mark.parametrize("layout", ["deeper_config", "stacked_layers"])
+def test_checkpoint_tree_differs_from_its_config(capsys, good_ckpt, tmp_path, layout):
+    """A checkpoint whose parameters are not the ones its model_config.json implies: a config
+    edited to one more layer, or the stacked layer arrays memagent-jax wrote before it stored
+    one array per layer."""
+    ckpt = str(tmp_path / "ckpt")
+    shutil.copytree(good_ckpt, ckpt)
+    if layout == "deeper_config":
+        _edit_config_file(os.path.join(ckpt, "model_config.json"),
+                          lambda c: c.update(num_hidden_layers=c["num_hidden_layers"] + 1))
+        named = "missing 'layers/2/attn_norm'"
+    else:
+        import numpy as np
+        import orbax.checkpoint as ocp
+        params = ocp.StandardCheckpointer().restore(os.path.join(ckpt, "params"))
+        layers = params["layers"]
+        params["layers"] = {name: np.stack([layers[i][name] for i in sorted(layers)])
+                            for name in layers["0"]}
+        shutil.rmtree(os.path.join(ckpt, "params"))
+        checkpointer = ocp.StandardCheckpointer()
+        checkpointer.save(os.path.join(ckpt, "params"), params)
+        checkpointer.wait_until_finished()
+        named = "unexpected 'layers/attn_norm'"
+    out = str(tmp_path / "exported")
+    line = fails_cleanly(capsys, ["export", "--ckpt", ckpt, "--out", out], out,
+                         os.path.join(ckpt, "params"), named)
+    assert "convert" in line
 
 
 @pytest.mark.parametrize("size", ["abc", "0", "-1KB", "5XB", "", "inf", "1e400", "nan"])
