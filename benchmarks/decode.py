@@ -2,11 +2,11 @@
 
 Single-sequence and small-batch decoding reads every weight once per step, so its ceiling is
 the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measures, in one run:
-- the machine's bandwidth: a large array copy (numpy on the host, and a jitted in-place
-  `a + 1` on JAX's device; bytes read + written / time, best of a few), plus a read-only
-  `jnp.sum` for reference. The limit used below is the best copy figure on the device JAX
-  runs on (a plain jitted `jnp.copy` is shown too, but its fresh output buffer makes it
-  page-fault bound on a CPU);
+- the machine's bandwidth: a large array copy (a jitted in-place `a + 1` on JAX's device;
+  bytes read + written / time, best of a few) and a read-only `jnp.sum`, measured again just
+  before and just after each batch size's runs (see `DeviceBandwidth`); the copy is the limit
+  (numpy's one-thread host copy and a plain jitted `jnp.copy`, whose fresh output buffer makes
+  it page-fault bound on a CPU, are shown once for reference);
 - per batch size, greedy decoding of `--new-tokens` tokens after random prompts of
   `--prompt-len` tokens, no EOS stopping, with the SAME random weights in both frameworks:
   * ours end to end: `scheduler.generate(engine, requests)` (prefill + insert + steps) after
@@ -88,42 +88,48 @@ def best_time(fn, repeats: int, loads: list[float] | None = None) -> float:
 
 # ---- memory bandwidth ---------------------------------------------------------------------
 
-def measure_bandwidth(size_bytes: int, repeats: int) -> dict[str, float]:
-    """GB/s of: numpy copy (host, one thread), a jitted copy and jnp.sum (JAX's default device);
-    a copy counts bytes read + written, the sum bytes read."""
-    n = size_bytes // 4
-    out: dict[str, float] = {}
-    src = np.random.default_rng(0).random(n, dtype=np.float32)
+class DeviceBandwidth:
+    """GB/s of JAX's default device on a `size_bytes` array, measured whenever called: the
+    bandwidth a shared machine gives changes from minute to minute (this 2-core VM's read rate
+    moved between about 50 and 74 GB/s), so each batch size is compared with figures taken
+    right around its own decode timing.
+    - copy: a jitted in-place (donated) `a + 1`, bytes read + written; a non-donated copy writes
+      a fresh buffer every call, and first-touching its pages costs more than the copy (shown
+      once at the start for reference, never used as the limit). (+ 0 would be folded away.)
+    - read: a jitted `jnp.sum`, bytes read."""
+
+    def __init__(self, size_bytes: int):
+        self.x = jax.random.uniform(jax.random.PRNGKey(0), (size_bytes // 4,), jnp.float32)
+        self._add_one = jax.jit(lambda a: a + jnp.float32(1), donate_argnums=0)
+        self._sum = jax.jit(jnp.sum)
+        self.x = jax.block_until_ready(self._add_one(self.x))
+        jax.block_until_ready(self._sum(self.x))
+
+    def __call__(self, repeats: int = 5) -> dict[str, float]:
+        def in_place():
+            self.x = jax.block_until_ready(self._add_one(self.x))
+
+        nbytes = self.x.nbytes
+        return {"copy": 2 * nbytes / best_time(in_place, repeats) / GB,
+                "read": nbytes / best_time(lambda: jax.block_until_ready(self._sum(self.x)),
+                                           repeats) / GB}
+
+    def fresh_copy(self, repeats: int = 2) -> float:
+        copy = jax.jit(jnp.copy)
+        jax.block_until_ready(copy(self.x))
+        return 2 * self.x.nbytes / best_time(lambda: jax.block_until_ready(copy(self.x)),
+                                             repeats) / GB
+
+
+def numpy_copy(size_bytes: int, repeats: int) -> float:
+    """GB/s of a host copy by numpy (one thread), bytes read + written."""
+    src = np.random.default_rng(0).random(size_bytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     np.copyto(dst, src)
-    out["numpy copy (1 thread)"] = 2 * src.nbytes / best_time(lambda: np.copyto(dst, src),
-                                                              repeats) / GB
+    rate = 2 * src.nbytes / best_time(lambda: np.copyto(dst, src), repeats) / GB
     del src, dst
     gc.collect()
-
-    x = jax.random.uniform(jax.random.PRNGKey(0), (n,), jnp.float32)
-    # In place (donated) a + 1: read n, write n into the same buffer. A non-donated copy
-    # writes a fresh buffer every call, and first-touching its pages costs more than the
-    # copy (shown for reference, not used as the limit). (+ 0 would be folded away.)
-    add_one = jax.jit(lambda a: a + jnp.float32(1), donate_argnums=0)
-    x = jax.block_until_ready(add_one(x))
-
-    def in_place():
-        nonlocal x
-        x = jax.block_until_ready(add_one(x))
-
-    out["jax copy (jit a+1, donated)"] = 2 * x.nbytes / best_time(in_place, repeats) / GB
-    jcopy = jax.jit(jnp.copy)
-    jax.block_until_ready(jcopy(x))
-    out["jax copy (jnp.copy, fresh out)"] = 2 * x.nbytes / best_time(
-        lambda: jax.block_until_ready(jcopy(x)), min(repeats, 2)) / GB
-    total = jax.jit(jnp.sum)
-    jax.block_until_ready(total(x))
-    out["jax read (jit jnp.sum)"] = x.nbytes / best_time(
-        lambda: jax.block_until_ready(total(x)), repeats) / GB
-    del x
-    gc.collect()
-    return out
+    return rate
 
 
 # ---- model files --------------------------------------------------------------------------
@@ -303,14 +309,13 @@ def main() -> None:
     print(f"preset {args.preset} {args.dtype}, prompts {args.prompt_len} tokens, "
           f"{args.new_tokens} new tokens, greedy, no EOS; engine max_len {args.max_len}")
 
-    bw = measure_bandwidth(int(args.bandwidth_gb * GB), repeats=5)
-    for name, value in bw.items():
-        print(f"bandwidth  {name:26s} {value:7.1f} GB/s")
-    copies = [v for k, v in bw.items() if "copy" in k and "fresh" not in k and
-              (jax_device.platform == "cpu" or k.startswith("jax"))]
-    limit = max(copies)
-    read_bw = bw["jax read (jit jnp.sum)"]
-    print(f"bandwidth limit used: {limit:.1f} GB/s (best copy on the JAX device)")
+    bandwidth = DeviceBandwidth(int(args.bandwidth_gb * GB))
+    start_bw = bandwidth()
+    print(f"bandwidth at the start: numpy copy (1 thread) "
+          f"{numpy_copy(int(args.bandwidth_gb * GB), 5):.1f} GB/s; jax copy (jit a+1, donated) "
+          f"{start_bw['copy']:.1f}; jax copy (jnp.copy, fresh out) {bandwidth.fresh_copy():.1f}; "
+          f"jax read (jit jnp.sum) {start_bw['read']:.1f} GB/s. Limits per batch: the best jax "
+          f"copy and read measured just before and just after its own runs.")
 
     from memagent_jax.models import load_model
     model_dir, tmp = ensure_model_dir(args.model_dir, args.preset, args.dtype)
@@ -329,10 +334,14 @@ def main() -> None:
     for batch in batches:
         repeats = args.large_repeats if batch >= args.large_batch else args.repeats
         prompts = rng.integers(0, config.vocab_size, (batch, args.prompt_len)).astype(np.int32)
+        before = bandwidth()
         ours = bench_ours(model, prompts, args.new_tokens, args.max_len, repeats,
                           args.decode_steps)
         floor_s = bench_matmul_floor(model, batch, repeats, max(4, args.decode_steps // 4))
-        row = {"batch": batch, "repeats": repeats, **ours, "floor_s": floor_s}
+        after = bandwidth()
+        row = {"batch": batch, "repeats": repeats, **ours, "floor_s": floor_s,
+               "copy_gbs": max(before["copy"], after["copy"]),
+               "read_gbs": max(before["read"], after["read"])}
         generated = batch * args.new_tokens
         row["ours_e2e"] = generated / ours["e2e_s"]
         row["ours_decode"] = batch / ours["step_s"]
@@ -342,7 +351,9 @@ def main() -> None:
                f"decode step {ours['step_s'] * 1e3:.1f} ms = {row['ours_decode']:.1f} tok/s "
                f"({row['weight_gbs']:.1f} GB/s of weights); matmuls alone "
                f"{floor_s * 1e3:.1f} ms; warm-up {ours['warm_up_s']:.1f} s; "
-               f"other load {ours['ours_load']:.0%}")
+               f"other load {ours['ours_load']:.0%}; bandwidth copy / read before "
+               f"{before['copy']:.1f} / {before['read']:.1f}, after {after['copy']:.1f} / "
+               f"{after['read']:.1f} GB/s")
         if hf_model is not None:
             hf = bench_hf(hf_model, prompts, args.new_tokens, repeats, torch_device)
             row["hf_e2e"] = generated / hf["e2e_s"]
@@ -363,17 +374,17 @@ def main() -> None:
 
     print()
     print(f"| batch | ours e2e tok/s | ours decode tok/s | transformers tok/s (decode) | "
-          f"ours/transformers e2e (decode) | our weight GB/s | / copy limit {limit:.1f} | "
-          f"/ read {read_bw:.1f} | matmuls alone: ms (GB/s) | "
-          f"other load ours / transformers |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          f"ours/transformers e2e (decode) | our weight GB/s | copy limit GB/s | / copy | "
+          f"read GB/s | / read | matmuls alone: ms (GB/s) | other load ours / transformers |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         hf_cell = (f"{r['hf_e2e']:.1f} ({r['hf_decode']:.1f})" if "hf_e2e" in r else "-")
         ratio = (f"{r['ours_e2e'] / r['hf_e2e']:.2f}x ({r['ours_decode'] / r['hf_decode']:.2f}x)"
                  if "hf_e2e" in r else "-")
         print(f"| {r['batch']} | {r['ours_e2e']:.1f} | {r['ours_decode']:.1f} | {hf_cell} | "
-              f"{ratio} | {r['weight_gbs']:.1f} | {r['weight_gbs'] / limit:.0%} | "
-              f"{r['weight_gbs'] / read_bw:.0%} | {r['floor_s'] * 1e3:.1f} "
+              f"{ratio} | {r['weight_gbs']:.1f} | {r['copy_gbs']:.1f} | "
+              f"{r['weight_gbs'] / r['copy_gbs']:.0%} | {r['read_gbs']:.1f} | "
+              f"{r['weight_gbs'] / r['read_gbs']:.0%} | {r['floor_s'] * 1e3:.1f} "
               f"({r['floor_gbs']:.1f}) | {r['ours_load']:.0%} / "
               f"{r.get('hf_load', float('nan')):.0%} |")
     if tmp is not None:
