@@ -53,7 +53,8 @@ import numpy as np  # noqa: E402
 
 from memagent_jax.models import load_model
 from memagent_jax.rollout.engine import Engine, EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, split_document
+from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, required_length,
+                                           split_document)
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.templates import (INITIAL_MEMORY, chat_prompt_ids, final_prompt,
@@ -207,12 +208,10 @@ def main() -> None:
     tokenizer = load_tokenizer(path)
     model, _ = load_model(path, dtype="float32", attention=args.attention)
     stop_ids = (EOS,) if args.stop_at_eos else ()
-    # The longest update prompt (MemoryAgent checks max_len against the same formula) fits the
-    # large bucket; the final prompt (template + question + memory) fits the small one.
-    final_len = len(chat_prompt_ids(tokenizer, final_prompt("", ""))) + 16 + args.memory_tokens
-    small = 1 << (final_len + 64).bit_length()
-    max_len = args.chunk_tokens + 256 + args.memory_tokens * 2
-    buckets = (small, max_len - max(args.memory_tokens, args.final_tokens))
+    # Sized as `memagent-jax run` sizes its engine: the longest turn the budgets allow, rounded
+    # up to 256, with the engine's default prefill buckets.
+    max_len = -(-required_length(tokenizer, config.max_problem_tokens, config) // 256) * 256
+    buckets = EngineConfig(max_len=max_len).buckets()
     print(machine())
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/"
           f"{args.kv_heads} heads, vocab "
@@ -243,7 +242,7 @@ def main() -> None:
     print(f"{'impl':13} {'batch':>5} {'doc tokens':>10} {'turns':>6} {'wall s':>8} {'cpu s':>8} "
           f"{'doc tok/s':>10} {'us/doc tok':>10} {'reply':>6}")
     for batch in args.batch_sizes:
-        engine = Engine(model, EngineConfig(slots=batch, max_len=max_len, prefill_buckets=buckets,
+        engine = Engine(model, EngineConfig(slots=batch, max_len=max_len,
                                             prefill_rows=min(args.prefill_rows, batch)))
         start = time.perf_counter()
         engine.warm_up()

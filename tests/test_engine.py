@@ -179,3 +179,12 @@ def test_sharded_engine_gives_identical_greedy_tokens(tmp_path):
     assert [r[0].token_ids for r in sharded] == [r[0].token_ids for r in plain]
     for layer in sharded_engine.init_decode_state().cache.k:
         assert tuple(layer.sharding.spec)[:3] == ("data", None, "tensor")
+
+
+def test_default_buckets_pad_long_prompts_by_at_most_a_quarter():
+    buckets = EngineConfig(max_len=9000).buckets()
+    assert buckets[0] == 16 and buckets[-1] == 9000 and list(buckets) == sorted(set(buckets))
+    for length in range(1, 9001):
+        bucket = next(b for b in buckets if b >= length)
+        assert bucket <= (max(16, 2 * length - 1) if length <= 1024 else 1.25 * length)
+

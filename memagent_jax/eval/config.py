@@ -75,7 +75,7 @@ class EngineSection:
     slots: int = 8
     max_len: int | None = None           # None: what the method needs, rounded up to 256
     mesh: dict[str, int] | None = None   # e.g. {fsdp: -1}; None: one device
-    # Prompt lengths compiled for (each one compile); None: powers of two up to max_len.
+    # Prompt lengths compiled for (each one compile); None: the engine's default buckets.
     # The largest must hold the longest prompt.
     prefill_buckets: list[int] | None = None
     prefill_rows: int = 1                # prompts prefilled together in one call

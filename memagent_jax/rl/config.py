@@ -59,7 +59,7 @@ class DataSection:
 class RolloutSection:
     """slots: sequences decoded together; max_len: KV entries per slot (None: the longest turn
     the budgets allow, rounded up to 256); prefill_buckets: prompt lengths compiled for
-    (None: powers of two up to max_len); prefill_rows: prompts prefilled together in one call.
+    (None: the engine's default buckets); prefill_rows: prompts prefilled together in one call.
     n: trajectories per prompt (a group)."""
     slots: int = 64
     max_len: int | None = None

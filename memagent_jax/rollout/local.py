@@ -31,7 +31,7 @@ def load_engine(model_path: str, *, max_len: int | Callable[[ModelConfig], int],
                 prefill_rows: int = 1) -> LocalModel:
     """Loads an HF or checkpoint directory onto an Engine of `slots` slots x `max_len` KV
     entries (or max_len(model config), for callers sized by the model's context length);
-    dtype None picks `default_dtype()`; prefill_buckets None: powers of two up to max_len
+    dtype None picks `default_dtype()`; prefill_buckets None: the engine's default buckets
     (given ones get max_len added, so every prompt that fits the cache has a bucket);
     prefill_rows: prompts prefilled per call (EngineConfig)."""
     if not os.path.isdir(model_path):
