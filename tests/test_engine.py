@@ -178,7 +178,7 @@ def test_sharded_engine_gives_identical_greedy_tokens(tmp_path):
     sharded = generate(sharded_engine, requests)
     assert [r[0].token_ids for r in sharded] == [r[0].token_ids for r in plain]
     for layer in sharded_engine.init_decode_state().cache.k:
-        assert tuple(layer.sharding.spec)[:3] == ("data", None, "tensor")
+        assert tuple(layer.sharding.spec)[:2] == ("data", "tensor")
 
 
 def test_default_buckets_pad_long_prompts_by_at_most_a_quarter():

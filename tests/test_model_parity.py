@@ -104,9 +104,11 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path):
         n = prompt_lengths[i]
         assert np.abs(np.asarray(logits[i]) - reference[i][n - 1]).max() <= TOL
 
-    empty = KVCache.zeros(config, batch=2, length=32)
-    cache = KVCache(tuple(c.at[:, :bucket].set(k) for c, k in zip(empty.k, keys)),
-                    tuple(c.at[:, :bucket].set(v) for c, v in zip(empty.v, values)))
+    empty = KVCache.zeros(config, batch=2, length=32)  # head-major: [B, Hkv, S, D]
+    cache = KVCache(tuple(c.at[:, :, :bucket].set(k.swapaxes(1, 2))
+                          for c, k in zip(empty.k, keys)),
+                    tuple(c.at[:, :, :bucket].set(v.swapaxes(1, 2))
+                          for c, v in zip(empty.v, values)))
     for step in range(steps):
         pos = prompt_lengths + step  # each row continues at its own position
         token = full[np.arange(2), pos]

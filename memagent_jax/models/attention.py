@@ -5,10 +5,10 @@ and in tests. `attend_causal` is the causal case from position 0 (a prefill, an 
 right-padded forward) in query and key blocks with a running softmax, as flash attention does:
 it never holds more than a block x block score tile per head and skips the blocks above the
 diagonal, in its gradient too (flash attention's backward, as a custom VJP), so it is the
-long-sequence path for inference and training wherever no fused kernel serves. `attend_fused`
-goes through jax.nn.dot_product_attention, which on GPU can run cuDNN flash attention (no
-T x S tensor in memory); it covers the two shapes a decoding engine needs: a causal prefill
-from position 0, and queries over the first kv_lengths cache entries.
+long-sequence path for inference and training wherever no fused kernel serves. `attend_cache`
+is the decode step's: a few queries over a head-major KV cache. `attend_fused` runs a causal
+prefill through jax.nn.dot_product_attention, which on GPU can be cuDNN flash attention (no
+T x T tensor in memory).
 """
 
 from __future__ import annotations
@@ -28,15 +28,7 @@ def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray) ->
     with no allowed key (left padding) gets a uniform average instead of NaN.
     Returns [B, T, Hq, D] in q.dtype.
     """
-    b, t, hq, d = q.shape
-    hkv = k.shape[2]
-    q = q.reshape(b, t, hkv, hq // hkv, d)
-    scores = jnp.einsum("btngd,bsnd->bngts", q, k, preferred_element_type=jnp.float32)
-    scores = scores * (d ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bngts,bsnd->btngd", probs, v)
-    return out.reshape(b, t, hq, d)
+    return attend_cache(q, k.swapaxes(1, 2), v.swapaxes(1, 2), mask)
 
 
 def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
@@ -167,12 +159,31 @@ def _on_diagonal(rows: int, block: int) -> jnp.ndarray:
     return (jnp.arange(rows) % block)[:, None] >= jnp.arange(block)[None, :]
 
 
-def attend_fused(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, *, causal: bool,
-                 kv_lengths: jnp.ndarray,
+def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
+                 visible: jnp.ndarray) -> jnp.ndarray:
+    """`attend` over head-major keys and values, the decode step's KV cache layout: q
+    [B, T, Hq, D]; k_cache, v_cache [B, Hkv, S, D]; visible [B, T, S] bool.
+
+    Each (row, KV head) is one contiguous [S, D] block and its G x T queries one [G * T, D]
+    block, so both products are plain batched matmuls over the cache as it lies. On XLA:CPU,
+    at 8 rows x 8448 entries with Qwen2.5-7B's heads, this took 17 ms per layer against 104 ms
+    with the cache [B, S, Hkv, D] (copied to head-major first, every layer of every step), and
+    29 ms with the query heads and T as separate einsum axes. Returns [B, T, Hq, D]."""
+    b, t, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    rows = q.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
+    scores = jnp.einsum("bnmd,bnsd->bnms", rows, k_cache, preferred_element_type=jnp.float32)
+    scores = scores.reshape(b, hkv, g, t, -1)
+    scores = jnp.where(visible[:, None, None], scores * (d ** -0.5), jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype).reshape(b, hkv, g * t, -1)
+    out = jnp.einsum("bnms,bnsd->bnmd", probs, v_cache)
+    return out.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)
+
+
+def attend_fused(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                  implementation: Literal["xla", "cudnn"] | None = None) -> jnp.ndarray:
-    """q [B, T, Hq, D]; k, v [B, S, Hkv, D]; kv_lengths [B]: keys at index >= kv_lengths[b]
-    are ignored; causal: query i also ignores keys after i (a prefill with T == S).
-    implementation None lets JAX choose (cuDNN on a GPU when the shapes allow)."""
-    return jax.nn.dot_product_attention(
-        q, k, v, is_causal=causal, key_value_seq_lengths=kv_lengths.astype(jnp.int32),
-        implementation=implementation)
+    """Causal attention from position 0 (a prefill) through jax.nn.dot_product_attention:
+    q [B, T, Hq, D]; k, v [B, T, Hkv, D]. implementation None lets JAX choose (cuDNN flash
+    attention on a GPU when the shapes allow; no T x T tensor in memory)."""
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)

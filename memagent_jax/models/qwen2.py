@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import attend, attend_causal, attend_fused
+from memagent_jax.models.attention import attend, attend_cache, attend_causal, attend_fused
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.rope import apply_rope, inverse_frequencies
 
@@ -80,14 +80,14 @@ def param_specs(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[s
 
 
 class KVCache(NamedTuple):
-    """Keys and values, one buffer per layer: k[i], v[i] [B, S, Hkv, D]; entry s holds position
-    s of its row."""
+    """Keys and values, one head-major buffer per layer: k[i], v[i] [B, Hkv, S, D]; entry s
+    holds position s of its row (see `attend_cache` for why head-major)."""
     k: tuple[jnp.ndarray, ...]
     v: tuple[jnp.ndarray, ...]
 
     @classmethod
     def zeros(cls, config: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
-        shape = (batch, length, config.num_kv_heads, config.head_dim)
+        shape = (batch, config.num_kv_heads, length, config.head_dim)
         return cls(*(tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
                      for _ in range(2)))
 
@@ -103,8 +103,9 @@ class DecoderLayer(nnx.Module):
         return {name: getattr(self, name)[...].astype(dtype) for name in LAYER_PARAMS}
 
 
-# "xla": the reference einsum attention; "dot_product": jax.nn.dot_product_attention with the
-# implementation JAX picks; "cudnn": forced cuDNN flash attention (GPU, bf16/fp16 only).
+# The prefill's attention. "xla": the blocked causal kernel of attention.py; "dot_product":
+# jax.nn.dot_product_attention with the implementation JAX picks; "cudnn": forced cuDNN flash
+# attention (GPU, bf16/fp16 only).
 ATTENTION_IMPLEMENTATIONS = {"xla": None, "dot_product": None, "cudnn": "cudnn"}
 
 # attention(q [B, T, Hq, D], k, v [B, T, Hkv, D]) -> (out [B, T, Hq, D], what the layer returns
@@ -114,7 +115,7 @@ Attention = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], tuple[jnp.ndarray,
 
 class Qwen2(nnx.Module):
     """Qwen2 causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
-    `attention` one of ATTENTION_IMPLEMENTATIONS (the fused ones serve prefill and decode)."""
+    `attention` one of ATTENTION_IMPLEMENTATIONS (the prefill's)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
                  attention: str = "xla", rngs: nnx.Rngs):
@@ -171,9 +172,7 @@ class Qwen2(nnx.Module):
         def attention(q, k, v):
             if self.attention == "xla":
                 return attend_causal(q, k, v), (k, v)
-            out = attend_fused(q, k, v, causal=True, kv_lengths=jnp.full((b,), t),
-                               implementation=implementation)
-            return out, (k, v)
+            return attend_fused(q, k, v, implementation), (k, v)
 
         x, (keys, values) = self._scan(input_ids, positions, attention)
         x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)
@@ -182,23 +181,20 @@ class Qwen2(nnx.Module):
     def decode_step(self, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache):
         """tokens, positions [B] int32: each row's next token and its position. Its key and
         value are written at cache entry `position` (in place when the cache is donated) and it
-        attends to the entries up to it. Returns (logits [B, V] float32, updated cache)."""
+        attends to the entries up to it, on the XLA path whatever `attention` says: the fused
+        kernels take [B, S, Hkv, D] keys, and the head-major cache would be transposed for them
+        in every layer of every step. Returns (logits [B, V] float32, updated cache)."""
         dtype = self.dtype
         rows = jnp.arange(tokens.shape[0])
-        length = cache.k[0].shape[1]
+        length = cache.k[0].shape[2]
         visible = (jnp.arange(length)[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
-        implementation = ATTENTION_IMPLEMENTATIONS[self.attention]
 
         def cached_attention(k_cache, v_cache) -> Attention:
             def attention(q, k, v):
-                k_all = k_cache.at[rows, positions].set(k[:, 0].astype(k_cache.dtype))
-                v_all = v_cache.at[rows, positions].set(v[:, 0].astype(v_cache.dtype))
-                keys, values = k_all.astype(dtype), v_all.astype(dtype)
-                if self.attention == "xla":
-                    out = attend(q, keys, values, visible)
-                else:
-                    out = attend_fused(q, keys, values, causal=False, kv_lengths=positions + 1,
-                                       implementation=implementation)
+                # k[:, 0] [B, Hkv, D] lands at [row, :, position] of each row.
+                k_all = k_cache.at[rows, :, positions].set(k[:, 0].astype(k_cache.dtype))
+                v_all = v_cache.at[rows, :, positions].set(v[:, 0].astype(v_cache.dtype))
+                out = attend_cache(q, k_all.astype(dtype), v_all.astype(dtype), visible)
                 return out, (k_all, v_all)
             return attention
 
