@@ -1,17 +1,18 @@
 """Compile time of the Qwen2.5 programs versus depth: scanned layers vs unrolled ones.
 
-`memagent_jax.models.qwen2` runs the full-sequence forward and the prefill as one `jax.lax.scan`
-over the layers (weights stacked inside the program), so their compiled program is the size of
-one layer and compile time should not grow with depth: Qwen2.5-72B (80 layers) should compile
-about as fast as Qwen2.5-0.5B (24). The decode step is unrolled over the per-layer weights on
-purpose (a scan would copy every layer's weights out of the stack on every token; see the
-model's docstring), so its compile time grows with depth: this script shows by how much.
+`memagent_jax.models.qwen2` runs the full-sequence forward (the train step's) as one
+`jax.lax.scan` over the layers (weights stacked inside the program), so its compiled program is
+the size of one layer and compile time should not grow with depth: Qwen2.5-72B (80 layers)
+should compile about as fast as Qwen2.5-0.5B (24). The engine's prefill and decode step are
+unrolled over the per-layer weights on purpose (a scan copies every layer's weights out of the
+stack on every call; see the model's docstring), so their compile time grows with depth: this
+script shows by how much.
 It lowers and compiles, from shapes only (no weights are allocated, so the 72B shape fits on
 any machine), for each preset:
 - `forward`: the full-sequence forward `model(input_ids, attention_mask)`;
 - `prefill`: `model.prefill(ids [B, T], logits_index)`, the engine's prefill;
 - `decode`: one KV-cache decode step `model.decode_step(tokens [B], positions [B], cache)`;
-- `unrolled` (the peer for the scanned programs): the forward with the layer scan fully
+- `unrolled` (the peer for the scanned forward): the forward with the layer scan fully
   unrolled, as a port without the scan compiles it (`unrolled_forward` below).
 It prints per program the lowering and compile wall seconds and the compile CPU seconds, each
 the best of --repeats rounds (every run a fresh jitted function compiled after

@@ -46,14 +46,15 @@ def _matmuls(num_layers: int, program: str) -> int:
     return lowered.as_text().count("dot_general")
 
 
-@pytest.mark.parametrize("program", ["forward", "prefill"])
-def test_scanned_programs_trace_the_layer_once(program):
-    """The forward and the prefill run the layers in one scan: 48 layers lower to the same
-    matmuls as 2, so their compile time does not grow with depth."""
-    assert _matmuls(48, program) == _matmuls(2, program)
+def test_forward_traces_the_layer_once():
+    """The full forward (the train step's) runs the layers in one scan: 48 layers lower to the
+    same matmuls as 2, so its compile time does not grow with depth."""
+    assert _matmuls(48, "forward") == _matmuls(2, "forward")
 
 
-def test_decode_step_runs_each_layer_on_its_own_weights():
-    """The decode step is unrolled over per-layer weights (no stacked slices to copy): its
-    matmuls grow with depth, 9 per layer (q, k, v, o, gate, up, down, two for attention)."""
-    assert _matmuls(6, "decode") - _matmuls(2, "decode") == 4 * 9
+@pytest.mark.parametrize("program", ["prefill", "decode"])
+def test_engine_programs_run_each_layer_on_its_own_weights(program):
+    """Prefill and decode are unrolled over the per-layer weights (no stacked slices to copy):
+    their matmuls grow with depth, 9 per layer (q, k, v, o, gate, up, down, and the two
+    attention products)."""
+    assert _matmuls(6, program) - _matmuls(2, program) == 4 * 9

@@ -8,16 +8,18 @@ model runs them three ways:
   keys and values (the engine's prefill);
 - `model.decode_step(tokens, positions, cache)`: one token per row against a per-layer KV cache.
 
-The first two stack the layers' weights inside the jitted function and run one `jax.lax.scan`,
-so their program is the size of one layer however deep the model (80 layers for Qwen2.5-72B
-compile as fast as 2, for the train step and every prefill bucket); the stack is one copy of
-the weights in the compute dtype per call, small beside the work of a batch of long rows.
-The decode step loops over the layers in Python instead. It reads every weight once per token
-and is bound by memory bandwidth, and a scan over stacked weights copies each layer's slice
-(dynamic-slice) before its matmuls read it, on XLA:CPU and XLA:GPU alike: about 2.4x the bytes
-(BENCHMARKS.md). Unrolled over per-layer arrays, each matmul reads its weight where it lies, and
-each layer's cache is its own buffer, updated in place. The price: the decode step's compile
-time grows with depth (one program per engine; benchmarks/compile_time.py).
+The full forward stacks the layers' weights inside the jitted function and runs one
+`jax.lax.scan`, so the train step's program is the size of one layer however deep the model
+(80 layers for Qwen2.5-72B compile as fast as 2); the stack is one more copy of the weights in
+the compute dtype per call, small beside the work of a batch of long rows.
+Prefill and decode loop over the layers in Python instead, each layer's matmuls reading its
+weights where they lie and each layer's cache its own buffer, updated in place. A scan copies
+every layer's slice of the stacked weights (dynamic-slice) before its matmuls read it, on
+XLA:CPU and XLA:GPU alike: decoding, bound by memory bandwidth, paid about 2.4x the bytes, and
+a short prefill of a 0.5B model on a CPU paid 0.45 s of copies (and page faults on the
+freshly stacked buffer) per call, 5x its work at 32 tokens (BENCHMARKS.md). The price: their
+compile time grows with depth (the decode step once per engine, the prefill once per bucket
+used; benchmarks/compile_time.py).
 """
 
 from __future__ import annotations
@@ -164,7 +166,8 @@ class Qwen2(nnx.Module):
         """Runs prompts from position 0: input_ids [B, T] (right padding is harmless: it comes
         after every real token); logits_index [B]: the position whose logits to return (each
         row's last prompt token), which spares a long prefill the [B, T, V] tensor.
-        Returns (logits [B, V] float32, keys, values [L, B, T, Hkv, D] in the compute dtype)."""
+        Returns (logits [B, V] float32, keys, values: per layer [B, T, Hkv, D] in the compute
+        dtype)."""
         b, t = input_ids.shape
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         implementation = ATTENTION_IMPLEMENTATIONS[self.attention]
@@ -174,9 +177,9 @@ class Qwen2(nnx.Module):
                 return attend_causal(q, k, v), (k, v)
             return attend_fused(q, k, v, implementation), (k, v)
 
-        x, (keys, values) = self._scan(input_ids, positions, attention)
+        x, kv = self._each_layer(input_ids, positions, [attention] * len(self.layers))
         x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)
-        return self.logits(x)[:, 0], keys, values
+        return self.logits(x)[:, 0], tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
     def decode_step(self, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache):
         """tokens, positions [B] int32: each row's next token and its position. Its key and
@@ -198,16 +201,9 @@ class Qwen2(nnx.Module):
                 return out, (k_all, v_all)
             return attention
 
-        x = self._embed(tokens[:, None])
-        new_k, new_v = [], []
-        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            x, (k_cache, v_cache) = decoder_layer(self.config, layer.weights(dtype), x,
-                                                  positions[:, None],
-                                                  cached_attention(k_cache, v_cache))
-            new_k.append(k_cache)
-            new_v.append(v_cache)
-        x = rms_norm(x, self.final_norm[...].astype(dtype), self.config.rms_norm_eps)
-        return self.logits(x)[:, 0], KVCache(tuple(new_k), tuple(new_v))
+        x, kv = self._each_layer(tokens[:, None], positions[:, None],
+                                 [cached_attention(k, v) for k, v in zip(cache.k, cache.v)])
+        return self.logits(x)[:, 0], KVCache(tuple(k for k, _ in kv), tuple(v for _, v in kv))
 
     def logits(self, hidden: jnp.ndarray) -> jnp.ndarray:
         """hidden [B, T, D] (after the final norm) -> logits [B, T, V] float32."""
@@ -219,6 +215,17 @@ class Qwen2(nnx.Module):
 
     def _embed(self, input_ids: jnp.ndarray) -> jnp.ndarray:
         return jnp.take(self.embed[...], input_ids, axis=0).astype(self.dtype)
+
+    def _each_layer(self, input_ids, positions, attentions: list[Attention]):
+        """The decoder stack unrolled, layer i attending with attentions[i], then the final
+        norm. Returns (hidden [B, T, D], the attentions' aux outputs, one per layer)."""
+        x, aux = self._embed(input_ids), []
+        for layer, attention in zip(self.layers, attentions):
+            x, out = decoder_layer(self.config, layer.weights(self.dtype), x, positions,
+                                   attention)
+            aux.append(out)
+        x = rms_norm(x, self.final_norm[...].astype(self.dtype), self.config.rms_norm_eps)
+        return x, aux
 
     def _scan(self, input_ids, positions, attention: Attention, remat: bool = False):
         """The decoder stack as one scan over the stacked layer weights, then the final norm.

@@ -66,10 +66,10 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
 
 
 class Prefix(NamedTuple):
-    """A prefilled prompt: keys, values [L, 1, bucket, Hkv, D], last_logits [1, V], length []
-    int32."""
-    keys: jnp.ndarray
-    values: jnp.ndarray
+    """A prefilled prompt: keys, values (per layer [1, bucket, Hkv, D]), last_logits [1, V],
+    length [] int32."""
+    keys: tuple[jnp.ndarray, ...]
+    values: tuple[jnp.ndarray, ...]
     last_logits: jnp.ndarray
     length: jnp.ndarray
 
@@ -216,15 +216,15 @@ class Engine:
         that insert sees one prefix shape per bucket whatever the row count."""
         model = nnx.merge(self.graphdef, params)
         logits, keys, values = model.prefill(ids, logits_index=lengths - 1)
-        return [Prefix(keys[:, r:r + 1], values[:, r:r + 1], logits[r:r + 1], lengths[r])
-                for r in range(ids.shape[0])]
+        return [Prefix(tuple(k[r:r + 1] for k in keys), tuple(v[r:r + 1] for v in values),
+                       logits[r:r + 1], lengths[r]) for r in range(ids.shape[0])]
 
     def _insert_fn(self, prefix: Prefix, state: DecodeState, slot, key, temperature, top_p,
                    top_k):
         token, logprob = sample(prefix.last_logits, temperature[None], top_p[None], top_k[None],
                                 key[None], jnp.zeros(1, jnp.int32))
 
-        def put(cache, new):  # new [L, 1, bucket, Hkv, D] -> each layer's [1, Hkv, bucket, D]
+        def put(cache, new):  # each layer's [1, bucket, Hkv, D] -> [1, Hkv, bucket, D]
             return tuple(jax.lax.dynamic_update_slice(
                 layer, new[i].swapaxes(1, 2).astype(layer.dtype), (slot, 0, 0, 0))
                 for i, layer in enumerate(cache))
