@@ -4,7 +4,7 @@ Single-sequence and small-batch decoding reads every weight once per step, so it
 the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measures, in one run:
 - the machine's bandwidth: a large array copy (a jitted in-place `a + 1` on JAX's device;
   bytes read + written / time, best of a few) and a read-only `jnp.sum`, measured again just
-  before and just after each batch size's runs (see `DeviceBandwidth`); the copy is the limit
+  before and just after each decode-only run (see `DeviceBandwidth`); the copy is the limit
   (numpy's one-thread host copy and a plain jitted `jnp.copy`, whose fresh output buffer makes
   it page-fault bound on a CPU, are shown once for reference);
 - per batch size, greedy decoding of `--new-tokens` tokens after random prompts of
@@ -64,25 +64,32 @@ def cpu_busy() -> tuple[float, float]:
     return busy, own.user + own.system
 
 
-def best_time(fn, repeats: int, loads: list[float] | None = None) -> float:
+def best_time(fn, repeats: int, loads: list[float] | None = None, around=None,
+              probes: list | None = None) -> float:
     """Fastest of `repeats` runs of fn(), in seconds. If `loads` is given, appends the share of
     the machine's cores that other processes kept busy during that fastest run (this script
-    shares its machine: a run that other work slowed down shows a high share)."""
-    best, best_load = float("inf"), float("nan")
+    shares its machine: a run that other work slowed down shows a high share). If `around` is
+    given, it is called (untimed) before and after every run, and `probes` receives its two
+    results for the fastest run."""
+    best, best_load, best_probes = float("inf"), float("nan"), None
     cores = os.cpu_count() or 1
     for _ in range(repeats):
+        before = around() if around else None
         busy0, own0 = cpu_busy()
         start = time.perf_counter()
         fn()
         elapsed = time.perf_counter() - start
         busy1, own1 = cpu_busy()
+        after = around() if around else None
         if elapsed < best:
-            best = elapsed
+            best, best_probes = elapsed, (before, after)
             # The counters tick every 10 ms: too coarse for runs shorter than about 0.5 s.
             other = max(0.0, (busy1 - busy0) - (own1 - own0)) / (elapsed * cores)
             best_load = min(other, 1.0) if elapsed >= 0.5 else float("nan")
     if loads is not None:
         loads.append(best_load)
+    if probes is not None:
+        probes.extend(best_probes)
     return best
 
 
@@ -90,9 +97,9 @@ def best_time(fn, repeats: int, loads: list[float] | None = None) -> float:
 
 class DeviceBandwidth:
     """GB/s of JAX's default device on a `size_bytes` array, measured whenever called: the
-    bandwidth a shared machine gives changes from minute to minute (this 2-core VM's read rate
-    moved between about 50 and 74 GB/s), so each batch size is compared with figures taken
-    right around its own decode timing.
+    bandwidth a shared machine gives changes from minute to minute (this 2-core VM's copy rate
+    moved between about 55 and 117 GB/s within one run), so each decode timing is compared
+    with figures taken right around it.
     - copy: a jitted in-place (donated) `a + 1`, bytes read + written; a non-donated copy writes
       a fresh buffer every call, and first-touching its pages costs more than the copy (shown
       once at the start for reference, never used as the limit). (+ 0 would be folded away.)
@@ -155,7 +162,9 @@ def ensure_model_dir(path: str | None, preset: str, dtype: str) -> tuple[str, ob
 # ---- ours ---------------------------------------------------------------------------------
 
 def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeats: int,
-               decode_steps: int) -> dict:
+               decode_steps: int, bandwidth: DeviceBandwidth) -> dict:
+    """End-to-end and decode-only timings; the bandwidth is probed right before and after each
+    decode-only run, and the probes around the fastest one are returned with it."""
     from memagent_jax.rollout.engine import Engine, EngineConfig
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.rollout.scheduler import Request, generate
@@ -192,11 +201,12 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
             state, tok, _ = engine.generate(state)
             jax.block_until_ready(tok)
 
-    step_s = best_time(steps, repeats, loads) / decode_steps
+    probes: list[dict[str, float]] = []
+    step_s = best_time(steps, repeats, loads, around=bandwidth, probes=probes) / decode_steps
     del state, engine
     gc.collect()
     return {"warm_up_s": warm_up_s, "e2e_s": e2e_s, "step_s": step_s, "tokens": tokens,
-            "ours_load": max(loads)}
+            "ours_load": max(loads), "probes": probes}
 
 
 def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
@@ -315,7 +325,7 @@ def main() -> None:
           f"{numpy_copy(int(args.bandwidth_gb * GB), 5):.1f} GB/s; jax copy (jit a+1, donated) "
           f"{start_bw['copy']:.1f}; jax copy (jnp.copy, fresh out) {bandwidth.fresh_copy():.1f}; "
           f"jax read (jit jnp.sum) {start_bw['read']:.1f} GB/s. Limits per batch: the best jax "
-          f"copy and read measured just before and just after its own runs.")
+          f"copy and read measured just before and just after its fastest decode-only run.")
 
     from memagent_jax.models import load_model
     model_dir, tmp = ensure_model_dir(args.model_dir, args.preset, args.dtype)
@@ -334,11 +344,10 @@ def main() -> None:
     for batch in batches:
         repeats = args.large_repeats if batch >= args.large_batch else args.repeats
         prompts = rng.integers(0, config.vocab_size, (batch, args.prompt_len)).astype(np.int32)
-        before = bandwidth()
         ours = bench_ours(model, prompts, args.new_tokens, args.max_len, repeats,
-                          args.decode_steps)
+                          args.decode_steps, bandwidth)
         floor_s = bench_matmul_floor(model, batch, repeats, max(4, args.decode_steps // 4))
-        after = bandwidth()
+        before, after = ours["probes"]
         row = {"batch": batch, "repeats": repeats, **ours, "floor_s": floor_s,
                "copy_gbs": max(before["copy"], after["copy"]),
                "read_gbs": max(before["read"], after["read"])}
