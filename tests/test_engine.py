@@ -188,3 +188,19 @@ def test_default_buckets_pad_long_prompts_by_at_most_a_quarter():
         bucket = next(b for b in buckets if b >= length)
         assert bucket <= (max(16, 2 * length - 1) if length <= 1024 else 1.25 * length)
 
+
+def test_warm_up_for_given_prompt_lengths_compiles_their_buckets(hf_dir):
+    """warm_up([5, 20]) compiles buckets 16 and 32 only: prompts of those buckets then run
+    without compiling, and nothing was compiled for bucket 64."""
+    model, _ = load_model(hf_dir)
+    engine = Engine(model, EngineConfig(slots=2, max_len=64, prefill_rows=2))
+    engine.warm_up([5, 20])
+    _generate_without_compiling(engine, _greedy_requests(_prompts(4, 1, 30, seed=3)))
+    counter = _CompileCounter()
+    jax.monitoring.register_event_duration_secs_listener(counter)
+    try:
+        generate(engine, _greedy_requests([tuple(range(3, 43))]))  # 40 tokens: bucket 64
+    finally:
+        jax.monitoring.unregister_event_duration_listener(counter)
+    assert counter.count > 0
+

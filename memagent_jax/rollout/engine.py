@@ -183,11 +183,13 @@ class Engine:
         raise ValueError(f"prompt of {length} tokens exceeds the largest bucket "
                          f"{self.buckets[-1]}")
 
-    def warm_up(self) -> None:
-        """Compiles every bucket's prefill (at every row count) and insert, and the decode
-        step."""
+    def warm_up(self, prompt_lengths: list[int] | None = None) -> None:
+        """Compiles the prefill (at every row count) and insert of the buckets that prompts of
+        `prompt_lengths` tokens use (default: every bucket), and the decode step."""
+        buckets = (self.buckets if prompt_lengths is None
+                   else sorted({self.bucket_for(n) for n in prompt_lengths}))
         state = self.init_decode_state()
-        for bucket in self.buckets:
+        for bucket in buckets:
             prompt = [0] * min(bucket, self.config.max_len - 1)
             for rows in self.config.row_counts():
                 prefix = self.prefill_batch([prompt] * rows)[0]
