@@ -152,15 +152,12 @@ class Qwen2(nnx.Module):
         b, t = input_ids.shape
         if attention_mask is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            x, _ = self._scan(input_ids, positions,
-                              lambda q, k, v: (attend_causal(q, k, v), None), remat)
-            return self.logits(x)
+            return self.logits(self._scan(input_ids, positions, attend_causal, remat))
         mask = attention_mask.astype(bool)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         visible = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
-        x, _ = self._scan(input_ids, positions,
-                          lambda q, k, v: (attend(q, k, v, visible), None), remat)
-        return self.logits(x)
+        return self.logits(self._scan(input_ids, positions,
+                                      lambda q, k, v: attend(q, k, v, visible), remat))
 
     def prefill(self, input_ids: jnp.ndarray, logits_index: jnp.ndarray):
         """Runs prompts from position 0: input_ids [B, T] (right padding is harmless: it comes
@@ -227,15 +224,18 @@ class Qwen2(nnx.Module):
         x = rms_norm(x, self.final_norm[...].astype(self.dtype), self.config.rms_norm_eps)
         return x, aux
 
-    def _scan(self, input_ids, positions, attention: Attention, remat: bool = False):
-        """The decoder stack as one scan over the stacked layer weights, then the final norm.
-        Returns (hidden [B, T, D], the attention's aux outputs stacked over layers)."""
+    def _scan(self, input_ids, positions, attend_fn, remat: bool = False) -> jnp.ndarray:
+        """The decoder stack as one scan over the layer weights stacked here, attending with
+        attend_fn(q, k, v) -> out, then the final norm. Returns hidden [B, T, D]."""
         dtype = self.dtype
         stacked = {name: jnp.stack([getattr(layer, name)[...].astype(dtype)
                                     for layer in self.layers]) for name in LAYER_PARAMS}
 
+        def attention(q, k, v):
+            return attend_fn(q, k, v), None
+
         def layer(x, weights):
-            return decoder_layer(self.config, weights, x, positions, attention)
+            return decoder_layer(self.config, weights, x, positions, attention)[0], None
 
         if remat:
             # Save nothing but the carry (the layer's input [B, T, D]): the backward reruns the
@@ -246,9 +246,8 @@ class Qwen2(nnx.Module):
             # keeps XLA from merging the recomputation into the forward.
             layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable,
                                    prevent_cse=False)
-        x, aux = jax.lax.scan(layer, self._embed(input_ids), stacked)
-        x = rms_norm(x, self.final_norm[...].astype(dtype), self.config.rms_norm_eps)
-        return x, aux
+        x, _ = jax.lax.scan(layer, self._embed(input_ids), stacked)
+        return rms_norm(x, self.final_norm[...].astype(dtype), self.config.rms_norm_eps)
 
 
 def decoder_layer(config: ModelConfig, p: dict[str, jnp.ndarray], x: jnp.ndarray,
