@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memagent_jax.rollout.sampling import sample
+from memagent_jax.rollout.sampling import (_truncation_threshold, first_argmax, inverse_cdf,
+                                           sample)
 
 DRAWS = 20_000
 LOGITS = np.random.RandomState(0).normal(0, 1.5, 16).astype(np.float32)
@@ -74,3 +75,46 @@ def test_same_key_and_step_same_token_other_keys_differ():
     b, _ = draw(1.0, 0, 1.0, seed=3)
     c, _ = draw(1.0, 0, 1.0, seed=4)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
+
+
+# The pieces, at the Qwen2.5 vocabulary size, against numpy (ties, zeros and edges included).
+VOCAB = 151936
+
+
+def test_first_argmax_is_argmax_with_ties():
+    logits = np.random.RandomState(1).normal(size=(5, VOCAB)).astype(np.float32)
+    logits[:, [7, 90000, 151935]] = 9.0  # three-way tie: the first index wins
+    logits[4, 151935] = 10.0
+    np.testing.assert_array_equal(np.asarray(first_argmax(jnp.asarray(logits))),
+                                  np.argmax(logits, axis=-1))
+
+
+def test_inverse_cdf_matches_searchsorted_and_skips_zero_weights():
+    rng = np.random.RandomState(2)
+    weights = rng.exponential(size=(6, VOCAB)).astype(np.float32)
+    weights[:, ::3] = 0.0  # every third entry impossible
+    weights[5, :] = 0.0
+    weights[5, 1000] = 1.0  # a single possible entry
+    fraction = np.array([1e-9, 0.25, 0.5, 0.999, 1.0, 0.3], np.float32)
+    picked = np.asarray(jax.jit(inverse_cdf)(jnp.asarray(weights), jnp.asarray(fraction)))
+    cumulative = np.cumsum(weights.astype(np.float64), axis=-1)
+    expected = [np.searchsorted(c, f * c[-1]) for c, f in zip(cumulative, fraction)]
+    assert np.all(weights[np.arange(6), picked] > 0)
+    assert picked[5] == 1000
+    # float32 sums in two levels against float64: the same index or a neighbouring possible one
+    assert np.all(np.abs(picked - np.array(expected)) <= 3), (picked, expected)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 0.95), (1.0, 50, 1.0),
+                                                     (1.3, 400, 0.5), (0.5, 0, 0.2)])
+def test_truncation_threshold_matches_sorting(temperature, top_k, top_p):
+    """The bisection's cut-off equals the sorted-cumulative-mass definition (the test's
+    `exact_distribution`) on a 152K vocabulary."""
+    logits = np.random.RandomState(3).normal(0, 3, (2, VOCAB)).astype(np.float32)
+    threshold = np.asarray(jax.jit(_truncation_threshold)(
+        jnp.asarray(logits), jnp.full((2, 1), temperature), jnp.full(2, top_p),
+        jnp.full(2, top_k, jnp.int32)))
+    for row in range(2):
+        kept = exact_distribution(logits[row].astype(np.float64), temperature, top_k, top_p) > 0
+        assert threshold[row] == logits[row][kept].min()
+
