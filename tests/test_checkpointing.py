@@ -14,6 +14,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from memagent_jax.errors import UserError
 from memagent_jax.models import make_mesh
 from memagent_jax.rl.checkpointing import Checkpointer
 
@@ -132,3 +133,18 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tmp_path):
     assert sorted(os.listdir(directory)) == ["1", "2"]
     restored, _ = Checkpointer(directory).restore(target)
     np.testing.assert_array_equal(restored["w"], np.arange(4096.0) * 2)
+
+
+def test_restoring_into_another_tree_is_one_clear_error(tmp_path):
+    """A checkpoint of another parameter tree (another depth, or the stacked layers of older
+    versions) is refused with a UserError naming the step directory, not Orbax's dump of both
+    trees."""
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    checkpointer = Checkpointer(str(tmp_path / "ckpt"), keep=3, async_save=False)
+    checkpointer.save(1, _train_state(mesh), {"step": 1})
+    other = _train_state(mesh)
+    other["params"]["layers"] = {0: other["params"]["layers"]["w"]}
+    with pytest.raises(UserError, match=r"ckpt/1: the saved state does not match"):
+        checkpointer.restore(other)
+    checkpointer.close()
+

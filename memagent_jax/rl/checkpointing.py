@@ -20,6 +20,8 @@ from typing import Any
 
 import jax
 
+from memagent_jax.errors import UserError
+
 
 class Checkpointer:
     """save(step, state, meta, data_iterator) / restore(target, data_iterator); see the module
@@ -75,7 +77,13 @@ class Checkpointer:
                  "meta": ocp.args.JsonRestore()}
         if data_iterator is not None:
             items["data"] = CheckpointRestore(data_iterator)
-        restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        try:
+            restored = self._manager.restore(step, args=ocp.args.Composite(**items))
+        except ValueError as e:  # Orbax's tree mismatch: a page of both trees
+            raise UserError(
+                f"{self.directory}/{step}: the saved state does not match this run's model and "
+                f"optimiser ({str(e).splitlines()[0][:200]}); checkpoints of another model, or "
+                "from before per-layer parameters (2026-11-23), cannot be resumed") from None
         return restored["state"], dict(restored["meta"])
 
     def wait(self) -> None:
