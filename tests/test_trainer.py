@@ -95,7 +95,11 @@ def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(ta
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "run"
-    config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
+    # Final replies of 48 tokens: the untrained model then says the 1-in-512 code word in about
+    # one trajectory in ten, so some group of the 24 drawn has mixed rewards (none does with
+    # probability ~1e-4; with 8 tokens, ~1 in 5 random streams kept nothing to train on).
+    config = load_train_config(_write_config(task, tmp_path / "c.yaml",
+                                             rollout__max_final_tokens=48), [
         f"output_dir={out}", "mesh={data: 2, fsdp: 2, tensor: 2}"])
     trainer = Trainer(config)
     initial = jax.device_get(trainer.learner.state()["params"])
