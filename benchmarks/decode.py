@@ -213,6 +213,8 @@ def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
     """Seconds per step of a chain of only the decode step's weight matmuls (q, k, v, o, gate,
     up, down per layer, then the LM head; no attention, norms, rope, cache or sampling) over
     the model's own per-layer arrays: what the step would cost if nothing else took time."""
+    from memagent_jax.models.qwen2 import row_logits
+
     tied = model.config.tie_word_embeddings
     head = model.embed[...] if tied else model.lm_head[...]
     dtype, d = model.dtype, model.config.hidden_size
@@ -227,9 +229,7 @@ def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
             x = x + jnp.einsum("bhk,hkd->bd", q, p["o_kernel"]) + 1e-3 * kv
             g = jax.nn.silu(x @ p["gate_kernel"]) * (x @ p["up_kernel"])
             x = x + g @ p["down_kernel"]
-        eq = "bd,vd->bv" if tied else "bd,dv->bv"
-        return jnp.argmax(jnp.einsum(eq, x, head.astype(dtype),
-                                     preferred_element_type=jnp.float32), axis=-1)
+        return jnp.argmax(row_logits(x, head.astype(dtype), tied), axis=-1)
 
     x = jnp.ones((batch, d), dtype)
     jax.block_until_ready(chain(layers, head, x))

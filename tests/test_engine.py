@@ -165,9 +165,11 @@ def test_fused_attention_path_matches_reference(hf_dir, engine):
         assert np.abs(np.array(a[0].logprobs) - np.array(b[0].logprobs)).max() <= 1e-4
 
 
-def test_sharded_engine_gives_identical_greedy_tokens(tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_sharded_engine_gives_identical_greedy_tokens(tmp_path, tied):
     path = write_hf_model(tmp_path / "m", seed=11, hidden_size=64, num_attention_heads=8,
-                          num_key_value_heads=4, intermediate_size=128, vocab_size=128)
+                          num_key_value_heads=4, intermediate_size=128, vocab_size=128,
+                          tie_word_embeddings=tied)
     requests = [Request(p, 8, GREEDY) for p in _prompts(6, 2, 40, seed=6)]
     model, _ = load_model(path)
     plain = generate(Engine(model, EngineConfig(slots=4, max_len=64)), requests)

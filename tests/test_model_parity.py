@@ -85,16 +85,19 @@ def test_padded_batch_matches_each_sequence_alone(tmp_path, side):
         assert np.abs(logits[row, cols] - expected).max() <= TOL
 
 
-def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path):
+@pytest.mark.parametrize("tied", [False, True])
+def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path, tied):
     """Two prompts of different lengths prefilled (right-padded to a bucket), their keys and
     values copied into a longer per-layer cache, then N decode steps; the prefill's last-token
-    logits and every step's logits equal the full forward's at that position."""
-    path = write_hf_model(tmp_path / "hf", seed=4)
+    logits and every step's logits equal the full forward's at that position (the tied head
+    is computed vocabulary-major on these paths)."""
+    path = write_hf_model(tmp_path / "hf", seed=4, tie_word_embeddings=tied)
     model, config = load_model(path)
     rng = np.random.RandomState(3)
     full = rng.randint(3, 101, (2, 20))
     prompt_lengths, bucket, steps = np.array([6, 11]), 16, 8
-    reference = [hf_logits(hf_model(seed=4), full[i:i + 1, :prompt_lengths[i] + steps])[0]
+    reference = [hf_logits(hf_model(seed=4, tie_word_embeddings=tied),
+                           full[i:i + 1, :prompt_lengths[i] + steps])[0]
                  for i in range(2)]
 
     prompt = np.where(np.arange(bucket)[None] < prompt_lengths[:, None], full[:, :bucket], 0)
