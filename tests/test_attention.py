@@ -63,8 +63,8 @@ def test_bfloat16_gradient_keeps_dtypes_and_tracks_float32():
 
 
 def test_no_square_score_tensor_is_built():
-    """At T = 1024 with 128-blocks the compiled program holds no [.., 1024, 1024] buffer, nor
-    does its gradient (which saves only q, k, v, the output and a log-sum-exp per row)."""
+    """At T = 1024 with the default blocks the compiled program holds no [.., 1024, 1024]
+    buffer, nor does its gradient (which saves only q, k, v, the output and a log-sum-exp per row)."""
     t = 1024
     q = jax.ShapeDtypeStruct((1, t, 4, 16), jnp.float32)
     kv = jax.ShapeDtypeStruct((1, t, 2, 16), jnp.float32)
