@@ -107,11 +107,7 @@ def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path, tied):
         n = prompt_lengths[i]
         assert np.abs(np.asarray(logits[i]) - reference[i][n - 1]).max() <= TOL
 
-    empty = KVCache.zeros(config, batch=2, length=32)  # head-major: [B, Hkv, S, D]
-    cache = KVCache(tuple(c.at[:, :, :bucket].set(k.swapaxes(1, 2))
-                          for c, k in zip(empty.k, keys)),
-                    tuple(c.at[:, :, :bucket].set(v.swapaxes(1, 2))
-                          for c, v in zip(empty.v, values)))
+    cache = KVCache.zeros(config, batch=2, length=32).write_prefix(keys, values, 0)
     for step in range(steps):
         pos = prompt_lengths + step  # each row continues at its own position
         token = full[np.arange(2), pos]

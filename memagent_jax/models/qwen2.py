@@ -82,16 +82,30 @@ def param_specs(config: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[s
 
 
 class KVCache(NamedTuple):
-    """Keys and values, one head-major buffer per layer: k[i], v[i] [B, Hkv, S, D]; entry s
-    holds position s of its row (see `attend_cache` for why head-major)."""
+    """Keys and values, one head-major buffer per layer: k[i] [B, Hkv, D, S] (keys stored
+    transposed), v[i] [B, Hkv, S, D]; entry s holds position s of its row. Both decode products
+    then read the cache as a plain [D, S] or [S, D] right operand (see `attend_cache`)."""
     k: tuple[jnp.ndarray, ...]
     v: tuple[jnp.ndarray, ...]
 
     @classmethod
     def zeros(cls, config: ModelConfig, batch: int, length: int, dtype=jnp.float32) -> KVCache:
-        shape = (batch, config.num_kv_heads, length, config.head_dim)
-        return cls(*(tuple(jnp.zeros(shape, dtype) for _ in range(config.num_layers))
-                     for _ in range(2)))
+        h, d, layers = config.num_kv_heads, config.head_dim, config.num_layers
+        return cls(tuple(jnp.zeros((batch, h, d, length), dtype) for _ in range(layers)),
+                   tuple(jnp.zeros((batch, h, length, d), dtype) for _ in range(layers)))
+
+    @property
+    def length(self) -> int:
+        return self.v[0].shape[2]
+
+    def write_prefix(self, keys, values, row) -> KVCache:
+        """Puts a prefill's keys and values (per layer [R, T, Hkv, D], as `Qwen2.prefill`
+        returns them) at positions 0..T-1 of rows row..row+R-1 (row may be traced)."""
+        def put(layer, new, transpose):
+            new = new.transpose(transpose).astype(layer.dtype)
+            return jax.lax.dynamic_update_slice(layer, new, (row, 0, 0, 0))
+        return KVCache(tuple(put(c, k, (0, 2, 3, 1)) for c, k in zip(self.k, keys)),
+                       tuple(put(c, v, (0, 2, 1, 3)) for c, v in zip(self.v, values)))
 
 
 class DecoderLayer(nnx.Module):
@@ -186,13 +200,12 @@ class Qwen2(nnx.Module):
         in every layer of every step. Returns (logits [B, V] float32, updated cache)."""
         dtype = self.dtype
         rows = jnp.arange(tokens.shape[0])
-        length = cache.k[0].shape[2]
-        visible = (jnp.arange(length)[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
+        visible = (jnp.arange(cache.length)[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
 
         def cached_attention(k_cache, v_cache) -> Attention:
             def attention(q, k, v):
-                # k[:, 0] [B, Hkv, D] lands at [row, :, position] of each row.
-                k_all = k_cache.at[rows, :, positions].set(k[:, 0].astype(k_cache.dtype))
+                # k[:, 0], v[:, 0] [B, Hkv, D] land at position `positions[row]` of each row.
+                k_all = k_cache.at[rows, :, :, positions].set(k[:, 0].astype(k_cache.dtype))
                 v_all = v_cache.at[rows, :, positions].set(v[:, 0].astype(v_cache.dtype))
                 out = attend_cache(q, k_all.astype(dtype), v_all.astype(dtype), visible)
                 return out, (k_all, v_all)

@@ -76,7 +76,7 @@ class Prefix(NamedTuple):
 
 class DecodeState(NamedTuple):
     """Everything a decode step reads, one row per slot ([S] unless noted)."""
-    cache: KVCache            # one [S, Hkv, max_len, D] buffer per layer
+    cache: KVCache            # per layer: keys [S, Hkv, D, max_len], values [S, Hkv, max_len, D]
     tokens: jnp.ndarray       # int32: the token each slot feeds next
     positions: jnp.ndarray    # int32: that token's position
     steps: jnp.ndarray        # int32: tokens generated so far (indexes the sampling key)
@@ -204,6 +204,7 @@ class Engine:
             return DecodeState(KVCache((device,) * layers, (device,) * layers), *[device] * 7)
         c, slots, length = self.model_config, self.config.slots, self.config.max_len
         spec = functools.partial(partition_spec, mesh=self.mesh)
+        # Keys and values differ only in the order of their last two, unsplit, dimensions.
         cache = NamedSharding(self.mesh, spec((slots, c.num_kv_heads, length, c.head_dim),
                                               ("batch", "kv_heads", None, None)))
         row = NamedSharding(self.mesh, spec((slots,), ("batch",)))
@@ -226,13 +227,8 @@ class Engine:
         token, logprob = sample(prefix.last_logits, temperature[None], top_p[None], top_k[None],
                                 key[None], jnp.zeros(1, jnp.int32))
 
-        def put(cache, new):  # each layer's [1, bucket, Hkv, D] -> [1, Hkv, bucket, D]
-            return tuple(jax.lax.dynamic_update_slice(
-                layer, new[i].swapaxes(1, 2).astype(layer.dtype), (slot, 0, 0, 0))
-                for i, layer in enumerate(cache))
-
         state = DecodeState(
-            cache=KVCache(put(state.cache.k, prefix.keys), put(state.cache.v, prefix.values)),
+            cache=state.cache.write_prefix(prefix.keys, prefix.values, slot),
             tokens=state.tokens.at[slot].set(token[0]),
             positions=state.positions.at[slot].set(prefix.length),
             steps=state.steps.at[slot].set(1),
