@@ -116,6 +116,25 @@ def test_seed_gives_same_tokens_whatever_the_slot_and_order(engine):
     assert len({tuple(t) for t in forward}) > 1
 
 
+def test_slots_take_the_next_request_without_idle_steps(engine, monkeypatch):
+    """Outputs are read one step late: a request at its token limit leaves its slot the step
+    its last token is asked for (8 requests of 5 tokens on 4 slots: 8 steps, as unpipelined);
+    one that stops at a stop id is seen a step late, its slot's extra token discarded."""
+    steps = []
+    step = engine.generate
+    monkeypatch.setattr(engine, "generate", lambda state: steps.append(1) or step(state))
+    prompts = _prompts(8, 5, 40, seed=5)
+    results = generate(engine, [Request(p, max_new_tokens=5, sampling=GREEDY) for p in prompts])
+    assert len(steps) == 8 and all(len(c.token_ids) == 5 for (c,) in results)
+
+    greedy = results[0][0].token_ids
+    stop = next(t for i, t in enumerate(greedy) if i >= 2 and t not in greedy[:i])
+    steps.clear()
+    (stopped,), = generate(engine, [Request(prompts[0], 5, GREEDY, stop_ids=(stop,))])
+    assert stopped.token_ids == greedy[:greedy.index(stop) + 1]
+    assert stopped.finish_reason == "stop" and len(steps) == len(stopped.token_ids)
+
+
 def test_truncation_to_one_token_is_greedy(engine):
     prompt = _prompts(1, 20, 20, seed=3)[0]
     greedy = generate(engine, [Request(prompt, 10, GREEDY)])[0][0].token_ids

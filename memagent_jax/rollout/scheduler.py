@@ -2,11 +2,17 @@
 
 Requests wait in submission order; whenever slots are free the next ones are prefilled (up to
 the engine's `prefill_rows` prompts per call) and inserted, and every engine step advances all
-busy slots by one token. A slot is freed the step its request stops (a stop id, its token
-limit, or the engine's max_len), so short requests never wait for long ones. A request with
-n > 1 samples is prefilled once and its prefix inserted into n slots, each sample drawing from
-its own key. `on_done` callbacks may submit more requests (the MemAgent loop chains a
-document's turns this way).
+busy slots by one token, so short requests never wait for long ones. A request with n > 1
+samples is prefilled once and its prefix inserted into n slots, each sample drawing from its
+own key. `on_done` callbacks may submit more requests (the MemAgent loop chains a document's
+turns this way).
+
+The engine's outputs are read one step late: step t + 1 is queued before step t's tokens are
+copied to the host, so the host's work (appending tokens, finishing requests, the callbacks
+that build the next prompts) overlaps the device's instead of idling it every step. A slot is
+freed the step its request is asked for its last token when that is its token limit (or the
+engine's max_len), known in advance; a request that stops at a stop id is seen one step late,
+and its slot computes one more token, discarded.
 """
 
 from __future__ import annotations
@@ -44,9 +50,20 @@ class Completion:
 
 @dataclasses.dataclass
 class _Active:
+    """One sample of a request in a slot. limit: the most tokens it may generate (its
+    max_new_tokens, or what max_len leaves); asked: tokens requested of the engine so far,
+    some maybe not read yet."""
     request_id: int
     sample_index: int
-    completion: Completion
+    slot: int
+    limit: int
+    completion: Completion = dataclasses.field(default_factory=lambda: Completion([], []))
+    asked: int = 0
+
+
+# Engine outputs not read yet: (the samples they belong to, each with its index into the
+# output, tokens, logprobs), device arrays; an insert's outputs are scalars (index 0).
+_Unread = tuple[list[tuple[int, _Active]], object, object]
 
 
 class Scheduler:
@@ -94,16 +111,20 @@ class Scheduler:
 
     def run(self) -> None:
         """Steps until every submitted request (and any its callbacks submit) has finished."""
-        while self._waiting or any(self._slots):
-            self._fill_free_slots()
-            if any(self._slots):
+        unread: collections.deque[_Unread] = collections.deque()
+        while self._waiting or any(self._slots) or unread:
+            self._fill_free_slots(unread)
+            busy = [(slot, active) for slot, active in enumerate(self._slots) if active]
+            if busy:
                 self.state, tokens, logprobs = self.engine.generate(self.state)
-                tokens, logprobs = jax.device_get((tokens, logprobs))
-                for slot, active in enumerate(self._slots):
-                    if active is not None:
-                        self._append(slot, int(tokens[slot]), float(logprobs[slot]))
+                unread.append((busy, tokens, logprobs))
+                for _, active in busy:
+                    self._asked(active)
+            # Everything but the step just queued, which runs while these are read.
+            while len(unread) > (1 if busy else 0):
+                self._read(unread.popleft())
 
-    def _fill_free_slots(self) -> None:
+    def _fill_free_slots(self, unread: collections.deque[_Unread]) -> None:
         while self._waiting and None in self._slots:
             free = [slot for slot, active in enumerate(self._slots) if active is None]
             starting = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
@@ -113,10 +134,13 @@ class Scheduler:
                 self.state, token, logprob = self.engine.insert(
                     self._take_prefix(request_id), self.state, slot, request.sampling,
                     sample_index)
-                self._slots[slot] = _Active(request_id, sample_index, Completion([], []))
-                # A first token may already finish it (a stop id, or max_new_tokens 1): the
-                # slot is then free again for the next round of this loop.
-                self._append(slot, int(token), float(logprob))
+                limit = min(request.max_new_tokens,
+                            self.engine.config.max_len - len(request.prompt_ids))
+                active = _Active(request_id, sample_index, slot, limit)
+                self._slots[slot] = active
+                unread.append(([(0, active)], token, logprob))
+                # A limit of one token frees the slot again for this loop's next round.
+                self._asked(active)
 
     def _prefill_new(self, request_ids) -> None:
         """Prefills, prefill_rows prompts per engine call, the requests not prefilled yet (each
@@ -139,20 +163,33 @@ class Scheduler:
             del self._prefixes[request_id]
         return prefix
 
-    def _append(self, slot: int, token: int, logprob: float) -> None:
-        active = self._slots[slot]
+    def _asked(self, active: _Active) -> None:
+        """Counts a token requested for `active`; at its limit the slot is free for the next
+        request already (that token is read later)."""
+        active.asked += 1
+        if active.asked == active.limit and self._slots[active.slot] is active:
+            self._slots[active.slot] = None
+
+    def _read(self, unread: _Unread) -> None:
+        samples, tokens, logprobs = unread
+        tokens, logprobs = (np.reshape(a, -1) for a in jax.device_get((tokens, logprobs)))
+        for index, active in samples:
+            if not active.completion.finish_reason:  # else a token past its stop: discarded
+                self._append(active, int(tokens[index]), float(logprobs[index]))
+
+    def _append(self, active: _Active, token: int, logprob: float) -> None:
         request = self.requests[active.request_id]
         completion = active.completion
         completion.token_ids.append(token)
         completion.logprobs.append(logprob)
         if token in request.stop_ids:
             completion.finish_reason = "stop"
-        elif (len(completion.token_ids) >= request.max_new_tokens
-              or len(request.prompt_ids) + len(completion.token_ids) >= self.engine.config.max_len):
+        elif len(completion.token_ids) >= active.limit:
             completion.finish_reason = "length"
         else:
             return
-        self._slots[slot] = None
+        if self._slots[active.slot] is active:
+            self._slots[active.slot] = None
         request_id = active.request_id
         results = self.results[request_id]
         results[active.sample_index] = completion
