@@ -2,7 +2,7 @@
 # The GPU checks and benchmarks, in the groups a 10-minute device call can hold:
 #   benchmarks/gpu.sh decode7b   # tests/test_gpu.py (cuDNN attention), decode on the 7B shape
 #   benchmarks/gpu.sh small      # decode on the 0.5B shape, the memory loop
-#   benchmarks/gpu.sh train      # learner update: 0.5B, and 1.5B with remat
+#   benchmarks/gpu.sh train      # learner update: 0.5B (XLA, then cuDNN attention), 1.5B with remat
 # Runs from the repository root with the machine's python3 (jax with CUDA, flax, optax, orbax,
 # transformers, torch; no install: the package is put on PYTHONPATH). Each step's log goes to
 # $LOGS (default: $OUT where the device tool sets it, else ./gpu_logs); each step has its own
@@ -48,6 +48,10 @@ train)
     step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
         --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
+    step train_0.5b_cudnn 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
+        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
+        --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 \
+        --attention cudnn --no-torch
     step train_1.5b 140 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
         --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat

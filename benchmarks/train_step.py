@@ -23,7 +23,8 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
 
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
-        [--repeats 2] [--matmul-size 4096] [--param-dtype DTYPE] [--remat] [--no-torch]
+        [--repeats 2] [--matmul-size 4096] [--param-dtype DTYPE] [--attention xla]
+        [--remat] [--no-torch]
 
 --layers keeps the preset's widths (and its 152K-row vocabulary) at fewer layers, so a CPU can
 run it; the per-token FLOP model accounts for whatever depth is run.
@@ -88,7 +89,8 @@ def flops_per_token(config, length: int) -> tuple[float, float]:
 
 
 def bench_ours(config, args, rows) -> dict[str, float]:
-    model = random_model(config, seed=0, dtype=args.dtype)  # stored as config.dtype
+    model = random_model(config, seed=0, dtype=args.dtype,  # stored as config.dtype
+                         attention=args.attention)
     length = args.prompt_len + args.response_len
     learner = Learner(model, LearnerConfig(
         lr=1e-6, warmup_steps=0, micro_batch_rows=args.micro_batch_rows,
@@ -172,6 +174,8 @@ def main() -> None:
     parser.add_argument("--micro-batch-rows", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--matmul-size", type=int, default=4096)
+    parser.add_argument("--attention", default="xla", choices=("xla", "dot_product", "cudnn"),
+                        help="the forward's attention (cudnn: GPU, bf16 compute)")
     parser.add_argument("--remat", action="store_true",
                         help="ours recomputes each layer in the backward (LearnerConfig.remat)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
@@ -193,7 +197,7 @@ def main() -> None:
           f"parameters, {args.dtype} compute; "
           f"batch: {args.rows} rows x {length} tokens ({args.prompt_len} prompt + "
           f"{args.response_len} response), micro-batches of {args.micro_batch_rows} rows, "
-          f"remat {args.remat}")
+          f"attention {args.attention}, remat {args.remat}")
 
     peak = matmul_flops(args.matmul_size, args.dtype, args.repeats)
     print(f"matmul {args.matmul_size}^2 {args.dtype}: {peak / 1e9:.1f} GFLOP/s "

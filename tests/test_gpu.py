@@ -1,6 +1,7 @@
 """Checks that need a CUDA GPU (skipped elsewhere, so CI, which has none, skips them): the
-cuDNN flash-attention path (`attention="cudnn"`) against the XLA reference, and that the
-compiled programs really call cuDNN's fused attention.
+cuDNN flash-attention path (`attention="cudnn"`: the prefill, and the training forward and
+gradient) against the XLA reference, and that the compiled programs really call cuDNN's fused
+attention.
 
 Run on a GPU machine with `JAX_PLATFORMS=cuda python -m pytest tests/test_gpu.py` (conftest.py
 pins the rest of the suite to simulated CPU devices unless JAX_PLATFORMS is set). Weights are
@@ -59,6 +60,22 @@ def test_cudnn_is_in_the_compiled_prefill():
     assert "cudnn" in hlo.lower() and "fmha" in hlo.lower()
     ref = nnx.jit(prefill).lower(model("xla"), ids).compile().as_text()
     assert "fmha" not in ref.lower()
+
+
+def test_cudnn_training_gradient_matches_xla():
+    """The unmasked forward (what the learner differentiates) takes cuDNN's fused attention in
+    its gradient too, and the gradient agrees with the blocked XLA kernel's."""
+    ids = jax.random.randint(jax.random.PRNGKey(1), (2, 1024), 0, CONFIG.vocab_size)
+    grads, hlo = {}, {}
+    for attention in ("cudnn", "xla"):
+        graphdef, state = nnx.split(model(attention))
+        loss = lambda state: jnp.mean(nnx.merge(graphdef, state)(ids)[:, :, :64] ** 2)
+        grad = jax.jit(jax.grad(loss))
+        hlo[attention] = grad.lower(state).compile().as_text().lower()
+        grads[attention] = jax.tree.leaves(grad(state))
+    assert "fmha" in hlo["cudnn"] and "fmha" not in hlo["xla"]
+    for fused, ref in zip(grads["cudnn"], grads["xla"], strict=True):
+        assert relative_error(fused, ref) < 5e-2
 
 
 def test_cudnn_engine_greedy_matches_xla():

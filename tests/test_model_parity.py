@@ -2,9 +2,11 @@
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from memagent_jax.models import KVCache, load_model
 from tests.hf_reference import hf_logits, hf_model, write_hf_model
@@ -38,8 +40,31 @@ def test_logits_match_transformers(tmp_path, case):
 
 
 def test_long_sequence_matches_transformers(tmp_path):
-    """300 tokens: the blocked causal attention runs 3 query blocks, the last one padded."""
+    """300 tokens: the blocked causal attention runs 2 query blocks of 256, the last padded."""
     assert _compare_unpadded(tmp_path, seq_len=300, num_key_value_heads=1) <= TOL
+
+
+def test_configured_attention_serves_the_unmasked_forward_and_its_gradient(tmp_path):
+    """attention="dot_product" (jax.nn.dot_product_attention: XLA's kernel on a CPU, which
+    builds the [T, T] scores the blocked kernel never does; cuDNN's on a GPU) runs the unmasked
+    forward that training differentiates: logits as transformers', gradient as the blocked
+    kernel's."""
+    path = write_hf_model(tmp_path / "hf", seed=1)
+    ids = jnp.asarray(np.random.RandomState(0).randint(0, 101, (2, 300)))
+    assert np.abs(np.asarray(load_model(path, attention="dot_product")[0](ids))
+                  - hf_logits(hf_model(seed=1), np.array(ids))).max() <= TOL
+
+    def gradient(attention):
+        graphdef, state = nnx.split(load_model(path, attention=attention)[0])
+        loss = lambda state: jnp.mean(nnx.merge(graphdef, state)(ids)[:, :, 7] ** 2)
+        grad = jax.jit(jax.grad(loss))
+        square = "300,300]" in grad.lower(state).compile().as_text()
+        return jax.tree.leaves(grad(state)), square
+
+    (fused, fused_square), (blocked, blocked_square) = gradient("dot_product"), gradient("xla")
+    assert fused_square and not blocked_square
+    for a, b in zip(fused, blocked, strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4 * np.abs(b).max())
 
 
 def test_old_rope_config_form_matches(tmp_path):

@@ -93,9 +93,11 @@ def save_checkpoint(model: Qwen2, config: ModelConfig, out_dir: str,
                                 side_files_dir)
 
 
-def random_model(config: ModelConfig, seed: int = 0, dtype: str = "float32") -> Qwen2:
+def random_model(config: ModelConfig, seed: int = 0, dtype: str = "float32",
+                 attention: str = "xla") -> Qwen2:
     """A model with random weights (norms 1, the rest N(0, 0.02)) stored as config.dtype."""
-    return Qwen2(config, dtype=dtype, param_dtype=config.dtype, rngs=nnx.Rngs(seed))
+    return Qwen2(config, dtype=dtype, param_dtype=config.dtype, attention=attention,
+                 rngs=nnx.Rngs(seed))
 
 
 def nest(flat: dict[str, object]) -> dict:

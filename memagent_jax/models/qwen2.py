@@ -119,9 +119,10 @@ class DecoderLayer(nnx.Module):
         return {name: getattr(self, name)[...].astype(dtype) for name in LAYER_PARAMS}
 
 
-# The prefill's attention. "xla": the blocked causal kernel of attention.py; "dot_product":
+# The attention of rows run from position 0 (the prefill, and the unmasked full forward that
+# training runs). "xla": the blocked causal kernel of attention.py; "dot_product":
 # jax.nn.dot_product_attention with the implementation JAX picks; "cudnn": forced cuDNN flash
-# attention (GPU, bf16/fp16 only).
+# attention, forward and gradient (GPU, bf16/fp16 only).
 ATTENTION_IMPLEMENTATIONS = {"xla": None, "dot_product": None, "cudnn": "cudnn"}
 
 # attention(q [B, T, Hq, D], k, v [B, T, Hkv, D]) -> (out [B, T, Hq, D], what the layer returns
@@ -131,7 +132,7 @@ Attention = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], tuple[jnp.ndarray,
 
 class Qwen2(nnx.Module):
     """Qwen2 causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
-    `attention` one of ATTENTION_IMPLEMENTATIONS (the prefill's)."""
+    `attention` one of ATTENTION_IMPLEMENTATIONS (for the prefill and the unmasked forward)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
                  attention: str = "xla", rngs: nnx.Rngs):
@@ -156,9 +157,10 @@ class Qwen2(nnx.Module):
         """input_ids [B, T] int; attention_mask [B, T] (1 = token, 0 = padding, on either side).
 
         Positions count real tokens only, so a padded row gives the logits the same sequence
-        would give unpadded. Without a mask every row runs causally from position 0 on the
-        blocked attention path (right-padded rows may pass None too: padding after a token never
-        affects it), which never builds a [T, T] mask or scores. remat: under differentiation,
+        would give unpadded. Without a mask every row runs causally from position 0 with the
+        configured attention (right-padded rows may pass None too: padding after a token never
+        affects it); its "xla" and "cudnn" kernels never build a [T, T] mask or scores, in the
+        gradient either. With a mask, the reference path (`attend`). remat: under differentiation,
         keep only each layer's input and recompute the rest of the layer in the backward
         (training memory; the values are the same).
         Returns logits [B, T, V] float32 (rows at padding are meaningless).
@@ -166,7 +168,7 @@ class Qwen2(nnx.Module):
         b, t = input_ids.shape
         if attention_mask is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            return self.logits(self._scan(input_ids, positions, attend_causal, remat))
+            return self.logits(self._scan(input_ids, positions, self._causal_attention(), remat))
         mask = attention_mask.astype(bool)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         visible = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
@@ -181,12 +183,10 @@ class Qwen2(nnx.Module):
         dtype)."""
         b, t = input_ids.shape
         positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        implementation = ATTENTION_IMPLEMENTATIONS[self.attention]
+        causal = self._causal_attention()
 
         def attention(q, k, v):
-            if self.attention == "xla":
-                return attend_causal(q, k, v), (k, v)
-            return attend_fused(q, k, v, implementation), (k, v)
+            return causal(q, k, v), (k, v)
 
         x, kv = self._each_layer(input_ids, positions, [attention] * len(self.layers))
         x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)
@@ -228,6 +228,14 @@ class Qwen2(nnx.Module):
         tied = self.config.tie_word_embeddings
         head = self.embed[...] if tied else self.lm_head[...]
         return row_logits(hidden, head.astype(self.dtype), tied)
+
+    def _causal_attention(self) -> Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], jnp.ndarray]:
+        """(q [B, T, Hq, D], k, v [B, T, Hkv, D]) -> [B, T, Hq, D], causal from position 0, by
+        the configured implementation."""
+        if self.attention == "xla":
+            return attend_causal
+        implementation = ATTENTION_IMPLEMENTATIONS[self.attention]
+        return lambda q, k, v: attend_fused(q, k, v, implementation)
 
     def _embed(self, input_ids: jnp.ndarray) -> jnp.ndarray:
         return jnp.take(self.embed[...], input_ids, axis=0).astype(self.dtype)

@@ -38,7 +38,7 @@ class ModelSection:
     preset: str | None = None
     tokenizer: str | None = None
     dtype: Literal["float32", "bfloat16"] | None = None
-    attention: str = "xla"  # models.qwen2.ATTENTION_IMPLEMENTATIONS
+    attention: str = "xla"  # models.qwen2.ATTENTION_IMPLEMENTATIONS: prefill and training
     init_seed: int = 0
 
 

@@ -296,8 +296,9 @@ class Learner:
         """params: pure dict; tokens [B, L] right-padded -> logits [B, L, V] / temperature.
 
         No attention mask: the padding sits after every real token, so the model's causal path
-        from position 0 (blocked attention, no [L, L] scores in the forward or the gradient)
-        gives the real positions exactly what a mask would. The recompute of old
+        from position 0 (its configured attention: the blocked kernel, or cuDNN's on a GPU; no
+        [L, L] scores in the forward or the gradient) gives the real positions exactly what a
+        mask would. The recompute of old
         log-probabilities runs the same path, so before the first update the ratios are exactly
         1. remat: checkpoint the model's layers (for the differentiated loss; same values)."""
         model = nnx.merge(self.graphdef, jax.tree.unflatten(self._state_def,
