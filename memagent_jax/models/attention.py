@@ -7,8 +7,9 @@ it never holds more than a block x block score tile per head and skips the block
 diagonal, in its gradient too (flash attention's backward, as a custom VJP), so it is the
 long-sequence path for inference and training wherever no fused kernel serves. `attend_cache`
 is the decode step's: a few queries over a head-major KV cache (keys stored transposed).
-`attend_fused` runs a causal prefill through jax.nn.dot_product_attention, which on GPU can be
-cuDNN flash attention (no T x T tensor in memory).
+`attend_fused` runs causal attention from position 0 (a prefill, a training forward) through
+jax.nn.dot_product_attention, which on GPU can be cuDNN flash attention (no T x T tensor in
+memory).
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
 
 def attend_fused(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
                  implementation: Literal["xla", "cudnn"] | None = None) -> jnp.ndarray:
-    """Causal attention from position 0 (a prefill) through jax.nn.dot_product_attention:
-    q [B, T, Hq, D]; k, v [B, T, Hkv, D]. implementation None lets JAX choose (cuDNN flash
-    attention on a GPU when the shapes allow; no T x T tensor in memory)."""
+    """Causal attention from position 0 (a prefill, a training forward and its gradient)
+    through jax.nn.dot_product_attention: q [B, T, Hq, D]; k, v [B, T, Hkv, D].
+    implementation None lets JAX choose (cuDNN flash attention on a GPU when the shapes allow;
+    no T x T tensor in memory)."""
     return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
