@@ -97,11 +97,12 @@ class Engine:
         self.model_config = model.config
         self.mesh = mesh
         self.dtype = model.dtype
-        self.graphdef, self.params = nnx.split(model)
-        # The jitted functions take the parameters as a flat list: flattening an nnx.State is
-        # Python work per leaf (250 us per call for a 28-layer model on a CPU, the time of a
-        # whole decode step for a small model on a GPU), and a decode step is one call.
-        self._param_leaves, self._param_treedef = jax.tree.flatten(self.params)
+        self.graphdef, params = nnx.split(model)
+        # The parameters are kept, and passed to the jitted functions, as a flat list:
+        # flattening an nnx.State is Python work per leaf (250 us per call for a 28-layer model
+        # on a CPU, the time of a whole decode step for a small model on a GPU), and a decode
+        # step is one call.
+        self._param_leaves, self._param_treedef = jax.tree.flatten(params)
         self.buckets = config.buckets()
         self.prefill_count = 0  # prompts prefilled so far (tests count these)
         self._state_sharding = self._decode_state_sharding()
@@ -110,6 +111,11 @@ class Engine:
                                out_shardings=(self._state_sharding, None, None))
         self._generate = jax.jit(self._generate_fn, donate_argnums=(1,),
                                  out_shardings=(self._state_sharding, None, None))
+
+    @property
+    def params(self) -> nnx.State:
+        """The parameters decoded with, as `nnx.split(model)` gives them."""
+        return jax.tree.unflatten(self._param_treedef, self._param_leaves)
 
     # ---- the three operations -------------------------------------------------------------
 
@@ -168,15 +174,13 @@ class Engine:
         The arrays are used as they are: they must match the current ones in structure, shape,
         dtype and sharding, so the swap never copies, reshards or recompiles; a mismatch raises
         ValueError rather than silently moving weights between devices."""
-        old, new = jax.tree.leaves_with_path(self.params), jax.tree.leaves_with_path(params)
-        if jax.tree.structure(self.params) != jax.tree.structure(params):
+        if jax.tree.structure(params) != self._param_treedef:
             raise ValueError("update_params: the new state's structure differs from the model's")
-        for (path, a), (_, b) in zip(old, new):
+        for (path, b), a in zip(jax.tree.leaves_with_path(params), self._param_leaves):
             if (a.shape, a.dtype) != (b.shape, b.dtype) or a.sharding != b.sharding:
                 raise ValueError(f"update_params: {jax.tree_util.keystr(path)} is "
                                  f"{b.dtype}{list(b.shape)} on {b.sharding}, the engine's is "
                                  f"{a.dtype}{list(a.shape)} on {a.sharding}")
-        self.params = params
         self._param_leaves = jax.tree.leaves(params)
 
     # ---- helpers --------------------------------------------------------------------------
