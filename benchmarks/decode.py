@@ -9,11 +9,11 @@ the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measur
   it page-fault bound on a CPU, are shown once for reference);
 - per batch size, greedy decoding of `--new-tokens` tokens after random prompts of
   `--prompt-len` tokens, no EOS stopping, with the SAME random weights in both frameworks:
-  * ours end to end: `scheduler.generate(engine, requests)` (prefill + insert + steps) after
-    `engine.warm_up()`, best of --repeats; the engine prefills the whole batch in one call
-    (`prefill_rows` = batch), as transformers does;
-  * ours decode only: a loop of `engine.generate(state)` steps over full slots, each step's
-    tokens waited for (`jax.block_until_ready`), as the scheduler does;
+  * ours end to end: `scheduler.complete(engine, params, requests)` (prefill + insert + steps)
+    after `engine.warm_up(params)`, best of --repeats; the engine prefills the whole batch in
+    one call (`prefill_rows` = batch), as transformers does;
+  * ours decode only: a loop of `engine.generate(params, state)` steps over full slots, each
+    step's tokens waited for (`jax.block_until_ready`), as the scheduler does;
   * transformers end to end: `model.generate(ids [B, P], max_new_tokens=N, min_new_tokens=N,
     do_sample=False)` under `torch.inference_mode`, after one untimed warm-up call; its decode
     rate is estimated as B * (N - 1) / (t(N tokens) - t(1 token));
@@ -165,15 +165,17 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
                decode_steps: int, bandwidth: DeviceBandwidth) -> dict:
     """End-to-end and decode-only timings; the bandwidth is probed right before and after each
     decode-only run, and the probes around the fastest one are returned with it."""
+    from memagent_jax.models import split_params
     from memagent_jax.rollout.engine import Engine, EngineConfig
     from memagent_jax.rollout.sampling import SamplingParams
-    from memagent_jax.rollout.scheduler import Request, generate
+    from memagent_jax.rollout.scheduler import Request, complete
 
     batch, prompt_len = prompts.shape
     engine = Engine(model, EngineConfig(slots=batch, max_len=max_len,
                                         prefill_buckets=(prompt_len,), prefill_rows=batch))
+    params = split_params(model)[1]
     start = time.perf_counter()
-    engine.warm_up()
+    engine.warm_up(params)
     warm_up_s = time.perf_counter() - start
     greedy = SamplingParams(temperature=0.0, seed=0)
     requests = [Request(tuple(int(t) for t in row), max_new_tokens=new_tokens, sampling=greedy,
@@ -181,7 +183,7 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
     results, loads = [], []
 
     def run():
-        results.append(generate(engine, requests))
+        results.append(complete(engine, params, requests))
 
     e2e_s = best_time(run, repeats, loads)
     tokens = np.array([r[0].token_ids for r in results[-1]], np.int64)
@@ -190,15 +192,15 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
     # Decode only: every slot busy, then `decode_steps` steps, each waited for.
     state = engine.init_decode_state()
     for slot, row in enumerate(prompts):
-        state, _, _ = engine.insert(engine.prefill(row), state, slot, greedy)
+        state, _, _ = engine.insert(engine.prefill(params, [row])[0], state, slot, greedy)
     for _ in range(2):
-        state, tok, _ = engine.generate(state)
+        state, tok, _ = engine.generate(params, state)
     jax.block_until_ready(tok)
 
     def steps():
         nonlocal state
         for _ in range(decode_steps):
-            state, tok, _ = engine.generate(state)
+            state, tok, _ = engine.generate(params, state)
             jax.block_until_ready(tok)
 
     probes: list[dict[str, float]] = []
@@ -213,22 +215,24 @@ def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
     """Seconds per step of a chain of only the decode step's weight matmuls (q, k, v, o, gate,
     up, down per layer, then the LM head; no attention, norms, rope, cache or sampling) over
     the model's own per-layer arrays: what the step would cost if nothing else took time."""
-    from memagent_jax.models.qwen2 import row_logits
+    from memagent_jax.models.qwen2 import row_logits, split_params
 
     tied = model.config.tie_word_embeddings
     head = model.embed[...] if tied else model.lm_head[...]
     dtype, d = model.dtype, model.config.hidden_size
-    layers = [layer.weights(dtype) for layer in model.layers]
+    layers = [jax.tree.map(lambda w: w.astype(dtype), params)
+              for params in split_params(model)[1]["layers"].values()]
 
     @jax.jit
     def chain(layers, head, x):
-        for p in layers:
-            q = jnp.einsum("bd,dhk->bhk", x, p["q_kernel"])
-            kv = (jnp.einsum("bd,dhk->bhk", x, p["k_kernel"]).sum()
-                  + jnp.einsum("bd,dhk->bhk", x, p["v_kernel"]).sum())
-            x = x + jnp.einsum("bhk,hkd->bd", q, p["o_kernel"]) + 1e-3 * kv
-            g = jax.nn.silu(x @ p["gate_kernel"]) * (x @ p["up_kernel"])
-            x = x + g @ p["down_kernel"]
+        for layer in layers:
+            a, m = layer["attn"], layer["mlp"]
+            q = jnp.einsum("bd,dhk->bhk", x, a["q_kernel"])
+            kv = (jnp.einsum("bd,dhk->bhk", x, a["k_kernel"]).sum()
+                  + jnp.einsum("bd,dhk->bhk", x, a["v_kernel"]).sum())
+            x = x + jnp.einsum("bhk,hkd->bd", q, a["o_kernel"]) + 1e-3 * kv
+            g = jax.nn.silu(x @ m["gate_kernel"]) * (x @ m["up_kernel"])
+            x = x + g @ m["down_kernel"]
         return jnp.argmax(row_logits(x, head.astype(dtype), tied), axis=-1)
 
     x = jnp.ones((batch, d), dtype)

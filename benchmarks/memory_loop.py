@@ -11,9 +11,10 @@ that, and the speed against a straightforward `transformers` implementation of t
   This model does emit EOS in some turns, so by default neither side stops at it: every turn
   generates exactly its cap and the work per chunk is fixed (`--stop-at-eos` stops both at
   EOS). The mean update-reply length of every run is printed to check that.
-- Ours: `MemoryAgent(Scheduler(Engine(model, EngineConfig(slots=batch, ...))))`, all `batch`
-  documents in one `agent.run(..., SamplingParams(temperature=0.0))`; `engine.warm_up()`
-  (compilation) and one untimed 2-chunk run are excluded. Document tokens/s = batch x length /
+- Ours: `build_agent(model, tokenizer, config, EngineConfig(slots=batch, ...))` (the engine
+  sized as every front end sizes it), all `batch` documents in one `agent.run(params, ...,
+  SamplingParams(temperature=0.0))`; `engine.warm_up()` (compilation) and one untimed 2-chunk
+  run are excluded. Document tokens/s = batch x length /
   wall time, which includes tokenizing the documents and every turn's chat-template prompt.
 - Peer: the loop written directly on transformers (`PeerLoop`): per chunk index, every
   document's update prompt (the same `templates` functions, so identical token ids), left-padded
@@ -51,12 +52,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from memagent_jax.models import load_model
+from memagent_jax.models import load_model, split_params
+from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import Engine, EngineConfig
-from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, required_length,
-                                           split_document)
+from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, read_sample
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.templates import (INITIAL_MEMORY, chat_prompt_ids, final_prompt,
                                             update_prompt)
 from memagent_jax.tokenizer import load_tokenizer
@@ -78,7 +78,7 @@ class Timed:
     def __init__(self, engine: Engine):
         self.seconds = {"prefill": 0.0, "insert": 0.0, "decode": 0.0}
         self.calls = dict.fromkeys(self.seconds, 0)
-        for name, attr in (("prefill", "prefill_batch"), ("insert", "insert"),
+        for name, attr in (("prefill", "prefill"), ("insert", "insert"),
                            ("decode", "generate")):
             setattr(engine, attr, self._wrap(name, getattr(engine, attr)))
 
@@ -92,15 +92,14 @@ class Timed:
         return timed
 
 
-def run_ours(engine: Engine, tokenizer, config: MemAgentConfig, samples, stop_ids
-             ) -> tuple[float, float, float]:
-    """(wall s, process cpu s, mean update-reply tokens) of one agent.run over `samples`."""
-    agent = MemoryAgent(Scheduler(engine), tokenizer, config, stop_ids=stop_ids)
+def run_ours(agent: MemoryAgent, params, samples) -> tuple[float, float, float]:
+    """(wall s, process cpu s, mean update-reply tokens) of one agent.run over `samples`
+    ((question, document) pairs; reading them into chunks is timed too)."""
     wall, cpu = time.perf_counter(), time.process_time()
-    results = agent.run(samples, SamplingParams(temperature=0.0))
+    results = agent.run(params, [agent.read(q, d) for q, d in samples],
+                        SamplingParams(temperature=0.0))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    replies = [len(c.response_ids) for (t,) in results for c in t.conversations
-               if c.kind == "update"]
+    replies = [len(c.response_ids) for (t,) in results for c in t.turns if c.kind == "update"]
     return wall, cpu, float(np.mean(replies))
 
 
@@ -143,7 +142,7 @@ class PeerLoop:
         return wall, cpu, float(np.mean(self.reply_lengths[:self.final_start]))
 
     def run(self, samples) -> list[str]:
-        chunked = [split_document(self.tokenizer, p, d, self.config) for p, d in samples]
+        chunked = [read_sample(self.tokenizer, p, d, self.config).chunks for p, d in samples]
         memories = [INITIAL_MEMORY] * len(samples)
         for k in range(max(len(c) for c in chunked)):
             live = [i for i, c in enumerate(chunked) if k < len(c)]
@@ -207,11 +206,8 @@ def main() -> None:
                    max_position_embeddings=4 * args.chunk_tokens)
     tokenizer = load_tokenizer(path)
     model, _ = load_model(path, dtype="float32", attention=args.attention)
+    params = split_params(model)[1]
     stop_ids = (EOS,) if args.stop_at_eos else ()
-    # Sized as `memagent-jax run` sizes its engine: the longest turn the budgets allow, rounded
-    # up to 256, with the engine's default prefill buckets.
-    max_len = -(-required_length(tokenizer, config.max_problem_tokens, config) // 256) * 256
-    buckets = EngineConfig(max_len=max_len).buckets()
     # Warm-up compiles only the buckets the loop's prompts use (all of them, unrolled over the
     # layers, take minutes on a GPU at 0.5B widths): the shortest and longest update prompt and
     # the longest final prompt.
@@ -222,6 +218,9 @@ def main() -> None:
     prompt_lengths.append(len(chat_prompt_ids(tokenizer, final_prompt(QUESTION,
                                                                        longest_memory))))
     print(machine())
+    engine = build_agent(model, tokenizer, config, EngineConfig(slots=1), None,
+                         stop_ids).scheduler.engine
+    max_len, buckets = engine.config.max_len, engine.buckets
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/"
           f"{args.kv_heads} heads, vocab "
           f"{model.config.vocab_size}, float32, random weights, {args.attention} attention; "
@@ -251,14 +250,15 @@ def main() -> None:
     print(f"{'impl':13} {'batch':>5} {'doc tokens':>10} {'turns':>6} {'wall s':>8} {'cpu s':>8} "
           f"{'doc tok/s':>10} {'us/doc tok':>10} {'reply':>6}")
     for batch in args.batch_sizes:
-        engine = Engine(model, EngineConfig(slots=batch, max_len=max_len,
-                                            prefill_rows=min(args.prefill_rows, batch)))
+        agent = build_agent(model, tokenizer, config,
+                            EngineConfig(slots=batch, prefill_rows=min(args.prefill_rows, batch)),
+                            None, stop_ids)
+        engine = agent.scheduler.engine
         start = time.perf_counter()
-        engine.warm_up(prompt_lengths)
+        engine.warm_up(params, prompt_lengths)
         # And one short untimed run, as the peer's warm-up call: first-use host costs
         # (tokenizer, chat template) stay out of the first timed length.
-        run_ours(engine, tokenizer, config, documents(words, batch, 2 * args.chunk_tokens, 0),
-                 stop_ids)
+        run_ours(agent, params, documents(words, batch, 2 * args.chunk_tokens, 0))
         print(f"# batch {batch}: warm-up (compile, one 2-chunk run) "
               f"{time.perf_counter() - start:.1f} s, excluded")
         for length in args.lengths:
@@ -266,12 +266,11 @@ def main() -> None:
                 print(f"# skipped batch {batch} x {length} tokens (> --max-batch-tokens)")
                 continue
             samples = documents(words, batch, length, seed=length)
-            report("memagent_jax", batch, length,
-                   *run_ours(engine, tokenizer, config, samples, stop_ids))
+            report("memagent_jax", batch, length, *run_ours(agent, params, samples))
             if args.profile and length == min(args.lengths):
                 timed = Timed(engine)
-                wall, _, _ = run_ours(engine, tokenizer, config, samples, stop_ids)
-                del engine.prefill_batch, engine.insert, engine.generate  # the class methods
+                wall, _, _ = run_ours(agent, params, samples)
+                del engine.prefill, engine.insert, engine.generate  # the class methods
                 parts = dict(timed.seconds, host=wall - sum(timed.seconds.values()))
                 print("#   profile (blocking): " + ", ".join(
                     f"{k} {v:.2f} s ({100 * v / wall:.0f}%)" for k, v in parts.items())
@@ -281,7 +280,7 @@ def main() -> None:
                     f"host per turn {1e3 * parts['host'] / timed.calls['insert']:.2f} ms")
             if peer is not None and batch in args.peer_batch_sizes and length in args.peer_lengths:
                 report("transformers", batch, length, *peer.timed_run(samples))
-        del engine
+        del agent, engine
 
     print("\ntime per document token, longest / shortest length (goal <= 1.1), wall and cpu:")
     for batch in args.batch_sizes:

@@ -44,7 +44,7 @@ import numpy as np
 from memagent_jax.models import preset_config, random_model
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.memagent import Conversation, Trajectory
+from memagent_jax.rollout.memagent import Trajectory, Turn
 
 
 def best_time(fn, repeats: int) -> float:
@@ -68,10 +68,10 @@ def matmul_flops(size: int, dtype: str, repeats: int) -> float:
 
 
 def synthetic_rows(config, rows: int, prompt_len: int, response_len: int, seed: int = 0):
-    """rows single-conversation trajectories with random ids, logprobs and advantages."""
+    """rows single-turn trajectories with random ids, logprobs and advantages."""
     rng = np.random.default_rng(seed)
     vocab = config.vocab_size
-    trajectories = [Trajectory("", [Conversation(
+    trajectories = [Trajectory("", [Turn(
         "final", rng.integers(0, vocab, prompt_len).tolist(),
         rng.integers(0, vocab, response_len).tolist(),
         (-rng.uniform(0.1, 5.0, response_len)).tolist(), "length", "")]) for _ in range(rows)]

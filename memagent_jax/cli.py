@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from memagent_jax.errors import UserError
+from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.fileutil import check_new_output
 
 
@@ -49,36 +49,37 @@ def _random_model(args) -> None:
 def _generate(args) -> None:
     from tqdm import tqdm
 
+    from memagent_jax.models import split_params
+    from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
+    from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
-    from memagent_jax.rollout.local import load_engine
     from memagent_jax.rollout.sampling import SamplingParams
-    from memagent_jax.rollout.scheduler import Request, generate
-    from memagent_jax.tokenizer import load_tokenizer
+    from memagent_jax.rollout.scheduler import Request, complete
 
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
         raise UserError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
-    if not os.path.isdir(args.model):
-        raise UserError(f"{args.model}: model directory not found")
-    tokenizer = load_tokenizer(args.model)
+    engine_config = _from_flags(EngineConfig, slots=args.slots, max_len=args.max_len,
+                                prefill_rows=args.prefill_rows)
+    model = _from_flags(ModelSection, path=args.model, dtype=args.dtype,
+                        attention=args.attention)
+    tokenizer = _from_flags(model.load_tokenizer, required=False)
     prompts = read_prompts(args.input, tokenizer)
-    longest = max(len(p) for p in prompts)
-    max_len = args.max_len or _power_of_two_at_least(longest + args.max_new_tokens)
-    for number, prompt in enumerate(prompts, start=1):
-        if len(prompt) >= max_len:
-            raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
-                            f"--max-len {max_len} (prompt + at least one new token)")
-    if args.prefill_rows < 1:
-        raise UserError(f"--prefill-rows must be at least 1, got {args.prefill_rows}")
-    engine, _, stops = load_engine(args.model, max_len=max_len, slots=args.slots,
-                                   dtype=args.dtype, attention=args.attention,
-                                   prefill_rows=args.prefill_rows)
+    if args.max_len:
+        for number, prompt in enumerate(prompts, start=1):
+            if len(prompt) >= args.max_len:
+                raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
+                                f"--max-len {args.max_len} (prompt + at least one new token)")
+    policy = load_policy(model, tokenizer)
+    engine = build_engine(policy.model, engine_config, None,
+                          max(len(p) for p in prompts) + args.max_new_tokens)
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
-        args.temperature, args.top_p, args.top_k, args.seed + i), stops)
+        args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
         for i, p in enumerate(prompts)]
     with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
-        results = generate(engine, requests, on_done=lambda i, c: bar.update(1))
+        results = complete(engine, split_params(policy.model)[1], requests,
+                           on_done=lambda i, c: bar.update(1))
     rows = []
     for (completion,) in results:
         text = (tokenizer.decode(completion.token_ids, skip_special_tokens=True)
@@ -95,21 +96,26 @@ def _run(args) -> None:
 
     from tqdm import tqdm
 
-    from memagent_jax.rollout.memagent import MemAgentConfig, split_document
+    from memagent_jax.rollout.memagent import MemAgentConfig, read_sample
     from memagent_jax.tokenizer import load_tokenizer
 
-    config = MemAgentConfig(args.chunk_tokens, args.max_memory_tokens, args.max_final_tokens)
-    for name in ("chunk_tokens", "max_memory_tokens", "max_final_tokens"):
-        if getattr(config, name) <= 0:
-            raise UserError(f"--{name.replace('_', '-')} must be positive")
+    config = _from_flags(MemAgentConfig, chunk_tokens=args.chunk_tokens,
+                         max_memory_tokens=args.max_memory_tokens,
+                         max_final_tokens=args.max_final_tokens)
     document = _read_document(args.doc)
-    tokenizer_dir = args.tokenizer or args.model
-    tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
-    if tokenizer is None:
-        raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk the "
-                        "document with" + ("; pass --tokenizer DIR" if args.url else ""))
-    chunks = split_document(tokenizer, args.question, document, config)
-    with tqdm(total=len(chunks) + 1, desc="chunks", unit="turn", file=sys.stderr) as bar:
+    if args.url:  # --model names the served model; the tokenizer chunks the document
+        tokenizer_dir = args.tokenizer or args.model
+        tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
+        if tokenizer is None:
+            raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk "
+                            "the document with; pass --tokenizer DIR")
+    else:
+        from memagent_jax.rollout.agent import ModelSection
+        model = _from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
+                            dtype=args.dtype, attention=args.attention)
+        tokenizer = _from_flags(model.load_tokenizer, required=True)
+    sample = read_sample(tokenizer, args.question, document, config)
+    with tqdm(total=len(sample.chunks) + 1, desc="chunks", unit="turn", file=sys.stderr) as bar:
 
         def show(kind: str, reply: str) -> None:
             bar.update(1)
@@ -118,35 +124,34 @@ def _run(args) -> None:
 
         if args.url:
             from memagent_jax.rollout.server import run_on_server
-            record = run_on_server(args.url, args.model, args.question, chunks,
+            record = run_on_server(args.url, args.model, sample,
                                    max_memory_tokens=config.max_memory_tokens,
                                    max_final_tokens=config.max_final_tokens,
                                    temperature=args.temperature, top_p=args.top_p,
                                    api_key=os.environ.get("API_KEY"), timeout=args.timeout,
                                    on_turn=lambda n, kind, reply: show(kind, reply))
         else:
-            record = _run_locally(args, config, tokenizer, document, show)
+            record = _run_locally(args, model, config, tokenizer, sample, show)
     if args.json:
         print(json.dumps(record, ensure_ascii=False, indent=2))
     answer = record["answer"]
     print(answer if answer is not None else record["final_reply"].strip())
 
 
-def _run_locally(args, config, tokenizer, document, show) -> dict:
+def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
     import dataclasses
 
-    from memagent_jax.rollout.local import load_engine
-    from memagent_jax.rollout.memagent import MemoryAgent, required_length
+    from memagent_jax.models import split_params
+    from memagent_jax.rollout.agent import build_agent, load_policy
+    from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.sampling import SamplingParams
-    from memagent_jax.rollout.scheduler import Scheduler
 
-    needed = required_length(tokenizer, config.max_problem_tokens, config)
-    engine, _, stops = load_engine(args.model, max_len=-(-needed // 256) * 256, slots=1,
-                                   dtype=args.dtype, attention=args.attention)
-    agent = MemoryAgent(Scheduler(engine), tokenizer, config, stops)
+    policy = load_policy(model, tokenizer)
+    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), None,
+                        policy.stop_ids)
     sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
-    (trajectory,) = agent.run([(args.question, document)], sampling,
-                              seed=args.seed, on_turn=lambda i, c: show(c.kind, c.reply))[0]
+    (trajectory,) = agent.run(split_params(policy.model)[1], [sample], sampling,
+                              on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
     record = dataclasses.asdict(trajectory)
     record.update(memories=trajectory.memories, final_reply=trajectory.final_reply)
     return record
@@ -172,11 +177,15 @@ def _read_document(path: str) -> str:
     return text
 
 
-def _power_of_two_at_least(n: int) -> int:
-    size = 16
-    while size < n:
-        size *= 2
-    return size
+def _from_flags(build, **flags):
+    """build(**flags) (a config section, or a section's method), its ConfigErrors named by the
+    command's flags: engine.max_len -> --max-len, model.path -> --model."""
+    try:
+        return build(**flags)
+    except ConfigError as e:
+        name = e.key.rsplit(".", 1)[-1]
+        flag = "--model" if name == "path" else "--" + name.replace("_", "-")
+        raise UserError(f"{flag} {e.message}") from None
 
 
 def _parse_size(text: str) -> int:
@@ -199,6 +208,14 @@ def _parse_size(text: str) -> int:
 def _eval(args) -> None:
     from memagent_jax.eval.runner import main as eval_main
     eval_main(args.config, args.overrides)
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The `model` section's flags besides --model (see rollout.agent.ModelSection)."""
+    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+                   help="default: float32 on CPU, bfloat16 on GPU/TPU")
+    p.add_argument("--attention", default="xla",
+                   help="how prompts attend: xla (default), dot_product, cudnn (GPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -235,10 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "to it)")
     p.add_argument("--max-len", type=int, default=None,
                    help="KV cache length per slot (default: longest prompt + max-new-tokens, "
-                        "rounded up to a power of two)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
-                   help="default: float32 on CPU, bfloat16 on GPU/TPU")
-    p.add_argument("--attention", default="xla", choices=("xla", "dot_product", "cudnn"))
+                        "rounded up: powers of two to 256, then multiples of 256)")
+    _add_model_flags(p)
     p.set_defaults(func=_generate)
 
     p = sub.add_parser("run", help="answer a question about a long document with the memory "
@@ -260,8 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", metavar="DIR",
                    help="tokenizer directory for chunking (default: --model)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"))
-    p.add_argument("--attention", default="xla", choices=("xla", "dot_product", "cudnn"))
+    _add_model_flags(p)
     p.set_defaults(func=_run)
 
     p = sub.add_parser("random-model",

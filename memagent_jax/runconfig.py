@@ -3,7 +3,10 @@
 A schema is a (nested) dataclass whose fields carry defaults; a YAML file and command-line
 overrides (`learner.lr=1e-6`, dotted keys into nested sections, values parsed as YAML) fill it.
 Everything is checked before any device work: an unknown key, or a value of the wrong type, is a
-`UserError` naming the file, the key and the value.
+`UserError` naming the file, the key and the value. A section's own checks (its `__post_init__`,
+raising `ConfigError` through `at_least`, `probability` or with `config_key`)
+run as it is built, and again, with every other section's, in `check` (after a config was
+changed in code). A section class names itself in `SECTION` (its key in the YAML files).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from memagent_jax.errors import UserError
+from memagent_jax.errors import ConfigError, UserError
 
 T = TypeVar("T")
 
@@ -56,6 +59,21 @@ def to_dict(config) -> dict:
     return plain(dataclasses.asdict(config))
 
 
+def at_least(section, low: int, *names: str) -> None:
+    """A section's check: each field's value is >= low, or None (ConfigError naming it)."""
+    for name in names:
+        value = getattr(section, name)
+        if value is not None and value < low:
+            raise ConfigError(config_key(section, name), f"must be at least {low}, got {value}")
+
+
+def probability(section, name: str) -> None:
+    """A section's check: the field's value is in (0, 1] (a top_p)."""
+    if not 0 < getattr(section, name) <= 1:
+        raise ConfigError(config_key(section, name),
+                          f"must be in (0, 1], got {getattr(section, name)}")
+
+
 def _set_dotted(values: dict, key: str, value, item: str) -> None:
     *parents, name = key.split(".")
     node = values
@@ -79,8 +97,25 @@ def _build(schema: type, values: dict, source: str, prefix: str):
         kwargs[name] = _convert(hints[name], value, source, prefix + name)
     try:
         return schema(**kwargs)
-    except (TypeError, ValueError) as e:  # a schema's __post_init__ check
-        raise UserError(f"{source}: {prefix.rstrip('.') or 'config'}: {e}") from None
+    except ConfigError as e:  # the section's own check
+        raise UserError(f"{source}: {e}") from None
+
+
+def check(config) -> None:
+    """Runs the checks of every section of `config`, nested ones first (ConfigError)."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if dataclasses.is_dataclass(value):
+            check(value)
+    post_init = getattr(config, "__post_init__", None)
+    if post_init is not None:
+        post_init()
+
+
+def config_key(section, name: str) -> str:
+    """The config key of `section`'s field `name` ("learner.lr"; "steps" at the top level)."""
+    prefix = getattr(section, "SECTION", "")
+    return f"{prefix}.{name}" if prefix else name
 
 
 def _convert(kind, value, source: str, key: str) -> Any:

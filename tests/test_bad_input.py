@@ -294,10 +294,11 @@ def test_checkpoint_tree_differs_from_its_config(capsys, good_ckpt, tmp_path, la
     else:
         import numpy as np
         import orbax.checkpoint as ocp
+        from memagent_jax.models.mapping import flatten
         params = ocp.StandardCheckpointer().restore(os.path.join(ckpt, "params"))
-        layers = params["layers"]
-        params["layers"] = {name: np.stack([layers[i][name] for i in sorted(layers)])
-                            for name in layers["0"]}
+        layers = [flatten(params["layers"][i]) for i in sorted(params["layers"], key=int)]
+        params["layers"] = {path.split("/")[-1]: np.stack([layer[path] for layer in layers])
+                            for path in layers[0]}
         shutil.rmtree(os.path.join(ckpt, "params"))
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(os.path.join(ckpt, "params"), params)

@@ -10,7 +10,7 @@ import pytest
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups, overlong_penalty, policy_loss
 from memagent_jax.rl.rows import (gather, plan_micro_batches, rows_from_trajectories, scatter)
-from memagent_jax.rollout.memagent import Conversation, Trajectory
+from memagent_jax.rollout.memagent import Trajectory, Turn
 
 
 def reference_loss(logp, old, adv, mask, eps_low, eps_high, c, ref, kl_coef, ent, ent_coef):
@@ -60,7 +60,7 @@ def arrays():
 
 @pytest.mark.parametrize("eps_low, eps_high, c, kl_coef, ent_coef", [
     (0.2, 0.28, 3.0, 0.0, 0.0),    # DAPO clip-higher, dual clip, no KL
-    (0.2, 0.28, 3.0, 0.001, 0.0),  # + the KL loss of REFERENCE.md
+    (0.2, 0.28, 3.0, 0.001, 0.0),  # + the KL loss of docs/algorithm.md section 3
     (0.1, 0.5, 2.0, 0.3, 0.05),    # strongly asymmetric, large KL and entropy terms
     (0.2, 0.2, 3.0, 0.0, 0.0),     # the original scripts' symmetric clip
 ])
@@ -135,19 +135,19 @@ def test_group_advantages():
 
 
 def _trajectory(turns, seed):
-    """A trajectory of `turns` conversations with distinct prompt/response lengths."""
+    """A trajectory of `turns` turns with distinct prompt/response lengths."""
     rng = np.random.RandomState(seed)
-    convs = []
+    steps = []
     for k in range(turns):
         p, n = 3 + rng.randint(5), 1 + rng.randint(6)
-        convs.append(Conversation("update" if k < turns - 1 else "final",
-                                  list(rng.randint(3, 100, p)), list(rng.randint(3, 100, n)),
-                                  list(-rng.uniform(0.1, 2, n)), "stop", ""))
-    return Trajectory("q", convs)
+        steps.append(Turn("update" if k < turns - 1 else "final", list(rng.randint(3, 100, p)),
+                          list(rng.randint(3, 100, n)), list(-rng.uniform(0.1, 2, n)), "stop",
+                          ""))
+    return Trajectory("q", steps)
 
 
 def test_rows_carry_each_trajectorys_advantage_on_every_response_token():
-    turns = [[1, 4, 2], [3, 1, 4]]  # 2 groups x 3 trajectories, 1 to 4 conversations each
+    turns = [[1, 4, 2], [3, 1, 4]]  # 2 groups x 3 trajectories, 1 to 4 turns each
     groups = [[_trajectory(k, 10 * g + j) for j, k in enumerate(ts)] for g, ts in
               enumerate(turns)]
     rewards = np.array([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
@@ -162,7 +162,7 @@ def test_rows_carry_each_trajectorys_advantage_on_every_response_token():
     r = 0
     for t, trajectory in enumerate(flat):
         a = np.float32(advantages.reshape(-1)[t])
-        for c in trajectory.conversations:
+        for c in trajectory.turns:
             p, n = len(c.prompt_ids), len(c.response_ids)
             want = np.zeros(rows.tokens.shape[1], np.float32)
             want[p:p + n] = a

@@ -1,15 +1,13 @@
 """The decoding engine and scheduler against transformers' generate, and their invariants."""
 
-import jax
-import jax.monitoring
 import numpy as np
 import pytest
 import torch
 
-from memagent_jax.models import load_model, make_mesh
+from memagent_jax.models import load_model, make_mesh, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, generate
+from memagent_jax.rollout.scheduler import Request, complete
 from tests.hf_reference import hf_model, write_hf_model
 
 EOS = 2
@@ -27,11 +25,31 @@ def reference():
 
 
 @pytest.fixture(scope="module")
-def engine(hf_dir):
-    model, _ = load_model(hf_dir)
+def model(hf_dir):
+    return load_model(hf_dir)[0]
+
+
+@pytest.fixture(scope="module")
+def params(model):
+    return split_params(model)[1]
+
+
+@pytest.fixture(scope="module")
+def engine(model, params):
     engine = Engine(model, EngineConfig(slots=4, max_len=256))
-    engine.warm_up()
+    engine.warm_up(params)
     return engine
+
+
+class _Counted:
+    """An engine's prefill, counting the prompts it is given."""
+
+    def __init__(self, engine):
+        self.prompts, self._prefill = 0, engine.prefill
+
+    def __call__(self, params, prompts):
+        self.prompts += len(prompts)
+        return self._prefill(params, prompts)
 
 
 def _prompts(count, low=1, high=200, seed=0):
@@ -49,23 +67,10 @@ def _hf_greedy(reference, prompt, max_new_tokens):
     return tokens, logprobs
 
 
-class _CompileCounter:
-    def __init__(self):
-        self.count = 0
-
-    def __call__(self, event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
-
-
-def _generate_without_compiling(engine, requests):
-    """generate(engine, requests), failing if anything compiles meanwhile."""
-    counter = _CompileCounter()
-    jax.monitoring.register_event_duration_secs_listener(counter)
-    try:
-        results = generate(engine, requests)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(counter)
+def _complete_without_compiling(compilations, engine, params, requests):
+    """complete(engine, params, requests), failing if anything compiles meanwhile."""
+    with compilations() as counter:
+        results = complete(engine, params, requests)
     assert counter.count == 0, f"{counter.count} compilations after warm-up"
     return results
 
@@ -75,11 +80,12 @@ def _greedy_requests(prompts):
             for i, p in enumerate(prompts)]
 
 
-def test_greedy_matches_transformers_in_one_continuous_batch(engine, reference):
+def test_greedy_matches_transformers_in_one_continuous_batch(engine, params, reference,
+                                                             compilations):
     """16 prompts of lengths 1..200 through 4 slots, one run: every completion and logprob
     equals transformers' greedy generate on that prompt alone; nothing compiles after warm-up."""
     requests = _greedy_requests(_prompts(16))
-    results = _generate_without_compiling(engine, requests)
+    results = _complete_without_compiling(compilations, engine, params, requests)
     for request, (completion,) in zip(requests, results):
         tokens, logprobs = _hf_greedy(reference, request.prompt_ids, request.max_new_tokens)
         assert completion.token_ids == tokens
@@ -87,14 +93,14 @@ def test_greedy_matches_transformers_in_one_continuous_batch(engine, reference):
         assert completion.finish_reason == ("stop" if tokens[-1] == EOS else "length")
 
 
-def test_sampled_logprobs_are_at_the_requests_temperature(engine, reference):
+def test_sampled_logprobs_are_at_the_requests_temperature(engine, params, reference):
     """Two requests at different temperatures share the batch; each token's logprob equals
     log_softmax(logits / T) of transformers' forward over the sampled sequence."""
     prompts = _prompts(2, 5, 30, seed=1)
     temps = [0.7, 1.6]
     requests = [Request(p, max_new_tokens=12, sampling=SamplingParams(t, seed=i))
                 for i, (p, t) in enumerate(zip(prompts, temps))]
-    for request, (completion,) in zip(requests, generate(engine, requests)):
+    for request, (completion,) in zip(requests, complete(engine, params, requests)):
         sequence = torch.tensor([request.prompt_ids + tuple(completion.token_ids)])
         with torch.no_grad():
             logits = reference(sequence).logits[0].float()
@@ -104,82 +110,86 @@ def test_sampled_logprobs_are_at_the_requests_temperature(engine, reference):
         assert np.abs(np.array(completion.logprobs) - np.array(expected)).max() <= 1e-4
 
 
-def test_seed_gives_same_tokens_whatever_the_slot_and_order(engine):
+def test_seed_gives_same_tokens_whatever_the_slot_and_order(engine, params):
     prompts = _prompts(6, 3, 60, seed=2)
     sampling = [SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=100 + i)
                 for i in range(6)]
     requests = [Request(p, max_new_tokens=8, sampling=s) for p, s in zip(prompts, sampling)]
-    forward = [r[0].token_ids for r in generate(engine, requests)]
-    backward = [r[0].token_ids for r in generate(engine, requests[::-1])][::-1]
-    alone = generate(engine, [requests[3]])[0][0].token_ids
+    forward = [r[0].token_ids for r in complete(engine, params, requests)]
+    backward = [r[0].token_ids for r in complete(engine, params, requests[::-1])][::-1]
+    alone = complete(engine, params, [requests[3]])[0][0].token_ids
     assert forward == backward and alone == forward[3]
     assert len({tuple(t) for t in forward}) > 1
 
 
-def test_slots_take_the_next_request_without_idle_steps(engine, monkeypatch):
+def test_slots_take_the_next_request_without_idle_steps(engine, params, monkeypatch):
     """Outputs are read one step late: a request at its token limit leaves its slot the step
     its last token is asked for (8 requests of 5 tokens on 4 slots: 8 steps, as unpipelined);
     one that stops at a stop id is seen a step late, its slot's extra token discarded."""
     steps = []
     step = engine.generate
-    monkeypatch.setattr(engine, "generate", lambda state: steps.append(1) or step(state))
+    monkeypatch.setattr(engine, "generate", lambda p, state: steps.append(1) or step(p, state))
     prompts = _prompts(8, 5, 40, seed=5)
-    results = generate(engine, [Request(p, max_new_tokens=5, sampling=GREEDY) for p in prompts])
+    results = complete(engine, params,
+                       [Request(p, max_new_tokens=5, sampling=GREEDY) for p in prompts])
     assert len(steps) == 8 and all(len(c.token_ids) == 5 for (c,) in results)
 
     greedy = results[0][0].token_ids
     stop = next(t for i, t in enumerate(greedy) if i >= 2 and t not in greedy[:i])
     steps.clear()
-    (stopped,), = generate(engine, [Request(prompts[0], 5, GREEDY, stop_ids=(stop,))])
+    (stopped,), = complete(engine, params, [Request(prompts[0], 5, GREEDY, stop_ids=(stop,))])
     assert stopped.token_ids == greedy[:greedy.index(stop) + 1]
     assert stopped.finish_reason == "stop" and len(steps) == len(stopped.token_ids)
 
 
-def test_truncation_to_one_token_is_greedy(engine):
+def test_truncation_to_one_token_is_greedy(engine, params):
     prompt = _prompts(1, 20, 20, seed=3)[0]
-    greedy = generate(engine, [Request(prompt, 10, GREEDY)])[0][0].token_ids
+    greedy = complete(engine, params, [Request(prompt, 10, GREEDY)])[0][0].token_ids
     for sampling in (SamplingParams(1.0, top_k=1, seed=5), SamplingParams(1.0, top_p=1e-6, seed=6)):
-        assert generate(engine, [Request(prompt, 10, sampling)])[0][0].token_ids == greedy
+        assert complete(engine, params, [Request(prompt, 10, sampling)])[0][0].token_ids == greedy
 
 
-def test_batched_prefill_gives_the_same_completions_in_fewer_calls(hf_dir, engine):
+def test_batched_prefill_gives_the_same_completions_in_fewer_calls(model, params, engine,
+                                                                   compilations):
     """prefill_rows 4: the 16 prompts of the parity test (lengths 1..200, so a call mixes
     buckets) are prefilled 4 per call into 4 slots; every completion equals the one-prompt-per-
     call engine's (itself checked against transformers above), and after warm-up (every bucket
     at 1, 2 and 4 rows) nothing compiles."""
-    model, _ = load_model(hf_dir)
     batched = Engine(model, EngineConfig(slots=4, max_len=256, prefill_rows=4))
-    batched.warm_up()
+    batched.warm_up(params)
     calls = []
     prefill = batched._prefill
     batched._prefill = lambda params, ids, lengths: calls.append(ids.shape) or prefill(
         params, ids, lengths)
+    batched.prefill = counted = _Counted(batched)
     requests = _greedy_requests(_prompts(16))
-    results = _generate_without_compiling(batched, requests)
-    assert batched.prefill_count == 16 and len(calls) < 16
+    results = _complete_without_compiling(compilations, batched, params, requests)
+    assert counted.prompts == 16 and len(calls) < 16
     assert max(rows for rows, _ in calls) == 4
-    for (got,), (want,) in zip(results, generate(engine, requests)):
+    for (got,), (want,) in zip(results, complete(engine, params, requests)):
         assert got.token_ids == want.token_ids and got.finish_reason == want.finish_reason
         np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
 
 
-def test_group_sampling_prefills_once(engine):
+def test_group_sampling_prefills_once(engine, params, monkeypatch):
     prompt = _prompts(1, 40, 40, seed=4)[0]
     request = Request(prompt, max_new_tokens=6, sampling=SamplingParams(1.0, seed=9), n=5)
-    before = engine.prefill_count
-    (samples,) = generate(engine, [request])
-    assert engine.prefill_count - before == 1
+    counted = _Counted(engine)
+    monkeypatch.setattr(engine, "prefill", counted)
+    (samples,) = complete(engine, params, [request])
+    assert counted.prompts == 1
     assert len(samples) == 5 and len({tuple(s.token_ids) for s in samples}) > 1
     # Sample 0 of a group is the request's n = 1 draw.
-    single = generate(engine, [Request(prompt, 6, SamplingParams(1.0, seed=9))])[0][0]
+    single = complete(engine, params, [Request(prompt, 6, SamplingParams(1.0, seed=9))])[0][0]
     assert single.token_ids == samples[0].token_ids
 
 
-def test_fused_attention_path_matches_reference(hf_dir, engine):
+def test_fused_attention_path_matches_reference(hf_dir, engine, params):
     model, _ = load_model(hf_dir, attention="dot_product")
     fused = Engine(model, EngineConfig(slots=4, max_len=256))
     requests = [Request(p, 8, GREEDY) for p in _prompts(5, 1, 120, seed=5)]
-    for a, b in zip(generate(fused, requests), generate(engine, requests)):
+    for a, b in zip(complete(fused, split_params(model)[1], requests),
+                    complete(engine, params, requests)):
         assert a[0].token_ids == b[0].token_ids
         assert np.abs(np.array(a[0].logprobs) - np.array(b[0].logprobs)).max() <= 1e-4
 
@@ -191,12 +201,13 @@ def test_sharded_engine_gives_identical_greedy_tokens(tmp_path, tied):
                           tie_word_embeddings=tied)
     requests = [Request(p, 8, GREEDY) for p in _prompts(6, 2, 40, seed=6)]
     model, _ = load_model(path)
-    plain = generate(Engine(model, EngineConfig(slots=4, max_len=64)), requests)
+    plain = complete(Engine(model, EngineConfig(slots=4, max_len=64)), split_params(model)[1],
+                     requests)
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     model, _ = load_model(path, mesh=mesh)
     # Prompts prefilled 4 per call here, one per call above: the rows are independent.
     sharded_engine = Engine(model, EngineConfig(slots=4, max_len=64, prefill_rows=4), mesh=mesh)
-    sharded = generate(sharded_engine, requests)
+    sharded = complete(sharded_engine, split_params(model)[1], requests)
     assert [r[0].token_ids for r in sharded] == [r[0].token_ids for r in plain]
     for layer in sharded_engine.init_decode_state().cache.k:
         assert tuple(layer.sharding.spec)[:2] == ("data", "tensor")
@@ -210,18 +221,14 @@ def test_default_buckets_pad_long_prompts_by_at_most_a_quarter():
         assert bucket <= (max(16, 2 * length - 1) if length <= 1024 else 1.25 * length)
 
 
-def test_warm_up_for_given_prompt_lengths_compiles_their_buckets(hf_dir):
+def test_warm_up_for_given_prompt_lengths_compiles_their_buckets(model, params, compilations):
     """warm_up([5, 20]) compiles buckets 16 and 32 only: prompts of those buckets then run
     without compiling, and nothing was compiled for bucket 64."""
-    model, _ = load_model(hf_dir)
     engine = Engine(model, EngineConfig(slots=2, max_len=64, prefill_rows=2))
-    engine.warm_up([5, 20])
-    _generate_without_compiling(engine, _greedy_requests(_prompts(4, 1, 30, seed=3)))
-    counter = _CompileCounter()
-    jax.monitoring.register_event_duration_secs_listener(counter)
-    try:
-        generate(engine, _greedy_requests([tuple(range(3, 43))]))  # 40 tokens: bucket 64
-    finally:
-        jax.monitoring.unregister_event_duration_listener(counter)
+    engine.warm_up(params, [5, 20])
+    _complete_without_compiling(compilations, engine, params,
+                                _greedy_requests(_prompts(4, 1, 30, seed=3)))
+    with compilations() as counter:
+        complete(engine, params, _greedy_requests([tuple(range(3, 43))]))  # 40 tokens: bucket 64
     assert counter.count > 0
 

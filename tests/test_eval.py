@@ -207,7 +207,7 @@ def test_bad_config_and_sets(model_dir, sets, tmp_path, capsys):
     assert _cli(model_dir, sets, out, "sampling.temprature=1") == 2
     assert "unknown key 'sampling.temprature'" in _error(capsys)
     assert _cli(model_dir, sets, out, "sampling.top_p=2") == 2
-    assert "sampling: temperature must be >= 0, top_p in (0, 1]" in _error(capsys)
+    assert "sampling.top_p: must be in (0, 1]" in _error(capsys)
     bad = tmp_path / "eval_bad.json"
     bad.write_text(json.dumps([{"context": "c", "input": "q", "answers": ["a"]},
                                {"context": "c", "input": "q"}]))

@@ -83,7 +83,7 @@ def test_missing_model_and_missing_input(tmp_path, model_dir, capsys):
     src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
     assert main(["generate", "--model", str(tmp_path / "nope"), "--input", src,
                  "--output", str(tmp_path / "o.jsonl")]) == 2
-    assert "nope: model directory not found" in capsys.readouterr().err
+    assert "nope': model directory not found" in capsys.readouterr().err
     assert main(["generate", "--model", model_dir, "--input", str(tmp_path / "none.jsonl"),
                  "--output", str(tmp_path / "o.jsonl")]) == 2
     assert "none.jsonl: not found" in capsys.readouterr().err

@@ -18,10 +18,10 @@ import pytest
 from flax import nnx
 
 from memagent_jax.models import preset_config
-from memagent_jax.models.qwen2 import Qwen2
+from memagent_jax.models.qwen2 import Qwen2, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, generate
+from memagent_jax.rollout.scheduler import Request, complete
 
 pytestmark = pytest.mark.skipif(jax.devices()[0].platform not in ("gpu", "cuda"),
                                 reason="needs a CUDA GPU")
@@ -88,8 +88,9 @@ def test_cudnn_engine_greedy_matches_xla():
                 for n in (5, 100, 300, 700)]
     outs = {}
     for attention in ("cudnn", "xla"):
-        engine = Engine(model(attention), EngineConfig(slots=2, max_len=1024))
-        outs[attention] = [r[0] for r in generate(engine, requests)]
+        loaded = model(attention)
+        engine = Engine(loaded, EngineConfig(slots=2, max_len=1024))
+        outs[attention] = [r[0] for r in complete(engine, split_params(loaded)[1], requests)]
     for fused, ref in zip(outs["cudnn"], outs["xla"]):
         assert fused.token_ids[0] == ref.token_ids[0]
         same = 0

@@ -4,37 +4,36 @@ with the engine, shards, skips non-finite updates and recomputes the sampler's l
 import dataclasses
 
 import jax
-import jax.monitoring
 import numpy as np
 import pytest
 from flax import nnx
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import ModelConfig, build_model, make_mesh, param_shardings, random_model
-from memagent_jax.models.loading import flatten, nest
+from memagent_jax.models import (ModelConfig, build_model, make_mesh, param_shardings,
+                                 random_model, split_params)
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.engine import Engine, EngineConfig
-from memagent_jax.rollout.memagent import Conversation, Trajectory
+from memagent_jax.rollout.memagent import Trajectory, Turn
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, generate
+from memagent_jax.rollout.scheduler import Request, complete
 
 # tests/hf_reference.TINY's shape; vocab 64 so that the tensor axis divides it too
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8)
 
 
-def _rollouts(engine, prompts, n, max_new_tokens, seed, temperature=1.0):
+def _rollouts(engine, params, prompts, n, max_new_tokens, seed, temperature=1.0):
     """n samples per prompt from the engine -> (groups of single-turn Trajectories,
     completions)."""
     requests = [Request(p, max_new_tokens, SamplingParams(temperature=temperature,
                                                           seed=seed * 1000 + i), n=n)
                 for i, p in enumerate(prompts)]
-    results = generate(engine, requests)
-    groups = [[Trajectory("", [Conversation("final", list(p), c.token_ids, c.logprobs,
-                                            c.finish_reason, "")]) for c in completions]
+    results = complete(engine, params, requests)
+    groups = [[Trajectory("", [Turn("final", list(p), c.token_ids, c.logprobs,
+                                    c.finish_reason, "")]) for c in completions]
               for p, completions in zip(prompts, results)]
     return groups, results
 
@@ -47,9 +46,8 @@ def _random_rows(seed=0, trajectories=12):
         turns = []
         for _ in range(1 + rng.randint(3)):
             p, n = 4 + rng.randint(8), 2 + rng.randint(6)
-            turns.append(Conversation("update", list(rng.randint(3, 64, p)),
-                                      list(rng.randint(3, 64, n)),
-                                      list(-rng.uniform(2, 5, n)), "length", ""))
+            turns.append(Turn("update", list(rng.randint(3, 64, p)), list(rng.randint(3, 64, n)),
+                              list(-rng.uniform(2, 5, n)), "length", ""))
         flat.append(Trajectory("", turns))
     return rows_from_trajectories(flat, rng.randn(trajectories))
 
@@ -59,20 +57,9 @@ def _host(tree):
 
 
 def _sharded_copy(model, mesh):
-    """The same weights as `model`, placed on the mesh's parameter shardings."""
-    shardings = param_shardings(model.config, mesh)
-    flat = flatten(nnx.to_pure_dict(nnx.state(model)))
-    return build_model(model.config, nest({k: jax.device_put(np.asarray(v), shardings[k])
-                                           for k, v in flat.items()}))
-
-
-class _CompileCounter:
-    def __init__(self):
-        self.count = 0
-
-    def __call__(self, event, duration, **kwargs):
-        if event == "/jax/core/compile/backend_compile_duration":
-            self.count += 1
+    """The same weights as `model`, copied onto the mesh's parameter shardings."""
+    params = jax.tree.map(np.asarray, split_params(model)[1])
+    return build_model(model.config, jax.device_put(params, param_shardings(model.config, mesh)))
 
 
 @pytest.mark.slow
@@ -89,7 +76,8 @@ def test_learns_a_rewarded_task_from_engine_rollouts():
     curve = []
     for step in range(25):
         prompts = [tuple(int(t) for t in rng.randint(3, vocab, 6)) for _ in range(4)]
-        groups, results = _rollouts(engine, prompts, n=8, max_new_tokens=4, seed=step)
+        groups, results = _rollouts(engine, learner.params, prompts, n=8, max_new_tokens=4,
+                                    seed=step)
         rewards = np.array([[float(target in c.token_ids) for c in cs] for cs in results])
         curve.append(float(rewards.mean()))
         if len(curve) >= 2 and min(curve[-2:]) >= 0.8:
@@ -101,55 +89,55 @@ def test_learns_a_rewarded_task_from_engine_rollouts():
                                       group_advantages(rewards[keep]))
         metrics = learner.update(rows)
         assert metrics["skipped_updates"] == 0 and np.isfinite(metrics["loss"])
-        engine.update_params(learner.params)
     print("mean reward per step:", curve)
     assert curve[0] < 0.4
     assert min(curve[-2:]) >= 0.8, curve
 
 
-def test_engine_decodes_with_the_updated_arrays_without_reshard():
+def test_engine_decodes_with_the_updated_arrays_without_reshard(compilations):
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
     model = _sharded_copy(random_model(CONFIG, seed=1), mesh)
     engine = Engine(model, EngineConfig(slots=8, max_len=32, prefill_buckets=(16,)), mesh=mesh)
     learner = Learner(model, LearnerConfig(lr=5e-2, warmup_steps=0, micro_batch_rows=8,
                                            bucket_lengths=(32,)), mesh=mesh)
     before = {jax.tree_util.keystr(p): a.sharding
-              for p, a in jax.tree.leaves_with_path(engine.params)}
+              for p, a in jax.tree.leaves_with_path(learner.params)}
     prompts = [tuple(range(3 + i, 13 + i)) for i in range(4)]
     greedy = [Request(p, 8, SamplingParams(temperature=0.0, seed=0)) for p in prompts]
-    old_tokens = [r[0].token_ids for r in generate(engine, greedy)]
+    old_tokens = [r[0].token_ids for r in complete(engine, learner.params, greedy)]
 
-    groups, results = _rollouts(engine, prompts, n=4, max_new_tokens=8, seed=0)
+    stale = learner.params
+    groups, results = _rollouts(engine, learner.params, prompts, n=4, max_new_tokens=8, seed=0)
     rewards = np.array([[float(np.mean(c.token_ids) > 32) for c in cs] for cs in results])
     metrics = learner.update(rows_from_trajectories(groups, group_advantages(rewards)))
     assert metrics["updates"] == 1 and metrics["skipped_updates"] == 0
 
-    engine.update_params(learner.params)
     after = {jax.tree_util.keystr(p): a.sharding
-             for p, a in jax.tree.leaves_with_path(engine.params)}
+             for p, a in jax.tree.leaves_with_path(learner.params)}
     assert after == before
-    # the engine, the learner and the live module hold the very same arrays
-    for a, b, c in zip(jax.tree.leaves(engine.params), jax.tree.leaves(learner.params),
-                       jax.tree.leaves(nnx.state(learner.model))):
-        assert a is b is c
-    new_tokens = [r[0].token_ids for r in generate(engine, greedy)]
-    assert new_tokens != old_tokens
+    # the engine decodes with the learner's updated arrays as they are: nothing is copied,
+    # resharded or compiled again
+    with compilations() as counter:
+        new_tokens = [r[0].token_ids for r in complete(engine, learner.params, greedy)]
+    assert counter.count == 0 and new_tokens != old_tokens
     # ... and decodes exactly what the updated model's full forward says, greedily
-    graphdef, state = nnx.split(learner.model)
-    forward = jax.jit(lambda s, ids: nnx.merge(graphdef, s)(ids))  # right padding: no mask
+    forward = jax.jit(lambda p, ids: nnx.merge(learner.graphdef, p)(ids))  # right padding
     for prompt, tokens in zip(prompts, new_tokens):
         ids = list(prompt)
         for _ in range(len(tokens)):
             padded = np.zeros((1, 32), np.int32)
             padded[0, :len(ids)] = ids
-            ids.append(int(np.argmax(forward(state, padded)[0, len(ids) - 1])))
+            ids.append(int(np.argmax(forward(learner.params, padded)[0, len(ids) - 1])))
         assert tokens == ids[len(prompt):]
 
-    # a state on other shardings is refused, not silently resharded
+    # the parameters from before the update were donated to it: using them fails loudly
+    with pytest.raises(ValueError, match="deleted"):
+        complete(engine, stale, greedy)
+    # parameters on other shardings are refused, not silently resharded
     replicated = jax.tree.map(lambda x: jax.device_put(x, jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec())), learner.params)
-    with pytest.raises(ValueError, match="update_params"):
-        engine.update_params(replicated)
+    with pytest.raises(ValueError, match="[Ss]harding"):
+        complete(engine, replicated, greedy)
 
 
 def test_sharded_micro_batched_update_equals_unsharded_single_batch():
@@ -160,7 +148,7 @@ def test_sharded_micro_batched_update_equals_unsharded_single_batch():
     config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=4, adam_eps=1e-3,
                            bucket_lengths=(16, 32))
     base = random_model(CONFIG, seed=2)
-    start = _host(nnx.to_pure_dict(nnx.state(base)))
+    start = _host(split_params(base)[1])
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
     sharded = Learner(_sharded_copy(base, mesh), config, mesh=mesh)
     shardings = jax.tree.map(lambda x: x.sharding, sharded.state()["params"])
@@ -201,8 +189,8 @@ def test_non_finite_loss_skips_the_update():
     for a, b in zip(jax.tree.leaves(_host(learner.state()["opt_state"])),
                     jax.tree.leaves(opt_state)):
         np.testing.assert_array_equal(a, b)
-    # the model module still holds the (unchanged) live parameters
-    np.testing.assert_array_equal(np.asarray(learner.model.embed[...]), params["embed"])
+    # the live parameters are the unchanged ones
+    np.testing.assert_array_equal(np.asarray(learner.params["embed"]), params["embed"])
 
     # the accumulator was reset: the next finite batch updates normally
     metrics = learner.update(rows)
@@ -210,7 +198,7 @@ def test_non_finite_loss_skips_the_update():
     assert np.isfinite(metrics["loss"]) and learner.step == step + 1
 
 
-def test_state_restore_round_trip_and_no_recompilation():
+def test_state_restore_round_trip_and_no_recompilation(compilations):
     rows = _random_rows(seed=5)
     learner = Learner(random_model(CONFIG, seed=6),
                       LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
@@ -218,19 +206,15 @@ def test_state_restore_round_trip_and_no_recompilation():
     first = learner.update(rows)
     assert first["updates"] == 2 and first["lr"] == pytest.approx(1e-2)  # 2nd warm-up step
     saved = _host(learner.state())
-    counter = _CompileCounter()
-    jax.monitoring.register_event_duration_secs_listener(counter)
-    try:
+    with compilations() as counter:
         learner.update(rows)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(counter)
     assert counter.count == 0, f"{counter.count} compilations on the second update"
     assert learner.step == 4
     learner.restore(saved)
     assert learner.step == 2
     for a, b in zip(jax.tree.leaves(_host(learner.state())), jax.tree.leaves(saved)):
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(np.asarray(learner.model.lm_head[...]),
+    np.testing.assert_array_equal(np.asarray(learner.params["lm_head"]),
                                   saved["params"]["lm_head"])
 
 
@@ -244,7 +228,7 @@ def test_recomputed_old_logprobs_match_the_rollout():
     for temperature in (1.0, 0.7):
         learner = Learner(model, LearnerConfig(temperature=temperature, micro_batch_rows=8,
                                                bucket_lengths=(64,)))
-        groups, _ = _rollouts(engine, prompts, n=3, max_new_tokens=12, seed=1,
+        groups, _ = _rollouts(engine, learner.params, prompts, n=3, max_new_tokens=12, seed=1,
                               temperature=temperature)
         rows = rows_from_trajectories(groups, np.zeros(12))
         recomputed = learner.logprobs(rows)

@@ -3,14 +3,13 @@
 import dataclasses
 import math
 
-import jax
-import jax.monitoring
 import numpy as np
 import pytest
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import load_model
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.models import load_model, split_params
+from memagent_jax.rollout.agent import build_agent
+from memagent_jax.rollout.engine import DecodeEngine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, chunk_ids
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
@@ -18,7 +17,7 @@ from memagent_jax.rollout.templates import chat_prompt_ids, final_prompt, update
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
-# REFERENCE.md section 1, verbatim.
+# docs/algorithm.md section 1, verbatim.
 UPDATE_TEXT = (
     "You are presented with a problem, a section of an article that may contain the answer to "
     "the problem, and a previous memory. Please read the provided section carefully and update "
@@ -46,34 +45,37 @@ def tokenizer(tmp_path_factory):
     return load_tokenizer(str(path))
 
 
-class ScriptedEngine:
-    """The engine's interface with a deterministic function in place of the LLM: the reply to
-    an update prompt is the first two words of its section, repeated `repeat` times, then EOS;
-    to the final prompt, "the" and EOS."""
+class ScriptedEngine(DecodeEngine):
+    """The engine interface with a deterministic function in place of the LLM (it takes no
+    parameters): the reply to an update prompt is the first two words of its section, repeated
+    `repeat` times, then EOS; to the final prompt, "the" and EOS."""
 
     def __init__(self, tokenizer, max_len=4096, slots=2, repeat=1):
         self.tokenizer, self.repeat = tokenizer, repeat
         self.config = EngineConfig(slots=slots, max_len=max_len)
         self.prefill_count = 0
 
+    def check_params(self, params):
+        assert params is None
+
     def init_decode_state(self):
         return [None] * self.config.slots
 
-    def prefill(self, prompt_ids):
+    def prefill(self, params, prompts):
+        return [self._script(p) for p in prompts]
+
+    def _script(self, prompt_ids):
         self.prefill_count += 1
         text = self.tokenizer.decode(list(prompt_ids))  # word-level: words joined by spaces
         section = text.split("< section >")[-1].split("</ section >")[0]
         words = section.split() if "< section >" in text else ["the"]
         return self.tokenizer(" ".join(words[:2] * self.repeat))["input_ids"] + [EOS]
 
-    def prefill_batch(self, prompts):
-        return [self.prefill(p) for p in prompts]
-
     def insert(self, script, state, slot, sampling, sample_index=0):
         state[slot] = list(script)
         return state, state[slot].pop(0), -1.0
 
-    def generate(self, state):
+    def generate(self, params, state):
         tokens = [s.pop(0) if s else EOS for s in state]
         return state, np.array(tokens), np.full(len(state), -1.0)
 
@@ -90,8 +92,8 @@ def test_conversations_are_exactly_the_originals(tokenizer, length):
                         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                                        max_problem_tokens=16), stop_ids=(EOS,))
     document = _document(tokenizer, length)
-    (trajectory,), = agent.run([("what is it", document)], SamplingParams(0.0))
-    turns = trajectory.conversations
+    (trajectory,), = agent.run(None, [agent.read("what is it", document)], SamplingParams(0.0))
+    turns = trajectory.turns
     assert len(turns) == math.ceil(length / C) + 1
     ids = tokenizer(document, add_special_tokens=False)["input_ids"]
     memory = "No previous memory"
@@ -112,8 +114,9 @@ def test_a_reply_cut_at_the_cap_is_kept_as_is(tokenizer):
     agent = MemoryAgent(Scheduler(engine), tokenizer,
                         MemAgentConfig(chunk_tokens=C, max_memory_tokens=5, max_final_tokens=5,
                                        max_problem_tokens=16), stop_ids=(EOS,))
-    (trajectory,), = agent.run([("q", _document(tokenizer, 2 * C))], SamplingParams(0.0))
-    first, second = trajectory.conversations[:2]
+    (trajectory,), = agent.run(None, [agent.read("q", _document(tokenizer, 2 * C))],
+                               SamplingParams(0.0))
+    first, second = trajectory.turns[:2]
     assert first.finish_reason == "length" and len(first.response_ids) == 5
     assert first.reply == "hello world hello world hello"
     # word-level decoding puts spaces between the template's pieces
@@ -126,10 +129,11 @@ def test_group_mode_prefills_the_shared_first_turn_once(tokenizer):
     agent = MemoryAgent(Scheduler(engine), tokenizer,
                         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                                        max_problem_tokens=16), stop_ids=(EOS,))
-    documents = [("q", _document(tokenizer, 3 * C)), ("q", _document(tokenizer, C))]
-    results = agent.run(documents, SamplingParams(1.0), n=4)
+    documents = [agent.read("q", _document(tokenizer, 3 * C)),
+                 agent.read("q", _document(tokenizer, C))]
+    results = agent.run(None, documents, SamplingParams(1.0), n=4)
     assert [len(group) for group in results] == [4, 4]
-    assert [len(t.conversations) for t in results[0]] == [4] * 4
+    assert [len(t.turns) for t in results[0]] == [4] * 4
     # turns: sample 0 has 4 per trajectory, sample 1 has 2; the first turns are shared
     assert engine.prefill_count == (1 + 4 * 3) + (1 + 4 * 1)
 
@@ -147,36 +151,25 @@ def test_budget_that_cannot_fit_the_engine_is_rejected_before_any_work(tokenizer
                     MemAgentConfig(), stop_ids=(EOS,))
 
 
-class _CompileCounter:
-    def __init__(self):
-        self.count = 0
-
-    def __call__(self, event, duration, **kwargs):
-        self.count += event == "/jax/core/compile/backend_compile_duration"
-
-
 @pytest.mark.slow
-def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_path, tokenizer):
+def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_path, tokenizer,
+                                                                          compilations):
     path = write_hf_model(tmp_path / "m", seed=13)
     model, _ = load_model(path)
+    params = split_params(model)[1]
     config = MemAgentConfig(chunk_tokens=2000, max_memory_tokens=6, max_final_tokens=6,
                             max_problem_tokens=8)
-    engine = Engine(model, EngineConfig(slots=4, max_len=2048 + 192,
-                                        prefill_buckets=(64, 2048 + 128)))
-    engine.warm_up()
-    agent = MemoryAgent(Scheduler(engine), tokenizer, config, stop_ids=(EOS,))
+    agent = build_agent(model, tokenizer, config,
+                        EngineConfig(slots=4, max_len=2048 + 192, prefill_buckets=(64,)),
+                        None, stop_ids=(EOS,))
+    agent.scheduler.engine.warm_up(params)
     lengths = [200_000, 9_000, 100, 30_000, 2_000]
-    samples = [("what is the answer", _document(tokenizer, n)) for n in lengths]
-    counter = _CompileCounter()
-    jax.monitoring.register_event_duration_secs_listener(counter)
-    try:
-        results = agent.run(samples, SamplingParams(1.0, top_p=0.9))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(counter)
+    samples = [agent.read("what is the answer", _document(tokenizer, n)) for n in lengths]
+    with compilations() as counter:
+        results = agent.run(params, samples, SamplingParams(1.0, top_p=0.9))
     assert counter.count == 0
     for n, (trajectory,) in zip(lengths, results):
-        assert len(trajectory.conversations) == math.ceil(n / 2000) + 1
-        assert all(len(c.response_ids) <= 6 for c in trajectory.conversations)
-        assert all(len(c.response_logprobs) == len(c.response_ids)
-                   for c in trajectory.conversations)
+        assert len(trajectory.turns) == math.ceil(n / 2000) + 1
+        assert all(len(c.response_ids) <= 6 for c in trajectory.turns)
+        assert all(len(c.response_logprobs) == len(c.response_ids) for c in trajectory.turns)
     assert dataclasses.asdict(results[0][0])["problem"] == "what is the answer"

@@ -1,4 +1,4 @@
-"""Test metrics of REFERENCE.md section 2: normalisation, EM, sub-EM, F1, string_match_all."""
+"""Test metrics of docs/algorithm.md section 2: normalisation, EM, sub-EM, F1, string_match_all."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""The strict training verifier (REFERENCE.md section 2) and the reward registry."""
+"""The strict training verifier (docs/algorithm.md section 2) and the reward registry."""
 
 import pytest
 

@@ -122,8 +122,8 @@ def test_local_run_prints_the_record_and_answer_last(model_dir, doc, capsys):
     out = capsys.readouterr().out
     lines = out.strip().splitlines()
     record = json.loads("\n".join(lines[:-1]))
-    assert [c["kind"] for c in record["conversations"]] == ["update"] * 3 + ["final"]
-    assert record["memories"] == [c["reply"] for c in record["conversations"][:3]]
+    assert [c["kind"] for c in record["turns"]] == ["update"] * 3 + ["final"]
+    assert record["memories"] == [c["reply"] for c in record["turns"][:3]]
     assert lines[-1] == record["final_reply"].strip()  # random model: no \boxed{}, whole reply
 
 

@@ -7,7 +7,7 @@ from typing import Literal
 
 import pytest
 
-from memagent_jax.errors import UserError
+from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.runconfig import load_config, to_dict
 
 
@@ -27,7 +27,7 @@ class Run:
 
     def __post_init__(self):
         if not self.lengths:
-            raise ValueError("lengths must not be empty")
+            raise ConfigError("", "lengths must not be empty")
 
 
 def write(tmp_path, text):

@@ -48,7 +48,7 @@ def unsharded_logits(hf_dir, ids):
 def test_sharded_logits_equal_unsharded(hf_dir, ids, unsharded_logits, axes):
     mesh = make_mesh(axes)
     model, _ = load_model(hf_dir, mesh=mesh)
-    q_kernel = model.layers[1].q_kernel[...]
+    q_kernel = model.layers[1].attn.q_kernel[...]
     tensor, fsdp = mesh.shape["tensor"], mesh.shape["fsdp"]
     assert q_kernel.sharding.spec == P("fsdp" if fsdp > 1 else None,
                                        "tensor" if tensor > 1 else None, None)
@@ -62,7 +62,7 @@ def test_checkpoint_restores_onto_a_mesh(hf_dir, ids, unsharded_logits, tmp_path
     assert main(["convert", "--hf", hf_dir, "--out", str(tmp_path / "ckpt")]) == 0
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
     model, _ = load_model(str(tmp_path / "ckpt"), mesh=mesh)
-    assert model.layers[0].gate_kernel[...].sharding.spec == P("fsdp", "tensor")
+    assert model.layers[0].mlp.gate_kernel[...].sharding.spec == P("fsdp", "tensor")
     np.testing.assert_allclose(_forward(model, ids, batch_sharding(mesh)), unsharded_logits,
                                atol=1e-4, rtol=0)
 
@@ -72,8 +72,8 @@ def test_dims_the_mesh_does_not_divide_are_replicated(tmp_path):
     path = write_hf_model(tmp_path / "odd", seed=9)
     model, _ = load_model(path, mesh=make_mesh({"tensor": 4, "fsdp": 2}))
     assert model.embed[...].sharding.spec == P(None, "fsdp")
-    assert model.layers[0].k_kernel[...].sharding.spec == P("fsdp", None, None)
-    assert model.layers[0].q_kernel[...].sharding.spec == P("fsdp", "tensor", None)
+    assert model.layers[0].attn.k_kernel[...].sharding.spec == P("fsdp", None, None)
+    assert model.layers[0].attn.q_kernel[...].sharding.spec == P("fsdp", "tensor", None)
 
 
 @pytest.mark.parametrize("axes,message", [

@@ -27,8 +27,10 @@ def config_file(tmp_path_factory):
     task = write_task(str(root / "task"), train_size=8, val_size=2)
     config = {"model": {"preset": "tiny", "tokenizer": task["tokenizer"]},
               "data": {"train": [task["train"]], "val": task["val"]},
-              "rollout": {"slots": 8, "chunk_tokens": 32, "max_memory_tokens": 8,
-                          "max_final_tokens": 8, "max_problem_tokens": 8, "n": 2},
+              "memagent": {"chunk_tokens": 32, "max_memory_tokens": 8, "max_final_tokens": 8,
+                           "max_problem_tokens": 8},
+              "engine": {"slots": 8},
+              "rollout": {"n": 2},
               "learner": {"micro_batch_tokens": 2048},
               "steps": 1, "prompts_per_step": 2, "output_dir": str(root / "run")}
     path = root / "train.yaml"
@@ -48,7 +50,7 @@ def no_device_work(monkeypatch):
                                   "qwen2.5-7b_tpu_v5p.yaml"])
 def test_shipped_configs_load_and_validate(name):
     config = load_train_config(os.path.join(CONFIGS, name))
-    if name.startswith("qwen2.5-7b"):  # the original's hyper-parameters (REFERENCE.md 3)
+    if name.startswith("qwen2.5-7b"):  # the original's (docs/algorithm.md section 3)
         assert (config.prompts_per_step, config.rollout.n) == (128, 16)
         assert config.learner.mini_batches == 16 and config.learner.ppo_epochs == 1
         assert (config.learner.lr, config.learner.warmup_steps) == (1e-6, 20)
@@ -59,9 +61,9 @@ def test_shipped_configs_load_and_validate(name):
         assert config.learner.entropy_coef == 0.0 and not config.learner.normalize_std
         assert config.learner.remat  # full 8448-token rows need activation remat
         assert (config.rollout.temperature, config.rollout.top_p) == (1.0, 1.0)
-        assert (config.rollout.chunk_tokens, config.rollout.max_memory_tokens,
-                config.rollout.max_final_tokens, config.rollout.max_chunks) == (5000, 1024,
-                                                                                 1024, 8)
+        assert (config.memagent.chunk_tokens, config.memagent.max_memory_tokens,
+                config.memagent.max_final_tokens, config.memagent.max_chunks) == (5000, 1024,
+                                                                                   1024, 8)
     devices = {"tiny_cpu.yaml": (1, 1), "qwen2.5-7b_gpu8.yaml": (8, 1),
                "qwen2.5-7b_tpu_v5p.yaml": (32, 8)}[name]
     axes = check_devices(config, *devices)
@@ -71,10 +73,10 @@ def test_shipped_configs_load_and_validate(name):
 def test_overrides_reach_nested_sections(config_file):
     config = load_train_config(config_file, ["learner.lr=3e-4", "steps=7", "learner.remat=true",
                                              "mesh={data: 2, fsdp: 4, tensor: 1}",
-                                             "rollout.prefill_buckets=[64, 128]"])
+                                             "engine.prefill_buckets=[64, 128]"])
     assert config.learner.lr == 3e-4 and config.steps == 7 and config.learner.remat is True
     assert config.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
-    assert config.rollout.prefill_buckets == [64, 128]
+    assert config.engine.prefill_buckets == (64, 128)
     assert config.checkpoint_dir.endswith(os.path.join("run", "checkpoints"))
 
 
@@ -90,14 +92,14 @@ def test_overrides_reach_nested_sections(config_file):
       "learner.micro_batch_rows=6"],
      "learner: a micro-batch of 6 rows does not split over the mesh's data-parallel axes "
      "(data x fsdp = 8)"),
-    (["mesh={data: 4, fsdp: 2, tensor: 1}", "rollout.slots=6"],
-     "rollout.slots: 6 decode slots do not split over mesh.data = 4"),
+    (["mesh={data: 4, fsdp: 2, tensor: 1}", "engine.slots=6"],
+     "engine.slots: 6 decode slots do not split over mesh.data = 4"),
     (["mesh={data: 3, fsdp: 1, tensor: 1}"], "mesh: axis sizes"),
     (["learner.temperature=0.7"], "learner.temperature (0.7) must equal rollout.temperature"),
     (["validation.every=5", "data.val=null"], "data.val: validation is on"),
     (["model.path=/nonexistent/model"], "model: give exactly one of model.path"),
     (["learner.lr=-1"], "learner.lr: must be positive"),
-    (["rollout.prefill_rows=0"], "rollout.prefill_rows: must be positive"),
+    (["engine.prefill_rows=0"], "engine.prefill_rows: must be at least 1"),
     (["model.attention=splash"], "model.attention: must be one of"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
@@ -144,7 +146,7 @@ def test_device_checks():
     with pytest.raises(UserError, match="only one axis may be -1"):
         check_devices(config, 8)
     config.mesh = {"pipeline": 2}
-    with pytest.raises(UserError, match="unknown axis 'pipeline'"):
+    with pytest.raises(UserError, match="unknown mesh axis 'pipeline'"):
         check_devices(config, 8)
 
 

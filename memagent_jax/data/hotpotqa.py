@@ -1,4 +1,4 @@
-"""HotpotQA -> RULER-HQA evaluation sets and MemAgent training sets (REFERENCE.md section 4).
+"""HotpotQA -> RULER-HQA evaluation sets and MemAgent training sets (docs/algorithm.md 4).
 
 Source rows are HotpotQA's distractor setting in either layout:
 - the official JSON: {"question", "answer", "context": [[title, [sentence, ...]], ...]};
@@ -25,7 +25,7 @@ from typing import Iterator
 
 from memagent_jax.errors import UserError
 
-# REFERENCE.md section 4: documents per sample -> the context length the paper reports.
+# docs/algorithm.md section 4: documents per sample -> the context length the paper reports.
 LENGTH_LABELS = {50: "7K", 100: "14K", 200: "28K", 400: "56K", 800: "112K", 1600: "224K",
                  3200: "448K", 6400: "896K", 12800: "1.75M", 25600: "3.5M"}
 NOMINAL_TOKENS = {n: int(float(label[:-1]) * (1e3 if label[-1] == "K" else 1e6))

@@ -1,7 +1,7 @@
 """Training examples from a `datasets` source, served by a shuffled, sharded `grain` iterator.
 
 The source layout is the published MemAgent training set `BytedTsinghua-SIA/hotpotqa`
-(REFERENCE.md section 4), one row per question:
+(docs/algorithm.md section 4), one row per question:
     data_source: str                      selects the reward function
     prompt: [{"role": "user", "content": question}]
     context: str                          the long document
@@ -133,6 +133,14 @@ class ExampleSource:
 
     def __getitem__(self, index: int) -> Example:
         return example_from_row(self.dataset[int(index)], int(index), self.name)
+
+
+def concatenate(sources: list):
+    """The rows of several loaded sources, in order, as one dataset."""
+    if len(sources) == 1:
+        return sources[0]
+    import datasets
+    return datasets.concatenate_datasets(sources)
 
 
 def training_iterator(dataset, seed: int, process_index: int | None = None,

@@ -1,4 +1,4 @@
-"""RULER synthetic tasks (REFERENCE.md section 4) at target lengths in tokens.
+"""RULER synthetic tasks (docs/algorithm.md section 4) at target lengths in tokens.
 
 Each task is RULER's configuration of it:
   niah_single_1    noise haystack; one needle, key words -> value numbers

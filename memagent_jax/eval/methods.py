@@ -21,12 +21,15 @@ import dataclasses
 import zlib
 from typing import Callable
 
+import jax
+
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
+from memagent_jax.models import make_mesh, split_params
+from memagent_jax.rollout.agent import Policy, build_agent, build_engine, load_policy
 from memagent_jax.rollout.answers import extract_boxed
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, required_length
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, Scheduler, generate
+from memagent_jax.rollout.scheduler import Request, complete
 from memagent_jax.rollout.templates import chat_prompt_ids
 
 # The original's full-context prompt (MemAgent taskutils/memory_eval/utils/boxed.py).
@@ -53,93 +56,67 @@ class Answer:
 OnDone = Callable[[int, list[Answer], dict], None]
 
 
-def _round_up(n: int, to: int = 256) -> int:
-    return -(-n // to) * to
-
-
 def _count(tokenizer, texts: list[str]) -> list[int]:
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-class _OnEngine:
-    """Loading the model onto an engine sized by the method (`max_len`), then `attach`."""
-    config: EvalConfig
-
-    def start(self) -> None:
-        from memagent_jax.models import make_mesh
-        from memagent_jax.rollout.local import load_engine
-        engine = self.config.engine
-        mesh = make_mesh(engine.mesh, source="engine.mesh") if engine.mesh else None
-        self.attach(load_engine(self.config.model.path,
-                                max_len=lambda model_config: (engine.max_len
-                                                              or self.max_len(model_config)),
-                                slots=engine.slots, dtype=self.config.model.dtype,
-                                attention=self.config.model.attention, mesh=mesh,
-                                prefill_buckets=engine.prefill_buckets
-                                and tuple(engine.prefill_buckets),
-                                prefill_rows=engine.prefill_rows))
+def _load(config: EvalConfig, tokenizer) -> tuple[Policy, jax.sharding.Mesh | None]:
+    """The model section's policy, and the config's mesh (None: one device) it is on."""
+    mesh = make_mesh(config.mesh, source="mesh") if config.mesh else None
+    return load_policy(config.model, tokenizer, mesh), mesh
 
 
-class MemAgentMethod(_OnEngine):
+class MemAgentMethod:
     def __init__(self, config: EvalConfig, tokenizer):
-        m = config.memagent
         self.config, self.tokenizer = config, tokenizer
-        self.agent_config = MemAgentConfig(m.chunk_tokens, m.max_memory_tokens,
-                                           m.max_final_tokens, m.max_problem_tokens)
-        self.agent: MemoryAgent | None = None
-
-    def max_len(self, model_config) -> int:
-        """KV entries a turn needs (the update template with full question, memory and chunk,
-        plus the longest reply), rounded up."""
-        return _round_up(required_length(self.tokenizer, self.agent_config.max_problem_tokens,
-                                         self.agent_config))
+        self.agent, self.params = None, None
 
     def check(self, where: str, row: int, record: dict) -> None:
         if not record["context"].strip():
             raise UserError(f"{where}: row {row}: the context is empty")
         tokens = _count(self.tokenizer, [record["input"]])[0]
-        if tokens > self.agent_config.max_problem_tokens:
+        budget = self.config.memagent.max_problem_tokens
+        if tokens > budget:
             raise UserError(f"{where}: row {row}: the question has {tokens} tokens, over "
-                            f"memagent.max_problem_tokens = {self.agent_config.max_problem_tokens}")
+                            f"memagent.max_problem_tokens = {budget}")
 
-    def attach(self, local) -> None:
-        self.agent = MemoryAgent(Scheduler(local.engine), self.tokenizer, self.agent_config,
-                                 local.stop_ids)
+    def start(self) -> None:
+        policy, mesh = _load(self.config, self.tokenizer)
+        self.agent = build_agent(policy.model, self.tokenizer, self.config.memagent,
+                                 self.config.engine, mesh, policy.stop_ids)
+        self.params = split_params(policy.model)[1]
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
         s, n = self.config.sampling, self.config.sampling.n
-        sampling = SamplingParams(s.temperature, s.top_p, s.top_k)
-        tokens = _count(self.tokenizer, [record["context"] for _, record in batch])
-        # turns per trajectory: one per chunk, then the final answer
-        turns = [-(-t // self.agent_config.chunk_tokens) + 1 for t in tokens]
+        samples = [self.agent.read(record["input"], record["context"]) for _, record in batch]
+        turns = [len(sample.chunks) + 1 for sample in samples]  # the chunks, then the answer
         add_turns(n * sum(turns))
         finals: dict[int, list[Answer]] = collections.defaultdict(list)
 
-        def turn_done(i: int, conversation) -> None:
+        def turn_done(i: int, turn) -> None:
             on_turn()
-            if conversation.kind != "final":
+            if turn.kind != "final":
                 return
-            finals[i].append(Answer(extract_boxed(conversation.reply), conversation.reply,
-                                    conversation.finish_reason,
-                                    len(conversation.response_ids)))
+            finals[i].append(Answer(extract_boxed(turn.reply), turn.reply, turn.finish_reason,
+                                    len(turn.response_ids)))
             if len(finals[i]) == n:  # the question's last trajectory has answered
                 on_done(batch[i][0], finals.pop(i),
-                        {"context_tokens": tokens[i], "turns": turns[i]})
+                        {"context_tokens": samples[i].document_tokens, "turns": turns[i]})
 
         # A batch's seed comes from its first row: a fresh run is reproducible; a resumed
         # run re-runs its unfinished rows in new batches, so with new random numbers.
         seed = zlib.crc32(f"{s.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
-        self.agent.run([(record["input"], record["context"]) for _, record in batch],
-                       sampling, n=n, seed=seed, on_turn=turn_done)
+        sampling = SamplingParams(s.temperature, s.top_p, s.top_k, seed)
+        self.agent.run(self.params, samples, sampling, n=n, on_turn=turn_done)
 
 
-class FullContextMethod(_OnEngine):
+class FullContextMethod:
     def __init__(self, config: EvalConfig, tokenizer):
         self.config, self.tokenizer = config, tokenizer
         self.overhead = len(chat_prompt_ids(tokenizer, ""))  # chat template + system prompt
         self.max_input: int | None = config.full_context.max_input_tokens
-        self.local = None
+        self.engine, self.params, self.stop_ids = None, None, ()
 
     def _budget(self, window: int, what: str) -> int:
         """User-message tokens left in `window` KV entries after the chat template, the reply
@@ -151,9 +128,9 @@ class FullContextMethod(_OnEngine):
                             f"{self.config.full_context.max_new_tokens} new tokens")
         return budget
 
-    def max_len(self, model_config) -> int:
-        """Without full_context.max_input_tokens the prompt gets the model's context length
-        (YaRN-extended when its config says so)."""
+    def needed_length(self, model_config) -> int:
+        """KV entries a prompt and its reply need. Without full_context.max_input_tokens the
+        prompt gets the model's context length (YaRN-extended when its config says so)."""
         if self.max_input is None:
             scaling = model_config.rope_scaling or {}
             window = model_config.max_position_embeddings
@@ -161,18 +138,20 @@ class FullContextMethod(_OnEngine):
                 window = int(scaling.get("original_max_position_embeddings", window)
                              * scaling.get("factor", 1.0))
             self.max_input = self._budget(window, "the model's context length")
-        return _round_up(self.max_input + self.overhead + 64
-                         + self.config.full_context.max_new_tokens)
+        return self.max_input + self.overhead + 64 + self.config.full_context.max_new_tokens
 
     def check(self, where: str, row: int, record: dict) -> None:
         if not record["context"].strip():
             raise UserError(f"{where}: row {row}: the context is empty")
 
-    def attach(self, local) -> None:
-        self.local = local
+    def start(self) -> None:
+        policy, mesh = _load(self.config, self.tokenizer)
+        self.engine = build_engine(policy.model, self.config.engine, mesh,
+                                   self.needed_length(policy.config))
+        self.params, self.stop_ids = split_params(policy.model)[1], policy.stop_ids
         # engine.max_len, when set, may hold less than the model window
-        budget = self._budget(local.engine.config.max_len, "engine.max_len")
-        self.max_input = budget if self.max_input is None else min(self.max_input, budget)
+        budget = self._budget(self.engine.config.max_len, "engine.max_len")
+        self.max_input = min(self.max_input, budget)
 
     def prompt_ids(self, record: dict) -> tuple[list[int], int]:
         """The chat prompt, its user message centre-truncated to max_input tokens as the
@@ -209,20 +188,20 @@ class FullContextMethod(_OnEngine):
             seed = zlib.crc32(f"{s.seed}/{set_name}/{row}".encode()) & 0x7FFFFFFF
             requests.append(Request(tuple(ids), fc.max_new_tokens,
                                     SamplingParams(s.temperature, s.top_p, s.top_k, seed),
-                                    self.local.stop_ids, s.n))
+                                    self.stop_ids, s.n))
             tokens.append(context_tokens)
 
         def request_done(i: int, completions) -> None:
             answers = []
             for completion in completions:
                 on_turn()
-                ids = [t for t in completion.token_ids if t not in self.local.stop_ids]
+                ids = [t for t in completion.token_ids if t not in self.stop_ids]
                 reply = self.tokenizer.decode(ids, skip_special_tokens=True)
                 answers.append(Answer(extract_boxed(reply), reply, completion.finish_reason,
                                       len(completion.token_ids)))
             on_done(batch[i][0], answers, {"context_tokens": tokens[i], "turns": 1})
 
-        generate(self.local.engine, requests, on_done=request_done)
+        complete(self.engine, self.params, requests, on_done=request_done)
 
 
 def make_method(config: EvalConfig, tokenizer):

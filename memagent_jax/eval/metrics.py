@@ -1,5 +1,5 @@
-"""Test metrics (REFERENCE.md section 2): lenient SQuAD/HotpotQA answer matching, and RULER's
-string_match_all for the synthetic tasks.
+"""Test metrics (docs/algorithm.md section 2): lenient SQuAD/HotpotQA answer matching, and
+RULER's string_match_all for the synthetic tasks.
 
 Every QA metric takes `(prediction, gold)` and returns a float in [0, 1]; `gold` may be one
 answer or a list of acceptable answers (the best match counts, as SQuAD scores several gold

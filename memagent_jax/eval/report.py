@@ -1,6 +1,6 @@
 """Results as the paper shows them: a table (rows = model/method, columns = context lengths) in
 Markdown and JSON, and a PNG of accuracy against context length (log-scale x), optionally with
-the published RULER-HQA curves of REFERENCE.md section 5 for comparison.
+the published RULER-HQA curves of docs/algorithm.md section 5 for comparison.
 
 Input: run summaries (`summary.json` of an eval output dir), each
 {"model", "method", "task", "metric", "columns": [{"label", "tokens", "accuracy", ...}]}.
@@ -14,7 +14,7 @@ import sys
 
 from memagent_jax.errors import UserError
 
-# REFERENCE.md section 5: RULER-HQA accuracy (%, mean sub-EM x 100) at these lengths.
+# docs/algorithm.md section 5: RULER-HQA accuracy (%, mean sub-EM x 100) at these lengths.
 PUBLISHED_LABELS = ("7K", "14K", "28K", "56K", "112K", "224K", "448K", "896K", "1.75M", "3.5M")
 PUBLISHED_TOKENS = (7e3, 14e3, 28e3, 56e3, 112e3, 224e3, 448e3, 896e3, 1.75e6, 3.5e6)
 PUBLISHED_RULER_HQA = {

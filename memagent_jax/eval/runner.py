@@ -18,11 +18,11 @@ Output dir:
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
+from memagent_jax.eval.methods import make_method
 from memagent_jax.eval.report import markdown, write_report
 from memagent_jax.eval.results import OutputDir, ResultLog
 from memagent_jax.eval.sets import EvalSet, load_sets
@@ -53,15 +53,8 @@ class Progress:
 def run_eval(config: EvalConfig, method=None) -> dict:
     """Runs what is left of the eval and returns its summary. `method` replaces the one the
     config names (tests drive the runner with scripted answers this way)."""
-    from memagent_jax.eval.methods import make_method
-    from memagent_jax.tokenizer import load_tokenizer
-
     sets = load_sets(config.data.sets, config.data.max_samples)
-    tokenizer_dir = config.model.tokenizer or config.model.path
-    tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
-    if tokenizer is None:
-        raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json); set "
-                        "model.tokenizer")
+    tokenizer = config.model.load_tokenizer(required=True)
     method = method or make_method(config, tokenizer)
     for s in sets:
         for row, record in enumerate(s.records):

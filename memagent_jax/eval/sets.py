@@ -3,7 +3,7 @@
 A set file holds one context length of one task: RULER-HQA records {context, input, answers,
 num_docs, index} or RULER synthetic records {context, input, answers, task, length, ...}.
 QA sets are scored with EM / sub-EM / F1 (accuracy = sub-EM, as the paper); RULER synthetic
-tasks with string_match_all (REFERENCE.md section 2).
+tasks with string_match_all (docs/algorithm.md section 2).
 """
 
 from __future__ import annotations

@@ -37,8 +37,8 @@ def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     """Causal attention where query i sees keys 0..i: q [B, T, Hq, D], k, v [B, T, Hkv, D].
 
     Query block i runs over key blocks 0..i (the diagonal one masked), keeping the running max,
-    normaliser and weighted sum in float32. On a 2-core CPU at T = 1328 this was 3.5-4.5x faster
-    than `attend` with a causal mask. Differentiable: the gradient is flash attention's
+    normaliser and weighted sum in float32; the blocks above the diagonal are skipped, not
+    computed and masked as `attend` would. Differentiable: the gradient is flash attention's
     backward (`_blocked`), which recomputes each tile's probabilities from the saved
     log-sum-exp, so it too holds only block x block tiles. block_size None: `default_block`.
     Returns [B, T, Hq, D].
@@ -65,12 +65,9 @@ def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
 
 def default_block(group: int) -> int:
     """Rows and keys per tile for `group` query heads per KV head: a tile's product has group x
-    block query rows, and below about 512 of them the per-tile overhead of the loop dominates.
-    On a 2-core CPU at T = 1280 (forward / gradient, ms): 4 heads over 2 KV heads with D = 32
-    took 5.0 / 19.0 with 128-blocks and 3.0 / 11.7 with 256; 8 over 2 with D = 128 22.1 / 63.5
-    and 12.7 / 46.0; but 10 over 2 (D = 128) 23.0 / 65.6 and 26.1 / 76.2, and 14 over 2 (D = 64,
-    Qwen2.5-0.5B) 11.9 / 44.7 and 13.0 / 48.8. Every Qwen2.5 model has 5 to 8 query heads per KV
-    head (128-blocks); small test models often 2."""
+    block query rows, and below about 512 of them the per-tile overhead of the loop dominates
+    (BENCHMARKS.md, "Prefill attention block size"). Every Qwen2.5 model has 5 to 8 query heads
+    per KV head (128-blocks); small test models often 2."""
     return 256 if group <= 4 else 128
 
 
@@ -178,12 +175,9 @@ def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
 
     Each (row, KV head) holds its keys as one contiguous [D, S] block and its values as one
     [S, D] block, and its G x T queries form one [G * T, D] block, so both products are plain
-    batched matmuls over the cache as it lies, neither with a transposed right operand. On
-    XLA:CPU, at 8 rows x 8448 entries with Qwen2.5-7B's heads, a layer took 104 ms with the
-    cache [B, S, Hkv, D] (copied to head-major first, every layer of every step), 29 ms with the
-    query heads and T as separate einsum axes, 14.9 ms with keys [B, Hkv, S, D] and 10.6 ms
-    with keys [B, Hkv, D, S] (2.1x faster than that for the 2-layer benchmark model's heads at
-    8 x 1536). Returns [B, T, Hq, D]."""
+    batched matmuls over the cache as it lies, neither with a transposed right operand (which
+    XLA:CPU runs with a slower kernel; BENCHMARKS.md, "Decode attention layout"). Returns
+    [B, T, Hq, D]."""
     b, t, hq, d = q.shape
     hkv = k_cache.shape[1]
     g = hq // hkv

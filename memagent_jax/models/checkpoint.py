@@ -1,7 +1,7 @@
 """Our model checkpoint directory: Orbax parameters plus the HF config and side files.
 
     CKPT/model_config.json   the HF config.json of the model (torch_dtype = stored dtype)
-    CKPT/params/             Orbax checkpoint of the parameter tree ({'embed', 'layers': {0: ...}})
+    CKPT/params/             Orbax checkpoint of the parameters (the `qwen2.Params` tree)
     CKPT/hf_files/           tokenizer and generation files of the source, for export
 
 The whole directory is written under a temporary name and renamed when complete.
@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 
-import jax
 import orbax.checkpoint as ocp
 
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
+from memagent_jax.models import mapping
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.hf_checkpoint import copy_side_files
+from memagent_jax.models.qwen2 import Params
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
@@ -30,9 +31,8 @@ def is_checkpoint_directory(path: str) -> bool:
             and os.path.isdir(os.path.join(path, PARAMS_DIR)))
 
 
-def write_checkpoint(params: dict, config: ModelConfig, out_dir: str,
+def write_checkpoint(params: Params, config: ModelConfig, out_dir: str,
                      side_files_dir: str | None = None) -> None:
-    """params: the nested parameter tree of arrays (as `nnx.to_pure_dict` gives it)."""
     with atomic_directory(out_dir) as tmp:
         with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
             json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
@@ -44,25 +44,25 @@ def write_checkpoint(params: dict, config: ModelConfig, out_dir: str,
             copy_side_files(side_files_dir, os.path.join(tmp, SIDE_DIR))
 
 
-def read_params(ckpt_dir: str, targets: dict) -> dict:
-    """Restores the parameter tree onto targets (nested ShapeDtypeStructs with shardings).
-    A checkpoint whose tree differs from the targets' (another depth, or the stacked layers
-    of memagent-jax before 2026-11-23) is a UserError naming a parameter that differs."""
+def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
+    """Restores the parameter tree onto targets (a `Params` tree of ShapeDtypeStructs with
+    shardings). A checkpoint whose tree differs from the targets' (another depth, or an older
+    memagent-jax layout) is a UserError naming the first parameter that differs."""
     path = os.path.abspath(os.path.join(ckpt_dir, PARAMS_DIR))
     checkpointer = ocp.StandardCheckpointer()
     stored, expected = _paths(checkpointer.metadata(path).item_metadata.tree), _paths(targets)
     if stored != expected:
-        differences = ([f"missing '{min(expected - stored)}'"] if expected - stored else []) + (
+        missing = [ours for _, ours, _ in mapping.tensors(config) if ours not in stored]
+        differences = ([f"missing '{missing[0]}'"] if missing else []) + (
             [f"unexpected '{min(stored - expected)}'"] if stored - expected else [])
         raise UserError(f"{path}: the stored parameters do not match the model in "
-                        f"{CONFIG_FILE} ({', '.join(differences)}); a checkpoint from before "
-                        "per-layer parameters (2026-11-23) needs `memagent-jax convert` again")
+                        f"{CONFIG_FILE} ({', '.join(differences)}); a checkpoint of an older "
+                        "memagent-jax layout needs `memagent-jax convert` again")
     return checkpointer.restore(path, targets)
 
 
 def _paths(tree: dict) -> set[str]:
-    return {"/".join(str(getattr(key, "key", key)) for key in path)
-            for path, _ in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    return set(mapping.flatten(tree))
 
 
 def side_files_dir(ckpt_dir: str) -> str:

@@ -20,6 +20,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import mapping
 from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.qwen2 import Params
 from memagent_jax.models.safetensors_io import TensorInfo, read_header, write_file
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -66,12 +67,14 @@ def scan_weights(hf_dir: str) -> dict[str, TensorInfo]:
     return infos
 
 
-def read_params(hf_dir: str, config: ModelConfig,
-                targets: dict[str, jax.ShapeDtypeStruct]) -> dict[str, jax.Array]:
-    """Loads every parameter onto its target (shape, dtype, sharding); 'path' -> array."""
+def read_params(hf_dir: str, config: ModelConfig, targets: Params) -> Params:
+    """Loads every parameter onto its target (a `Params` tree of ShapeDtypeStructs with
+    shardings)."""
     infos = scan_weights(hf_dir)
+    targets = mapping.flatten(targets)
     plan = _check_tensors(infos, config, targets, hf_dir)
-    return {ours: _build(row, infos[name], targets[ours]) for row, ours, name in plan}
+    return mapping.nest({ours: _build(row, infos[name], targets[ours])
+                         for row, ours, name in plan})
 
 
 def _check_tensors(infos, config, targets, hf_dir):
@@ -105,10 +108,11 @@ def _build(row: mapping.Row, info: TensorInfo, target: jax.ShapeDtypeStruct) -> 
     return jax.make_array_from_single_device_arrays(shape, sharding, buffers)
 
 
-def write_directory(params: dict[str, jax.Array], config: ModelConfig, out_dir: str,
+def write_directory(params: Params, config: ModelConfig, out_dir: str,
                     side_files_dir: str | None = None,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
-    """Writes an HF directory from our parameters ('path' -> array), all or nothing."""
+    """Writes an HF directory from our parameters, all or nothing."""
+    params = mapping.flatten(params)
     tensors = [(name, params[ours].dtype, mapping.hf_shape(row, params[ours].shape),
                 lambda row=row, a=params[ours]: mapping.to_hf(row, np.asarray(a)))
                for row, ours, name in mapping.tensors(config)]

@@ -1,7 +1,8 @@
 """The one table between Hugging Face tensor names and our parameters, used in both directions.
 
-Both sides store each layer separately (HF `model.layers.{i}...`, ours `layers/{i}/...`); HF keeps
-linear weights as [out, in], we keep kernels as [in..., out...] with attention heads split out.
+Both sides store each layer separately (HF `model.layers.{i}...`, ours `layers/{i}/...`, the
+path of a leaf in the `qwen2.Params` tree); HF keeps linear weights as [out, in], we keep kernels
+as [in..., out...] with attention heads split out.
 Each row says which kind of reshaping links the two layouts:
 - "linear": ours [*in, *out] (the first `in_dims` axes are inputs) <-> HF [prod(out), prod(in)];
 - "vector": ours [*shape] <-> HF [prod(shape)] (norm weights, biases);
@@ -20,7 +21,7 @@ from memagent_jax.models.config import ModelConfig
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    ours: str          # path in our parameter tree; '{i}' is the layer index
+    ours: str          # path in our parameter tree (`flatten`); '{i}' is the layer index
     hf: str            # HF tensor name; '{i}' likewise
     kind: str          # "linear" | "vector" | "same"
     in_dims: int = 1   # for "linear": how many leading axes of ours are inputs
@@ -29,17 +30,18 @@ class Row:
 TABLE = (
     Row("embed", "model.embed_tokens.weight", "same"),
     Row("layers/{i}/attn_norm", "model.layers.{i}.input_layernorm.weight", "vector"),
-    Row("layers/{i}/q_kernel", "model.layers.{i}.self_attn.q_proj.weight", "linear"),
-    Row("layers/{i}/q_bias", "model.layers.{i}.self_attn.q_proj.bias", "vector"),
-    Row("layers/{i}/k_kernel", "model.layers.{i}.self_attn.k_proj.weight", "linear"),
-    Row("layers/{i}/k_bias", "model.layers.{i}.self_attn.k_proj.bias", "vector"),
-    Row("layers/{i}/v_kernel", "model.layers.{i}.self_attn.v_proj.weight", "linear"),
-    Row("layers/{i}/v_bias", "model.layers.{i}.self_attn.v_proj.bias", "vector"),
-    Row("layers/{i}/o_kernel", "model.layers.{i}.self_attn.o_proj.weight", "linear", in_dims=2),
+    Row("layers/{i}/attn/q_kernel", "model.layers.{i}.self_attn.q_proj.weight", "linear"),
+    Row("layers/{i}/attn/q_bias", "model.layers.{i}.self_attn.q_proj.bias", "vector"),
+    Row("layers/{i}/attn/k_kernel", "model.layers.{i}.self_attn.k_proj.weight", "linear"),
+    Row("layers/{i}/attn/k_bias", "model.layers.{i}.self_attn.k_proj.bias", "vector"),
+    Row("layers/{i}/attn/v_kernel", "model.layers.{i}.self_attn.v_proj.weight", "linear"),
+    Row("layers/{i}/attn/v_bias", "model.layers.{i}.self_attn.v_proj.bias", "vector"),
+    Row("layers/{i}/attn/o_kernel", "model.layers.{i}.self_attn.o_proj.weight", "linear",
+        in_dims=2),
     Row("layers/{i}/mlp_norm", "model.layers.{i}.post_attention_layernorm.weight", "vector"),
-    Row("layers/{i}/gate_kernel", "model.layers.{i}.mlp.gate_proj.weight", "linear"),
-    Row("layers/{i}/up_kernel", "model.layers.{i}.mlp.up_proj.weight", "linear"),
-    Row("layers/{i}/down_kernel", "model.layers.{i}.mlp.down_proj.weight", "linear"),
+    Row("layers/{i}/mlp/gate_kernel", "model.layers.{i}.mlp.gate_proj.weight", "linear"),
+    Row("layers/{i}/mlp/up_kernel", "model.layers.{i}.mlp.up_proj.weight", "linear"),
+    Row("layers/{i}/mlp/down_kernel", "model.layers.{i}.mlp.down_proj.weight", "linear"),
     Row("final_norm", "model.norm.weight", "vector"),
     Row("lm_head", "lm_head.weight", "linear"),
 )
@@ -62,6 +64,31 @@ def tensors(config: ModelConfig) -> list[tuple[Row, str, str]]:
             out.extend((r, r.ours.format(i=i), r.hf.format(i=i))
                        for i in range(config.num_layers) for r in layer_rows)
     return out
+
+
+def flatten(params: dict, prefix: str = "") -> dict[str, object]:
+    """{'layers': {0: {'attn_norm': x}}} -> {'layers/0/attn_norm': x}."""
+    flat = {}
+    for key, value in params.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, path + "/"))
+        else:
+            flat[path] = value
+    return flat
+
+
+def nest(flat: dict[str, object]) -> dict:
+    """{'layers/0/attn_norm': x} -> {'layers': {0: {'attn_norm': x}}} (layer indices as ints,
+    as in the module's own tree)."""
+    tree: dict = {}
+    for path, leaf in flat.items():
+        *parents, name = [int(p) if p.isdigit() else p for p in path.split("/")]
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[name] = leaf
+    return tree
 
 
 def hf_shape(row: Row, our_shape: tuple[int, ...]) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Qwen2.5 shapes (REFERENCE.md section 6) as HF config dicts, plus a tiny shape for tests/demos.
+"""Qwen2.5 shapes (docs/algorithm.md section 6) as HF config dicts, plus a tiny test shape.
 
 A preset is what a Qwen2.5 checkpoint's config.json says, so `ModelConfig.from_hf_dict` reads it
 like any downloaded model, and `memagent-jax random-model` can write a random-weight stand-in

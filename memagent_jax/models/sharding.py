@@ -1,6 +1,6 @@
 """Device mesh and parameter shardings.
 
-Parameters name a logical axis per dimension (see `qwen2.LAYER_PARAMS`); `RULES` maps logical
+Parameters name a logical axis per dimension (`logical_axes` in qwen2.py); `RULES` maps logical
 axes to mesh axes, as MaxText's logical axis rules do. A dimension that the mesh axis does not
 divide (e.g. 4 KV heads over tensor=8) is replicated instead, so every Qwen2.5 size loads on
 every mesh; the cost is memory, never a wrong result.
@@ -16,7 +16,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from memagent_jax.errors import UserError
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.qwen2 import param_specs
+from memagent_jax.models.qwen2 import Params, param_specs
 
 MESH_AXES = ("data", "fsdp", "tensor")
 DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
@@ -27,14 +27,23 @@ RULES: Mapping[str, str | None] = {
 
 
 def make_mesh(axes: Mapping[str, int] | None = None, devices=None, source: str = "mesh") -> Mesh:
-    """A mesh over `devices` (default: all) with the named axis sizes; one size may be -1
-    (the devices left over); axes not given have size 1. `source` names the config key in
-    errors."""
-    axes = dict(DEFAULT_MESH if axes is None else axes)
+    """A mesh over `devices` (default: all) with the named axis sizes (see `resolve_axes`)."""
     devices = list(jax.devices() if devices is None else devices)
+    sizes = resolve_axes(axes, len(devices), source)
+    return jax.make_mesh(tuple(sizes.values()), MESH_AXES,
+                         axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def resolve_axes(axes: Mapping[str, int] | None, device_count: int,
+                 source: str = "mesh") -> dict[str, int]:
+    """Every mesh axis's size on `device_count` devices: one size may be -1 (the devices left
+    over); axes not given have size 1; None is DEFAULT_MESH. `source` names the config key in
+    errors (UserError)."""
+    axes = dict(DEFAULT_MESH if axes is None else axes)
     for name, size in axes.items():
         if name not in MESH_AXES:
-            raise UserError(f"{source}: unknown mesh axis '{name}' (known: {', '.join(MESH_AXES)})")
+            raise UserError(f"{source}: unknown mesh axis '{name}' (known: "
+                            f"{', '.join(MESH_AXES)})")
         if not isinstance(size, int) or (size < 1 and size != -1):
             raise UserError(f"{source}.{name}: size must be a positive integer or -1, got {size!r}")
     free = [n for n, s in axes.items() if s == -1]
@@ -42,15 +51,13 @@ def make_mesh(axes: Mapping[str, int] | None = None, devices=None, source: str =
         raise UserError(f"{source}: only one axis may be -1, got {', '.join(free)}")
     fixed = math.prod(s for s in axes.values() if s != -1)
     if free:
-        if len(devices) % fixed:
-            raise UserError(f"{source}: {len(devices)} devices do not divide by {fixed}")
-        axes[free[0]] = len(devices) // fixed
-    if math.prod(axes.values()) != len(devices):
+        if device_count % fixed:
+            raise UserError(f"{source}: {device_count} devices do not divide by {fixed}")
+        axes[free[0]] = device_count // fixed
+    if math.prod(axes.values()) != device_count:
         raise UserError(f"{source}: axis sizes {axes} need {math.prod(axes.values())} devices, "
-                        f"found {len(devices)}")
-    sizes = tuple(axes.get(name, 1) for name in MESH_AXES)
-    return jax.make_mesh(sizes, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES),
-                         devices=devices)
+                        f"found {device_count}")
+    return {name: axes.get(name, 1) for name in MESH_AXES}
 
 
 def partition_spec(shape: tuple[int, ...], logical_axes: tuple[str | None, ...], mesh: Mesh,
@@ -67,12 +74,21 @@ def partition_spec(shape: tuple[int, ...], logical_axes: tuple[str | None, ...],
     return PartitionSpec(*spec)
 
 
-def param_shardings(config: ModelConfig, mesh: Mesh) -> dict[str, NamedSharding]:
-    """'path' -> NamedSharding for every parameter of the model."""
-    return {path: NamedSharding(mesh, partition_spec(shape, axes, mesh))
-            for path, (shape, axes) in param_specs(config).items()}
+def param_shardings(config: ModelConfig, mesh: Mesh | None) -> Params:
+    """Every parameter's sharding, in the `Params` tree: over `mesh` by RULES, or (mesh None)
+    on the default device."""
+    if mesh is None:
+        device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda _: device, param_specs(config), is_leaf=_is_spec)
+    return jax.tree.map(lambda spec: NamedSharding(mesh, partition_spec(*spec, mesh)),
+                        param_specs(config), is_leaf=_is_spec)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Inputs [B, ...]: the batch split over the data-parallel axes (data and fsdp)."""
     return NamedSharding(mesh, PartitionSpec(("data", "fsdp")))
+
+
+def _is_spec(x) -> bool:
+    """A (shape, logical axes) leaf of `param_specs`."""
+    return isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], tuple)

@@ -1,4 +1,4 @@
-"""Group-relative advantages (GRPO / DAPO, REFERENCE.md section 3).
+"""Group-relative advantages (GRPO / DAPO, docs/algorithm.md section 3).
 
 Each prompt is sampled n times; a trajectory's advantage is its reward minus the mean reward of
 its group (the original does not divide by the group's standard deviation; `normalize_std` does,

@@ -4,7 +4,7 @@
 (every chunk's memory update and the final answer), scores each trajectory's final reply with
 its verifier, adds DAPO's overlong penalty, and, with dynamic sampling on, keeps only groups
 whose rewards are not all equal, drawing more prompts until `prompts` groups are kept or the
-tries run out (REFERENCE.md section 3). It returns the kept groups, their shaped rewards
+tries run out (docs/algorithm.md section 3). It returns the kept groups, their shaped rewards
 [G, n], the indices of every example drawn (the data order, logged per step), and rollout
 statistics over every trajectory sampled.
 """
@@ -64,13 +64,13 @@ def score(examples: list[Example], groups: list[list[Trajectory]], reward_kind: 
 
 def overlong_penalties(groups: list[list[Trajectory]], memory_cap: int, final_cap: int,
                        buffer: int, factor: float) -> np.ndarray:
-    """[G, n] DAPO soft overlong penalties: each conversation against its own cap (memory
-    updates: memory_cap; the final answer: final_cap), the trajectory taking its worst."""
+    """[G, n] DAPO soft overlong penalties: each turn against its own cap (memory updates:
+    memory_cap; the final answer: final_cap), the trajectory taking its worst."""
     out = np.zeros((len(groups), len(groups[0]) if groups else 0), np.float32)
     for g, group in enumerate(groups):
         for j, trajectory in enumerate(group):
             worst = 0.0
-            for c in trajectory.conversations:
+            for c in trajectory.turns:
                 cap = memory_cap if c.kind == "update" else final_cap
                 worst = min(worst, float(dapo.overlong_penalty([len(c.response_ids)], cap,
                                                                buffer, factor)[0]))
@@ -78,15 +78,16 @@ def overlong_penalties(groups: list[list[Trajectory]], memory_cap: int, final_ca
     return out
 
 
-def collect_batch(agent: MemoryAgent, iterator, config, seed_for_try: Callable[[int], int],
+def collect_batch(agent: MemoryAgent, params, iterator, config,
+                  seed_for_try: Callable[[int], int],
                   gather: Callable[[list[Example]], list[Example]] = lambda x: x,
                   process_count: int = 1, on_turn: Callable | None = None) -> RolloutBatch:
-    """One step's batch (module docstring). config: the TrainConfig; seed_for_try(k): the
-    sampling seed of rollout round k; gather: this process's drawn examples -> every
-    process's (the engine is SPMD: all processes must roll out the same global batch)."""
-    rollout, wanted = config.rollout, config.prompts_per_step
+    """One step's batch (module docstring), sampled with `params`. config: the TrainConfig;
+    seed_for_try(k): the sampling seed of rollout round k; gather: this process's drawn
+    examples -> every process's (the engine is SPMD: all processes must roll out the same
+    global batch)."""
+    rollout, budgets, wanted = config.rollout, config.memagent, config.prompts_per_step
     dynamic = config.dynamic_sampling.enabled
-    sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k)
     kept_examples, kept_groups, kept_rewards, drawn = [], [], [], []
     all_groups, all_raw, all_shaped = [], [], []
     tries, start = 0, time.perf_counter()
@@ -95,13 +96,15 @@ def collect_batch(agent: MemoryAgent, iterator, config, seed_for_try: Callable[[
         need = wanted - len(kept_groups)
         examples = gather(take(iterator, math.ceil(need / process_count)))
         drawn.extend(e.index for e in examples)
-        groups = agent.run([(e.question, e.context) for e in examples], sampling, n=rollout.n,
-                           seed=seed_for_try(tries), on_turn=on_turn)
+        sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k,
+                                  seed=seed_for_try(tries))
+        groups = agent.run(params, [agent.read(e.question, e.context) for e in examples],
+                           sampling, n=rollout.n, on_turn=on_turn)
         raw = score(examples, groups, config.data.reward)
         shaped = raw.copy()
         if config.overlong.enabled:
-            shaped += overlong_penalties(groups, rollout.max_memory_tokens,
-                                         rollout.max_final_tokens, config.overlong.buffer,
+            shaped += overlong_penalties(groups, budgets.max_memory_tokens,
+                                         budgets.max_final_tokens, config.overlong.buffer,
                                          config.overlong.penalty_factor)
         keep = dapo.informative_groups(shaped) if dynamic else np.ones(len(groups), bool)
         for g in np.flatnonzero(keep)[:need]:
@@ -126,10 +129,10 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
                   ) -> dict[str, float]:
     """Means over every sampled trajectory: rewards, lengths (tokens), turns, truncations."""
     trajectories = [t for group in groups for t in group]
-    conversations = [c for t in trajectories for c in t.conversations]
-    updates = [len(c.response_ids) for c in conversations if c.kind == "update"]
-    finals = [len(c.response_ids) for c in conversations if c.kind == "final"]
-    responses = [len(c.response_ids) for c in conversations]
+    turns = [turn for t in trajectories for turn in t.turns]
+    updates = [len(c.response_ids) for c in turns if c.kind == "update"]
+    finals = [len(c.response_ids) for c in turns if c.kind == "final"]
+    responses = [len(c.response_ids) for c in turns]
 
     def mean(values):
         return float(np.mean(values)) if len(values) else 0.0
@@ -140,9 +143,9 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
         "rollout/response_length": mean(responses),
         "rollout/memory_length": mean(updates),
         "rollout/final_length": mean(finals),
-        "rollout/prompt_length": mean([len(c.prompt_ids) for c in conversations]),
-        "rollout/turns": mean([len(t.conversations) for t in trajectories]),
-        "rollout/truncated_fraction": mean([c.finish_reason == "length" for c in conversations]),
+        "rollout/prompt_length": mean([len(c.prompt_ids) for c in turns]),
+        "rollout/turns": mean([len(t.turns) for t in trajectories]),
+        "rollout/truncated_fraction": mean([c.finish_reason == "length" for c in turns]),
         "rollout/answered_fraction": mean([t.answer is not None for t in trajectories]),
         "rollout/trajectories": float(len(trajectories)),
         "rollout/generated_tokens": float(sum(responses)),

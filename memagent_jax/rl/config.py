@@ -1,45 +1,38 @@
 """The training run's config schema (`memagent-jax train --config FILE key=value ...`).
 
 Sections, each a dataclass read by `runconfig.load_config` (unknown keys and wrong types are
-errors naming the key):
+errors naming the key), each checking its own values as it is built:
     model       which weights: an HF/checkpoint directory, or a preset with random weights
+                (`rollout.agent.ModelSection`, shared with eval)
     mesh        device mesh axis sizes (data, fsdp, tensor; -1 takes the remaining devices)
     data        training source(s) in the hotpotqa parquet layout, validation source, verifier
-    rollout     decode slots and KV length, MemAgent budgets, n samples per prompt, sampling
+    memagent    the workflow's token budgets (`MemAgentConfig`, shared with eval and `run`)
+    engine      decode slots, KV length, prefill buckets (`EngineConfig`, shared likewise)
+    rollout     n samples per prompt and how they are sampled
     dynamic_sampling, overlong   DAPO's batch filter and soft length penalty
-    learner     `rl.learner.LearnerConfig` as it is (optimizer, PPO clipping, KL, micro-batches)
+    learner     `rl.learner.LearnerConfig` (optimizer, PPO clipping, KL, micro-batches)
     validation  every N steps, on the first `size` rows of data.val, lenient metrics
     checkpoint  Orbax directory, every N steps, keep the last N
 plus steps, prompts_per_step, seed, output_dir, log_dir, distributed, compilation_cache_dir.
 
-`validate(config)` checks everything that needs no device; `check_devices(config, devices,
-processes)` checks the mesh against the machine (e.g. the batch must split over the mesh's
-data-parallel axes). Both raise `UserError` and run before any model is loaded.
+`TrainConfig`'s own check covers what spans sections; `check_devices(config, devices,
+processes)` checks the batches against the mesh on this machine. Files (data, model,
+tokenizer) are checked by the trainer, still before any model is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
-from typing import Literal
+from typing import ClassVar, Literal
 
-from memagent_jax.errors import UserError
+from memagent_jax.errors import ConfigError
+from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
 from memagent_jax.rl.learner import LearnerConfig
-from memagent_jax.runconfig import load_config
-
-
-@dataclasses.dataclass
-class ModelSection:
-    """path: HF directory or memagent-jax checkpoint. preset: random weights of a preset shape
-    instead (for smoke runs; needs `tokenizer`). tokenizer: directory with tokenizer files
-    (default: path). dtype: None = float32 on CPU, bfloat16 on accelerators."""
-    path: str | None = None
-    preset: str | None = None
-    tokenizer: str | None = None
-    dtype: Literal["float32", "bfloat16"] | None = None
-    attention: str = "xla"  # models.qwen2.ATTENTION_IMPLEMENTATIONS: prefill and training
-    init_seed: int = 0
+from memagent_jax.rollout.agent import ModelSection
+from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.runconfig import at_least, check, load_config, probability
 
 
 @dataclasses.dataclass
@@ -53,27 +46,32 @@ class DataSection:
     val: str | None = None
     val_split: str = "train"
     reward: Literal["by_source", "strict", "contains"] = "by_source"
+    SECTION: ClassVar[str] = "data"
+
+    def __post_init__(self):
+        # `~` in local paths (YAML does not expand it; hf:// and hub ids never start with it).
+        self.train = [os.path.expanduser(s) for s in self.train]
+        self.val = self.val and os.path.expanduser(self.val)
+        if not self.train:
+            raise ConfigError("data.train", "no training source given")
 
 
 @dataclasses.dataclass
 class RolloutSection:
-    """slots: sequences decoded together; max_len: KV entries per slot (None: the longest turn
-    the budgets allow, rounded up to 256); prefill_buckets: prompt lengths compiled for
-    (None: the engine's default buckets); prefill_rows: prompts prefilled together in one call.
-    n: trajectories per prompt (a group)."""
-    slots: int = 64
-    max_len: int | None = None
-    prefill_buckets: list[int] | None = None
-    prefill_rows: int = 1
-    chunk_tokens: int = 5000
-    max_memory_tokens: int = 1024
-    max_final_tokens: int = 1024
-    max_problem_tokens: int = 1024
-    max_chunks: int | None = 8
+    """n: trajectories per prompt (a group), sampled at temperature, top_p, top_k."""
     n: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    SECTION: ClassVar[str] = "rollout"
+
+    def __post_init__(self):
+        at_least(self, 1, "n")
+        at_least(self, 0, "top_k")
+        if not self.temperature > 0:
+            raise ConfigError("rollout.temperature", f"must be > 0 for training samples, got "
+                                                     f"{self.temperature}")
+        probability(self, "top_p")
 
 
 @dataclasses.dataclass
@@ -83,12 +81,16 @@ class DynamicSamplingSection:
     what was kept; a step that kept nothing makes no update)."""
     enabled: bool = True
     max_tries: int = 4
+    SECTION: ClassVar[str] = "dynamic_sampling"
+
+    def __post_init__(self):
+        at_least(self, 1, "max_tries")
 
 
 @dataclasses.dataclass
 class OverlongSection:
-    """DAPO's soft overlong penalty, added to the trajectory's reward: each conversation is
-    judged against its own cap (memory or final tokens); the trajectory gets its worst one."""
+    """DAPO's soft overlong penalty, added to the trajectory's reward: each turn is judged
+    against its own cap (memory or final tokens); the trajectory gets its worst one."""
     enabled: bool = False
     buffer: int = 256
     penalty_factor: float = 1.0
@@ -103,6 +105,14 @@ class ValidationSection:
     temperature: float = 0.7
     top_p: float = 0.95
     at_start: bool = False
+    SECTION: ClassVar[str] = "validation"
+
+    def __post_init__(self):
+        at_least(self, 0, "every")
+        at_least(self, 1, "size")
+        if self.temperature < 0:
+            raise ConfigError("validation.temperature", "must be >= 0 (0 is greedy)")
+        probability(self, "top_p")
 
 
 @dataclasses.dataclass
@@ -113,14 +123,23 @@ class CheckpointSection:
     every: int = 10
     keep: int = 3
     async_save: bool = True
+    SECTION: ClassVar[str] = "checkpoint"
+
+    def __post_init__(self):
+        self.dir = self.dir and os.path.expanduser(self.dir)
+        at_least(self, 0, "every")
+        at_least(self, 1, "keep")
 
 
 @dataclasses.dataclass
 class TrainConfig:
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
-    mesh: dict[str, int] = dataclasses.field(
-        default_factory=lambda: {"data": 1, "fsdp": -1, "tensor": 1})
+    mesh: dict[str, int] = dataclasses.field(default_factory=lambda: dict(DEFAULT_MESH))
     data: DataSection = dataclasses.field(default_factory=DataSection)
+    # Training documents are centre-truncated to 8 chunks, as the original's were.
+    memagent: MemAgentConfig = dataclasses.field(
+        default_factory=lambda: MemAgentConfig(max_chunks=8))
+    engine: EngineConfig = dataclasses.field(default_factory=lambda: EngineConfig(slots=64))
     rollout: RolloutSection = dataclasses.field(default_factory=RolloutSection)
     dynamic_sampling: DynamicSamplingSection = dataclasses.field(
         default_factory=DynamicSamplingSection)
@@ -138,6 +157,27 @@ class TrainConfig:
     # loads its compiled programs instead of compiling them again. None: off.
     compilation_cache_dir: str | None = None
 
+    def __post_init__(self):
+        """The checks that span sections (each section checked its own values already)."""
+        self.output_dir = os.path.expanduser(self.output_dir)
+        self.log_dir = self.log_dir and os.path.expanduser(self.log_dir)
+        self.compilation_cache_dir = (self.compilation_cache_dir
+                                      and os.path.expanduser(self.compilation_cache_dir))
+        at_least(self, 1, "steps", "prompts_per_step")
+        if self.learner.temperature != self.rollout.temperature:
+            raise ConfigError("", f"learner.temperature ({self.learner.temperature}) must equal "
+                                  f"rollout.temperature ({self.rollout.temperature}): the "
+                                  "learner scores tokens under the distribution they were "
+                                  "sampled from")
+        if self.overlong.enabled:
+            cap = min(self.memagent.max_memory_tokens, self.memagent.max_final_tokens)
+            if not 1 <= self.overlong.buffer <= cap:
+                raise ConfigError("overlong.buffer", f"must be in 1..{cap} (the smaller reply "
+                                                     f"cap), got {self.overlong.buffer}")
+        if (self.validation.every or self.validation.at_start) and not self.data.val:
+            raise ConfigError("data.val", "validation is on (validation.every / at_start) but "
+                                          "no validation source is given")
+
     @property
     def checkpoint_dir(self) -> str:
         return self.checkpoint.dir or os.path.join(self.output_dir, "checkpoints")
@@ -148,129 +188,30 @@ class TrainConfig:
 
 
 def load_train_config(path: str | None, overrides: list[str] = ()) -> TrainConfig:
-    """The config from YAML + overrides, validated (no device is touched)."""
-    config = _expand_user(load_config(TrainConfig, path, list(overrides)))
-    validate(config)
-    return config
-
-
-def _expand_user(config: TrainConfig) -> TrainConfig:
-    """`~` in local paths -> the home directory (YAML does not expand it; hf:// and hub ids
-    never start with it)."""
-    expand = os.path.expanduser
-    opt = lambda p: None if p is None else expand(p)  # noqa: E731
-    return dataclasses.replace(
-        config,
-        model=dataclasses.replace(config.model, path=opt(config.model.path),
-                                  tokenizer=opt(config.model.tokenizer)),
-        data=dataclasses.replace(config.data, train=[expand(s) for s in config.data.train],
-                                 val=opt(config.data.val)),
-        checkpoint=dataclasses.replace(config.checkpoint, dir=opt(config.checkpoint.dir)),
-        output_dir=expand(config.output_dir), log_dir=opt(config.log_dir),
-        compilation_cache_dir=opt(config.compilation_cache_dir))
+    """The config from YAML + overrides, every section checked (no device is touched)."""
+    return load_config(TrainConfig, path, list(overrides))
 
 
 def validate(config: TrainConfig) -> None:
-    """Every check that needs neither devices nor files; raises UserError naming the key."""
-    model, rollout = config.model, config.rollout
-    if (model.path is None) == (model.preset is None):
-        raise UserError("model: give exactly one of model.path (weights) and model.preset "
-                        "(random weights)")
-    from memagent_jax.models.qwen2 import ATTENTION_IMPLEMENTATIONS
-    if model.attention not in ATTENTION_IMPLEMENTATIONS:
-        raise UserError(f"model.attention: must be one of {', '.join(ATTENTION_IMPLEMENTATIONS)}"
-                        f", got {model.attention!r}")
-    if model.preset is not None and model.tokenizer is None:
-        raise UserError("model.tokenizer: a preset model needs a tokenizer directory")
-    if not config.data.train:
-        raise UserError("data.train: no training source given")
-    _positive(config, "steps", "prompts_per_step", "rollout.slots", "rollout.prefill_rows",
-              "rollout.chunk_tokens", "rollout.max_memory_tokens", "rollout.max_final_tokens",
-              "rollout.max_problem_tokens", "rollout.n", "dynamic_sampling.max_tries",
-              "checkpoint.keep", "validation.size")
-    if rollout.max_chunks is not None and rollout.max_chunks < 1:
-        raise UserError(f"rollout.max_chunks: must be positive or null, got {rollout.max_chunks}")
-    if rollout.max_len is not None and rollout.max_len < 2:
-        raise UserError(f"rollout.max_len: must be at least 2, got {rollout.max_len}")
-    if not rollout.temperature > 0:
-        raise UserError(f"rollout.temperature: must be > 0 for training samples, got "
-                        f"{rollout.temperature}")
-    for key in ("rollout.top_p", "validation.top_p"):
-        value = _get(config, key)
-        if not 0 < value <= 1:
-            raise UserError(f"{key}: must be in (0, 1], got {value}")
-    if config.validation.temperature < 0:
-        raise UserError("validation.temperature: must be >= 0 (0 is greedy)")
-    if config.overlong.enabled:
-        cap = min(rollout.max_memory_tokens, rollout.max_final_tokens)
-        if not 1 <= config.overlong.buffer <= cap:
-            raise UserError(f"overlong.buffer: must be in 1..{cap} (the smaller reply cap), "
-                            f"got {config.overlong.buffer}")
-    for key in ("validation.every", "checkpoint.every"):
-        if _get(config, key) < 0:
-            raise UserError(f"{key}: must be >= 0, got {_get(config, key)}")
-    if (config.validation.every or config.validation.at_start) and not config.data.val:
-        raise UserError("data.val: validation is on (validation.every / at_start) but no "
-                        "validation source is given")
-    for axis, size in config.mesh.items():
-        if not isinstance(size, int) or (size < 1 and size != -1):
-            raise UserError(f"mesh.{axis}: size must be a positive integer or -1, got {size!r}")
+    """Checks every section again (a config changed in code since it was built)."""
+    check(config)
 
 
 def check_devices(config: TrainConfig, device_count: int, process_count: int = 1) -> dict:
     """The mesh's axis sizes on this machine; raises UserError when the config's batches do not
     split over it: prompts over processes, the learner's micro-batch rows over the
     data-parallel axes (data x fsdp), decode slots over data."""
-    from memagent_jax.models.sharding import DEFAULT_MESH, MESH_AXES
-
-    axes = {**{a: 1 for a in MESH_AXES}, **(config.mesh or DEFAULT_MESH)}
-    unknown = [a for a in axes if a not in MESH_AXES]
-    if unknown:
-        raise UserError(f"mesh: unknown axis '{unknown[0]}' (known: {', '.join(MESH_AXES)})")
-    free = [a for a, s in axes.items() if s == -1]
-    if len(free) > 1:
-        raise UserError(f"mesh: only one axis may be -1, got {', '.join(free)}")
-    fixed = math.prod(s for s in axes.values() if s != -1)
-    if free:
-        if device_count % fixed:
-            raise UserError(f"mesh: {device_count} devices do not divide by {fixed}")
-        axes[free[0]] = device_count // fixed
-    if math.prod(axes.values()) != device_count:
-        raise UserError(f"mesh: axis sizes {axes} need {math.prod(axes.values())} devices, "
-                        f"found {device_count}")
+    axes = resolve_axes(config.mesh, device_count, "mesh")
     if config.prompts_per_step % process_count:
-        raise UserError(f"prompts_per_step: {config.prompts_per_step} prompts do not split "
-                        f"over {process_count} processes")
+        raise ConfigError("prompts_per_step", f"{config.prompts_per_step} prompts do not split "
+                                              f"over {process_count} processes")
     data_parallel = axes["data"] * axes["fsdp"]
-    rows = _micro_batch_rows(config.learner)
+    rows = config.learner.micro_batch_rows
     if rows is not None and rows % data_parallel:
-        raise UserError(f"learner: a micro-batch of {rows} rows does not split over the mesh's "
-                        f"data-parallel axes (data x fsdp = {data_parallel}); use a multiple "
-                        f"of {data_parallel}")
-    if config.rollout.slots % axes["data"]:
-        raise UserError(f"rollout.slots: {config.rollout.slots} decode slots do not split over "
-                        f"mesh.data = {axes['data']}")
+        raise ConfigError("learner", f"a micro-batch of {rows} rows does not split over the "
+                                     f"mesh's data-parallel axes (data x fsdp = {data_parallel}); "
+                                     f"use a multiple of {data_parallel}")
+    if config.engine.slots % axes["data"]:
+        raise ConfigError("engine.slots", f"{config.engine.slots} decode slots do not split "
+                                          f"over mesh.data = {axes['data']}")
     return axes
-
-
-def _micro_batch_rows(learner: LearnerConfig) -> int | None:
-    """The learner's fixed rows per micro-batch, if it has such a setting."""
-    for name in ("micro_batch_rows", "micro_batch_size", "micro_batch"):
-        value = getattr(learner, name, None)
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    return None
-
-
-def _get(config, key: str):
-    value = config
-    for part in key.split("."):
-        value = getattr(value, part)
-    return value
-
-
-def _positive(config, *keys: str) -> None:
-    for key in keys:
-        value = _get(config, key)
-        if value < 1:
-            raise UserError(f"{key}: must be positive, got {value}")

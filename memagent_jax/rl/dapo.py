@@ -1,4 +1,4 @@
-"""The DAPO policy loss and DAPO's two batch-shaping rules (REFERENCE.md section 3).
+"""The DAPO policy loss and DAPO's two batch-shaping rules (docs/algorithm.md section 3).
 
 `policy_loss` is verl's PPO loss as MemAgent ran it: per-token importance ratio against the
 rollout policy, clipped to [1 - eps_low, 1 + eps_high] ("clip-higher" when eps_high > eps_low),

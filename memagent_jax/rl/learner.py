@@ -1,6 +1,7 @@
-"""The DAPO learner: PPO mini-batch updates of the policy, in place on the engine's arrays.
+"""The DAPO learner: PPO mini-batch updates of the policy's parameters.
 
-`Learner.update(rows)` runs one rollout batch's worth of optimisation (REFERENCE.md section 3):
+`Learner.update(rows)` runs one rollout batch's worth of optimisation (docs/algorithm.md
+section 3):
 1. old log-probabilities: recomputed with the current parameters (the original's default), or
    the rollout's own (`old_logprobs="rollout"`); reference log-probabilities when kl_coef != 0;
 2. per PPO epoch, the rows are shuffled and split into `mini_batches` mini-batches; each is one
@@ -13,12 +14,11 @@
 The train step is one jitted pure function of (params, optimiser state, step, gradient
 accumulator, micro-batch): it adds the micro-batch's gradient to the accumulator and, on the
 mini-batch's last micro-batch, applies the update under a `lax.cond`. Parameters, optimiser
-state and accumulator are donated, and every output is pinned to its input's sharding, so the
-updated parameters live in the same buffers layout the rollout engine reads:
-`engine.update_params(learner.params)` swaps them in without a copy or a reshard.
-
-Parameters are kept as a plain nested dict of arrays (optax and Orbax handle it directly);
-`learner.params` rebuilds the `nnx.State` the model and the engine hold.
+state and accumulator are donated, and every output is pinned to its input's sharding, so
+`learner.params` (the `Params` tree, as optax and Orbax take it) always has the shardings the
+rollout engine was built for: the trainer passes it to the next rollout as it is, with no copy
+or reshard. Because the update donates the previous parameters, any reference to them kept
+across an update is a deleted array, and using it fails loudly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
@@ -35,18 +35,21 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from memagent_jax.errors import UserError
-from memagent_jax.models.qwen2 import Qwen2
+from memagent_jax.errors import ConfigError
+from memagent_jax.models.qwen2 import Params, Qwen2, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl.dapo import policy_loss
-from memagent_jax.rl.rows import (TrainingRows, default_buckets, gather, plan_micro_batches,
-                                  scatter)
+from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather,
+                                  plan_micro_batches, scatter)
+from memagent_jax.runconfig import at_least
 
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    """Optimisation settings; the defaults are the original's (REFERENCE.md section 3), except
-    eps_high 0.28 (DAPO clip-higher; the original scripts ran 0.2).
+    """Optimisation settings (the `learner` section of the train config). The defaults are the
+    original's (docs/algorithm.md section 3) except eps_high 0.28 (DAPO clip-higher; the
+    original scripts ran 0.2), kl_coef 0 and mini_batches 1 (the shipped 7B configs set the
+    original's 0.001 and 16).
 
     lr_schedule: "constant" or "cosine" after `warmup_steps` linear warm-up steps (step s of
     the warm-up uses lr * (s + 1) / warmup_steps); cosine decays to lr * min_lr_ratio at
@@ -62,6 +65,7 @@ class LearnerConfig:
     recompute the rest of the layer (activation memory one [rows, length, hidden] per layer,
     for rerunning each layer's forward in the backward).
     """
+    SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
     warmup_steps: int = 20
     lr_schedule: str = "constant"
@@ -89,13 +93,15 @@ class LearnerConfig:
     seed: int = 0
 
     def __post_init__(self):
-        def fail(key, message):
-            raise UserError(f"learner.{key}: {message}, got {getattr(self, key)!r}")
+        def fail(name, message):
+            raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
-        if not self.lr > 0:
-            fail("lr", "must be positive")
-        if self.warmup_steps < 0:
-            fail("warmup_steps", "must be >= 0")
+        at_least(self, 0, "warmup_steps")
+        at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
+                 "micro_batch_tokens")
+        for key in ("lr", "max_grad_norm", "temperature"):
+            if not getattr(self, key) > 0:
+                fail(key, "must be positive")
         if self.lr_schedule not in ("constant", "cosine"):
             fail("lr_schedule", "must be 'constant' or 'cosine'")
         if self.lr_schedule == "cosine" and not (self.total_steps and
@@ -105,19 +111,8 @@ class LearnerConfig:
             fail("eps_low" if not 0 < self.eps_low < 1 else "eps_high", "out of range")
         if self.dual_clip is not None and self.dual_clip <= 1:
             fail("dual_clip", "must be > 1 (or null to switch it off)")
-        if self.max_grad_norm <= 0:
-            fail("max_grad_norm", "must be positive")
-        if self.temperature <= 0:
-            fail("temperature", "must be positive (training samples at temperature > 0)")
-        if self.mini_batches < 1:
-            fail("mini_batches", "must be >= 1")
-        if self.ppo_epochs < 1:
-            fail("ppo_epochs", "must be >= 1")
         if self.micro_batch_rows is None and self.micro_batch_tokens is None:
             fail("micro_batch_tokens", "set micro_batch_rows or micro_batch_tokens")
-        for key in ("micro_batch_rows", "micro_batch_tokens"):
-            if getattr(self, key) is not None and getattr(self, key) < 1:
-                fail(key, "must be positive")
         if self.old_logprobs not in ("recompute", "rollout"):
             fail("old_logprobs", "must be 'recompute' or 'rollout'")
         if self.bucket_lengths is not None and (not self.bucket_lengths
@@ -139,26 +134,21 @@ class LearnerConfig:
 
 
 class Learner:
-    """Trains `model` in place; see the module docstring.
+    """Trains the parameters of `model`; see the module docstring.
 
-    mesh: the mesh the model's parameters are sharded on (the engine's), or None for a model
-    on one device. ref_model: the frozen KL reference, used only when kl_coef != 0 (then, if
-    not given, a device copy of the initial parameters).
+    The learner takes the model's parameters over: its first update donates them, so the
+    module must not be run afterwards (it fails loudly if it is); `params` are the current
+    ones. mesh: the mesh they are sharded on (the engine's), or None for a model on one device.
+    With kl_coef != 0 the frozen KL reference is a device copy of the initial parameters.
     """
 
-    def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None,
-                 ref_model: Qwen2 | None = None):
-        self.model, self.config, self.mesh = model, config, mesh
-        self.graphdef, state = nnx.split(model)
+    def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None):
+        self.config, self.mesh = config, mesh
+        self.graphdef, params = split_params(model)
         # Commit the arrays to the devices they are on (no copy): a model built without a mesh
         # holds uncommitted arrays, and jit would compile the step again once its outputs,
         # which are committed, come back as inputs.
-        state = jax.tree.map(lambda x: jax.device_put(x, x.sharding), state)
-        nnx.update(model, state)
-        self._state_def = jax.tree.structure(state)
-        self._params = nnx.to_pure_dict(state)
-        # The step rebuilds the nnx.State from the dict's leaves: same order, same arrays.
-        assert all(a is b for a, b in zip(jax.tree.leaves(self._params), jax.tree.leaves(state)))
+        self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding), params)
         self._param_shardings = jax.tree.map(lambda x: x.sharding, self._params)
         self._scalar = (NamedSharding(mesh, PartitionSpec()) if mesh is not None
                         else jax.tree.leaves(self._param_shardings)[0])
@@ -179,12 +169,9 @@ class Learner:
 
         self._ref_params = None
         if config.kl_coef != 0.0:
-            source = (nnx.to_pure_dict(nnx.state(ref_model)) if ref_model is not None
-                      else self._params)
             # A copy (may_alias=False): the policy's own buffers are donated by every update.
             self._ref_params = jax.tree.map(
-                lambda x, s: jax.device_put(x, s, may_alias=False), source,
-                self._param_shardings)
+                lambda x: jax.device_put(x, x.sharding, may_alias=False), self._params)
 
         self._logprobs = jax.jit(self._logprobs_fn)
         acc_shardings = (self._param_shardings, self._metric_shardings(self._metric_names()))
@@ -196,9 +183,10 @@ class Learner:
     # ---- public API ---------------------------------------------------------------------
 
     @property
-    def params(self) -> nnx.State:
-        """The current parameters as the model's nnx.State (for `Engine.update_params`)."""
-        return jax.tree.unflatten(self._state_def, jax.tree.leaves(self._params))
+    def params(self) -> Params:
+        """The current parameters, on the model's shardings; valid until the next update or
+        restore (see the module docstring)."""
+        return self._params
 
     @property
     def step(self) -> int:
@@ -220,7 +208,6 @@ class Learner:
         self._params = put(state["params"], self._param_shardings)
         self._opt_state = put(state["opt_state"], self._opt_shardings)
         self._step = jax.device_put(jnp.asarray(state["step"], jnp.int32), self._scalar)
-        nnx.update(self.model, self.params)
 
     def logprobs(self, rows: TrainingRows, params=None) -> np.ndarray:
         """[R, T] float32: each token's log-probability (at the config's temperature) under
@@ -255,14 +242,13 @@ class Learner:
             for indices in np.array_split(rng.permutation(len(rows)), config.mini_batches):
                 if len(indices):
                     results.append(self._update_mini_batch(arrays, rows, indices))
-        nnx.update(self.model, self.params)
         return self._summarise(jax.device_get(results), rows)
 
     # ---- the mini-batch loop ------------------------------------------------------------
 
     def _plan(self, rows: TrainingRows, indices):
         config = self.config
-        buckets = config.bucket_lengths or default_buckets(int(rows.lengths.max()))
+        buckets = config.bucket_lengths or default_bucket_lengths(int(rows.lengths.max()))
         by_rows = config.micro_batch_rows is not None
         return plan_micro_batches(rows.lengths, indices, buckets, rows=config.micro_batch_rows,
                                   tokens=None if by_rows else config.micro_batch_tokens,
@@ -301,8 +287,7 @@ class Learner:
         mask would. The recompute of old
         log-probabilities runs the same path, so before the first update the ratios are exactly
         1. remat: checkpoint the model's layers (for the differentiated loss; same values)."""
-        model = nnx.merge(self.graphdef, jax.tree.unflatten(self._state_def,
-                                                            jax.tree.leaves(params)))
+        model = nnx.merge(self.graphdef, params)
         return model(tokens, remat=remat) / self.config.temperature
 
     def _logprobs_fn(self, params, tokens):

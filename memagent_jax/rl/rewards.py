@@ -1,4 +1,4 @@
-"""Training verifiers: reply text + ground truths -> a scalar reward (REFERENCE.md section 2).
+"""Training verifiers: reply text + ground truths -> a scalar reward (docs/algorithm.md 2).
 
 The strict verifier is the original's HotpotQA training reward: lowercase the end of the reply,
 take the last \\boxed{} (or \\fbox{}) content, normalise it as the MATH dataset's `strip_string`

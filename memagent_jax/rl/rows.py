@@ -1,9 +1,9 @@
-"""Training rows: every conversation of every trajectory, and their static-shape micro-batches.
+"""Training rows: every turn of every trajectory, and their static-shape micro-batches.
 
-MemAgent trains on each conversation (a memory update or the final answer) as an independent
-row: its own prompt followed by its own response, every response token carrying the advantage of
-the trajectory the conversation belongs to (REFERENCE.md section 3). A trajectory with more
-chunks therefore contributes more rows and more tokens.
+MemAgent trains on each turn (a memory update or the final answer: a conversation of its own) as
+an independent row: its prompt followed by its response, every response token carrying the
+advantage of the trajectory the turn belongs to (docs/algorithm.md section 3). A trajectory with
+more chunks therefore contributes more rows and more tokens.
 
 Rows live on the host as numpy arrays. The learner feeds them to jitted functions in
 micro-batches of a few fixed shapes: rows sorted by length are cut into groups, each padded to
@@ -55,45 +55,43 @@ class TrainingRows:
 
 
 def rows_from_trajectories(trajectories: Sequence, advantages) -> TrainingRows:
-    """One row per conversation of every trajectory.
+    """One row per turn of every trajectory.
 
     trajectories: a flat list of `rollout.memagent.Trajectory`, or a list of groups (lists) of
     them, as `MemoryAgent.run` returns; advantages: one per trajectory, flat [N] or [G, n]
-    matching the grouping. Conversations without response tokens have nothing to train and
-    are left out.
+    matching the grouping. Turns without response tokens have nothing to train and are left
+    out.
     """
     flat = [t for group in trajectories for t in group] if (
         trajectories and isinstance(trajectories[0], (list, tuple))) else list(trajectories)
     advantages = np.asarray(advantages, np.float32).reshape(-1)
     if len(advantages) != len(flat):
         raise ValueError(f"{len(advantages)} advantages for {len(flat)} trajectories")
-    conversations = [(i, c) for i, t in enumerate(flat) for c in t.conversations
-                     if len(c.response_ids)]
-    if not conversations:
-        raise ValueError("no conversation with response tokens to train on")
-    for _, c in conversations:
+    turns = [(i, turn) for i, t in enumerate(flat) for turn in t.turns if len(turn.response_ids)]
+    if not turns:
+        raise ValueError("no turn with response tokens to train on")
+    for _, c in turns:
         if len(c.response_logprobs) != len(c.response_ids):
-            raise ValueError("a conversation's response_logprobs and response_ids differ in length")
-    lengths = np.array([len(c.prompt_ids) + len(c.response_ids) for _, c in conversations],
-                       np.int32)
-    rows, width = len(conversations), int(lengths.max())
+            raise ValueError("a turn's response_logprobs and response_ids differ in length")
+    lengths = np.array([len(c.prompt_ids) + len(c.response_ids) for _, c in turns], np.int32)
+    rows, width = len(turns), int(lengths.max())
     tokens = np.zeros((rows, width), np.int32)
     loss_mask = np.zeros((rows, width), np.float32)
     logprobs = np.zeros((rows, width), np.float32)
     prompt_lengths = np.zeros(rows, np.int32)
-    for r, (_, c) in enumerate(conversations):
+    for r, (_, c) in enumerate(turns):
         p, n = len(c.prompt_ids), len(c.response_ids)
         tokens[r, :p] = c.prompt_ids
         tokens[r, p:p + n] = c.response_ids
         loss_mask[r, p:p + n] = 1.0
         logprobs[r, p:p + n] = c.response_logprobs
         prompt_lengths[r] = p
-    index = np.array([i for i, _ in conversations], np.int32)
+    index = np.array([i for i, _ in turns], np.int32)
     return TrainingRows(tokens, loss_mask, advantages[index], logprobs, prompt_lengths, lengths,
                         index)
 
 
-def default_buckets(max_length: int, smallest: int = 64) -> tuple[int, ...]:
+def default_bucket_lengths(max_length: int, smallest: int = 64) -> tuple[int, ...]:
     """Powers of two from `smallest` up to the first one >= max_length."""
     buckets = [smallest]
     while buckets[-1] < max_length:
@@ -101,7 +99,8 @@ def default_buckets(max_length: int, smallest: int = 64) -> tuple[int, ...]:
     return tuple(buckets)
 
 
-def bucket_for(length: int, buckets: Sequence[int]) -> int:
+def bucket_length(length: int, buckets: Sequence[int]) -> int:
+    """The smallest of `buckets` that holds a row of `length` tokens."""
     for bucket in sorted(buckets):
         if length <= bucket:
             return bucket
@@ -134,7 +133,7 @@ def plan_micro_batches(lengths: np.ndarray, indices: Iterable[int], buckets: Seq
     order = sorted(indices, key=lambda i: -int(lengths[i]))
     plans, start = [], 0
     while start < len(order):
-        bucket = bucket_for(int(lengths[order[start]]), buckets)
+        bucket = bucket_length(int(lengths[order[start]]), buckets)
         capacity = rows if rows is not None else max(1, tokens // bucket)
         capacity = max(row_multiple, capacity // row_multiple * row_multiple)
         left = len(order) - start

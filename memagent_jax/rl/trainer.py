@@ -1,10 +1,11 @@
 """The RL training loop: `memagent-jax train --config FILE key=value ...`.
 
 Per step: draw prompts (grain iterator) -> n MemoryAgent trajectories per prompt on the decoding
-engine -> rewards, overlong shaping, dynamic sampling (collect.py) -> group advantages ->
-training rows (one per conversation) -> `Learner.update` (PPO mini-batches) ->
-`Engine.update_params` (the same arrays, the same mesh) -> periodic validation with the lenient
-metrics -> Orbax checkpoint -> TensorBoard scalars and one JSON line per step.
+engine, with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
+(collect.py) -> group advantages -> training rows (one per turn) -> `Learner.update` (PPO
+mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
+TensorBoard scalars and one JSON line per step. The learner's parameters go to every rollout
+as they are: the same arrays on the same mesh, no copy.
 
 Everything a step depends on is in the checkpoint (parameters, optimiser state, step, the RNG
 key that seeds the rollouts, the data iterator's position), and the learner's own shuffling is
@@ -23,23 +24,37 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import sys
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from memagent_jax.errors import UserError
-from memagent_jax.rl.config import TrainConfig, check_devices, validate
+from memagent_jax.data import pipeline
+from memagent_jax.eval.metrics import qa_scores
+from memagent_jax.models import make_mesh
+from memagent_jax.rl.advantages import group_advantages
+from memagent_jax.rl.checkpointing import Checkpointer
+from memagent_jax.rl.collect import collect_batch, score
+from memagent_jax.rl.config import TrainConfig, check_devices
+from memagent_jax.rl.learner import Learner
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rl.tensorboard import ScalarWriter
+from memagent_jax.rollout.agent import build_agent, load_policy
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.runconfig import check
 
 
 class Trainer:
-    """Sets up from a validated TrainConfig; `run()` trains to config.steps (resuming from the
-    newest checkpoint when there is one) and returns the last step's record."""
+    """Sets up from a TrainConfig; `run()` trains to config.steps (resuming from the newest
+    checkpoint when there is one) and returns the last step's record."""
 
     def __init__(self, config: TrainConfig):
-        validate(config)
+        check(config)
         self.config = config
         if config.distributed:
             jax.distributed.initialize()
@@ -62,107 +77,39 @@ class Trainer:
     # ---- setup --------------------------------------------------------------------------
 
     def _check_inputs(self) -> None:
-        from memagent_jax.data import pipeline
-        from memagent_jax.models import preset_config
-        from memagent_jax.tokenizer import load_tokenizer
-
-        config = self.config
-        sources = [pipeline.load_source(s, config.data.train_split, key=f"data.train[{i}]")
-                   for i, s in enumerate(config.data.train)]
-        if len(sources) > 1:
-            import datasets
-            self.train_data = datasets.concatenate_datasets(sources)
-        else:
-            self.train_data = sources[0]
+        """Reads the data sources and the tokenizer: every file the run needs, no device."""
+        data = self.config.data
+        sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]")
+                   for i, s in enumerate(data.train)]
+        self.train_data = pipeline.concatenate(sources)
         self.val_examples = []
-        if config.data.val:
-            val = pipeline.load_source(config.data.val, config.data.val_split, key="data.val")
-            self.val_examples = pipeline.evaluation_examples(val, config.validation.size)
-        model = config.model
-        if model.path is not None and not os.path.isdir(model.path):
-            raise UserError(f"model.path: '{model.path}': model directory not found")
-        if model.preset is not None:
-            preset_config(model.preset)  # an unknown preset name fails here
-        tokenizer_dir = model.tokenizer or model.path
-        self.tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
-        if self.tokenizer is None:
-            raise UserError(f"model.tokenizer: '{tokenizer_dir}' has no tokenizer files "
-                            "(tokenizer.json / tokenizer_config.json)")
-        if config.learner.temperature != config.rollout.temperature:
-            raise UserError(f"learner.temperature ({config.learner.temperature}) must equal "
-                            f"rollout.temperature ({config.rollout.temperature}): the learner "
-                            "scores tokens under the distribution they were sampled from")
+        if data.val:
+            val = pipeline.load_source(data.val, data.val_split, key="data.val")
+            self.val_examples = pipeline.evaluation_examples(val, self.config.validation.size)
+        self.tokenizer = self.config.model.load_tokenizer(required=True)
 
     def _build(self) -> None:
-        from memagent_jax.data.pipeline import training_iterator
-        from memagent_jax.models import make_mesh
-        from memagent_jax.rl.checkpointing import Checkpointer
-        from memagent_jax.rl.learner import Learner
-        from memagent_jax.rl.tensorboard import ScalarWriter
-        from memagent_jax.rollout.engine import Engine, EngineConfig
-        from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, required_length
-        from memagent_jax.rollout.scheduler import Scheduler
-
-        config, rollout = self.config, self.config.rollout
+        config = self.config
         self.mesh = make_mesh(self.mesh_axes, source="mesh")
-        model, model_config = self._load_model()
-        if len(self.tokenizer) > model_config.vocab_size:
-            raise UserError(f"model.tokenizer: {len(self.tokenizer)} tokens do not fit the "
-                            f"model's {model_config.vocab_size} embedding rows")
-        agent_config = MemAgentConfig(rollout.chunk_tokens, rollout.max_memory_tokens,
-                                      rollout.max_final_tokens, rollout.max_problem_tokens,
-                                      rollout.max_chunks)
-        needed = required_length(self.tokenizer, rollout.max_problem_tokens, agent_config)
-        max_len = rollout.max_len or -(-needed // 256) * 256
-        self.learner = Learner(model, config.learner, mesh=self.mesh)
-        self.engine = Engine(self.learner.model, EngineConfig(
-            slots=rollout.slots, max_len=max_len,
-            prefill_buckets=tuple(rollout.prefill_buckets) if rollout.prefill_buckets else None,
-            prefill_rows=rollout.prefill_rows), mesh=self.mesh)
-        scheduler = Scheduler(self.engine)
-        stops = self._stop_ids(model_config)
-        self.agent = MemoryAgent(scheduler, self.tokenizer, agent_config, stops)
+        policy = load_policy(config.model, self.tokenizer, self.mesh)
+        self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
+        self.agent = build_agent(policy.model, self.tokenizer, config.memagent, config.engine,
+                                 self.mesh, policy.stop_ids)
         # Validation reads whole documents: accuracy at length is what it measures.
-        self.val_agent = MemoryAgent(scheduler, self.tokenizer,
-                                     dataclasses.replace(agent_config, max_chunks=None), stops)
-        self.iterator = training_iterator(self.train_data, config.seed, self.process_index,
-                                          self.process_count)
+        self.val_agent = self.agent.with_config(
+            dataclasses.replace(config.memagent, max_chunks=None))
+        self.iterator = pipeline.training_iterator(self.train_data, config.seed,
+                                                   self.process_index, self.process_count)
         self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
                                          async_save=config.checkpoint.async_save)
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
                                    self.process_index)
-
-    def _load_model(self):
-        from memagent_jax.models import build_model, load_model, param_shardings, preset_config
-        from memagent_jax.models.loading import model_params, nest, random_model
-
-        from memagent_jax.rollout.local import default_dtype
-
-        m = self.config.model
-        dtype = m.dtype or default_dtype()
-        if m.path is not None:
-            return load_model(m.path, dtype=dtype, mesh=self.mesh, attention=m.attention)
-        config = preset_config(m.preset, dtype=dtype)
-        shardings = param_shardings(config, self.mesh)
-        params = {path: jax.device_put(array, shardings[path]) for path, array in
-                  model_params(random_model(config, seed=m.init_seed, dtype=dtype)).items()}
-        return build_model(config, nest(params), dtype=dtype, attention=m.attention), config
-
-    def _stop_ids(self, model_config) -> tuple[int, ...]:
-        from memagent_jax.tokenizer import stop_token_ids
-
-        m = self.config.model
-        stops = stop_token_ids(m.path, model_config) if m.path else ()
-        if not stops and self.tokenizer.eos_token_id is not None:
-            stops = (int(self.tokenizer.eos_token_id),)
-        return stops
 
     def _restore_if_any(self) -> None:
         latest = self.checkpointer.latest_step()
         if latest is not None:
             state, meta = self.checkpointer.restore(self.learner.state(), self.iterator, latest)
             self.learner.restore(state)
-            self.engine.update_params(self.learner.params)
             self.rng = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
             self.step = int(meta["step"])
         self._reset_step_log()
@@ -189,19 +136,16 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """Runs step `step` (self.step + 1): rollouts, update, validation, checkpoint, logs."""
-        from memagent_jax.rl.collect import collect_batch
-        from memagent_jax.rl.rows import rows_from_trajectories
-
         config, start = self.config, time.perf_counter()
         turns = [0]
 
-        def on_turn(_sample, _conversation):
+        def on_turn(_sample, _turn):
             turns[0] += 1
             if turns[0] % 16 == 0 and self._bar is not None:
                 self._bar.set_postfix_str(f"step {step}: {turns[0]} turns", refresh=True)
 
-        batch = collect_batch(self.agent, self.iterator, config, self._seed_for_try,
-                              self._gather, self.process_count, on_turn)
+        batch = collect_batch(self.agent, self.learner.params, self.iterator, config,
+                              self._seed_for_try, self._gather, self.process_count, on_turn)
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
@@ -209,7 +153,6 @@ class Trainer:
             rows = rows_from_trajectories(batch.groups, advantages)
             update_start = time.perf_counter()
             metrics = self.learner.update(rows)
-            self.engine.update_params(self.learner.params)
             update_time = time.perf_counter() - update_start
             record.update({f"learner/{k}": v for k, v in metrics.items()})
             record.update({"time/update_s": update_time, "learner/rows": float(len(rows)),
@@ -233,21 +176,16 @@ class Trainer:
     def compute_advantages(self, step: int, rewards: np.ndarray) -> np.ndarray:
         """[G, n] rewards -> [G, n] advantages (reward minus its group's mean; divided by the
         group's std with learner.normalize_std). A subclass may override it."""
-        from memagent_jax.rl.advantages import group_advantages
         return group_advantages(rewards, normalize_std=self.config.learner.normalize_std)
 
     def validate(self, step: int) -> dict[str, float]:
-        """Lenient metrics (REFERENCE.md section 2) of the validation set's final answers:
+        """Lenient metrics (docs/algorithm.md section 2) of the validation set's final answers:
         val/accuracy = mean sub-EM x 100 (the published figure), exact match, F1, and the mean
         training reward (data.reward's verifier)."""
-        from memagent_jax.eval.metrics import qa_scores
-        from memagent_jax.rl.collect import score
-        from memagent_jax.rollout.sampling import SamplingParams
-
         v, start = self.config.validation, time.perf_counter()
-        sampling = SamplingParams(v.temperature, v.top_p)
-        groups = self.val_agent.run([(e.question, e.context) for e in self.val_examples],
-                                    sampling, n=1, seed=self.config.seed + 1)
+        sampling = SamplingParams(v.temperature, v.top_p, seed=self.config.seed + 1)
+        samples = [self.val_agent.read(e.question, e.context) for e in self.val_examples]
+        groups = self.val_agent.run(self.learner.params, samples, sampling, n=1)
         scores = [qa_scores(g[0].answer, list(e.ground_truths))
                   for e, g in zip(self.val_examples, groups)]
         rewards = score(self.val_examples, groups, self.config.data.reward)
@@ -283,9 +221,6 @@ class Trainer:
         """Every process's drawn examples, in process order (identity on one process)."""
         if self.process_count == 1:
             return local
-        import pickle
-
-        from jax.experimental import multihost_utils
         data = np.frombuffer(pickle.dumps(local), np.uint8)
         sizes = multihost_utils.process_allgather(np.array([data.size]))
         padded = np.zeros(int(sizes.max()), np.uint8)
@@ -333,7 +268,6 @@ class Trainer:
 
 
 def _all_finite(tree) -> jax.Array:
-    import jax.numpy as jnp
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]))
 
 

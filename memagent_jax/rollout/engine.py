@@ -1,21 +1,26 @@
 """A JetStream-style decoding engine: prefill, insert into a slot, one step for all slots.
 
-The engine owns a fixed number of decode slots, each with a KV cache of `max_len` entries. A
-prompt is prefilled at a bucketed length (a prefix: its cache and last logits), up to
-`prefill_rows` prompts in one call, inserted into a free slot (sampling that slot's first
-token), and from then on every `generate` call advances all slots by one token. Shapes never
-change after warm-up: slots, max_len, the prefill buckets and row counts are fixed, and the
-three hot functions are jitted pure functions of the model state (from `nnx.split`) with the
-decode state donated, so a step updates the cache in place.
+`DecodeEngine` is the interface the scheduler drives (JetStream's `engine_api.Engine` shape):
+`prefill(params, prompts)` runs up to `prefill_rows` prompts at a bucketed length into prefixes
+(their KV caches and last logits); `insert(prefix, state, slot, ...)` puts one into a free slot
+of the decode state, sampling its first token; `generate(params, state)` advances every slot by
+one token. Parameters are passed into every call that runs the model: the engine holds none, so
+a learner's update (which donates its old buffers) can never leave a stale copy behind here.
 
-Slots are split over the mesh's `data` axis and KV heads over `tensor`, like the parameters.
+`Engine` implements it for a Qwen2 model. It owns a fixed number of decode slots, each with a KV
+cache of `max_len` entries. Shapes never change after warm-up: slots, max_len, the prefill
+buckets and row counts are fixed, and the three hot functions are jitted pure functions of the
+parameters with the decode state donated, so a step updates the cache in place. The parameters'
+shardings are part of each jitted function's signature: parameters placed any other way are an
+error, never a silent reshard. Slots are split over the mesh's `data` axis and KV heads over
+`tensor`, like the parameters.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,26 +28,51 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from memagent_jax.models.qwen2 import KVCache, Qwen2
+from memagent_jax.errors import ConfigError
+from memagent_jax.models.qwen2 import KVCache, Params, Qwen2
 from memagent_jax.models.sharding import partition_spec
 from memagent_jax.rollout.sampling import SamplingParams, request_key, sample
+from memagent_jax.runconfig import at_least
 
 
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
-    """slots: sequences decoded together; max_len: KV entries per slot (prompt + generated);
-    prefill_buckets: prompt lengths compiled for (default: `default_buckets(max_len)`);
-    prefill_rows: the most prompts prefilled in one call (compiled for 1, 2, 4, ... rows up to
-    it, for every bucket: more rows, fewer and larger prefill calls, more to compile)."""
+    """The `engine` section of the train and eval configs (and the flags of `generate`/`run`).
+
+    slots: sequences decoded together. max_len: KV entries per slot, prompt + reply (None:
+    `kv_length` of what the caller needs: the longest MemAgent turn, the longest prompt plus
+    its reply). prefill_buckets: prompt lengths compiled for (None: `default_prefill_buckets`;
+    max_len is always one). prefill_rows: the most prompts prefilled in one call (compiled for
+    1, 2, 4, ... rows up to it, for every bucket: fewer, larger prefill calls, more to
+    compile)."""
+    SECTION: ClassVar[str] = "engine"
     slots: int = 8
-    max_len: int = 2048
+    max_len: int | None = None
     prefill_buckets: tuple[int, ...] | None = None
     prefill_rows: int = 1
 
+    def __post_init__(self):
+        at_least(self, 1, "slots", "prefill_rows")
+        at_least(self, 2, "max_len")
+        if self.prefill_buckets is not None:
+            if not self.prefill_buckets or min(self.prefill_buckets) < 1:
+                raise ConfigError("engine.prefill_buckets", f"must be positive lengths, got "
+                                  f"{list(self.prefill_buckets)}")
+            if self.max_len is not None and max(self.prefill_buckets) > self.max_len:
+                raise ConfigError("engine.prefill_buckets", f"{max(self.prefill_buckets)} "
+                                  f"exceeds the KV length {self.max_len}")
+
+    def sized_for(self, tokens: int) -> EngineConfig:
+        """This config with max_len `kv_length(tokens)` when it leaves max_len to the caller."""
+        if self.max_len is not None:
+            return self
+        return dataclasses.replace(self, max_len=kv_length(tokens))
+
     def buckets(self) -> tuple[int, ...]:
+        """The prompt lengths a prefill is padded to, ascending; the last is max_len."""
         if self.prefill_buckets:
-            return tuple(sorted(self.prefill_buckets))
-        return default_buckets(self.max_len)
+            return tuple(sorted(set(self.prefill_buckets) | {self.max_len}))
+        return default_prefill_buckets(self.max_len)
 
     def row_counts(self) -> tuple[int, ...]:
         """Row counts a prefill call is padded to: powers of two below prefill_rows, and it."""
@@ -53,7 +83,18 @@ class EngineConfig:
         return tuple(counts) + (self.prefill_rows,)
 
 
-def default_buckets(max_len: int) -> tuple[int, ...]:
+def kv_length(tokens: int) -> int:
+    """KV entries for `tokens`: the next power of two up to 256, then the next multiple of 256
+    (a slot's cache, which every decode step reads in full, pads by under 256 entries)."""
+    if tokens > 256:
+        return -(-tokens // 256) * 256
+    length = 16
+    while length < tokens:
+        length *= 2
+    return length
+
+
+def default_prefill_buckets(max_len: int) -> tuple[int, ...]:
     """Powers of two from 16, four steps per octave from 1024 on (1024, 1280, 1536, 1792,
     2048, 2560, ...), then max_len. A long prompt pads by at most a quarter of its length
     rather than nearly double (MemAgent's 5-7K-token turns all fell in 8192 with powers of two);
@@ -66,7 +107,7 @@ def default_buckets(max_len: int) -> tuple[int, ...]:
 
 
 class Prefix(NamedTuple):
-    """A prefilled prompt: keys, values (per layer [1, bucket, Hkv, D]), last_logits [1, V],
+    """A prefilled prompt: keys, values (per layer [1, bucket, Hkv, K]), last_logits [1, V],
     length [] int32."""
     keys: tuple[jnp.ndarray, ...]
     values: tuple[jnp.ndarray, ...]
@@ -76,7 +117,7 @@ class Prefix(NamedTuple):
 
 class DecodeState(NamedTuple):
     """Everything a decode step reads, one row per slot ([S] unless noted)."""
-    cache: KVCache            # per layer: keys [S, Hkv, D, max_len], values [S, Hkv, max_len, D]
+    cache: KVCache            # per layer: keys [S, Hkv, K, max_len], values [S, Hkv, max_len, K]
     tokens: jnp.ndarray       # int32: the token each slot feeds next
     positions: jnp.ndarray    # int32: that token's position
     steps: jnp.ndarray        # int32: tokens generated so far (indexes the sampling key)
@@ -86,38 +127,83 @@ class DecodeState(NamedTuple):
     top_k: jnp.ndarray        # int32
 
 
-class Engine:
-    """Decoding over `config.slots` slots for one model; see the module docstring."""
+class DecodeEngine(Protocol):
+    """What the scheduler needs of an engine. `params` is whatever the engine's model takes
+    (for `Engine`, the model's `Params`); prefixes and the decode state are opaque to callers.
+    Outputs may be device arrays, read later: tokens [S] int and logprobs [S] float of a
+    `generate` hold one entry per slot, an `insert`'s are scalars."""
+    config: EngineConfig
 
-    def __init__(self, model: Qwen2, config: EngineConfig = EngineConfig(),
-                 mesh: jax.sharding.Mesh | None = None):
-        if config.max_len < 2 or config.slots < 1 or config.prefill_rows < 1:
-            raise ValueError(f"invalid engine config {config}")
+    def check_params(self, params) -> None:
+        """Raises ValueError unless `params` fits the engine's model and is still alive (the
+        scheduler calls it before each run)."""
+
+    def init_decode_state(self) -> Any:
+        """A decode state with every slot empty."""
+
+    def prefill(self, params, prompts: Sequence[Sequence[int]]) -> list[Any]:
+        """One prefix per prompt; 1 to `config.prefill_rows` prompts of 1 to max_len - 1
+        tokens."""
+
+    def insert(self, prefix, state, slot: int, sampling: SamplingParams,
+               sample_index: int = 0) -> tuple[Any, Any, Any]:
+        """(state with the prefix in `slot`, its first token, that token's logprob); sampled
+        with the key of sample `sample_index` of a request seeded `sampling.seed`. `state` may
+        be consumed: use the returned one."""
+
+    def generate(self, params, state) -> tuple[Any, Any, Any]:
+        """(state, tokens [S], logprobs [S]): one token for every slot; `state` may be
+        consumed."""
+
+
+class Engine:
+    """`DecodeEngine` for a Qwen2 model; see the module docstring.
+
+    model: gives the structure, config, compute dtype and attention, and the shapes, dtypes
+    and shardings every `params` passed in must have (its own arrays are not kept).
+    config.max_len must be set (`EngineConfig.sized_for`). mesh: the mesh the parameters are
+    sharded on, or None for a model on one device."""
+
+    def __init__(self, model: Qwen2, config: EngineConfig, mesh: jax.sharding.Mesh | None = None):
+        if config.max_len is None:
+            raise ValueError("Engine needs config.max_len (see EngineConfig.sized_for)")
         self.config = config
         self.model_config = model.config
         self.mesh = mesh
         self.dtype = model.dtype
-        self.graphdef, params = nnx.split(model)
-        # The parameters are kept, and passed to the jitted functions, as a flat list:
-        # flattening an nnx.State is Python work per leaf (250 us per call for a 28-layer model
-        # on a CPU, the time of a whole decode step for a small model on a GPU), and a decode
-        # step is one call.
-        self._param_leaves, self._param_treedef = jax.tree.flatten(params)
         self.buckets = config.buckets()
-        self.prefill_count = 0  # prompts prefilled so far (tests count these)
+        self.graphdef, params = nnx.split(model)
+        self.abstract_params = jax.tree.map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
+            nnx.to_pure_dict(params))
+        param_shardings = jax.tree.map(lambda a: a.sharding, self.abstract_params)
         self._state_sharding = self._decode_state_sharding()
-        self._prefill = jax.jit(self._prefill_fn)
+        self._prefill = jax.jit(self._prefill_fn, in_shardings=(param_shardings, None, None))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(1,),
                                out_shardings=(self._state_sharding, None, None))
         self._generate = jax.jit(self._generate_fn, donate_argnums=(1,),
+                                 in_shardings=(param_shardings, None),
                                  out_shardings=(self._state_sharding, None, None))
 
-    @property
-    def params(self) -> nnx.State:
-        """The parameters decoded with, as `nnx.split(model)` gives them."""
-        return jax.tree.unflatten(self._param_treedef, self._param_leaves)
+    # ---- DecodeEngine ---------------------------------------------------------------------
 
-    # ---- the three operations -------------------------------------------------------------
+    def check_params(self, params: Params) -> None:
+        """Raises ValueError unless `params` has the model's tree, shapes and dtypes and none of
+        its arrays was donated away (a learner's update takes the parameters it is given: use
+        its current ones). Shardings are checked by every call: the jitted functions require
+        the model's."""
+        if jax.tree.structure(params) != jax.tree.structure(self.abstract_params):
+            raise ValueError("engine: the parameters' tree differs from the model's")
+        for (path, given), want in zip(jax.tree.leaves_with_path(params),
+                                       jax.tree.leaves(self.abstract_params)):
+            if isinstance(given, jax.Array) and given.is_deleted():
+                raise ValueError(f"engine: parameter {jax.tree_util.keystr(path)} was deleted "
+                                 "(donated to an update since it was read): pass the "
+                                 "learner's current parameters")
+            if (given.shape, given.dtype) != (want.shape, want.dtype):
+                raise ValueError(f"engine: parameter {jax.tree_util.keystr(path)} is "
+                                 f"{given.dtype}{list(given.shape)}, the model's is "
+                                 f"{want.dtype}{list(want.shape)}")
 
     def init_decode_state(self) -> DecodeState:
         """All slots empty (their rows are computed but ignored until something is inserted)."""
@@ -132,79 +218,59 @@ class Engine:
         # compile a variant of its own.
         return jax.device_put(state, self._state_sharding)
 
-    def prefill(self, prompt_ids: list[int] | np.ndarray) -> Prefix:
-        """Runs a prompt (1 <= len <= max_len - 1) through the model at its bucket length."""
-        return self.prefill_batch([prompt_ids])[0]
-
-    def prefill_batch(self, prompts: list[list[int] | np.ndarray]) -> list[Prefix]:
-        """Prefills up to `prefill_rows` prompts in one call, all at the bucket of the longest
+    def prefill(self, params: Params, prompts: Sequence[Sequence[int]]) -> list[Prefix]:
+        """Prefills 1 to `prefill_rows` prompts in one call, all at the bucket of the longest
         (rows padded to a compiled row count); returns one single-row Prefix per prompt."""
         if not 1 <= len(prompts) <= self.config.prefill_rows:
-            raise ValueError(f"prefill_batch takes 1 to {self.config.prefill_rows} prompts, "
+            raise ValueError(f"prefill takes 1 to {self.config.prefill_rows} prompts, "
                              f"got {len(prompts)}")
-        bucket = self.bucket_for(max(len(p) for p in prompts))
+        bucket = self.prefill_bucket(max(len(p) for p in prompts))
         rows = next(r for r in self.config.row_counts() if r >= len(prompts))
         ids = np.zeros((rows, bucket), np.int32)
         lengths = np.ones(rows, np.int32)  # padding rows: one token, never read
         for row, prompt in enumerate(prompts):
             ids[row, :len(prompt)] = prompt
             lengths[row] = len(prompt)
-        self.prefill_count += len(prompts)
-        prefixes = self._prefill(self._param_leaves, jnp.asarray(ids), jnp.asarray(lengths))
+        prefixes = self._prefill(params, jnp.asarray(ids), jnp.asarray(lengths))
         return prefixes[:len(prompts)]
 
     def insert(self, prefix: Prefix, state: DecodeState, slot: int, sampling: SamplingParams,
-               sample_index: int = 0) -> tuple[DecodeState, int, float]:
-        """Puts a prefix into `slot` and samples its first token with the key of sample
-        `sample_index` of a request seeded `sampling.seed` (required here; the scheduler draws
-        one for requests without). Returns (state, first token, its logprob). `state` is
-        donated: use the returned one."""
-        params = (request_key(sampling.seed, sample_index), jnp.float32(sampling.temperature),
-                  jnp.float32(sampling.top_p), jnp.int32(sampling.top_k))
-        state, token, logprob = self._insert(prefix, state, jnp.int32(slot), *params)
-        return state, token, logprob
+               sample_index: int = 0) -> tuple[DecodeState, jax.Array, jax.Array]:
+        """See `DecodeEngine.insert`; `sampling.seed` is required (the scheduler draws one for
+        requests without). `state` is donated."""
+        return self._insert(prefix, state, jnp.int32(slot),
+                            request_key(sampling.seed, sample_index),
+                            jnp.float32(sampling.temperature), jnp.float32(sampling.top_p),
+                            jnp.int32(sampling.top_k))
 
-    def generate(self, state: DecodeState) -> tuple[DecodeState, jnp.ndarray, jnp.ndarray]:
-        """One token for every slot: (state, tokens [S] int32, logprobs [S] float32)."""
-        return self._generate(self._param_leaves, state)
-
-    def update_params(self, params: nnx.State) -> None:
-        """Decodes with new parameter values from now on (a learner's updated state).
-
-        The arrays are used as they are: they must match the current ones in structure, shape,
-        dtype and sharding, so the swap never copies, reshards or recompiles; a mismatch raises
-        ValueError rather than silently moving weights between devices."""
-        if jax.tree.structure(params) != self._param_treedef:
-            raise ValueError("update_params: the new state's structure differs from the model's")
-        for (path, b), a in zip(jax.tree.leaves_with_path(params), self._param_leaves):
-            if (a.shape, a.dtype) != (b.shape, b.dtype) or a.sharding != b.sharding:
-                raise ValueError(f"update_params: {jax.tree_util.keystr(path)} is "
-                                 f"{b.dtype}{list(b.shape)} on {b.sharding}, the engine's is "
-                                 f"{a.dtype}{list(a.shape)} on {a.sharding}")
-        self._param_leaves = jax.tree.leaves(params)
+    def generate(self, params: Params, state: DecodeState
+                 ) -> tuple[DecodeState, jax.Array, jax.Array]:
+        """One token for every slot: (state, tokens [S] int32, logprobs [S] float32); `state`
+        is donated."""
+        return self._generate(params, state)
 
     # ---- helpers --------------------------------------------------------------------------
 
-    def bucket_for(self, length: int) -> int:
+    def prefill_bucket(self, length: int) -> int:
+        """The bucket a prompt of `length` tokens is padded to."""
         for bucket in self.buckets:
             if length <= bucket:
                 return bucket
         raise ValueError(f"prompt of {length} tokens exceeds the largest bucket "
                          f"{self.buckets[-1]}")
 
-    def warm_up(self, prompt_lengths: list[int] | None = None) -> None:
+    def warm_up(self, params: Params, prompt_lengths: Sequence[int] | None = None) -> None:
         """Compiles the prefill (at every row count) and insert of the buckets that prompts of
         `prompt_lengths` tokens use (default: every bucket), and the decode step."""
         buckets = (self.buckets if prompt_lengths is None
-                   else sorted({self.bucket_for(n) for n in prompt_lengths}))
+                   else sorted({self.prefill_bucket(n) for n in prompt_lengths}))
         state = self.init_decode_state()
         for bucket in buckets:
             prompt = [0] * min(bucket, self.config.max_len - 1)
             for rows in self.config.row_counts():
-                prefix = self.prefill_batch([prompt] * rows)[0]
+                prefix = self.prefill(params, [prompt] * rows)[0]
             state, _, _ = self.insert(prefix, state, 0, SamplingParams(temperature=0.0, seed=0))
-        self.prefill_count = 0
-        jax.block_until_ready(self.generate(state))
+        jax.block_until_ready(self.generate(params, state))
 
     def _decode_state_sharding(self) -> DecodeState:
         layers = self.model_config.num_layers
@@ -223,13 +289,10 @@ class Engine:
 
     # ---- pure functions (jitted in __init__) -----------------------------------------------
 
-    def _model(self, param_leaves) -> Qwen2:
-        return nnx.merge(self.graphdef, jax.tree.unflatten(self._param_treedef, param_leaves))
-
-    def _prefill_fn(self, param_leaves, ids, lengths) -> list[Prefix]:
+    def _prefill_fn(self, params, ids, lengths) -> list[Prefix]:
         """ids [R, bucket] right-padded, lengths [R] -> R single-row prefixes. Split here, so
         that insert sees one prefix shape per bucket whatever the row count."""
-        model = self._model(param_leaves)
+        model = nnx.merge(self.graphdef, params)
         logits, keys, values = model.prefill(ids, logits_index=lengths - 1)
         return [Prefix(tuple(k[r:r + 1] for k in keys), tuple(v[r:r + 1] for v in values),
                        logits[r:r + 1], lengths[r]) for r in range(ids.shape[0])]
@@ -238,7 +301,6 @@ class Engine:
                    top_k):
         token, logprob = sample(prefix.last_logits, temperature[None], top_p[None], top_k[None],
                                 key[None], jnp.zeros(1, jnp.int32))
-
         state = DecodeState(
             cache=state.cache.write_prefix(prefix.keys, prefix.values, slot),
             tokens=state.tokens.at[slot].set(token[0]),
@@ -250,8 +312,8 @@ class Engine:
             top_k=state.top_k.at[slot].set(top_k))
         return state, token[0], logprob[0]
 
-    def _generate_fn(self, param_leaves, state: DecodeState):
-        model = self._model(param_leaves)
+    def _generate_fn(self, params, state: DecodeState):
+        model = nnx.merge(self.graphdef, params)
         logits, cache = model.decode_step(state.tokens, state.positions, state.cache)
         tokens, logprobs = sample(logits, state.temperature, state.top_p, state.top_k,
                                   state.keys, state.steps)

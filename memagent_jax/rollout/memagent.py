@@ -1,19 +1,24 @@
 """The MemAgent workflow: read a document chunk by chunk, rewrite a memory, answer from it.
 
-`memory_turns` is the workflow itself, written once as a generator: it yields each turn's user
-message and receives the reply text. Two drivers run it:
-- `MemoryAgent`, on the local engine: many (document, question) samples at once, each a chain
-  of requests on the scheduler (turn k's reply builds turn k+1's prompt), so samples with
-  different numbers of chunks share the slots without waiting for each other; it records every
-  conversation's token ids and logprobs (one RL training row per conversation);
+(docs/algorithm.md section 1.) `memory_turns` is the workflow itself, written once as a
+generator: it yields each turn's user message and receives the reply text. Two drivers run it:
+- `MemoryAgent`, on the local engine: many samples at once, each a chain of requests on the
+  scheduler (turn k's reply builds turn k+1's prompt), so samples with different numbers of
+  chunks share the slots without waiting for each other; it records every turn's token ids and
+  logprobs (one RL training row per turn);
 - `run_on_server` (server.py), one sample against an OpenAI-compatible endpoint.
+Both take a `Sample`: the question and its document cut into chunk texts (`read_sample`).
+
+Every turn is an independent conversation (one user message, one reply), not a continuation of
+the previous turn's: the memory text is the only thing carried from one turn to the next.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import zlib
-from typing import Callable, Generator
+from typing import Callable, ClassVar, Generator
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.answers import extract_boxed
@@ -21,21 +26,39 @@ from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
 from memagent_jax.rollout.templates import (INITIAL_MEMORY, chat_prompt_ids, final_prompt,
                                             update_prompt)
+from memagent_jax.runconfig import at_least
 
 
 @dataclasses.dataclass(frozen=True)
 class MemAgentConfig:
-    """Token budgets of REFERENCE.md section 1; max_chunks centre-truncates (training)."""
+    """The `memagent` section of the train and eval configs (and `run`'s flags): the token
+    budgets of docs/algorithm.md section 1. max_chunks: keep at most this many chunks of a
+    document, the first and last halves (training; None: all)."""
+    SECTION: ClassVar[str] = "memagent"
     chunk_tokens: int = 5000
     max_memory_tokens: int = 1024
     max_final_tokens: int = 1024
     max_problem_tokens: int = 1024
     max_chunks: int | None = None
 
+    def __post_init__(self):
+        at_least(self, 1, "chunk_tokens", "max_memory_tokens", "max_final_tokens",
+                 "max_problem_tokens", "max_chunks")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """A question and its document as the workflow reads it: chunk texts, and the document's
+    length in the policy's tokens (before any max_chunks cut)."""
+    problem: str
+    chunks: tuple[str, ...]
+    document_tokens: int
+
 
 @dataclasses.dataclass
-class Conversation:
-    """One turn: its own prompt and response (kind "update" or "final")."""
+class Turn:
+    """One turn of a trajectory: a conversation of its own, its prompt and its response (kind
+    "update" or "final")."""
     kind: str
     prompt_ids: list[int]
     response_ids: list[int]
@@ -47,16 +70,16 @@ class Conversation:
 @dataclasses.dataclass
 class Trajectory:
     problem: str
-    conversations: list[Conversation] = dataclasses.field(default_factory=list)
+    turns: list[Turn] = dataclasses.field(default_factory=list)
     answer: str | None = None
 
     @property
     def memories(self) -> list[str]:
-        return [c.reply for c in self.conversations if c.kind == "update"]
+        return [t.reply for t in self.turns if t.kind == "update"]
 
     @property
     def final_reply(self) -> str:
-        return self.conversations[-1].reply if self.conversations else ""
+        return self.turns[-1].reply if self.turns else ""
 
 
 def chunk_ids(ids: list[int], chunk_tokens: int, max_chunks: int | None = None) -> list[list[int]]:
@@ -68,7 +91,7 @@ def chunk_ids(ids: list[int], chunk_tokens: int, max_chunks: int | None = None) 
     return chunks
 
 
-def memory_turns(problem: str, chunk_texts: list[str]) -> Generator[tuple[str, str], str, None]:
+def memory_turns(problem: str, chunk_texts) -> Generator[tuple[str, str], str, None]:
     """Yields (kind, user message) per turn and receives each reply: the workflow."""
     memory = INITIAL_MEMORY
     for chunk in chunk_texts:
@@ -76,8 +99,9 @@ def memory_turns(problem: str, chunk_texts: list[str]) -> Generator[tuple[str, s
     yield "final", final_prompt(problem, memory)
 
 
-def split_document(tokenizer, problem: str, document: str, config: MemAgentConfig) -> list[str]:
-    """Checks the sample and cuts the document into chunk texts by the policy's tokens."""
+def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig) -> Sample:
+    """Checks the question against its budget and cuts the document into chunk texts by the
+    policy's tokens. Raises UserError for an empty document or an over-long question."""
     if not document.strip():
         raise UserError("the document is empty")
     problem_tokens = len(tokenizer(problem, add_special_tokens=False)["input_ids"])
@@ -85,24 +109,26 @@ def split_document(tokenizer, problem: str, document: str, config: MemAgentConfi
         raise UserError(f"the question has {problem_tokens} tokens, over the prompt budget of "
                         f"{config.max_problem_tokens}")
     ids = tokenizer(document, add_special_tokens=False)["input_ids"]
-    return [tokenizer.decode(c) for c in chunk_ids(ids, config.chunk_tokens, config.max_chunks)]
+    chunks = chunk_ids(ids, config.chunk_tokens, config.max_chunks)
+    return Sample(problem, tuple(tokenizer.decode(c) for c in chunks), len(ids))
 
 
-def required_length(tokenizer, problem_tokens: int, config: MemAgentConfig) -> int:
-    """KV entries a turn can need: the update template around the longest problem, a full
+def required_length(tokenizer, config: MemAgentConfig) -> int:
+    """KV entries a turn can need: the update template around the longest question, a full
     memory and a full chunk, plus the longest reply (64 spare for re-tokenised memory)."""
     overhead = len(chat_prompt_ids(tokenizer, update_prompt("", "", "")))
     reply = max(config.max_memory_tokens, config.max_final_tokens)
-    return (overhead + problem_tokens + config.max_memory_tokens + config.chunk_tokens + reply
-            + 64)
+    return (overhead + config.max_problem_tokens + config.max_memory_tokens + config.chunk_tokens
+            + reply + 64)
 
 
 class MemoryAgent:
-    """Runs the workflow for many samples on a scheduler; see the module docstring."""
+    """Runs the workflow for many samples on a scheduler; see the module docstring. Built by
+    `rollout.agent.build_agent`, which sizes the engine for `config`."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer, config: MemAgentConfig = MemAgentConfig(),
-                 stop_ids: tuple[int, ...] = ()):
-        needed = required_length(tokenizer, config.max_problem_tokens, config)
+    def __init__(self, scheduler: Scheduler, tokenizer, config: MemAgentConfig,
+                 stop_ids: tuple[int, ...]):
+        needed = required_length(tokenizer, config)
         if needed > scheduler.engine.config.max_len:
             raise UserError(
                 f"chunk size {config.chunk_tokens} + memory cap {config.max_memory_tokens} + "
@@ -111,16 +137,26 @@ class MemoryAgent:
         self.scheduler, self.tokenizer, self.config = scheduler, tokenizer, config
         self.stop_ids = stop_ids
 
-    def run(self, samples: list[tuple[str, str]], sampling: SamplingParams, n: int = 1,
-            seed: int = 0, on_turn: Callable[[int, Conversation], None] | None = None
-            ) -> list[list[Trajectory]]:
-        """samples: (problem, document). Returns n trajectories per sample; their identical
-        first turn is prefilled once. on_turn(sample index, conversation) after every turn."""
-        chunked = [split_document(self.tokenizer, p, d, self.config) for p, d in samples]
-        results = [[Trajectory(p) for _ in range(n)] for p, _ in samples]
-        for i, ((problem, _), chunks) in enumerate(zip(samples, chunked)):
-            runs = [_Run(self, i, j, memory_turns(problem, chunks), results[i][j], seed, on_turn)
-                    for j in range(n)]
+    def with_config(self, config: MemAgentConfig) -> MemoryAgent:
+        """The same scheduler and tokenizer with other budgets (e.g. no max_chunks)."""
+        return MemoryAgent(self.scheduler, self.tokenizer, config, self.stop_ids)
+
+    def read(self, problem: str, document: str) -> Sample:
+        """`read_sample` with this agent's tokenizer and budgets."""
+        return read_sample(self.tokenizer, problem, document, self.config)
+
+    def run(self, params, samples: list[Sample], sampling: SamplingParams, n: int = 1,
+            on_turn: Callable[[int, Turn], None] | None = None) -> list[list[Trajectory]]:
+        """Runs every sample with `params`; returns n trajectories per sample (their identical
+        first turn is prefilled once). Each turn is sampled with a seed derived from
+        `sampling.seed` (None: a fresh one), the sample, the trajectory and the turn, so the
+        result does not depend on how samples share the slots. on_turn(sample index, turn)
+        after every turn."""
+        base = secrets.randbits(31) if sampling.seed is None else sampling.seed
+        results = [[Trajectory(s.problem) for _ in range(n)] for s in samples]
+        for i, sample in enumerate(samples):
+            runs = [_Run(self, i, j, memory_turns(sample.problem, sample.chunks), results[i][j],
+                         base, on_turn) for j in range(n)]
             for run in runs:
                 run.advance(None)
             first = runs[0].request(sampling, n)
@@ -130,7 +166,7 @@ class MemoryAgent:
                     run.finish_turn(completion, sampling)
 
             self.scheduler.submit(first, fan_out)
-        self.scheduler.run()
+        self.scheduler.run(params)
         return results
 
 
@@ -155,7 +191,7 @@ class _Run:
     def request(self, sampling: SamplingParams, n: int = 1) -> Request:
         config = self.agent.config
         cap = config.max_memory_tokens if self.kind == "update" else config.max_final_tokens
-        turn = len(self.trajectory.conversations)
+        turn = len(self.trajectory.turns)
         # Turn 0 of a group is one request of n samples; later turns are per trajectory.
         key = f"{self.seed}/{self.sample}/{self.index if turn else 0}/{turn}"
         seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
@@ -165,11 +201,11 @@ class _Run:
     def finish_turn(self, completion: Completion, sampling: SamplingParams) -> None:
         ids = [t for t in completion.token_ids if t not in self.agent.stop_ids]
         reply = self.agent.tokenizer.decode(ids, skip_special_tokens=True)
-        conversation = Conversation(self.kind, self.prompt_ids, completion.token_ids,
-                                    completion.logprobs, completion.finish_reason, reply)
-        self.trajectory.conversations.append(conversation)
+        turn = Turn(self.kind, self.prompt_ids, completion.token_ids, completion.logprobs,
+                    completion.finish_reason, reply)
+        self.trajectory.turns.append(turn)
         if self.on_turn is not None:
-            self.on_turn(self.sample, conversation)
+            self.on_turn(self.sample, turn)
         if self.advance(reply):
             self.agent.scheduler.submit(self.request(sampling),
                                         lambda c: self.finish_turn(c[0], sampling))

@@ -50,17 +50,16 @@ def sample(logits: jnp.ndarray, temperature: jnp.ndarray, top_p: jnp.ndarray,
         # Truncation, when a row asks for it, comes back as a per-row threshold on the logits,
         # found without sorting the vocabulary, and the weights exp((logit - max) / T) are one
         # fused pass over the logits. (Passed into the cond, any [S, V] value was written out
-        # whole every step; a select or product of two [S, V] values took 8 ms more at 32 rows
-        # on XLA:CPU than this exp(where(...)).)
+        # whole every step; a select or product of two [S, V] values costs more on XLA:CPU
+        # than this exp(where(...)).)
         needs_truncation = jnp.any(~greedy & ((top_k > 0) | (top_p < 1)))
         threshold = jax.lax.cond(
             needs_truncation, lambda: _truncation_threshold(logits, divisor, top_p, top_k),
             lambda: jnp.full(logits.shape[:1], -jnp.inf))
         weights = jnp.exp(jnp.where(logits >= threshold[:, None], (logits - top) / divisor,
                                     -jnp.inf))
-        # Inverse transform sampling: one uniform number per row. A Gumbel sample per
-        # vocabulary entry (jax.random.categorical) took 36 ms for 32 rows of a 152K vocabulary
-        # on a 2-core CPU (threefry over every entry), this 1.4 ms.
+        # Inverse transform sampling: one uniform number per row, not a Gumbel sample per
+        # vocabulary entry (jax.random.categorical runs threefry over every entry).
         step_keys = jax.vmap(jax.random.fold_in)(keys, steps)
         uniform = jax.vmap(jax.random.uniform)(step_keys)
         return jnp.where(greedy, best, inverse_cdf(weights, 1.0 - uniform))
@@ -77,8 +76,8 @@ def sample(logits: jnp.ndarray, temperature: jnp.ndarray, top_p: jnp.ndarray,
 def first_argmax(x: jnp.ndarray) -> jnp.ndarray:
     """jnp.argmax over the last axis of x [S, V] (the first index of the maximum), in two
     levels: the maxima of chunks of the row (a plain, vectorised reduction), then argmax over
-    those and within the winning chunk only. XLA:CPU runs argmax's (value, index) reduction
-    unvectorised: over [8, 152K] it took 2.7 ms, this 0.1 ms (10.9 / 0.4 ms at 32 rows)."""
+    those and within the winning chunk only: XLA:CPU runs argmax's (value, index) reduction
+    unvectorised over a whole row (BENCHMARKS.md, sampling)."""
     rows, size = x.shape
     chunk = _divisor_near_sqrt(size)
     chunks = x.reshape(rows, size // chunk, chunk)
@@ -91,8 +90,8 @@ def inverse_cdf(weights: jnp.ndarray, fraction: jnp.ndarray) -> jnp.ndarray:
     """weights [S, V] >= 0 (unnormalised probabilities), fraction [S] in (0, 1]: per row the
     first index whose cumulative weight reaches fraction x the row's total, which is never an
     index of weight 0. In two levels, as `first_argmax`: the cumulative sums of chunk totals
-    pick the chunk, then the cumulative sum within that chunk the index (a cumsum over all V
-    entries took 13 ms for 32 rows of 152K on XLA:CPU)."""
+    pick the chunk, then the cumulative sum within that chunk the index, rather than one
+    cumsum over all V entries."""
     rows, size = weights.shape
     chunk = _divisor_near_sqrt(size)
     chunks = weights.reshape(rows, size // chunk, chunk)
@@ -121,8 +120,8 @@ def _truncation_threshold(logits: jnp.ndarray, divisor: jnp.ndarray, top_p: jnp.
 
     Both cut-offs are found by bisection over the bit patterns of the weights
     exp((logit - max) / T) in [0, 1] (non-negative floats order as their int32 bits): 31
-    masked sums each, exact to the bit. Sorting 152K logits per row took 223 ms at 8 rows and
-    920 ms at 32 on a 2-core CPU."""
+    masked sums each, exact to the bit, where sorting the vocabulary of every row every step
+    would cost more than the step (BENCHMARKS.md, sampling)."""
     vocab = logits.shape[-1]
     weights = jnp.exp((logits - jnp.max(logits, axis=-1, keepdims=True)) / divisor)
     bits = jax.lax.bitcast_convert_type(weights, jnp.int32)

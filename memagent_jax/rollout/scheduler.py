@@ -1,6 +1,8 @@
-"""Continuous batching over the engine's slots: requests in, completions out.
+"""Continuous batching over an engine's slots: requests in, completions out.
 
-Requests wait in submission order; whenever slots are free the next ones are prefilled (up to
+`Scheduler.run(params)` steps a `DecodeEngine` with the given parameters until every request
+has finished; `complete(engine, params, requests)` is the one-call form. Requests wait in
+submission order; whenever slots are free the next ones are prefilled (up to
 the engine's `prefill_rows` prompts per call) and inserted, and every engine step advances all
 busy slots by one token, so short requests never wait for long ones. A request with n > 1
 samples is prefilled once and its prefix inserted into n slots, each sample drawing from its
@@ -26,7 +28,7 @@ import jax
 import numpy as np
 
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine import DecodeEngine
 from memagent_jax.rollout.sampling import SamplingParams
 
 
@@ -67,9 +69,9 @@ _Unread = tuple[list[tuple[int, _Active]], object, object]
 
 
 class Scheduler:
-    """Feeds requests through an Engine; see the module docstring."""
+    """Feeds requests through a DecodeEngine; see the module docstring."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: DecodeEngine):
         self.engine = engine
         self.state = engine.init_decode_state()
         self.requests: dict[int, Request] = {}
@@ -109,14 +111,16 @@ class Scheduler:
         self._waiting.extend((request_id, j) for j in range(request.n))
         return request_id
 
-    def run(self) -> None:
-        """Steps until every submitted request (and any its callbacks submit) has finished."""
+    def run(self, params) -> None:
+        """Steps the engine with `params` until every submitted request (and any its callbacks
+        submit) has finished."""
+        self.engine.check_params(params)
         unread: collections.deque[_Unread] = collections.deque()
         while self._waiting or any(self._slots) or unread:
-            self._fill_free_slots(unread)
+            self._fill_free_slots(params, unread)
             busy = [(slot, active) for slot, active in enumerate(self._slots) if active]
             if busy:
-                self.state, tokens, logprobs = self.engine.generate(self.state)
+                self.state, tokens, logprobs = self.engine.generate(params, self.state)
                 unread.append((busy, tokens, logprobs))
                 for _, active in busy:
                     self._asked(active)
@@ -124,11 +128,11 @@ class Scheduler:
             while len(unread) > (1 if busy else 0):
                 self._read(unread.popleft())
 
-    def _fill_free_slots(self, unread: collections.deque[_Unread]) -> None:
+    def _fill_free_slots(self, params, unread: collections.deque[_Unread]) -> None:
         while self._waiting and None in self._slots:
             free = [slot for slot, active in enumerate(self._slots) if active is None]
             starting = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
-            self._prefill_new(request_id for request_id, _ in starting)
+            self._prefill_new(params, (request_id for request_id, _ in starting))
             for slot, (request_id, sample_index) in zip(free, starting):
                 request = self.requests[request_id]
                 self.state, token, logprob = self.engine.insert(
@@ -142,15 +146,14 @@ class Scheduler:
                 # A limit of one token frees the slot again for this loop's next round.
                 self._asked(active)
 
-    def _prefill_new(self, request_ids) -> None:
+    def _prefill_new(self, params, request_ids) -> None:
         """Prefills, prefill_rows prompts per engine call, the requests not prefilled yet (each
         once, however many of its samples start now)."""
         new = [r for r in dict.fromkeys(request_ids) if r not in self._prefixes]
         rows = self.engine.config.prefill_rows
         for start in range(0, len(new), rows):
             group = new[start:start + rows]
-            prefixes = self.engine.prefill_batch(
-                [np.asarray(self.requests[r].prompt_ids, np.int32) for r in group])
+            prefixes = self.engine.prefill(params, [self.requests[r].prompt_ids for r in group])
             for request_id, prefix in zip(group, prefixes):
                 self._prefixes[request_id] = (prefix, self.requests[request_id].n)
 
@@ -203,11 +206,12 @@ class Scheduler:
                 callback(results)
 
 
-def generate(engine: Engine, requests: list[Request],
+def complete(engine: DecodeEngine, params, requests: list[Request],
              on_done: Callable[[int, list[Completion]], None] | None = None
              ) -> list[list[Completion]]:
-    """Runs requests to completion; returns each request's n completions, in input order.
-    on_done(index, completions) is called as each request finishes (for progress bars)."""
+    """Runs requests to completion with `params`; returns each request's n completions, in
+    input order. on_done(index, completions) is called as each request finishes (for progress
+    bars)."""
     scheduler = Scheduler(engine)
     for request in requests:
         scheduler.check(request)
@@ -220,5 +224,5 @@ def generate(engine: Engine, requests: list[Request],
 
     for i, request in enumerate(requests):
         scheduler.submit(request, lambda c, i=i: finish(i, c))
-    scheduler.run()
+    scheduler.run(params)
     return results

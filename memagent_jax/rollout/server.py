@@ -14,7 +14,7 @@ from typing import Callable
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.answers import extract_boxed
-from memagent_jax.rollout.memagent import memory_turns
+from memagent_jax.rollout.memagent import Sample, memory_turns
 
 
 def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: float,
@@ -33,14 +33,14 @@ def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: fl
     return payload["choices"][0]["message"]["content"] or ""
 
 
-def run_on_server(url: str, model: str, problem: str, chunk_texts: list[str], *,
+def run_on_server(url: str, model: str, sample: Sample, *,
                   max_memory_tokens: int, max_final_tokens: int, temperature: float,
                   top_p: float, api_key: str | None, timeout: float = 300.0,
                   on_turn: Callable[[int, str, str], None] | None = None) -> dict:
     """Runs every turn; returns {"memories": [...], "final_reply": str, "answer": str|None}.
     on_turn(turn number, kind, reply) after each turn. A failed request raises a UserError
     naming the turn."""
-    turns = memory_turns(problem, chunk_texts)
+    turns = memory_turns(sample.problem, sample.chunks)
     memories, reply, number = [], None, 0
     while True:
         try:

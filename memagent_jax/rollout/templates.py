@@ -1,4 +1,4 @@
-"""MemAgent's two prompts, byte for byte as the original (REFERENCE.md section 1).
+"""MemAgent's two prompts, byte for byte as the original (docs/algorithm.md section 1).
 
 Each is the text of ONE user message; `chat_prompt_ids` wraps it in the tokenizer's chat template
 with the generation prompt (for Qwen2.5 that adds its default system prompt), as the original

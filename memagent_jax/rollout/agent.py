@@ -1,0 +1,125 @@
+"""Where every front end gets its policy and its memory agent: `load_policy`, `build_engine`,
+`build_agent`.
+
+`run`, `generate`, `eval`, `train` and the benchmarks all load a model with `load_policy` (the
+`model` section of their config, or their flags) and assemble the engine with `build_engine`;
+`build_agent` puts engine, scheduler and `MemoryAgent` together, the engine sized for the
+longest turn the `memagent` budgets allow. Nothing else builds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import ClassVar, Literal, NamedTuple
+
+import jax
+
+from memagent_jax.errors import ConfigError, UserError
+from memagent_jax.models import ModelConfig, Qwen2, load_model, preset_config, random_model
+from memagent_jax.models.config import ATTENTION_CHOICES
+from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, required_length
+from memagent_jax.rollout.scheduler import Scheduler
+from memagent_jax.tokenizer import load_tokenizer, stop_token_ids
+
+
+@dataclasses.dataclass
+class ModelSection:
+    """The `model` section of the train and eval configs (`run` and `generate` fill it from
+    --model, --tokenizer, --dtype, --attention).
+
+    path: HF directory or memagent-jax checkpoint. preset: random weights of a preset shape
+    instead (smoke runs; needs `tokenizer`). tokenizer: directory with tokenizer files
+    (default: path). dtype: None = float32 on CPU, bfloat16 on accelerators (`default_dtype`).
+    attention: how prompts attend in the prefill and the training forward (`qwen2.Qwen2`).
+    init_seed: the preset's random weights."""
+    SECTION: ClassVar[str] = "model"
+    path: str | None = None
+    preset: str | None = None
+    tokenizer: str | None = None
+    dtype: Literal["float32", "bfloat16"] | None = None
+    attention: str = "xla"
+    init_seed: int = 0
+
+    def __post_init__(self):
+        expand = lambda p: p and os.path.expanduser(p)  # noqa: E731
+        self.path, self.tokenizer = expand(self.path), expand(self.tokenizer)
+        if (self.path is None) == (self.preset is None):
+            raise ConfigError("model", "give exactly one of model.path (weights) and "
+                                       "model.preset (random weights)")
+        if self.preset is not None and self.tokenizer is None:
+            raise ConfigError("model.tokenizer", "a preset model needs a tokenizer directory")
+        if self.attention not in ATTENTION_CHOICES:
+            raise ConfigError("model.attention", f"must be one of "
+                                                 f"{', '.join(ATTENTION_CHOICES)}, got "
+                                                 f"{self.attention!r}")
+
+    def load_tokenizer(self, required: bool):
+        """The tokenizer of `tokenizer` (default `path`), or None where it has no files (a
+        ConfigError if `required`). Checks that the model directory or preset exists; touches
+        no device."""
+        if self.path is not None and not os.path.isdir(self.path):
+            raise ConfigError("model.path", f"'{self.path}': model directory not found")
+        if self.preset is not None:
+            try:
+                preset_config(self.preset)
+            except UserError as e:
+                raise ConfigError("model.preset", str(e)) from None
+        directory = self.tokenizer or self.path
+        tokenizer = load_tokenizer(directory) if os.path.isdir(directory) else None
+        if tokenizer is None and required:
+            raise ConfigError("model.tokenizer", f"'{directory}' has no tokenizer files "
+                                                 "(tokenizer.json / tokenizer_config.json)")
+        return tokenizer
+
+
+class Policy(NamedTuple):
+    """A loaded model: its module (parameters on the mesh), config, tokenizer (None without
+    tokenizer files) and stop ids (the model directory's EOS ids, else the tokenizer's)."""
+    model: Qwen2
+    config: ModelConfig
+    tokenizer: object
+    stop_ids: tuple[int, ...]
+
+
+def default_dtype() -> str:
+    """float32 on CPU (XLA:CPU bf16 matmuls are far slower, BENCHMARKS.md), bfloat16 on GPU/TPU."""
+    return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+
+
+def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None = None
+                ) -> Policy:
+    """Loads the section's weights (or the preset's random ones) onto `mesh` (None: one
+    device); `tokenizer` is what `section.load_tokenizer` gave."""
+    dtype = section.dtype or default_dtype()
+    if section.path is not None:
+        model, config = load_model(section.path, dtype=dtype, mesh=mesh,
+                                   attention=section.attention)
+        stops = stop_token_ids(section.path, config)
+    else:
+        config = preset_config(section.preset, dtype=dtype)
+        model = random_model(config, seed=section.init_seed, dtype=dtype,
+                             attention=section.attention, mesh=mesh)
+        stops = ()
+    if tokenizer is not None:
+        if len(tokenizer) > config.vocab_size:
+            raise ConfigError("model.tokenizer", f"{len(tokenizer)} tokens do not fit the "
+                                                 f"model's {config.vocab_size} embedding rows")
+        if not stops and tokenizer.eos_token_id is not None:
+            stops = (int(tokenizer.eos_token_id),)
+    return Policy(model, config, tokenizer, stops)
+
+
+def build_engine(model: Qwen2, config: EngineConfig, mesh: jax.sharding.Mesh | None,
+                 tokens: int) -> Engine:
+    """An engine for `model`, with max_len `kv_length(tokens)` unless the config sets it."""
+    return Engine(model, config.sized_for(tokens), mesh=mesh)
+
+
+def build_agent(model: Qwen2, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
+                mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> MemoryAgent:
+    """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
+    `memagent`'s budgets allow (`required_length`) unless `engine.max_len` is set."""
+    decoder = build_engine(model, engine, mesh, required_length(tokenizer, memagent))
+    return MemoryAgent(Scheduler(decoder), tokenizer, memagent, stop_ids)
