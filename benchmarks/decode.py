@@ -10,8 +10,8 @@ the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measur
 - per batch size, greedy decoding of `--new-tokens` tokens after random prompts of
   `--prompt-len` tokens, no EOS stopping, with the SAME random weights in both frameworks:
   * ours end to end: `scheduler.complete(engine, params, requests)` (prefill + insert + steps)
-    after `engine.warm_up(params)`, best of --repeats; the engine prefills the whole batch in
-    one call (`prefill_rows` = batch), as transformers does;
+    after `engine.warm_up(params, [prompt_len])`, best of --repeats; the engine prefills the
+    whole batch in one call (`prefill_rows` = batch), as transformers does;
   * ours decode only: a loop of `engine.generate(params, state)` steps over full slots, each
     step's tokens waited for (`jax.block_until_ready`), as the scheduler does;
   * transformers end to end: `model.generate(ids [B, P], max_new_tokens=N, min_new_tokens=N,
@@ -175,7 +175,7 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
                                         prefill_buckets=(prompt_len,), prefill_rows=batch))
     params = split_params(model)[1]
     start = time.perf_counter()
-    engine.warm_up(params)
+    engine.warm_up(params, [prompt_len])
     warm_up_s = time.perf_counter() - start
     greedy = SamplingParams(temperature=0.0, seed=0)
     requests = [Request(tuple(int(t) for t in row), max_new_tokens=new_tokens, sampling=greedy,

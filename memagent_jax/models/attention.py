@@ -176,7 +176,7 @@ def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
     Each (row, KV head) holds its keys as one contiguous [D, S] block and its values as one
     [S, D] block, and its G x T queries form one [G * T, D] block, so both products are plain
     batched matmuls over the cache as it lies, neither with a transposed right operand (which
-    XLA:CPU runs with a slower kernel; BENCHMARKS.md, "Decode attention layout"). Returns
+    XLA:CPU runs with a slower kernel; BENCHMARKS.md, "decode attention layout"). Returns
     [B, T, Hq, D]."""
     b, t, hq, d = q.shape
     hkv = k_cache.shape[1]

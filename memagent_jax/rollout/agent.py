@@ -84,7 +84,8 @@ class Policy(NamedTuple):
 
 
 def default_dtype() -> str:
-    """float32 on CPU (XLA:CPU bf16 matmuls are far slower, BENCHMARKS.md), bfloat16 on GPU/TPU."""
+    """float32 on CPU (XLA:CPU's bf16 matmuls at decode shapes are several times slower than
+    its f32 ones; BENCHMARKS.md), bfloat16 on GPU/TPU."""
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
