@@ -28,8 +28,8 @@ def _export(args) -> None:
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out)
     if not is_checkpoint_directory(args.ckpt):
-        raise UserError(f"{args.ckpt}: not a memagent-jax checkpoint (expected model_config.json "
-                        "and params/; create one with `memagent-jax convert`)")
+        raise UserError(f"{args.ckpt}: not a memagent-jax checkpoint (a `memagent-jax convert` "
+                        "output, or a training run's output, checkpoints or step directory)")
     model, config = load_model(args.ckpt, dtype=None)
     save_hf(model, config, args.out, tokenizer_dir=side_files_dir(args.ckpt),
             max_shard_bytes=max_shard_bytes)
@@ -230,7 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_convert)
 
     p = sub.add_parser("export", help="memagent-jax checkpoint -> HF safetensors directory")
-    p.add_argument("--ckpt", required=True, metavar="CKPT_DIR")
+    p.add_argument("--ckpt", required=True, metavar="CKPT_DIR",
+                   help="a `convert` output, or a training run's output directory (its newest "
+                        "step), checkpoints directory or step directory")
     p.add_argument("--out", required=True, metavar="HF_DIR", help="new (or empty) directory")
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index (5GB)")

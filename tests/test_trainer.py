@@ -88,34 +88,48 @@ def _assert_trees_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(leaves_b[path]), err_msg=path)
 
 
-@pytest.mark.slow
-def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(task, tmp_path):
-    """3 steps on 8 simulated devices (data 2 x fsdp 2 x tensor 2): every trajectory runs the
-    multi-conversation loop, the learner updates the engine's own arrays, logs and TensorBoard
-    carry every scalar, checkpoints 2 and 3 hold the parameters of those steps."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+class _Run:
+    """A finished 3-step run: its trainer, output dir, initial parameters, last step's record,
+    and, per decode step, whether the engine got the learner's own arrays."""
 
-    out = tmp_path / "run"
+
+@pytest.fixture(scope="module")
+def three_steps(task, tmp_path_factory) -> _Run:
+    """3 steps on 8 simulated devices (data 2 x fsdp 2 x tensor 2), checkpoints at 2 and 3."""
+    run, root = _Run(), tmp_path_factory.mktemp("three_steps")
+    run.out = root / "run"
     # Final replies of 48 tokens: the untrained model then says the 1-in-512 code word in about
     # one trajectory in ten, so some group of the 24 drawn has mixed rewards (none does with
     # probability ~1e-4; with 8 tokens, ~1 in 5 random streams kept nothing to train on).
-    config = load_train_config(_write_config(task, tmp_path / "c.yaml",
+    config = load_train_config(_write_config(task, root / "c.yaml",
                                              memagent__max_final_tokens=48), [
-        f"output_dir={out}", "mesh={data: 2, fsdp: 2, tensor: 2}"])
-    trainer = Trainer(config)
-    initial = jax.device_get(trainer.learner.state()["params"])
+        f"output_dir={run.out}", "mesh={data: 2, fsdp: 2, tensor: 2}"])
+    run.trainer = trainer = Trainer(config)
+    run.initial = jax.device_get(trainer.learner.state()["params"])
     engine, learner = trainer.agent.scheduler.engine, trainer.learner
-    decoded_with_learners_arrays = []
+    run.decoded_with_learners_arrays = []
     step = engine.generate
 
     def generate(params, state):
-        decoded_with_learners_arrays.append(all(
+        run.decoded_with_learners_arrays.append(all(
             a is b for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(learner.params))))
         return step(params, state)
 
     engine.generate = generate
-    last = trainer.run()
+    run.last = trainer.run()
+    return run
 
+
+@pytest.mark.slow
+def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(three_steps):
+    """Every trajectory runs the multi-conversation loop, the learner updates the engine's own
+    arrays, logs and TensorBoard carry every scalar, checkpoints 2 and 3 hold the parameters of
+    those steps."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out, trainer, initial, last = (three_steps.out, three_steps.trainer, three_steps.initial,
+                                   three_steps.last)
+    decoded_with_learners_arrays = three_steps.decoded_with_learners_arrays
     records = _records(out)
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
@@ -148,6 +162,52 @@ def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(ta
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3]
     assert [e.step for e in events.Scalars("val/accuracy")] == [2]
     assert events.Scalars("reward/mean")[0].value == pytest.approx(records[0]["reward/mean"])
+
+
+@pytest.mark.slow
+def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
+    """A step directory (or the run's directory: its newest step) exports to an HF directory
+    that transformers loads with the run's tokenizer, its logits those of the trainer's
+    parameters; `run` and `eval` read it directly."""
+    import torch
+    from flax import nnx
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from memagent_jax.cli import main
+    from memagent_jax.eval.config import EvalConfig
+    from memagent_jax.eval.runner import run_eval
+    from memagent_jax.models.checkpoint import training_step_dir
+    from memagent_jax.runconfig import load_config
+
+    step = three_steps.out / "checkpoints" / "3"
+    assert training_step_dir(str(three_steps.out)) == str(step)
+    exported = tmp_path / "hf"
+    assert main(["export", "--ckpt", str(three_steps.out), "--out", str(exported)]) == 0
+    hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    ids = np.array([tokenizer("the secret code is", add_special_tokens=False)["input_ids"]
+                    + list(range(10, 30))])
+    learner = three_steps.trainer.learner
+    ours = np.asarray(nnx.merge(learner.graphdef, learner.params)(ids))
+    with torch.no_grad():
+        theirs = hf(torch.as_tensor(ids)).logits.numpy()
+    assert np.abs(ours - theirs).max() <= 1e-5
+
+    document = tmp_path / "doc.txt"
+    document.write_text("the secret code is apple . " * 20)
+    assert main(["run", "--model", str(step), "--doc", str(document), "--question",
+                 "what is the secret code ?", "--chunk-tokens", "32", "--max-memory-tokens",
+                 "4", "--max-final-tokens", "4", "--temperature", "0"]) == 0
+    eval_set = tmp_path / "needle.json"
+    eval_set.write_text(json.dumps([{"context": "the secret code is apple . " * 10,
+                                     "input": "what is the secret code ?",
+                                     "answers": ["apple"]}]))
+    config = load_config(EvalConfig, None, [
+        f"model.path={step}", f"data.sets=[{eval_set}]", f"output_dir={tmp_path / 'eval'}",
+        "memagent.chunk_tokens=32", "memagent.max_memory_tokens=4",
+        "memagent.max_final_tokens=4", "memagent.max_problem_tokens=16", "engine.slots=2"])
+    summary = run_eval(config)
+    assert summary["columns"][0]["samples"] == 1
 
 
 def _cli(config_path, output_dir, cache, *overrides):

@@ -1,18 +1,28 @@
-"""Our model checkpoint directory: Orbax parameters plus the HF config and side files.
+"""Our checkpoint directories: a converted model, or a training run's checkpoints.
 
+A converted model (`memagent-jax convert`, `save_checkpoint`):
     CKPT/model_config.json   the HF config.json of the model (torch_dtype = stored dtype)
     CKPT/params/             Orbax checkpoint of the parameters (the `qwen2.Params` tree)
     CKPT/hf_files/           tokenizer and generation files of the source, for export
+written under a temporary name and renamed when complete.
 
-The whole directory is written under a temporary name and renamed when complete.
+A training run (`memagent-jax train`, rl/checkpointing.py) keeps, in its checkpoint directory:
+    CHECKPOINTS/model/       model_config.json and hf_files/ as above (`write_model_files`:
+                             the model and the tokenizer the run trains), no parameters
+    CHECKPOINTS/<step>/state the learner's Orbax tree {params, opt_state, step}
+A model path may name a step directory, the checkpoint directory (its newest step) or the run's
+output directory (`checkpoints/` below it, newest step); `locate` resolves all of them, and
+loading reads only the `params` of the step's state.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
 import orbax.checkpoint as ocp
+from etils import epath
 
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
@@ -24,11 +34,67 @@ from memagent_jax.models.qwen2 import Params
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"
 SIDE_DIR = "hf_files"
+TRAINING_MODEL_DIR = "model"   # beside a training run's step directories
+TRAINING_STATE = "state"       # a step directory's learner state, whose "params" we read
+
+
+@dataclasses.dataclass(frozen=True)
+class Stored:
+    """Where a checkpoint's pieces are: files_dir holds model_config.json and hf_files/;
+    params is the Orbax directory holding the parameters (`subtree`: under that key)."""
+    files_dir: str
+    params: str
+    subtree: str | None = None
+
+
+def locate(path: str) -> Stored | None:
+    """The checkpoint a path names (see the module docstring), or None if it names none."""
+    if (os.path.isfile(os.path.join(path, CONFIG_FILE))
+            and os.path.isdir(os.path.join(path, PARAMS_DIR))):
+        return Stored(path, os.path.join(path, PARAMS_DIR))
+    step = training_step_dir(path)
+    if step is None:
+        return None
+    return Stored(os.path.join(os.path.dirname(step), TRAINING_MODEL_DIR),
+                  os.path.join(step, TRAINING_STATE), "params")
+
+
+def training_step_dir(path: str) -> str | None:
+    """The step directory a training-checkpoint path names, or None."""
+    path = os.path.abspath(path)
+    if os.path.isdir(os.path.join(path, TRAINING_STATE)) and _has_model_files(
+            os.path.dirname(path)):
+        return path
+    for directory in (path, os.path.join(path, "checkpoints")):
+        if _has_model_files(directory):
+            steps = [int(n) for n in os.listdir(directory) if n.isdigit()
+                     and os.path.isdir(os.path.join(directory, n, TRAINING_STATE))]
+            if not steps:
+                raise UserError(f"{directory}: a training checkpoint directory without any "
+                                "finished step")
+            return os.path.join(directory, str(max(steps)))
+    return None
 
 
 def is_checkpoint_directory(path: str) -> bool:
-    return (os.path.isfile(os.path.join(path, CONFIG_FILE))
-            and os.path.isdir(os.path.join(path, PARAMS_DIR)))
+    return locate(path) is not None
+
+
+def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str]) -> None:
+    """A training run's model description: model_config.json and hf_files/ (the side files of
+    `side_dirs`, the first found of each kept), written all or nothing."""
+    with atomic_directory(out_dir) as tmp:
+        os.makedirs(os.path.join(tmp, SIDE_DIR))
+        copied: set[str] = set()
+        for directory in side_dirs:
+            copied |= set(copy_side_files(directory, os.path.join(tmp, SIDE_DIR),
+                                          skip=copied))
+        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
+            json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
+
+
+def _has_model_files(directory: str) -> bool:
+    return os.path.isfile(os.path.join(directory, TRAINING_MODEL_DIR, CONFIG_FILE))
 
 
 def write_checkpoint(params: Params, config: ModelConfig, out_dir: str,
@@ -48,9 +114,13 @@ def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
     """Restores the parameter tree onto targets (a `Params` tree of ShapeDtypeStructs with
     shardings). A checkpoint whose tree differs from the targets' (another depth, or an older
     memagent-jax layout) is a UserError naming the first parameter that differs."""
-    path = os.path.abspath(os.path.join(ckpt_dir, PARAMS_DIR))
-    checkpointer = ocp.StandardCheckpointer()
-    stored, expected = _paths(checkpointer.metadata(path).item_metadata.tree), _paths(targets)
+    where = locate(ckpt_dir)
+    path = os.path.abspath(where.params)
+    tree = ocp.StandardCheckpointer().metadata(path).item_metadata.tree
+    if where.subtree is not None:
+        tree = tree[where.subtree]
+        path = f"{path} ({where.subtree})"
+    stored, expected = _paths(tree), _paths(targets)
     if stored != expected:
         missing = [ours for _, ours, _ in mapping.tensors(config) if ours not in stored]
         differences = ([f"missing '{missing[0]}'"] if missing else []) + (
@@ -58,7 +128,15 @@ def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
         raise UserError(f"{path}: the stored parameters do not match the model in "
                         f"{CONFIG_FILE} ({', '.join(differences)}); a checkpoint of an older "
                         "memagent-jax layout needs `memagent-jax convert` again")
-    return checkpointer.restore(path, targets)
+    if where.subtree is None:
+        return ocp.StandardCheckpointer().restore(where.params, targets)
+    # The handler itself: a Checkpointer would look for the step's metadata in the item's
+    # directory and warn that it is missing.
+    item = {where.subtree: targets}
+    restored = ocp.PyTreeCheckpointHandler().restore(epath.Path(where.params), args=(
+        ocp.args.PyTreeRestore(item=item, partial_restore=True,
+                               restore_args=ocp.checkpoint_utils.construct_restore_args(item))))
+    return restored[where.subtree]
 
 
 def _paths(tree: dict) -> set[str]:
@@ -66,9 +144,11 @@ def _paths(tree: dict) -> set[str]:
 
 
 def side_files_dir(ckpt_dir: str) -> str:
-    return os.path.join(ckpt_dir, SIDE_DIR)
+    """The tokenizer and generation files of a checkpoint path (of any kind)."""
+    where = locate(ckpt_dir)
+    return os.path.join(where.files_dir if where else ckpt_dir, SIDE_DIR)
 
 
 def config_path(ckpt_dir: str) -> str:
-    return os.path.join(ckpt_dir, CONFIG_FILE)
+    return os.path.join(locate(ckpt_dir).files_dir, CONFIG_FILE)
 

@@ -134,11 +134,12 @@ def write_directory(params: Params, config: ModelConfig, out_dir: str,
             _write_json(os.path.join(tmp, "generation_config.json"), _generation_config(config))
 
 
-def copy_side_files(src_dir: str, dst_dir: str) -> list[str]:
-    """Copies the tokenizer and generation files that exist in src_dir; returns their names."""
+def copy_side_files(src_dir: str, dst_dir: str, skip=()) -> list[str]:
+    """Copies the tokenizer and generation files that exist in src_dir (but those named in
+    `skip`); returns their names."""
     copied = []
     for name in SIDE_FILES:
-        if os.path.isfile(os.path.join(src_dir, name)):
+        if name not in skip and os.path.isfile(os.path.join(src_dir, name)):
             shutil.copy2(os.path.join(src_dir, name), os.path.join(dst_dir, name))
             copied.append(name)
     return copied

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from memagent_jax.data import pipeline
 from memagent_jax.eval.metrics import qa_scores
-from memagent_jax.models import make_mesh
+from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.checkpointing import Checkpointer
 from memagent_jax.rl.collect import collect_batch, score
@@ -92,6 +92,7 @@ class Trainer:
         config = self.config
         self.mesh = make_mesh(self.mesh_axes, source="mesh")
         policy = load_policy(config.model, self.tokenizer, self.mesh)
+        self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
         self.agent = build_agent(policy.model, self.tokenizer, config.memagent, config.engine,
                                  self.mesh, policy.stop_ids)
@@ -104,6 +105,16 @@ class Trainer:
                                          async_save=config.checkpoint.async_save)
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
                                    self.process_index)
+
+    def _write_model_files(self, model_config) -> None:
+        """The model and tokenizer the run trains, beside its checkpoints, so that a step
+        directory loads as a model (`export`, `run`, `eval`, `generate`). Written once."""
+        directory = os.path.join(self.config.checkpoint_dir, checkpoint.TRAINING_MODEL_DIR)
+        if not self.is_main or "://" in directory or os.path.isdir(directory):
+            return
+        m = self.config.model
+        sources = [m.tokenizer, m.path, m.path and checkpoint.side_files_dir(m.path)]
+        checkpoint.write_model_files(model_config, directory, [d for d in sources if d])
 
     def _restore_if_any(self) -> None:
         latest = self.checkpointer.latest_step()
