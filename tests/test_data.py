@@ -210,6 +210,18 @@ def test_missing_source_file(tmp_path, capsys):
     assert "nope.json: file not found" in _error(capsys)
 
 
+def test_a_hub_id_goes_to_the_hub(tmp_path, capsys):
+    """'owner/name' that is no local path is read from the hub (offline here: the hub's error,
+    in one line); a path with directories or an extension is a missing file."""
+    assert main(["data", "ruler-hqa", "--source", "hotpotqa/hotpot_qa", "--num-docs", "12",
+                 "--out", str(tmp_path / "o")]) == 2
+    line = _error(capsys)
+    assert "cannot load from the Hugging Face hub" in line and "not found" not in line
+    assert main(["data", "ruler-hqa", "--source", "sub/dir/file", "--num-docs", "12", "--out",
+                 str(tmp_path / "o")]) == 2
+    assert "sub/dir/file: file not found" in _error(capsys)
+
+
 # ---- RULER synthetic ----------------------------------------------------------------------
 
 ESSAY = ("The best ideas often look like bad ideas at first. Startups grow by doing things "

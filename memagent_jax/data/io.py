@@ -40,7 +40,7 @@ def load_source(source: str, split: str | None = None, name: str | None = None,
         except Exception as e:  # noqa: BLE001 - pyarrow/json errors of many types
             raise UserError(f"{source}: cannot read ({type(e).__name__}: "
                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    if any(p.endswith(tuple(_LOCAL_BUILDERS)) or os.sep in p for p in paths):
+    if len(paths) != 1 or not looks_like_hub_id(source):
         raise UserError(f"{source}: file not found")
     try:
         return datasets.load_dataset(source, name or default_name, split=split or default_split)
@@ -48,6 +48,14 @@ def load_source(source: str, split: str | None = None, name: str | None = None,
         raise UserError(f"{source}: cannot load from the Hugging Face hub "
                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
                         ) from None
+
+
+def looks_like_hub_id(spec: str) -> bool:
+    """'owner/name' (one slash, no file extension, not a relative or home path): what a source
+    that is not an existing path is read as, from the Hugging Face hub."""
+    parts = spec.split("/")
+    return (len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
+            and not spec.endswith(tuple(_LOCAL_BUILDERS)))
 
 
 def read_set(path: str) -> list[dict]:

@@ -26,6 +26,7 @@ import dataclasses
 import os
 from typing import Any, Sequence
 
+from memagent_jax.data.io import looks_like_hub_id
 from memagent_jax.errors import UserError
 
 REQUIRED_FIELDS = ("data_source", "prompt", "context", "reward_model")
@@ -51,7 +52,7 @@ def load_source(spec: str, split: str = "train", key: str = "data"):
 
     kind = _FILE_KINDS.get(os.path.splitext(spec)[1].lower())
     local = os.path.exists(spec)
-    if kind is None and not local and not _looks_like_hub_id(spec):
+    if kind is None and not local and not looks_like_hub_id(spec):
         raise UserError(f"{key}: '{spec}' not found (expected a parquet/json/jsonl file, a "
                         "directory of them, or a hub id such as BytedTsinghua-SIA/hotpotqa)")
     if kind is not None and not local and not spec.startswith("hf://"):
@@ -188,8 +189,3 @@ def _listed(value):
     if isinstance(value, list):
         return [_listed(v) for v in value]
     return value
-
-
-def _looks_like_hub_id(spec: str) -> bool:
-    parts = spec.split("/")
-    return len(parts) == 2 and all(parts) and not spec.startswith((".", "~"))
