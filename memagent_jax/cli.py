@@ -11,7 +11,7 @@ import os
 import sys
 
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.fileutil import check_new_output
+from memagent_jax.fileutil import check_input_file, check_new_output, check_output_file
 
 
 def _convert(args) -> None:
@@ -49,7 +49,7 @@ def _random_model(args) -> None:
 def _generate(args) -> None:
     from tqdm import tqdm
 
-    from memagent_jax.models import split_params
+    from memagent_jax.models import read_config, split_params
     from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
@@ -62,15 +62,19 @@ def _generate(args) -> None:
         raise UserError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
     engine_config = _from_flags(EngineConfig, slots=args.slots, max_len=args.max_len,
                                 prefill_rows=args.prefill_rows)
-    model = _from_flags(ModelSection, path=args.model, dtype=args.dtype,
-                        attention=args.attention)
+    check_output_file(args.output)
+    model = _from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
+                        dtype=args.dtype, attention=args.attention)
     tokenizer = _from_flags(model.load_tokenizer, required=False)
-    prompts = read_prompts(args.input, tokenizer)
-    if args.max_len:
-        for number, prompt in enumerate(prompts, start=1):
-            if len(prompt) >= args.max_len:
-                raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
-                                f"--max-len {args.max_len} (prompt + at least one new token)")
+    model_config = read_config(args.model)
+    prompts = read_prompts(args.input, tokenizer, model_config.vocab_size)
+    limit, what = ((args.max_len, "--max-len") if args.max_len else
+                   (model_config.context_window, "the model's context window of"))
+    for number, prompt in enumerate(prompts, start=1):
+        if len(prompt) + args.max_new_tokens > limit:
+            raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
+                            f"{what} {limit} with --max-new-tokens {args.max_new_tokens} "
+                            "(prompt + new tokens)")
     policy = load_policy(model, tokenizer)
     engine = build_engine(policy.model, engine_config, None,
                           max(len(p) for p in prompts) + args.max_new_tokens)
@@ -165,8 +169,7 @@ def _train(args) -> None:
 
 
 def _read_document(path: str) -> str:
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: not found")
+    check_input_file(path)
     data = open(path, "rb").read()
     try:
         text = data.decode("utf-8")
@@ -212,6 +215,9 @@ def _eval(args) -> None:
 
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     """The `model` section's flags besides --model (see rollout.agent.ModelSection)."""
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="tokenizer directory (default: the model's; with `run --url`, the "
+                        "one that chunks the document)")
     p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
                    help="default: float32 on CPU, bfloat16 on GPU/TPU")
     p.add_argument("--attention", default="xla",
@@ -274,8 +280,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="print every turn's memory")
     p.add_argument("--url", help="OpenAI-compatible API base URL (key in env API_KEY) "
                                  "instead of the local engine")
-    p.add_argument("--tokenizer", metavar="DIR",
-                   help="tokenizer directory for chunking (default: --model)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
     _add_model_flags(p)
     p.set_defaults(func=_run)

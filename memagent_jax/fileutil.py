@@ -1,4 +1,4 @@
-"""Writing output directories all-or-nothing."""
+"""Input files and outputs: clear errors before any work, outputs written all or nothing."""
 
 from __future__ import annotations
 
@@ -8,6 +8,26 @@ import shutil
 import uuid
 
 from memagent_jax.errors import UserError
+
+
+def check_input_file(path: str) -> None:
+    """Raises unless path is an existing file (a directory given as a file says so)."""
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, expected a file")
+    if not os.path.isfile(path):
+        raise UserError(f"{path}: not found")
+
+
+def check_output_file(path: str) -> None:
+    """Raises unless a file can be written at path: not a directory, in an existing writable
+    directory (checked before any work, so a long run cannot fail at its end)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, expected a file")
+    if not os.path.isdir(parent):
+        raise UserError(f"{path}: its directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"{path}: its directory {parent} is not writable")
 
 
 def check_new_output(out_dir: str) -> None:

@@ -69,6 +69,12 @@ def test_sampling_is_reproducible_by_seed(model_dir, tmp_path):
     ([{"prompt_ids": list(range(3, 40))}], ["--max-len", "32"], "37 tokens do not fit"),
     ([{"prompt_ids": [1, 2]}], ["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
     ([{"prompt_ids": [1, 2]}], ["--prefill-rows", "0"], "--prefill-rows must be at least 1"),
+    ([{"prompt_ids": [1, 2]}, {"prompt_ids": [785, 6722, 315]}], [],
+     "line 2: token id 785 is outside the model's vocabulary of 101 ids"),
+    ([{"prompt_ids": [1, 2]}], ["--max-new-tokens", "100000"],
+     "2 tokens do not fit the model's context window of 512 with --max-new-tokens 100000"),
+    ([{"prompt_ids": [1, 2]}], ["--max-len", "64", "--max-new-tokens", "63"],
+     "2 tokens do not fit --max-len 64 with --max-new-tokens 63"),
 ])
 def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, lines, extra, named):
     src = _write_lines(tmp_path / "in.jsonl", lines)
@@ -87,3 +93,31 @@ def test_missing_model_and_missing_input(tmp_path, model_dir, capsys):
     assert main(["generate", "--model", model_dir, "--input", str(tmp_path / "none.jsonl"),
                  "--output", str(tmp_path / "o.jsonl")]) == 2
     assert "none.jsonl: not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where, named", [
+    ("no_dir/out.jsonl", "does not exist"),
+    ("a_dir", "is a directory"),
+])
+def test_an_unwritable_output_fails_before_any_work(model_dir, tmp_path, capsys, where, named):
+    (tmp_path / "a_dir").mkdir()
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}])
+    assert main(["generate", "--model", model_dir, "--input", src,
+                 "--output", str(tmp_path / where)]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "tmp-" not in err and "generate" not in err  # no progress bar
+
+
+def test_a_directory_given_as_the_input_says_so(model_dir, tmp_path, capsys):
+    assert main(["generate", "--model", model_dir, "--input", str(tmp_path),
+                 "--output", str(tmp_path / "o.jsonl")]) == 2
+    assert "is a directory, expected a file" in capsys.readouterr().err
+
+
+def test_non_finite_logprobs_are_written_as_null(tmp_path):
+    from memagent_jax.rollout.jsonl import write_completions
+    path = str(tmp_path / "o.jsonl")
+    write_completions(path, [{"completion_ids": [3], "text": "", "logprobs": [float("nan")],
+                              "finish_reason": "length"}])
+    line = open(path).read()
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(c))["logprobs"] == [None]

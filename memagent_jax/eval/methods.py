@@ -132,12 +132,8 @@ class FullContextMethod:
         """KV entries a prompt and its reply need. Without full_context.max_input_tokens the
         prompt gets the model's context length (YaRN-extended when its config says so)."""
         if self.max_input is None:
-            scaling = model_config.rope_scaling or {}
-            window = model_config.max_position_embeddings
-            if scaling.get("rope_type") == "yarn":
-                window = int(scaling.get("original_max_position_embeddings", window)
-                             * scaling.get("factor", 1.0))
-            self.max_input = self._budget(window, "the model's context length")
+            self.max_input = self._budget(model_config.context_window,
+                                          "the model's context length")
         return self.max_input + self.overhead + 64 + self.config.full_context.max_new_tokens
 
     def check(self, where: str, row: int, record: dict) -> None:

@@ -53,6 +53,16 @@ class ModelConfig:
     def heads_per_kv_head(self) -> int:
         return self.num_heads // self.num_kv_heads
 
+    @property
+    def context_window(self) -> int:
+        """Positions the model is made for: max_position_embeddings, or YaRN's extended
+        window (original_max_position_embeddings x factor) when its rope scaling is on."""
+        scaling = self.rope_scaling or {}
+        if scaling.get("rope_type") == "yarn":
+            return int(scaling.get("original_max_position_embeddings",
+                                   self.max_position_embeddings) * scaling.get("factor", 1.0))
+        return self.max_position_embeddings
+
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], source: str = "config.json") -> ModelConfig:
         """Reads an HF config dict; `source` names the file in error messages."""

@@ -29,18 +29,9 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
     dtype: compute dtype, and parameter dtype unless `param_dtype` is given; None keeps the
     dtype the weights are stored in. mesh: parameters are placed with `param_shardings`;
     None puts them on the default device. attention: see `qwen2.Qwen2`.
-    Returns (model, config); config.dtype is the
-    parameter dtype of the returned model.
+    Returns (model, config); config.dtype is the parameter dtype of the returned model.
     """
-    if not os.path.isdir(path):
-        raise UserError(f"{path}: model directory not found")
-    if checkpoint.is_checkpoint_directory(path):
-        config = ModelConfig.from_file(checkpoint.config_path(path))
-    elif hf_checkpoint.is_hf_directory(path):
-        config = ModelConfig.from_file(os.path.join(path, "config.json"))
-    else:
-        raise UserError(f"{os.path.join(path, 'config.json')}: not found (neither an HF model "
-                        "directory nor a memagent-jax checkpoint)")
+    config = read_config(path)
     param_dtype = _dtype_name(param_dtype or dtype or config.dtype, path)
     compute_dtype = _dtype_name(dtype or config.dtype, path)
     config = config.replace(dtype=param_dtype)
@@ -50,6 +41,18 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
     else:
         params = hf_checkpoint.read_params(path, config, targets)
     return build_model(config, params, dtype=compute_dtype, attention=attention), config
+
+
+def read_config(path: str) -> ModelConfig:
+    """The config of an HF directory or one of our checkpoints, weights untouched."""
+    if not os.path.isdir(path):
+        raise UserError(f"{path}: model directory not found")
+    if checkpoint.is_checkpoint_directory(path):
+        return ModelConfig.from_file(checkpoint.config_path(path))
+    if hf_checkpoint.is_hf_directory(path):
+        return ModelConfig.from_file(os.path.join(path, "config.json"))
+    raise UserError(f"{os.path.join(path, 'config.json')}: not found (neither an HF model "
+                    "directory nor a memagent-jax checkpoint)")
 
 
 def abstract_params(config: ModelConfig, mesh=None) -> Params:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from memagent_jax.errors import UserError
+from memagent_jax.fileutil import check_input_file
 
 
-def read_prompts(path: str, tokenizer) -> list[list[int]]:
-    """Lines {"prompt": str} (needs a tokenizer) or {"prompt_ids": [int, ...]}; blank lines
-    are skipped. Errors name the file and line number."""
-    if not os.path.isfile(path):
-        raise UserError(f"{path}: not found")
+def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
+    """Lines {"prompt": str} (needs a tokenizer) or {"prompt_ids": [int, ...]}, every id below
+    vocab_size; blank lines are skipped. Errors name the file and line number."""
+    check_input_file(path)
     prompts = []
     with open(path, encoding="utf-8", errors="strict") as f:
         try:
@@ -43,6 +44,10 @@ def read_prompts(path: str, tokenizer) -> list[list[int]]:
             ids = tokenizer(item["prompt"])["input_ids"]
         if not ids:
             raise UserError(f"{where}: empty prompt")
+        outside = [t for t in ids if t >= vocab_size]
+        if outside:
+            raise UserError(f"{where}: token id {outside[0]} is outside the model's vocabulary "
+                            f"of {vocab_size} ids")
         prompts.append(ids)
     if not prompts:
         raise UserError(f"{path}: no prompts")
@@ -50,12 +55,15 @@ def read_prompts(path: str, tokenizer) -> list[list[int]]:
 
 
 def write_completions(path: str, rows: list[dict]) -> None:
-    """Writes all rows, via a temporary file renamed into place (no half-written output)."""
+    """Writes all rows, via a temporary file renamed into place (no half-written output).
+    A non-finite logprob is written as null: JSON has no NaN."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                row = dict(row, logprobs=[x if math.isfinite(x) else None
+                                          for x in row["logprobs"]])
+                f.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
