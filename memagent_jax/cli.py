@@ -7,6 +7,7 @@ stderr (`memagent-jax: error: ...`) and exit status 2, and outputs are written a
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 
@@ -37,13 +38,21 @@ def _export(args) -> None:
 
 
 def _random_model(args) -> None:
+    import tempfile
+
+    from memagent_jax.data.needle import write_tokenizer
     from memagent_jax.models import preset_config, random_model, save_hf
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out)
     config = preset_config(args.preset, dtype=args.dtype)
-    save_hf(random_model(config, seed=args.seed), config, args.out,
-            max_shard_bytes=max_shard_bytes)
-    print(f"wrote a random-weight {args.preset} model ({args.dtype}) to {args.out}")
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        # A word-level tokenizer with a chat template, so that `run` and text prompts work on
+        # the model as they would on a real one (its few hundred ids fit every preset).
+        write_tokenizer(tokenizer_dir)
+        save_hf(random_model(config, seed=args.seed), config, args.out,
+                tokenizer_dir=tokenizer_dir, max_shard_bytes=max_shard_bytes)
+    print(f"wrote a random-weight {args.preset} model ({args.dtype}) with a word-level "
+          f"tokenizer to {args.out}")
 
 
 def _generate(args) -> None:
@@ -136,10 +145,11 @@ def _run(args) -> None:
                                    on_turn=lambda n, kind, reply: show(kind, reply))
         else:
             record = _run_locally(args, model, config, tokenizer, sample, show)
-    if args.json:
+    if args.json:  # one JSON document on stdout, the answer in it
         print(json.dumps(record, ensure_ascii=False, indent=2))
-    answer = record["answer"]
-    print(answer if answer is not None else record["final_reply"].strip())
+    else:
+        answer = record["answer"]
+        print(answer if answer is not None else record["final_reply"].strip())
 
 
 def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
@@ -213,15 +223,24 @@ def _eval(args) -> None:
     eval_main(args.config, args.overrides)
 
 
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every option's default (those that have one)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _add_model_flags(p: argparse.ArgumentParser) -> None:
     """The `model` section's flags besides --model (see rollout.agent.ModelSection)."""
     p.add_argument("--tokenizer", metavar="DIR",
                    help="tokenizer directory (default: the model's; with `run --url`, the "
                         "one that chunks the document)")
-    p.add_argument("--dtype", default=None, choices=("float32", "bfloat16"),
+    p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="default: float32 on CPU, bfloat16 on GPU/TPU")
     p.add_argument("--attention", default="xla",
-                   help="how prompts attend: xla (default), dot_product, cudnn (GPU)")
+                   help="how prompts attend: xla, dot_product, cudnn (GPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -229,54 +248,60 @@ def build_parser() -> argparse.ArgumentParser:
         prog="memagent-jax",
         description="MemAgent on JAX: Qwen2.5 models, the chunk-memory loop, DAPO training.")
     sub = parser.add_subparsers(dest="command", required=True)
+    add = functools.partial(sub.add_parser, formatter_class=_HelpWithDefaults)
 
-    p = sub.add_parser("convert", help="HF safetensors directory -> memagent-jax checkpoint")
+    p = add("convert", help="HF safetensors directory -> memagent-jax checkpoint")
     p.add_argument("--hf", required=True, metavar="HF_DIR", help="config.json + *.safetensors")
     p.add_argument("--out", required=True, metavar="CKPT_DIR", help="new checkpoint directory")
     p.set_defaults(func=_convert)
 
-    p = sub.add_parser("export", help="memagent-jax checkpoint -> HF safetensors directory")
+    p = add("export", help="memagent-jax checkpoint -> HF safetensors directory")
     p.add_argument("--ckpt", required=True, metavar="CKPT_DIR",
                    help="a `convert` output, or a training run's output directory (its newest "
                         "step), checkpoints directory or step directory")
     p.add_argument("--out", required=True, metavar="HF_DIR", help="new (or empty) directory")
     p.add_argument("--max-shard-size", default="5GB",
-                   help="split weights into files of at most this size, with an index (5GB)")
+                   help="split weights into files of at most this size, with an index")
     p.set_defaults(func=_export)
 
-    p = sub.add_parser("generate", help="complete prompts from a JSONL file with the engine")
-    p.add_argument("--model", required=True, metavar="PATH", help="HF or checkpoint directory")
+    p = add("generate", help="complete prompts from a JSONL file with the engine")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="HF, checkpoint or training run directory")
     p.add_argument("--input", required=True, metavar="IN.jsonl",
                    help='lines {"prompt": str} or {"prompt_ids": [int]}')
     p.add_argument("--output", required=True, metavar="OUT.jsonl")
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per completion")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i")
     p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
     p.add_argument("--prefill-rows", type=int, default=1,
                    help="prompts prefilled together in one call (compiled for 1, 2, 4, ... up "
                         "to it)")
-    p.add_argument("--max-len", type=int, default=None,
+    p.add_argument("--max-len", type=int,
                    help="KV cache length per slot (default: longest prompt + max-new-tokens, "
                         "rounded up: powers of two to 256, then multiples of 256)")
     _add_model_flags(p)
     p.set_defaults(func=_generate)
 
-    p = sub.add_parser("run", help="answer a question about a long document with the memory "
-                                   "agent (the quickstart)")
+    p = add("run", help="answer a question about a long document with the memory agent (the "
+                        "quickstart)")
     p.add_argument("--model", required=True, metavar="PATH",
-                   help="HF or checkpoint directory (with --url: the served model's name)")
+                   help="HF, checkpoint or training run directory (with --url: the served "
+                        "model's name)")
     p.add_argument("--doc", required=True, metavar="FILE", help="UTF-8 text of any length")
     p.add_argument("--question", required=True)
-    p.add_argument("--chunk-tokens", type=int, default=5000)
-    p.add_argument("--max-memory-tokens", type=int, default=1024)
-    p.add_argument("--max-final-tokens", type=int, default=1024)
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the whole record as JSON")
+    p.add_argument("--chunk-tokens", type=int, default=5000, help="document tokens per turn")
+    p.add_argument("--max-memory-tokens", type=int, default=1024,
+                   help="the longest memory a turn may write")
+    p.add_argument("--max-final-tokens", type=int, default=1024,
+                   help="the longest final answer")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    p.add_argument("--json", action="store_true",
+                   help="print the whole record (every turn) as one JSON document")
     p.add_argument("--verbose", action="store_true", help="print every turn's memory")
     p.add_argument("--url", help="OpenAI-compatible API base URL (key in env API_KEY) "
                                  "instead of the local engine")
@@ -284,24 +309,26 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_flags(p)
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("random-model",
-                       help="write an HF directory with random weights in a Qwen2.5 shape")
+    p = add("random-model", help="write an HF directory with random weights in a Qwen2.5 "
+                                 "shape, and a word-level tokenizer")
     p.add_argument("--preset", default="tiny", help="tiny, qwen2.5-0.5b, ..., qwen2.5-72b")
     p.add_argument("--out", required=True, metavar="HF_DIR")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-shard-size", default="5GB")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the stored weights' dtype")
+    p.add_argument("--seed", type=int, default=0, help="the weights' random seed")
+    p.add_argument("--max-shard-size", default="5GB",
+                   help="split weights into files of at most this size, with an index")
     p.set_defaults(func=_random_model)
 
-    p = sub.add_parser("train", help="train the memory agent with multi-conversation DAPO "
-                                     "(resumes from the newest checkpoint in the run's output)")
+    p = add("train", help="train the memory agent with multi-conversation DAPO (resumes from "
+                          "the newest checkpoint in the run's output)")
     p.add_argument("--config", required=True, metavar="YAML", help="e.g. configs/tiny_cpu.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides, e.g. learner.lr=1e-6 steps=10")
     p.set_defaults(func=_train)
 
-    p = sub.add_parser("eval", help="evaluate the memory agent (or the full-context baseline) "
-                                    "over context lengths; an interrupted eval resumes")
+    p = add("eval", help="evaluate the memory agent (or the full-context baseline) over "
+                         "context lengths; an interrupted eval resumes")
     p.add_argument("--config", required=True, metavar="YAML",
                    help="e.g. configs/eval_ruler_hqa_memagent_14b.yaml")
     p.add_argument("overrides", nargs="*", metavar="key=value",

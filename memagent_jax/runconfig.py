@@ -12,6 +12,7 @@ changed in code). A section class names itself in `SECTION` (its key in the YAML
 from __future__ import annotations
 
 import dataclasses
+import os
 import types
 import typing
 from typing import Any, TypeVar
@@ -27,13 +28,15 @@ def load_config(schema: type[T], path: str | None = None, overrides: list[str] =
     """The schema's instance from the YAML file at `path` (None: defaults) and overrides."""
     values: dict = {}
     if path is not None:
+        if os.path.isdir(path):
+            raise UserError(f"{path}: is a directory, expected a YAML config file")
         try:
             with open(path, encoding="utf-8") as f:
                 values = yaml.safe_load(f) or {}
         except FileNotFoundError:
             raise UserError(f"{path}: config file not found") from None
         except yaml.YAMLError as e:
-            raise UserError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+            raise UserError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
         if not isinstance(values, dict):
             raise UserError(f"{path}: expected a mapping of keys at the top level")
     for item in overrides:
@@ -44,6 +47,7 @@ def load_config(schema: type[T], path: str | None = None, overrides: list[str] =
             value = yaml.safe_load(text)
         except yaml.YAMLError:
             value = text
+        _check_override(schema, key.strip(), value, item)
         _set_dotted(values, key.strip(), value, item)
     return _build(schema, values, path or "command line", "")
 
@@ -72,6 +76,28 @@ def probability(section, name: str) -> None:
     if not 0 < getattr(section, name) <= 1:
         raise ConfigError(config_key(section, name),
                           f"must be in (0, 1], got {getattr(section, name)}")
+
+
+def _check_override(schema: type, key: str, value, item: str) -> None:
+    """The override's key exists and its value has the key's type: errors name the override,
+    not the file it overrides."""
+    source, kind, walked = f"override '{item}'", schema, ""
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(kind):
+            return  # a key inside a mapping (mesh.data): checked with the whole config
+        fields = {f.name for f in dataclasses.fields(kind)}
+        if part not in fields:
+            raise UserError(f"{source}: unknown key '{walked}{part}' (known keys here: "
+                            f"{', '.join(sorted(fields))})")
+        kind, walked = typing.get_type_hints(kind)[part], f"{walked}{part}."
+    _convert(kind, value, source, key)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """Where and what: 'line 3, column 5: mapping values are not allowed here'."""
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    return f"line {mark.line + 1}, column {mark.column + 1}: {problem}" if mark else problem
 
 
 def _set_dotted(values: dict, key: str, value, item: str) -> None:

@@ -115,16 +115,18 @@ def test_url_mode_server_failure_names_the_turn(model_dir, doc, capsys, fault, e
     assert err.startswith(PREFIX) and message in err
 
 
-def test_local_run_prints_the_record_and_answer_last(model_dir, doc, capsys):
-    assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
-                 "--chunk-tokens", "20", "--max-memory-tokens", "4", "--max-final-tokens", "4",
-                 "--json", "--temperature", "0"]) == 0
-    out = capsys.readouterr().out
-    lines = out.strip().splitlines()
-    record = json.loads("\n".join(lines[:-1]))
+def test_local_run_prints_the_answer_or_with_json_only_the_record(model_dir, doc, capsys):
+    args = ["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
+            "--chunk-tokens", "20", "--max-memory-tokens", "4", "--max-final-tokens", "4",
+            "--temperature", "0"]
+    assert main(args + ["--json"]) == 0
+    record = json.loads(capsys.readouterr().out)  # stdout is exactly one JSON document
     assert [c["kind"] for c in record["turns"]] == ["update"] * 3 + ["final"]
     assert record["memories"] == [c["reply"] for c in record["turns"][:3]]
-    assert lines[-1] == record["final_reply"].strip()  # random model: no \boxed{}, whole reply
+    assert record["answer"] is None  # random model: no \boxed{}
+    assert main(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines == [record["final_reply"].strip()]  # no box: the whole reply
 
 
 @pytest.mark.parametrize("setup,message", [

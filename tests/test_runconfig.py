@@ -68,6 +68,25 @@ def test_errors_name_the_key(tmp_path, text, overrides, words):
         assert word in message
 
 
+@pytest.mark.parametrize("text, overrides, words", [
+    ("optim:\n  lr: 1e-5\n", ["optim.lrr=3"], ["override 'optim.lrr=3'", "unknown key"]),
+    ("name: a\n", ["optim.warmup_steps=x"], ["override 'optim.warmup_steps=x'", "int"]),
+    ("optim:\n  lr: 1e-5\n lengths: [1]\n", [], ["c.yaml", "line 3, column"]),
+])
+def test_errors_point_at_what_is_wrong(tmp_path, text, overrides, words):
+    """A bad override is blamed on the override, not the file; bad YAML says where."""
+    with pytest.raises(UserError) as e:
+        load_config(Run, write(tmp_path, text), overrides)
+    assert all(word in str(e.value) for word in words), str(e.value)
+    if overrides:
+        assert "c.yaml" not in str(e.value)
+
+
+def test_a_directory_given_as_the_config(tmp_path):
+    with pytest.raises(UserError, match="is a directory, expected a YAML config file"):
+        load_config(Run, str(tmp_path))
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="config file not found"):
         load_config(Run, str(tmp_path / "nope.yaml"))

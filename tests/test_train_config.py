@@ -128,7 +128,7 @@ def test_the_command_exits_non_zero_without_touching_a_device(config_file):
                          text=True, timeout=120)
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        PREFIX + f"{config_file}: unknown key 'learner.lrr' (known keys here: "
+        PREFIX + "override 'learner.lrr=1': unknown key 'learner.lrr' (known keys here: "
         + ", ".join(sorted(f.name for f in dataclasses.fields(LearnerConfig))) + ")"]
 
 

@@ -54,6 +54,24 @@ def add_parser(sub) -> None:
     p.add_argument("--out", required=True, metavar="DIR")
     p.set_defaults(func=_ruler)
 
+    p = kinds.add_parser("needle", help="the synthetic needle task for CPU smoke runs "
+                                        "(train.parquet, val.parquet, tokenizer/; "
+                                        "configs/tiny_cpu.yaml trains on it)",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--train-size", type=int, default=64, help="training questions")
+    p.add_argument("--val-size", type=int, default=16, help="validation questions")
+    p.add_argument("--seed", type=int, default=0, help="the documents' random seed")
+    p.set_defaults(func=_needle)
+
+
+def _needle(args) -> None:
+    from memagent_jax.data.needle import write_task
+    from memagent_jax.fileutil import check_new_output
+    check_new_output(args.out)
+    paths = write_task(args.out, args.train_size, args.val_size, args.seed)
+    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
+
 
 def _source_arguments(p: argparse.ArgumentParser, default_split: str) -> None:
     p.add_argument("--source", required=True,

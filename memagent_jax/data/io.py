@@ -60,6 +60,8 @@ def looks_like_hub_id(spec: str) -> bool:
 
 def read_set(path: str) -> list[dict]:
     """All records of an evaluation set file (.json list, .jsonl or .parquet)."""
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, expected an evaluation set file")
     if not os.path.isfile(path):
         raise UserError(f"{path}: evaluation set not found")
     ext = os.path.splitext(path)[1].lower()

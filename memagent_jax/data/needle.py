@@ -11,12 +11,11 @@ fast tokenizer (word level, whitespace/punctuation split) whose vocabulary holds
 templates' words and this task's words, with a minimal chat template; it fits the `tiny`
 preset's 512 embedding rows. Everything is deterministic by seed.
 
-    python -m memagent_jax.data.needle --out DIR   # DIR/train.parquet, val.parquet, tokenizer/
+    memagent-jax data needle --out DIR   # DIR/train.parquet, val.parquet, tokenizer/
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 
@@ -104,18 +103,3 @@ def write_task(out_dir: str, train_size: int = 64, val_size: int = 16, seed: int
     write_rows(needle_rows(val_size, seed + 1_000_003, **row_options), paths["val"])
     write_tokenizer(paths["tokenizer"])
     return paths
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--train-size", type=int, default=64)
-    parser.add_argument("--val-size", type=int, default=16)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    paths = write_task(args.out, args.train_size, args.val_size, args.seed)
-    print("\n".join(f"{name}: {path}" for name, path in paths.items()))
-
-
-if __name__ == "__main__":
-    main()
