@@ -3,6 +3,7 @@ synthetic tasks at token lengths, and the `data` command's bad input."""
 
 import collections
 import json
+import os
 import random
 import re
 
@@ -342,3 +343,10 @@ def test_ruler_length_too_short(bpe_dir):
         list(ruler_records("niah_multiquery", 40, 1, tokenizer, haystack_text=ESSAY))
     with pytest.raises(UserError, match="too short"):
         list(ruler_records("fwe", 30, 1, tokenizer))
+
+
+def test_the_needle_task_is_a_data_command(tmp_path, capsys):
+    assert main(["data", "needle", "--out", str(tmp_path / "needle"), "--train-size", "4",
+                 "--val-size", "2"]) == 0
+    assert sorted(os.listdir(tmp_path / "needle")) == ["tokenizer", "train.parquet",
+                                                       "val.parquet"]

@@ -1,6 +1,7 @@
 """`memagent-jax run`: local engine, OpenAI-compatible server mode, and bad input."""
 
 import http.server
+import os
 import json
 import threading
 import time
@@ -148,3 +149,35 @@ def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, setup, message
     code = main(["run", "--model", model_dir, "--doc", str(doc), "--question", question])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(PREFIX) and message in err[0], err
+
+
+def test_the_readme_model_runs_and_generates_text(tmp_path, capsys):
+    """`random-model` writes a tokenizer with a chat template, so the quickstart's own model
+    answers `run` and text prompts, and exports with it."""
+    model = str(tmp_path / "hf")
+    assert main(["random-model", "--out", model]) == 0
+    assert os.path.isfile(os.path.join(model, "tokenizer.json"))
+    doc = tmp_path / "doc.txt"
+    doc.write_text("the secret code is apple . " * 30)
+    assert main(["run", "--model", model, "--doc", str(doc), "--question", "what is the code ?",
+                 "--chunk-tokens", "32", "--max-memory-tokens", "4", "--max-final-tokens", "4",
+                 "--temperature", "0"]) == 0
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text(json.dumps({"prompt": "the secret code is"}) + "\n")
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", model, "--input", str(prompts), "--output", str(out),
+                 "--max-new-tokens", "3", "--temperature", "0"]) == 0
+    assert len(json.loads(out.read_text())["completion_ids"]) == 3
+
+
+@pytest.mark.parametrize("command, shown", [
+    ("run", ["document tokens per turn (default: 5000)", "(default: 1024)", "(default: 0.7)",
+             "(default: 0.95)"]),
+    ("generate", ["tokens per completion (default: 256)", "1: off (default: 1.0)"]),
+    ("random-model", ["qwen2.5-72b (default: tiny)"]),
+])
+def test_help_shows_the_defaults(capsys, command, shown):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(s in text for s in shown), text
