@@ -11,7 +11,7 @@ import functools
 import os
 import sys
 
-from memagent_jax.errors import ConfigError, UserError
+from memagent_jax.errors import ConfigError, Interrupted, UserError
 from memagent_jax.fileutil import check_input_file, check_new_output, check_output_file
 
 
@@ -90,9 +90,13 @@ def _generate(args) -> None:
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
         args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
         for i, p in enumerate(prompts)]
-    with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
-        results = complete(engine, split_params(policy.model)[1], requests,
-                           on_done=lambda i, c: bar.update(1))
+    try:
+        with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
+            results = complete(engine, split_params(policy.model)[1], requests,
+                               on_done=lambda i, c: bar.update(1))
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; nothing was written ({args.output} is written once "
+                          "every prompt has finished)") from None
     rows = []
     for (completion,) in results:
         text = (tokenizer.decode(completion.token_ids, skip_special_tokens=True)
@@ -350,6 +354,12 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # the file system refused (disk full, permissions): one line as well
         print(f"memagent-jax: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"memagent-jax: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print("memagent-jax: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -4,6 +4,7 @@ Anything raised as `UserError` is a problem with the user's input (a file, a key
 a bug: the CLI prints its message as one line and exits non-zero, without a traceback.
 `ConfigError` is what a config section's own check raises: it names the key as the YAML configs
 spell it (`learner.lr`), and a command that fills the section from flags names the flag instead.
+`Interrupted` is Ctrl-C where long work runs: one line saying what was kept, exit status 130.
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ from __future__ import annotations
 
 class UserError(Exception):
     """Bad input: the message names the file, key or value at fault."""
+
+
+class Interrupted(Exception):
+    """Ctrl-C, caught where the work is: the message says what was kept and how to go on."""
 
 
 class ConfigError(UserError):

@@ -70,8 +70,8 @@ class Scripted:
     """A method with canned replies instead of a model: reply(set, row, k) for sample k.
     fail_after: raise (a crash) once that many questions have finished in this run."""
 
-    def __init__(self, reply, n=2, fail_after=None):
-        self.reply, self.n, self.fail_after = reply, n, fail_after
+    def __init__(self, reply, n=2, fail_after=None, crash=RuntimeError("injected crash")):
+        self.reply, self.n, self.fail_after, self.crash = reply, n, fail_after, crash
         self.finished, self.started = [], False
 
     def check(self, where, row, record):
@@ -84,7 +84,7 @@ class Scripted:
         add_turns(self.n * len(batch))
         for row, record in batch:
             if self.fail_after is not None and len(self.finished) == self.fail_after:
-                raise RuntimeError("injected crash")
+                raise self.crash
             answers = []
             for k in range(self.n):
                 on_turn()
@@ -179,6 +179,20 @@ def test_resume_after_a_crash_evaluates_every_sample_once(model_dir, sets, tmp_p
     idle = Scripted(lambda s, row, k: "")
     run_eval(_config(model_dir, sets, out), method=idle)
     assert idle.finished == [] and not idle.started
+
+
+def test_ctrl_c_is_one_line_saying_what_is_kept(model_dir, sets, tmp_path, capsys,
+                                               monkeypatch):
+    out = tmp_path / "out"
+    interrupted = Scripted(lambda s, row, k: REPLIES[row][k], fail_after=3,
+                           crash=KeyboardInterrupt())
+    monkeypatch.setattr("memagent_jax.eval.runner.make_method", lambda *a: interrupted)
+    assert _cli(model_dir, sets, out) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"memagent-jax: interrupted; the 3 finished questions are kept in {out}: run the same "
+        "command to resume")
 
 
 def test_rerun_with_other_settings_is_refused(model_dir, sets, tmp_path):

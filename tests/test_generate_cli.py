@@ -121,3 +121,16 @@ def test_non_finite_logprobs_are_written_as_null(tmp_path):
                               "finish_reason": "length"}])
     line = open(path).read()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(c))["logprobs"] == [None]
+
+
+def test_ctrl_c_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr("memagent_jax.rollout.scheduler.complete", interrupted)
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}])
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", model_dir, "--input", src, "--output", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not out.exists()
+    assert err.strip().splitlines()[-1].startswith("memagent-jax: interrupted; nothing was "
+                                                   "written")

@@ -163,3 +163,31 @@ def test_validate_rejects_inconsistent_sections():
         load_train_config(None, ["model.preset=tiny", "model.tokenizer=x"])
     with pytest.raises(UserError, match="model.tokenizer: a preset model needs"):
         load_train_config(None, ["model.preset=tiny", "data.train=[x]"])
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_what_was_saved_and_the_rerun_resumes(config_file, tmp_path, capsys,
+                                                           monkeypatch):
+    """Ctrl-C in step 2 after step 1's checkpoint: one line naming the checkpoint, no
+    traceback; the same command then resumes from step 1 and ends with a summary line."""
+    args = ["train", "--config", config_file, "steps=2", "checkpoint.every=1",
+            f"output_dir={tmp_path / 'run'}"]
+    step = Trainer.train_step
+
+    def interrupt_step_2(self, number):
+        if number == 2:
+            raise KeyboardInterrupt
+        return step(self, number)
+
+    monkeypatch.setattr(Trainer, "train_step", interrupt_step_2)
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"memagent-jax: interrupted in step 2; the newest checkpoint is step 1 in "
+        f"{tmp_path / 'run' / 'checkpoints'}: run the same command to resume")
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert f"resuming from step 1 ({tmp_path / 'run' / 'checkpoints'}/1)" in err
+    assert "finished step 2 of 2" in err.strip().splitlines()[-1]

@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from memagent_jax.errors import UserError
+from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import make_method
 from memagent_jax.eval.report import markdown, write_report
@@ -74,6 +74,11 @@ def run_eval(config: EvalConfig, method=None) -> dict:
             try:
                 for s, rows in todo:
                     _run_set(method, s, rows, logs[s.name], progress, config.data.batch_size)
+            except KeyboardInterrupt:
+                done = sum(len(log.records) for log in logs.values())
+                raise Interrupted(f"interrupted; the {done} finished questions are kept in "
+                                  f"{config.output_dir}: run the same command to resume"
+                                  ) from None
             finally:
                 progress.close()
         summary = summarize(config, sets, logs)

@@ -35,6 +35,7 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from memagent_jax.data import pipeline
+from memagent_jax.errors import Interrupted
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl.advantages import group_advantages
@@ -123,6 +124,8 @@ class Trainer:
             self.learner.restore(state)
             self.rng = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
             self.step = int(meta["step"])
+            self._say(f"resuming from step {self.step} ({self.config.checkpoint_dir}/"
+                      f"{latest})")
         self._reset_step_log()
         if latest is not None:
             self.writer.start_session(self.step + 1)
@@ -136,13 +139,28 @@ class Trainer:
             self._say(f"already at step {self.step} of {config.steps}: nothing to do")
         if config.validation.at_start and self.step == 0:
             self._log(0, self.validate(0))
-        with tqdm(total=config.steps, initial=self.step, desc="train", unit="step",
-                  file=sys.stderr, disable=not self.is_main, dynamic_ncols=True) as bar:
-            self._bar = bar
-            while self.step < config.steps:
-                record = self.train_step(self.step + 1)
-                bar.update(1)
+        try:
+            with tqdm(total=config.steps, initial=self.step, desc="train", unit="step",
+                      file=sys.stderr, disable=not self.is_main, dynamic_ncols=True) as bar:
+                self._bar = bar
+                while self.step < config.steps:
+                    record = self.train_step(self.step + 1)
+                    bar.update(1)
+        except KeyboardInterrupt:
+            self.close()  # lets a checkpoint being written commit
+            latest = self.checkpointer.latest_step()
+            kept = (f"the newest checkpoint is step {latest} in {config.checkpoint_dir}"
+                    if latest is not None else "no checkpoint was written yet")
+            raise Interrupted(f"interrupted in step {self.step + 1}; {kept}: run the same "
+                              "command to resume") from None
         self.close()
+        if record:
+            summary = [f"reward {record['reward/mean']:.3f}"] + (
+                [f"val accuracy {record['val/accuracy']:.1f}"] if "val/accuracy" in record
+                else [])
+            self._say(f"finished step {self.step} of {config.steps} ({', '.join(summary)}); "
+                      f"checkpoints in {config.checkpoint_dir}, TensorBoard logs in "
+                      f"{os.path.join(config.logs_dir, 'tensorboard')}")
         return record
 
     def train_step(self, step: int) -> dict:
