@@ -40,7 +40,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from memagent_jax.models import KVCache, Qwen2, preset_config  # noqa: E402
+from memagent_jax.models import KVCache, Qwen2, preset_config, split_params  # noqa: E402
 
 PROGRAMS = ("forward", "prefill", "decode", "unrolled")
 
@@ -62,7 +62,7 @@ def program(kind: str, config, args):
     dtype = jnp.dtype(args.dtype)
     model = nnx.eval_shape(lambda: Qwen2(config, dtype=dtype, param_dtype=dtype,
                                          rngs=nnx.Rngs(0)))
-    graphdef, state = nnx.split(model)
+    graphdef, state = split_params(model)
     b, t = args.batch, args.seq
     rows = jax.ShapeDtypeStruct((b,), jnp.int32)
     if kind == "decode":

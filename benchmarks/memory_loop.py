@@ -13,9 +13,9 @@ that, and the speed against a straightforward `transformers` implementation of t
   EOS). The mean update-reply length of every run is printed to check that.
 - Ours: `build_agent(model, tokenizer, config, EngineConfig(slots=batch, ...))` (the engine
   sized as every front end sizes it), all `batch` documents in one `agent.run(params, ...,
-  SamplingParams(temperature=0.0))`; `engine.warm_up()` (compilation) and one untimed 2-chunk
-  run are excluded. Document tokens/s = batch x length /
-  wall time, which includes tokenizing the documents and every turn's chat-template prompt.
+  SamplingParams(temperature=0.0))`; `engine.warm_up(params, ...)` (compilation) and one
+  untimed 2-chunk run are excluded. Document tokens/s = batch x length / wall time, which
+  includes tokenizing the documents and every turn's chat-template prompt.
 - Peer: the loop written directly on transformers (`PeerLoop`): per chunk index, every
   document's update prompt (the same `templates` functions, so identical token ids), left-padded
   into one batch, one `model.generate(max_new_tokens=cap, do_sample=False)`, replies decoded as
@@ -55,7 +55,8 @@ import numpy as np  # noqa: E402
 from memagent_jax.models import load_model, split_params
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import Engine, EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, read_sample
+from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, read_sample,
+                                           required_length)
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.templates import (INITIAL_MEMORY, chat_prompt_ids, final_prompt,
                                             update_prompt)
@@ -218,9 +219,8 @@ def main() -> None:
     prompt_lengths.append(len(chat_prompt_ids(tokenizer, final_prompt(QUESTION,
                                                                        longest_memory))))
     print(machine())
-    engine = build_agent(model, tokenizer, config, EngineConfig(slots=1), None,
-                         stop_ids).scheduler.engine
-    max_len, buckets = engine.config.max_len, engine.buckets
+    sized = EngineConfig().sized_for(required_length(tokenizer, config))
+    max_len, buckets = sized.max_len, sized.buckets()
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/"
           f"{args.kv_heads} heads, vocab "
           f"{model.config.vocab_size}, float32, random weights, {args.attention} attention; "

@@ -58,7 +58,7 @@ def _random_model(args) -> None:
 def _generate(args) -> None:
     from tqdm import tqdm
 
-    from memagent_jax.models import read_config, split_params
+    from memagent_jax.models import read_config
     from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
@@ -84,7 +84,7 @@ def _generate(args) -> None:
             raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
                             f"{what} {limit} with --max-new-tokens {args.max_new_tokens} "
                             "(prompt + new tokens)")
-    policy = load_policy(model, tokenizer)
+    policy = _from_flags(load_policy, section=model, tokenizer=tokenizer)
     engine = build_engine(policy.model, engine_config, None,
                           max(len(p) for p in prompts) + args.max_new_tokens)
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
@@ -92,7 +92,7 @@ def _generate(args) -> None:
         for i, p in enumerate(prompts)]
     try:
         with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
-            results = complete(engine, split_params(policy.model)[1], requests,
+            results = complete(engine, policy.params, requests,
                                on_done=lambda i, c: bar.update(1))
     except KeyboardInterrupt:
         raise Interrupted(f"interrupted; nothing was written ({args.output} is written once "
@@ -159,16 +159,15 @@ def _run(args) -> None:
 def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
     import dataclasses
 
-    from memagent_jax.models import split_params
     from memagent_jax.rollout.agent import build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.sampling import SamplingParams
 
-    policy = load_policy(model, tokenizer)
+    policy = _from_flags(load_policy, section=model, tokenizer=tokenizer)
     agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), None,
                         policy.stop_ids)
     sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
-    (trajectory,) = agent.run(split_params(policy.model)[1], [sample], sampling,
+    (trajectory,) = agent.run(policy.params, [sample], sampling,
                               on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
     record = dataclasses.asdict(trajectory)
     record.update(memories=trajectory.memories, final_reply=trajectory.final_reply)

@@ -111,7 +111,9 @@ def _set_dotted(values: dict, key: str, value, item: str) -> None:
     node[name] = value
 
 
-def _build(schema: type, values: dict, source: str, prefix: str):
+def _build(schema: type, values: dict, source: str, prefix: str, base=None):
+    """The schema's instance from values; keys not given keep base's values (the enclosing
+    config's default for this section, e.g. training's 64 decode slots), else the schema's."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
     for key in values:
@@ -120,11 +122,24 @@ def _build(schema: type, values: dict, source: str, prefix: str):
             raise UserError(f"{source}: unknown key '{prefix}{key}' (known keys here: {known})")
     kwargs = {}
     for name, value in values.items():
-        kwargs[name] = _convert(hints[name], value, source, prefix + name)
+        if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
+            kwargs[name] = _build(hints[name], value, source, f"{prefix}{name}.",
+                                  _custom_default(fields[name], hints[name]))
+        else:
+            kwargs[name] = _convert(hints[name], value, source, prefix + name)
     try:
-        return schema(**kwargs)
+        return schema(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
     except ConfigError as e:  # the section's own check
         raise UserError(f"{source}: {e}") from None
+
+
+def _custom_default(field: dataclasses.Field, schema: type):
+    """A section field's default when it differs from the section class's own defaults
+    (`default_factory=lambda: EngineConfig(slots=64)`), else None."""
+    factory = field.default_factory
+    if factory is dataclasses.MISSING or factory is schema:
+        return None
+    return factory()
 
 
 def check(config) -> None:

@@ -12,7 +12,8 @@ import yaml
 from memagent_jax.cli import main
 from memagent_jax.data.needle import write_task
 from memagent_jax.errors import UserError
-from memagent_jax.rl.config import check_devices, load_train_config, validate
+from memagent_jax.rl.config import check_devices, load_train_config
+from memagent_jax.runconfig import check
 from memagent_jax.rl.learner import LearnerConfig
 from memagent_jax.rl.trainer import Trainer
 
@@ -154,11 +155,11 @@ def test_validate_rejects_inconsistent_sections():
     config = load_train_config(None, ["model.preset=tiny", "model.tokenizer=x", "data.train=[x]"])
     config.overlong.enabled, config.overlong.buffer = True, 5000
     with pytest.raises(UserError, match=r"overlong.buffer: must be in 1..1024"):
-        validate(config)
+        check(config)
     config.overlong.enabled = False
     config.rollout.top_p = 0.0
     with pytest.raises(UserError, match=r"rollout.top_p: must be in \(0, 1\]"):
-        validate(config)
+        check(config)
     with pytest.raises(UserError, match="data.train: no training source"):
         load_train_config(None, ["model.preset=tiny", "model.tokenizer=x"])
     with pytest.raises(UserError, match="model.tokenizer: a preset model needs"):
@@ -191,3 +192,12 @@ def test_ctrl_c_says_what_was_saved_and_the_rerun_resumes(config_file, tmp_path,
     err = capsys.readouterr().err
     assert f"resuming from step 1 ({tmp_path / 'run' / 'checkpoints'}/1)" in err
     assert "finished step 2 of 2" in err.strip().splitlines()[-1]
+
+
+def test_a_section_given_in_part_keeps_the_training_defaults():
+    """Training reads 8 chunks at most with 64 slots unless told otherwise, also when other keys
+    of those sections are set (the sections' own classes default to all chunks and 8 slots)."""
+    config = load_train_config(None, ["model.preset=tiny", "model.tokenizer=x", "data.train=[x]",
+                                      "memagent.chunk_tokens=4000", "engine.prefill_rows=2"])
+    assert (config.memagent.chunk_tokens, config.memagent.max_chunks) == (4000, 8)
+    assert (config.engine.slots, config.engine.prefill_rows) == (64, 2)

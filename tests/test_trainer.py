@@ -122,9 +122,9 @@ def three_steps(task, tmp_path_factory) -> _Run:
 
 @pytest.mark.slow
 def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(three_steps):
-    """Every trajectory runs the multi-conversation loop, the learner updates the engine's own
-    arrays, logs and TensorBoard carry every scalar, checkpoints 2 and 3 hold the parameters of
-    those steps."""
+    """Every trajectory runs the multi-conversation loop, the engine decodes with the learner's
+    own arrays, logs and TensorBoard carry every scalar, checkpoints 2 and 3 hold the parameters
+    of those steps."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out, trainer, initial, last = (three_steps.out, three_steps.trainer, three_steps.initial,

@@ -110,7 +110,8 @@ class EvalConfig:
     def identity(self) -> dict:
         """The settings a run's results depend on: a resumed run must match them."""
         method = self.memagent if self.method == "memagent" else self.full_context
-        return {"model.path": self.model.path or f"preset {self.model.preset}",
+        return {"model.path": (self.model.path or f"preset {self.model.preset}, seed "
+                                                  f"{self.model.init_seed}"),
                 "model.dtype": self.model.dtype,
                 "method": self.method, self.method: dataclasses.asdict(method),
                 "sampling": dataclasses.asdict(self.sampling)}

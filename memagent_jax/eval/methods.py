@@ -25,7 +25,7 @@ import jax
 
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
-from memagent_jax.models import make_mesh, split_params
+from memagent_jax.models import make_mesh
 from memagent_jax.rollout.agent import Policy, build_agent, build_engine, load_policy
 from memagent_jax.rollout.answers import extract_boxed
 from memagent_jax.rollout.sampling import SamplingParams
@@ -84,7 +84,7 @@ class MemAgentMethod:
         policy, mesh = _load(self.config, self.tokenizer)
         self.agent = build_agent(policy.model, self.tokenizer, self.config.memagent,
                                  self.config.engine, mesh, policy.stop_ids)
-        self.params = split_params(policy.model)[1]
+        self.params = policy.params
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
@@ -144,7 +144,7 @@ class FullContextMethod:
         policy, mesh = _load(self.config, self.tokenizer)
         self.engine = build_engine(policy.model, self.config.engine, mesh,
                                    self.needed_length(policy.config))
-        self.params, self.stop_ids = split_params(policy.model)[1], policy.stop_ids
+        self.params, self.stop_ids = policy.params, policy.stop_ids
         # engine.max_len, when set, may hold less than the model window
         budget = self._budget(self.engine.config.max_len, "engine.max_len")
         self.max_input = min(self.max_input, budget)

@@ -83,7 +83,7 @@ class Checkpointer:
             raise UserError(
                 f"{self.directory}/{step}: the saved state does not match this run's model and "
                 f"optimiser ({str(e).splitlines()[0][:200]}); checkpoints of another model, or "
-                "from before per-layer parameters (2026-11-23), cannot be resumed") from None
+                "of an older memagent-jax layout, cannot be resumed") from None
         return restored["state"], dict(restored["meta"])
 
     def wait(self) -> None:

@@ -32,7 +32,7 @@ from memagent_jax.rl.learner import LearnerConfig
 from memagent_jax.rollout.agent import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
-from memagent_jax.runconfig import at_least, check, load_config, probability
+from memagent_jax.runconfig import at_least, load_config, probability
 
 
 @dataclasses.dataclass
@@ -190,11 +190,6 @@ class TrainConfig:
 def load_train_config(path: str | None, overrides: list[str] = ()) -> TrainConfig:
     """The config from YAML + overrides, every section checked (no device is touched)."""
     return load_config(TrainConfig, path, list(overrides))
-
-
-def validate(config: TrainConfig) -> None:
-    """Checks every section again (a config changed in code since it was built)."""
-    check(config)
 
 
 def check_devices(config: TrainConfig, device_count: int, process_count: int = 1) -> dict:

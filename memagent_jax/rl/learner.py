@@ -200,8 +200,8 @@ class Learner:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Takes parameters, optimiser state and step from a `state()`-shaped tree (e.g. an
-        Orbax restore), placed on this learner's shardings; the model follows. An engine
-        decoding this model needs `engine.update_params(learner.params)` afterwards."""
+        Orbax restore), placed on this learner's shardings; `params` are then the restored
+        ones."""
         if jax.tree.structure(state["params"]) != jax.tree.structure(self._params):
             raise ValueError("restore: the parameter tree does not match the model's")
         put = functools.partial(jax.tree.map, lambda x, s: jax.device_put(x, s))

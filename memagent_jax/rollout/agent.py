@@ -1,10 +1,11 @@
 """Where every front end gets its policy and its memory agent: `load_policy`, `build_engine`,
 `build_agent`.
 
-`run`, `generate`, `eval`, `train` and the benchmarks all load a model with `load_policy` (the
-`model` section of their config, or their flags) and assemble the engine with `build_engine`;
-`build_agent` puts engine, scheduler and `MemoryAgent` together, the engine sized for the
-longest turn the `memagent` budgets allow. Nothing else builds them.
+`run`, `generate`, `eval` and `train` load a model with `load_policy` (the `model` section of
+their config, or their flags) and assemble the engine with `build_engine`; `build_agent` puts
+engine, scheduler and `MemoryAgent` together, the engine sized for the longest turn the
+`memagent` budgets allow (benchmarks/memory_loop.py uses it too). Nothing else builds an agent;
+only engine-level tests and benchmarks build an `Engine` directly.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import ClassVar, Literal, NamedTuple
 import jax
 
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models import ModelConfig, Qwen2, load_model, preset_config, random_model
+from memagent_jax.models import (ModelConfig, Params, Qwen2, load_model, preset_config,
+                                 random_model, split_params)
 from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, required_length
@@ -69,8 +71,9 @@ class ModelSection:
         directory = self.tokenizer or self.path
         tokenizer = load_tokenizer(directory) if os.path.isdir(directory) else None
         if tokenizer is None and required:
-            raise ConfigError("model.tokenizer", f"'{directory}' has no tokenizer files "
-                                                 "(tokenizer.json / tokenizer_config.json)")
+            key = "model.tokenizer" if self.tokenizer else "model.path"
+            raise ConfigError(key, f"'{directory}' has no tokenizer files (tokenizer.json / "
+                                   "tokenizer_config.json)")
         return tokenizer
 
 
@@ -81,6 +84,11 @@ class Policy(NamedTuple):
     config: ModelConfig
     tokenizer: object
     stop_ids: tuple[int, ...]
+
+    @property
+    def params(self) -> Params:
+        """The model's parameters, as the engine and the learner take them."""
+        return split_params(self.model)[1]
 
 
 def default_dtype() -> str:

@@ -29,7 +29,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from memagent_jax.errors import ConfigError
-from memagent_jax.models.qwen2 import KVCache, Params, Qwen2
+from memagent_jax.models.qwen2 import KVCache, Params, Qwen2, split_params
 from memagent_jax.models.sharding import partition_spec
 from memagent_jax.rollout.sampling import SamplingParams, request_key, sample
 from memagent_jax.runconfig import at_least
@@ -172,10 +172,9 @@ class Engine:
         self.mesh = mesh
         self.dtype = model.dtype
         self.buckets = config.buckets()
-        self.graphdef, params = nnx.split(model)
+        self.graphdef, params = split_params(model)
         self.abstract_params = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding),
-            nnx.to_pure_dict(params))
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params)
         param_shardings = jax.tree.map(lambda a: a.sharding, self.abstract_params)
         self._state_sharding = self._decode_state_sharding()
         self._prefill = jax.jit(self._prefill_fn, in_shardings=(param_shardings, None, None))
@@ -188,15 +187,19 @@ class Engine:
     # ---- DecodeEngine ---------------------------------------------------------------------
 
     def check_params(self, params: Params) -> None:
-        """Raises ValueError unless `params` has the model's tree, shapes and dtypes and none of
-        its arrays was donated away (a learner's update takes the parameters it is given: use
+        """Raises ValueError unless `params` has the model's tree, shapes and dtypes, holds
+        device arrays, and none of them was donated away (a learner's update takes the parameters it is given: use
         its current ones). Shardings are checked by every call: the jitted functions require
         the model's."""
         if jax.tree.structure(params) != jax.tree.structure(self.abstract_params):
             raise ValueError("engine: the parameters' tree differs from the model's")
         for (path, given), want in zip(jax.tree.leaves_with_path(params),
                                        jax.tree.leaves(self.abstract_params)):
-            if isinstance(given, jax.Array) and given.is_deleted():
+            if not isinstance(given, jax.Array):
+                raise ValueError(f"engine: parameter {jax.tree_util.keystr(path)} is a "
+                                 f"{type(given).__name__}, not a device array (it would be "
+                                 "copied to the devices at every call)")
+            if given.is_deleted():
                 raise ValueError(f"engine: parameter {jax.tree_util.keystr(path)} was deleted "
                                  "(donated to an update since it was read): pass the "
                                  "learner's current parameters")
