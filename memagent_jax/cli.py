@@ -356,9 +356,6 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"memagent-jax: {e}", file=sys.stderr)
         return 130
-    except KeyboardInterrupt:
-        print("memagent-jax: interrupted", file=sys.stderr)
-        return 130
     return 0
 
 
