@@ -116,7 +116,9 @@ def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
     memagent-jax layout) is a UserError naming the first parameter that differs."""
     where = locate(ckpt_dir)
     path = os.path.abspath(where.params)
-    tree = ocp.StandardCheckpointer().metadata(path).item_metadata.tree
+    # The handler, not a Checkpointer: that would look for a training step's metadata inside
+    # its state item and warn that it is missing.
+    tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(path)).tree
     if where.subtree is not None:
         tree = tree[where.subtree]
         path = f"{path} ({where.subtree})"
@@ -130,8 +132,6 @@ def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
                         "memagent-jax layout needs `memagent-jax convert` again")
     if where.subtree is None:
         return ocp.StandardCheckpointer().restore(where.params, targets)
-    # The handler itself: a Checkpointer would look for the step's metadata in the item's
-    # directory and warn that it is missing.
     item = {where.subtree: targets}
     restored = ocp.PyTreeCheckpointHandler().restore(epath.Path(where.params), args=(
         ocp.args.PyTreeRestore(item=item, partial_restore=True,
