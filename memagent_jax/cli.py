@@ -73,7 +73,7 @@ def _generate(args) -> None:
                                 prefill_rows=args.prefill_rows)
     check_output_file(args.output)
     model = _from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
-                        dtype=args.dtype, attention=args.attention)
+                        compute_dtype=args.dtype, attention=args.attention)
     tokenizer = _from_flags(model.load_tokenizer, required=False)
     model_config = read_config(args.model)
     prompts = read_prompts(args.input, tokenizer, model_config.vocab_size)
@@ -129,7 +129,7 @@ def _run(args) -> None:
     else:
         from memagent_jax.rollout.agent import ModelSection
         model = _from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
-                            dtype=args.dtype, attention=args.attention)
+                            compute_dtype=args.dtype, attention=args.attention)
         tokenizer = _from_flags(model.load_tokenizer, required=True)
     sample = read_sample(tokenizer, args.question, document, config)
     with tqdm(total=len(sample.chunks) + 1, desc="chunks", unit="turn", file=sys.stderr) as bar:
@@ -241,7 +241,8 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="tokenizer directory (default: the model's; with `run --url`, the "
                         "one that chunks the document)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
-                   help="default: float32 on CPU, bfloat16 on GPU/TPU")
+                   help="the weights' and compute dtype (default: float32 on CPU, bfloat16 "
+                        "on GPU/TPU)")
     p.add_argument("--attention", default="xla",
                    help="how prompts attend: xla, dot_product, cudnn (GPU)")
 

@@ -112,12 +112,13 @@ def test_policy_loss_gradient_vanishes_on_clipped_tokens():
     assert np.all(grad[:, 1] == 0.0)
 
 
-def test_token_count_makes_micro_batch_losses_sum_to_the_mini_batch_mean(arrays):
+def test_row_weights_make_micro_batch_losses_sum_to_the_mini_batch_mean(arrays):
     logp, old, adv, mask, ref, _ = arrays
     whole, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, kl_coef=0.1)
-    total = mask.sum()
+    weight = 1.0 / mask.sum()
     parts = [policy_loss(logp[s], old[s], adv[s], mask[s], ref_logp=ref[s], kl_coef=0.1,
-                         token_count=total)[0] for s in (slice(0, 2), slice(2, 6))]
+                         row_weights=np.full(len(adv[s]), weight))[0]
+             for s in (slice(0, 2), slice(2, 6))]
     assert float(sum(parts)) == pytest.approx(float(whole), abs=1e-6)
 
 

@@ -203,15 +203,16 @@ def test_state_restore_round_trip_and_no_recompilation(compilations):
     learner = Learner(random_model(CONFIG, seed=6),
                       LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
                                     bucket_lengths=(32,), mini_batches=2))
+    learner.update(rows)
     first = learner.update(rows)
-    assert first["updates"] == 2 and first["lr"] == pytest.approx(1e-2)  # 2nd warm-up step
+    assert first["updates"] == 2 and first["lr"] == pytest.approx(5e-3)  # 2nd warm-up step
     saved = _host(learner.state())
     with compilations() as counter:
-        learner.update(rows)
-    assert counter.count == 0, f"{counter.count} compilations on the second update"
-    assert learner.step == 4
+        third = learner.update(rows)
+    assert counter.count == 0, f"{counter.count} compilations on the third update"
+    assert learner.step == 6 and learner.train_steps == 3 and third["lr"] == pytest.approx(1e-2)
     learner.restore(saved)
-    assert learner.step == 2
+    assert learner.step == 4 and learner.train_steps == 2
     for a, b in zip(jax.tree.leaves(_host(learner.state())), jax.tree.leaves(saved)):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(np.asarray(learner.params["lm_head"]),
@@ -243,7 +244,7 @@ def test_recomputed_old_logprobs_match_the_rollout():
 def test_kl_reference_is_only_built_when_used():
     rows = _random_rows(seed=9)
     config = dict(lr=1e-2, warmup_steps=0, micro_batch_rows=8, bucket_lengths=(32,))
-    plain = Learner(random_model(CONFIG, seed=10), LearnerConfig(**config))
+    plain = Learner(random_model(CONFIG, seed=10), LearnerConfig(kl_coef=0.0, **config))
     assert plain._ref_params is None
     learner = Learner(random_model(CONFIG, seed=10), LearnerConfig(kl_coef=0.5, **config))
     first = learner.update(rows)
@@ -262,9 +263,10 @@ def test_train_step_builds_no_square_score_tensor():
     batch = {"tokens": np.zeros((1, length), np.int32),
              "loss_mask": np.ones((1, length), np.float32),
              "advantages": np.ones(1, np.float32),
-             "old_logprobs": np.zeros((1, length), np.float32)}
+             "old_logprobs": np.zeros((1, length), np.float32),
+             "row_weights": np.full(1, 1 / length, np.float32)}
     hlo = learner._train_step.lower(learner._params, learner._opt_state, learner._step,
-                                    learner._zero_accumulator(), batch, np.float32(length),
+                                    learner._zero_accumulator(), batch, np.float32(1e-3),
                                     np.bool_(True)).compile().as_text()
     assert f"{length},{length}]" not in hlo
 
@@ -282,10 +284,33 @@ def test_bad_config_names_the_key(overrides, key):
         LearnerConfig(**overrides)
 
 
-def test_cosine_schedule():
+def test_schedules_count_training_steps_as_verl():
+    """verl's LambdaLR factors (verl/utils/torch_functional.py), evaluated by hand: constant
+    min(1, k / warmup), so training step 0 runs at lr 0; cosine k / warmup during the warm-up,
+    then (1 + m) / 2 + (1 - m) / 2 * cos(pi * progress)."""
+    constant = LearnerConfig(lr=2.0, warmup_steps=4)
+    assert [constant.learning_rate(k) for k in range(6)] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.0]
+    assert LearnerConfig(lr=2.0, warmup_steps=0).learning_rate(0) == 2.0
     config = LearnerConfig(lr=1.0, warmup_steps=2, lr_schedule="cosine", total_steps=12,
                            min_lr_ratio=0.1)
-    lrs = [float(config.learning_rate(s)) for s in range(14)]
-    assert lrs[:2] == [0.5, 1.0]
+    lrs = [config.learning_rate(k) for k in range(14)]
+    assert lrs[:2] == [0.0, 0.5]
     assert lrs[2] == pytest.approx(1.0) and lrs[7] == pytest.approx(0.55)
     assert lrs[12] == pytest.approx(0.1) and lrs[13] == pytest.approx(0.1)
+
+
+def test_every_update_of_a_training_step_uses_its_learning_rate():
+    """16 mini-batches in one step all run at that step's lr (verl steps its scheduler once
+    per update_actor call); with warm-up the first step changes nothing."""
+    rows = _random_rows(seed=12, trajectories=16)
+    learner = Learner(random_model(CONFIG, seed=13),
+                      LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
+                                    bucket_lengths=(32,), mini_batches=4))
+    before = _host(learner.params)
+    first = learner.update(rows)
+    assert first["updates"] == 4 and first["lr"] == 0.0
+    for a, b in zip(jax.tree.leaves(_host(learner.params)), jax.tree.leaves(before)):
+        np.testing.assert_array_equal(a, b)
+    second = learner.update(rows)
+    assert second["updates"] == 4 and second["lr"] == pytest.approx(5e-3)
+    assert learner.step == 8 and learner.train_steps == 2

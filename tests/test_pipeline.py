@@ -35,6 +35,12 @@ def test_shuffled_by_seed_with_a_new_order_each_epoch(dataset):
     assert first[:10] != first[10:]
 
 
+def test_unshuffled_reads_in_file_order(dataset):
+    """data.shuffle false, the published scripts' setting: rows in order, epoch after epoch."""
+    iterator = pipeline.training_iterator(dataset, 0, 0, 1, shuffle=False)
+    assert [e.index for e in pipeline.take(iterator, 20)] == list(range(10)) * 2
+
+
 def test_processes_get_disjoint_shards_that_cover_the_data(dataset):
     shards = [{e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0, p, 3), 4)}
               for p in range(3)]

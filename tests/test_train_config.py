@@ -57,11 +57,18 @@ def test_shipped_configs_load_and_validate(name):
         assert (config.learner.lr, config.learner.warmup_steps) == (1e-6, 20)
         assert config.learner.lr_schedule == "constant"
         assert (config.learner.weight_decay, config.learner.max_grad_norm) == (0.01, 1.0)
-        assert (config.learner.eps_low, config.learner.eps_high) == (0.2, 0.28)
+        assert (config.learner.eps_low, config.learner.eps_high) == (0.2, 0.2)
         assert (config.learner.dual_clip, config.learner.kl_coef) == (3.0, 0.001)
         assert config.learner.entropy_coef == 0.0 and not config.learner.normalize_std
+        assert (config.learner.loss_agg, config.learner.loss_agg_ranks) == (
+            "per_rank_token_mean", 32)  # 4 nodes x 8 GPUs
         assert config.learner.remat  # full 8448-token rows need activation remat
         assert (config.rollout.temperature, config.rollout.top_p) == (1.0, 1.0)
+        assert not config.dynamic_sampling.enabled and not config.data.shuffle
+        v = config.validation
+        assert (v.every, v.n, v.temperature, v.top_p) == (5, 4, 1.0, 0.7)
+        assert (config.model.param_dtype, config.model.compute_dtype) == ("float32",
+                                                                         "bfloat16")
         assert (config.memagent.chunk_tokens, config.memagent.max_memory_tokens,
                 config.memagent.max_final_tokens, config.memagent.max_chunks) == (5000, 1024,
                                                                                    1024, 8)
@@ -201,3 +208,15 @@ def test_a_section_given_in_part_keeps_the_training_defaults():
                                       "memagent.chunk_tokens=4000", "engine.prefill_rows=2"])
     assert (config.memagent.chunk_tokens, config.memagent.max_chunks) == (4000, 8)
     assert (config.engine.slots, config.engine.prefill_rows) == (64, 2)
+
+
+def test_training_defaults_are_the_published_scripts():
+    """What a config that says nothing gets: the published run's choices (docs/algorithm.md
+    section 7 lists the few that are not)."""
+    config = load_train_config(None, ["model.preset=tiny", "model.tokenizer=x", "data.train=[x]"])
+    assert not config.dynamic_sampling.enabled and not config.data.shuffle
+    v = config.validation
+    assert (v.n, v.temperature, v.top_p) == (4, 1.0, 0.7)
+    assert config.model.param_dtype == "float32"
+    assert (config.learner.credit, config.learner.train_final_turn) == ("broadcast", True)
+    assert (config.learner.eps_high, config.learner.kl_coef) == (0.2, 0.001)

@@ -39,7 +39,7 @@ def task(tmp_path_factory):
 def _write_config(task, path, **top) -> str:
     """A YAML config for a tiny run: 4 prompts x n=4, documents of 2-3 chunks of 32 tokens."""
     config = {
-        "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "dtype": "float32"},
+        "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
         "mesh": {"data": 1, "fsdp": -1, "tensor": 1},
         "data": {"train": [task["train"]], "val": task["val"], "reward": "contains"},
         "memagent": {"chunk_tokens": 32, "max_memory_tokens": 12, "max_final_tokens": 8,

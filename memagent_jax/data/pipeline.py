@@ -1,4 +1,4 @@
-"""Training examples from a `datasets` source, served by a shuffled, sharded `grain` iterator.
+"""Training examples from a `datasets` source, served by a sharded `grain` iterator.
 
 The source layout is the published MemAgent training set `BytedTsinghua-SIA/hotpotqa`
 (docs/algorithm.md section 4), one row per question:
@@ -13,9 +13,9 @@ layout that `memagent-jax data ruler-hqa` writes (context, input, answers) is re
 validation can run on a RULER-HQA set.
 
 `training_iterator` shards the rows by process (process i of n takes rows i, i+n, ...), shuffles
-its shard by seed, a new permutation every epoch, and repeats forever; its position is a small
-JSON-able state (`get_state`/`set_state`) that the checkpoint carries, so a resumed run draws
-exactly the examples the uninterrupted run would have drawn.
+its shard by seed if asked (a new permutation every epoch), and repeats forever; its position
+is a small JSON-able state (`get_state`/`set_state`) that the checkpoint carries, so a resumed
+run draws exactly the examples the uninterrupted run would have drawn.
 
 `datasets` and `grain` are imported lazily: inference images often lack them.
 """
@@ -145,8 +145,10 @@ def concatenate(sources: list):
 
 
 def training_iterator(dataset, seed: int, process_index: int | None = None,
-                      process_count: int | None = None, prefetch: int = 4):
-    """An endless grain iterator of Examples over this process's shard (module docstring).
+                      process_count: int | None = None, prefetch: int = 4,
+                      shuffle: bool = True):
+    """An endless grain iterator of Examples over this process's shard (module docstring),
+    in a seeded random order reshuffled every epoch, or in file order (shuffle False).
 
     process_index/count default to jax.process_index()/process_count(). The iterator has
     get_state() -> dict and set_state(dict); `grain.checkpoint.CheckpointSave` stores it in an
@@ -161,8 +163,9 @@ def training_iterator(dataset, seed: int, process_index: int | None = None,
         raise UserError(f"{source.name}: {len(source)} rows cannot be shared by "
                         f"{process_count} processes")
     ds = grain.MapDataset.source(source)[process_index::process_count]
-    # Shuffle before repeat: grain re-seeds the permutation each epoch.
-    ds = ds.shuffle(seed=seed).repeat(None)
+    if shuffle:  # before repeat: grain re-seeds the permutation each epoch
+        ds = ds.shuffle(seed=seed)
+    ds = ds.repeat(None)
     # One reader thread keeps the order independent of timing; a few rows of read-ahead is
     # plenty, since a rollout takes far longer than reading a row.
     options = grain.ReadOptions(num_threads=1, prefetch_buffer_size=prefetch)

@@ -112,6 +112,7 @@ class EvalConfig:
         method = self.memagent if self.method == "memagent" else self.full_context
         return {"model.path": (self.model.path or f"preset {self.model.preset}, seed "
                                                   f"{self.model.init_seed}"),
-                "model.dtype": self.model.dtype,
+                "model.compute_dtype": self.model.compute_dtype,
+                "model.param_dtype": self.model.param_dtype,
                 "method": self.method, self.method: dataclasses.asdict(method),
                 "sampling": dataclasses.asdict(self.sampling)}

@@ -2,7 +2,8 @@
 
 `policy_loss` is verl's PPO loss as MemAgent ran it: per-token importance ratio against the
 rollout policy, clipped to [1 - eps_low, 1 + eps_high] ("clip-higher" when eps_high > eps_low),
-dual clip for negative advantages, token-mean over every response token of the mini-batch, plus
+dual clip for negative advantages, token-mean over every response token of the mini-batch (or
+per rank, as verl's data-parallel workers took it: `row_weights`), plus
 an optional KL penalty to a frozen reference (verl's `low_var_kl`) and an optional entropy bonus.
 
 `overlong_penalty` and `informative_groups` are DAPO's overlong reward shaping and dynamic
@@ -23,7 +24,7 @@ _KL_LIMIT = 10.0
 def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
                 eps_high: float = 0.28, dual_clip: float | None = 3.0, ref_logp=None,
                 kl_coef: float = 0.0, entropy=None, entropy_coef: float = 0.0,
-                token_count=None):
+                row_weights=None):
     """The mini-batch loss to minimise, and its metrics.
 
     logp, old_logp, mask: [rows, T] (log-probabilities of the tokens under the policy being
@@ -31,20 +32,23 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
     [rows]. ref_logp: [rows, T] under the frozen reference, used when kl_coef != 0. entropy:
     [rows, T] the policy's per-token entropy (metric, and a bonus when entropy_coef != 0).
     dual_clip: c > 1, or None for plain PPO clipping.
-    token_count: the token-mean's denominator; default mask.sum(). A learner that accumulates
-    gradients over micro-batches passes the whole mini-batch's count, so the micro-batch losses
-    sum to the mini-batch token-mean.
+    row_weights: [rows], the weight of each response token of a row; default 1 / mask.sum(),
+    the token-mean over these rows. A learner that accumulates gradients over micro-batches
+    passes 1 / (the mini-batch's token count) for every row, so the micro-batch losses sum to
+    the mini-batch token-mean; with `loss_agg: per_rank_token_mean` each row's weight is that of
+    its rank's piece (learner.py).
 
     Returns (loss [], metrics): pg_loss, clip_fraction (tokens whose ratio the clip bound),
     dual_clip_fraction, approx_kl (to the sampling policy), kl (to the reference, 0 without one),
-    entropy (when given). Each metric is a token-mean with the same denominator.
+    entropy (when given). Each metric is a weighted token sum with the same weights.
     """
     mask = jnp.asarray(mask, jnp.float32)
-    denominator = (jnp.maximum(mask.sum(), 1.0) if token_count is None
-                   else jnp.asarray(token_count, jnp.float32))
+    if row_weights is None:
+        row_weights = jnp.full(mask.shape[:1], 1.0 / jnp.maximum(mask.sum(), 1.0))
+    weights = mask * jnp.asarray(row_weights, jnp.float32)[:, None]
 
     def token_mean(x):
-        return jnp.sum(x * mask) / denominator
+        return jnp.sum(x * weights)
 
     advantages = jnp.asarray(advantages, jnp.float32)[:, None]
     log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)

@@ -4,21 +4,31 @@
 section 3):
 1. old log-probabilities: recomputed with the current parameters (the original's default), or
    the rollout's own (`old_logprobs="rollout"`); reference log-probabilities when kl_coef != 0;
-2. per PPO epoch, the rows are shuffled and split into `mini_batches` mini-batches; each is one
-   AdamW update, its gradient accumulated over static-shape micro-batches (see rows.py) and
-   normalised by the mini-batch's response-token count, so the loss is the token-mean over the
-   whole mini-batch whatever the micro-batching;
+2. per PPO epoch, the rows are split into `mini_batches` mini-batches; each is one AdamW
+   update, its gradient accumulated over static-shape micro-batches (see rows.py). With
+   `loss_agg: global_token_mean` the rows are shuffled and every response token of a
+   mini-batch weighs 1 / (its token count); with `per_rank_token_mean` they are split as verl's
+   data-parallel ranks took them (turn-ordered, contiguous, one piece per rank, each cut into
+   contiguous mini-batches) and each token weighs 1 / (ranks x its piece's token count);
 3. a mini-batch whose loss or gradient norm is not finite is skipped: parameters and optimiser
    state stay as they were, and the skip is counted.
+Every optimiser update of one `update` call uses the learning rate of that training step
+(verl advances its scheduler once per step, not per update).
+
+Precision: the parameters (the master weights) and the optimiser state are stored in the
+model's parameter dtype (float32 for training), and the forward and backward run in the
+model's compute dtype (the weights are cast at each use, as FSDP's mixed precision does);
+gradients are accumulated in float32. `compute_params()` is the one place the rollout's copy
+in the compute dtype is made.
 
 The train step is one jitted pure function of (params, optimiser state, step, gradient
-accumulator, micro-batch): it adds the micro-batch's gradient to the accumulator and, on the
-mini-batch's last micro-batch, applies the update under a `lax.cond`. Parameters, optimiser
-state and accumulator are donated, and every output is pinned to its input's sharding, so
-`learner.params` (the `Params` tree, as optax and Orbax take it) always has the shardings the
-rollout engine was built for: the trainer passes it to the next rollout as it is, with no copy
-or reshard. Because the update donates the previous parameters, any reference to them kept
-across an update is a deleted array, and using it fails loudly.
+accumulator, micro-batch, lr): it adds the micro-batch's gradient to the accumulator and, on
+the mini-batch's last micro-batch, applies the update under a `lax.cond`. Parameters,
+optimiser state and accumulator are donated, and every output is pinned to its input's
+sharding, so `learner.params` (the `Params` tree, as optax and Orbax take it) keeps the
+shardings the rollout engine was built for. Because the update donates the previous
+parameters, any reference to them kept across an update is a deleted array, and using it
+fails loudly.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import jax
 import jax.numpy as jnp
@@ -47,15 +57,22 @@ from memagent_jax.runconfig import at_least
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
     """Optimisation settings (the `learner` section of the train config). The defaults are the
-    original's (docs/algorithm.md section 3) except eps_high 0.28 (DAPO clip-higher; the
-    original scripts ran 0.2), kl_coef 0 and mini_batches 1 (the shipped 7B configs set the
-    original's 0.001 and 16).
+    original's (docs/algorithm.md section 3; DAPO's clip-higher is eps_high 0.28) except
+    mini_batches 1 (the original's mini-batch is 8 prompts: 16 at 128 prompts per step, as
+    the shipped 7B configs set) and loss_agg (see below).
 
-    lr_schedule: "constant" or "cosine" after `warmup_steps` linear warm-up steps (step s of
-    the warm-up uses lr * (s + 1) / warmup_steps); cosine decays to lr * min_lr_ratio at
-    `total_steps` optimiser updates. mini_batches: optimiser updates per rollout batch (per
-    epoch). Micro-batches hold `micro_batch_rows` rows when it is set, else
-    `micro_batch_tokens` padded tokens.
+    lr_schedule: "constant" or "cosine" after `warmup_steps` linear warm-up steps, counted in
+    training steps as verl's scheduler: training step k (0-based) runs at lr * k / warmup_steps
+    during the warm-up, so the first step runs at lr 0 (warmup_steps 0: no warm-up, full lr
+    from the first step); cosine decays to lr * min_lr_ratio at training step `total_steps`.
+    mini_batches: optimiser updates per rollout batch (per epoch). Micro-batches hold
+    `micro_batch_rows` rows when it is set, else `micro_batch_tokens` padded tokens.
+    loss_agg: "global_token_mean" (default: every response token of a mini-batch weighs the
+    same, whatever the mesh) or "per_rank_token_mean" (verl's: a token-mean per data-parallel
+    rank, averaged over ranks; `loss_agg_ranks` ranks, default the mesh's data x fsdp);
+    docs/algorithm.md section 3 explains the difference. credit, train_final_turn: how a
+    trajectory's advantage reaches its rows (`rows.rows_from_trajectories`; read by the
+    trainer, like normalize_std).
     old_logprobs: "recompute" (with the parameters before this batch's first update) or
     "rollout" (the sampler's). temperature: the rollout's sampling temperature (log-probs are
     those of logits / temperature). bucket_lengths: row lengths micro-batches are padded to
@@ -77,9 +94,9 @@ class LearnerConfig:
     adam_eps: float = 1e-8
     max_grad_norm: float = 1.0
     eps_low: float = 0.2
-    eps_high: float = 0.28
+    eps_high: float = 0.2
     dual_clip: float | None = 3.0
-    kl_coef: float = 0.0
+    kl_coef: float = 0.001
     entropy_coef: float = 0.0
     temperature: float = 1.0
     mini_batches: int = 1
@@ -89,6 +106,10 @@ class LearnerConfig:
     remat: bool = False
     old_logprobs: str = "recompute"
     normalize_std: bool = False
+    loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"
+    loss_agg_ranks: int | None = None
+    credit: Literal["broadcast", "amortise"] = "broadcast"
+    train_final_turn: bool = True
     bucket_lengths: tuple[int, ...] | None = None
     seed: int = 0
 
@@ -98,7 +119,7 @@ class LearnerConfig:
 
         at_least(self, 0, "warmup_steps")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
-                 "micro_batch_tokens")
+                 "micro_batch_tokens", "loss_agg_ranks")
         for key in ("lr", "max_grad_norm", "temperature"):
             if not getattr(self, key) > 0:
                 fail(key, "must be positive")
@@ -119,18 +140,17 @@ class LearnerConfig:
                                                 or min(self.bucket_lengths) < 2):
             fail("bucket_lengths", "must be a non-empty list of lengths >= 2")
 
-    def learning_rate(self, step):
-        """The learning rate of optimiser update `step` (0-based; jnp scalar or int)."""
-        step = jnp.asarray(step, jnp.float32)
-        warm = (jnp.minimum(1.0, (step + 1) / self.warmup_steps) if self.warmup_steps
-                else jnp.float32(1.0))
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of training step `step` (0-based), for every optimiser update
+        of that step."""
+        if step < self.warmup_steps:
+            return self.lr * step / self.warmup_steps
         if self.lr_schedule == "constant":
-            return self.lr * warm
-        span = self.total_steps - self.warmup_steps
-        progress = jnp.clip((step - self.warmup_steps) / span, 0.0, 1.0)
-        cosine = self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + jnp.cos(math.pi *
-                                                                               progress))
-        return self.lr * jnp.where(step < self.warmup_steps, warm, cosine)
+            return self.lr
+        # Clipped: verl's cosine rises again past total_steps.
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 *
+                          (1 + math.cos(math.pi * progress)))
 
 
 class Learner:
@@ -138,13 +158,21 @@ class Learner:
 
     The learner takes the model's parameters over: its first update donates them, so the
     module must not be run afterwards (it fails loudly if it is); `params` are the current
-    ones. mesh: the mesh they are sharded on (the engine's), or None for a model on one device.
-    With kl_coef != 0 the frozen KL reference is a device copy of the initial parameters.
+    ones. The model's parameter dtype is what the learner stores and updates (float32 for
+    training; bfloat16 master weights would round most lr-1e-6 updates away), its compute
+    dtype what the forward and backward run in. mesh: the mesh they are sharded on (the
+    engine's), or None for a model on one device. With kl_coef != 0 the frozen KL reference is
+    a device copy of the initial parameters in the compute dtype (what every forward uses).
     """
 
     def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None):
         self.config, self.mesh = config, mesh
         self.graphdef, params = split_params(model)
+        stored = {jnp.dtype(x.dtype).name for x in jax.tree.leaves(params)}
+        if stored != {"float32"}:
+            raise ValueError(f"the learner keeps float32 master weights; the model's are "
+                             f"{', '.join(sorted(stored))} (load it with param_dtype float32 "
+                             "and compute in bfloat16 instead)")
         # Commit the arrays to the devices they are on (no copy): a model built without a mesh
         # holds uncommitted arrays, and jit would compile the step again once its outputs,
         # which are committed, come back as inputs.
@@ -155,23 +183,27 @@ class Learner:
         self._batch_sharding = batch_sharding(mesh) if mesh is not None else self._scalar
         self._row_multiple = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
 
+        # AdamW without its learning-rate scaling: the step multiplies by the training step's
+        # lr, which it is given (verl's scheduler counts training steps, not updates).
         self._tx = optax.chain(
             optax.clip_by_global_norm(config.max_grad_norm),
-            optax.adamw(config.learning_rate, b1=config.adam_b1, b2=config.adam_b2,
-                        eps=config.adam_eps, weight_decay=config.weight_decay))
+            optax.scale_by_adam(b1=config.adam_b1, b2=config.adam_b2, eps=config.adam_eps),
+            optax.add_decayed_weights(config.weight_decay))
         opt_abstract = jax.eval_shape(self._tx.init, self._params)
         self._opt_shardings = optax.tree_map_params(
             self._tx, lambda _, s: s, opt_abstract, self._param_shardings,
             transform_non_params=lambda _: self._scalar)
         self._opt_state = jax.jit(self._tx.init, out_shardings=self._opt_shardings)(self._params)
         self._step = jax.device_put(jnp.int32(0), self._scalar)
+        self._train_steps = 0
         self._accumulator = None  # gradient sums, allocated on the first update
 
-        self._ref_params = None
-        if config.kl_coef != 0.0:
-            # A copy (may_alias=False): the policy's own buffers are donated by every update.
-            self._ref_params = jax.tree.map(
-                lambda x: jax.device_put(x, x.sharding, may_alias=False), self._params)
+        self.compute_dtype = model.dtype
+        self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(self.compute_dtype), p),
+                             out_shardings=self._param_shardings)
+        # A copy even when no cast is needed: the policy's own buffers are donated by every
+        # update.
+        self._ref_params = self._cast(self._params) if config.kl_coef != 0.0 else None
 
         self._logprobs = jax.jit(self._logprobs_fn)
         acc_shardings = (self._param_shardings, self._metric_shardings(self._metric_names()))
@@ -188,15 +220,30 @@ class Learner:
         restore (see the module docstring)."""
         return self._params
 
+    def compute_params(self) -> Params:
+        """The current parameters in the compute dtype, on the same shardings: what the
+        rollout engine decodes with. The parameters themselves when their dtype is the compute
+        dtype; else a device copy, cast where each shard lives (no host round trip), which no
+        update donates: take a fresh one after each update (it does not follow the learner)."""
+        if all(x.dtype == self.compute_dtype for x in jax.tree.leaves(self._params)):
+            return self._params
+        return self._cast(self._params)
+
     @property
     def step(self) -> int:
         """Optimiser updates applied so far (skipped ones do not count)."""
         return int(self._step)
 
+    @property
+    def train_steps(self) -> int:
+        """`update` calls so far: the training step the learning-rate schedule is at."""
+        return self._train_steps
+
     def state(self) -> dict[str, Any]:
-        """{params, opt_state, step}: everything to checkpoint (nested dicts, optax tuples and
-        arrays, on their shardings)."""
-        return {"params": self._params, "opt_state": self._opt_state, "step": self._step}
+        """{params, opt_state, step, train_steps}: everything to checkpoint (nested dicts,
+        optax tuples and arrays, on their shardings)."""
+        return {"params": self._params, "opt_state": self._opt_state, "step": self._step,
+                "train_steps": jax.device_put(jnp.int32(self._train_steps), self._scalar)}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Takes parameters, optimiser state and step from a `state()`-shaped tree (e.g. an
@@ -208,6 +255,7 @@ class Learner:
         self._params = put(state["params"], self._param_shardings)
         self._opt_state = put(state["opt_state"], self._opt_shardings)
         self._step = jax.device_put(jnp.asarray(state["step"], jnp.int32), self._scalar)
+        self._train_steps = int(state["train_steps"])
 
     def logprobs(self, rows: TrainingRows, params=None) -> np.ndarray:
         """[R, T] float32: each token's log-probability (at the config's temperature) under
@@ -223,10 +271,10 @@ class Learner:
         return np.where(mask, out, 0.0).astype(np.float32)
 
     def update(self, rows: TrainingRows) -> dict[str, float]:
-        """One rollout batch of PPO updates; returns mean loss, pg_loss, clip_fraction,
-        dual_clip_fraction, approx_kl, kl, entropy, grad_norm over the applied updates, the lr
-        of the last one, updates and skipped_updates counts, and tokens (response tokens
-        trained on, all epochs)."""
+        """One training step: a rollout batch of PPO updates, all at this step's learning rate;
+        returns mean loss, pg_loss, clip_fraction, dual_clip_fraction, approx_kl, kl, entropy,
+        grad_norm over the applied updates, the lr, updates and skipped_updates counts, and
+        tokens (response tokens trained on, all epochs)."""
         config = self.config
         arrays = {"tokens": rows.tokens, "loss_mask": rows.loss_mask,
                   "advantages": rows.advantages,
@@ -237,11 +285,12 @@ class Learner:
         if self._accumulator is None:
             self._accumulator = self._zero_accumulator()
         rng = np.random.default_rng((config.seed, self.step))
+        lr = jax.device_put(jnp.float32(config.learning_rate(self.train_steps)), self._scalar)
         results = []
         for _ in range(config.ppo_epochs):
-            for indices in np.array_split(rng.permutation(len(rows)), config.mini_batches):
-                if len(indices):
-                    results.append(self._update_mini_batch(arrays, rows, indices))
+            for indices, weights in self._mini_batches(rows, rng):
+                results.append(self._update_mini_batch(arrays, rows, indices, weights, lr))
+        self._train_steps += 1
         return self._summarise(jax.device_get(results), rows)
 
     # ---- the mini-batch loop ------------------------------------------------------------
@@ -254,14 +303,39 @@ class Learner:
                                   tokens=None if by_rows else config.micro_batch_tokens,
                                   row_multiple=self._row_multiple)
 
-    def _update_mini_batch(self, arrays, rows: TrainingRows, indices):
-        token_count = jnp.float32(max(float(rows.loss_mask[indices].sum()), 1.0))
+    def _mini_batches(self, rows: TrainingRows, rng):
+        """One epoch's mini-batches: [(row indices, [R] weight of each row's tokens)]."""
+        config = self.config
+        tokens = rows.loss_mask.sum(axis=1)
+
+        def weight(pieces, ranks):
+            return 1.0 / (ranks * max(float(tokens[pieces].sum()), 1.0))
+
+        out = []
+        if config.loss_agg == "global_token_mean":
+            for indices in np.array_split(rng.permutation(len(rows)), config.mini_batches):
+                out.append((indices, np.full(len(rows), weight(indices, 1), np.float32)))
+        else:
+            # verl's order: every trajectory's first turn, then every second turn, ...
+            ranks = config.loss_agg_ranks or self._row_multiple
+            order = np.lexsort((rows.trajectory, rows.turn))
+            pieces = [np.array_split(p, config.mini_batches)
+                      for p in np.array_split(order, ranks)]
+            for m in range(config.mini_batches):
+                weights = np.zeros(len(rows), np.float32)
+                for piece in pieces:
+                    weights[piece[m]] = weight(piece[m], ranks)
+                out.append((np.concatenate([piece[m] for piece in pieces]), weights))
+        return [(indices, weights) for indices, weights in out if len(indices)]
+
+    def _update_mini_batch(self, arrays, rows: TrainingRows, indices, weights, lr):
+        arrays = dict(arrays, row_weights=weights)
         plans = self._plan(rows, indices)
         for k, plan in enumerate(plans):
             batch = jax.device_put(gather(plan, arrays), self._batch_sharding)
             self._params, self._opt_state, self._step, self._accumulator, out = self._train_step(
-                self._params, self._opt_state, self._step, self._accumulator, batch,
-                token_count, jnp.bool_(k == len(plans) - 1))
+                self._params, self._opt_state, self._step, self._accumulator, batch, lr,
+                jnp.bool_(k == len(plans) - 1))
         return out
 
     def _summarise(self, results, rows: TrainingRows) -> dict[str, float]:
@@ -294,7 +368,7 @@ class Learner:
         logp, _ = token_logprobs(self._logits(params, tokens), tokens, entropy=False)
         return logp
 
-    def _loss_fn(self, params, batch, token_count):
+    def _loss_fn(self, params, batch):
         config = self.config
         logits = self._logits(params, batch["tokens"], remat=config.remat)
         logp, entropy = token_logprobs(logits, batch["tokens"], entropy=True)
@@ -304,13 +378,13 @@ class Learner:
                            eps_low=config.eps_low, eps_high=config.eps_high,
                            dual_clip=config.dual_clip, ref_logp=batch.get("ref_logprobs"),
                            kl_coef=config.kl_coef, entropy=entropy,
-                           entropy_coef=config.entropy_coef, token_count=token_count)
+                           entropy_coef=config.entropy_coef, row_weights=batch["row_weights"])
 
-    def _train_step_fn(self, params, opt_state, step, accumulator, batch, token_count, finish):
+    def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish):
         """One micro-batch: accumulate its gradient; if `finish`, apply the mini-batch's update
-        (or skip it when the loss or gradient norm is not finite) and reset the accumulator."""
-        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(
-            params, batch, token_count)
+        at learning rate `lr` (or skip it when the loss or gradient norm is not finite) and
+        reset the accumulator."""
+        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(params, batch)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), accumulator[0], grads)
         metric_sum = {k: accumulator[1][k] + metrics[k] for k in accumulator[1]}
 
@@ -320,12 +394,12 @@ class Learner:
 
             def update(_):
                 updates, new_opt = self._tx.update(grad_sum, opt_state, params)
+                updates = jax.tree.map(lambda u: -lr * u, updates)
                 return optax.apply_updates(params, updates), new_opt, step + 1
 
             new_params, new_opt, new_step = jax.lax.cond(
                 ok, update, lambda _: (params, opt_state, step), None)
-            out = dict(metric_sum, grad_norm=grad_norm, lr=self.config.learning_rate(step),
-                       skipped=~ok)
+            out = dict(metric_sum, grad_norm=grad_norm, lr=lr, skipped=~ok)
             return new_params, new_opt, new_step, _zeros_like(accumulator), out
 
         def carry(_):

@@ -3,7 +3,9 @@
 MemAgent trains on each turn (a memory update or the final answer: a conversation of its own) as
 an independent row: its prompt followed by its response, every response token carrying the
 advantage of the trajectory the turn belongs to (docs/algorithm.md section 3). A trajectory with
-more chunks therefore contributes more rows and more tokens.
+more chunks therefore contributes more rows and more tokens. Two options give the slime port's
+recipe instead: `credit="amortise"` divides a trajectory's advantage evenly over its trained
+turns, and `train_final_turn=False` leaves the final-answer turns out.
 
 Rows live on the host as numpy arrays. The learner feeds them to jitted functions in
 micro-batches of a few fixed shapes: rows sorted by length are cut into groups, each padded to
@@ -33,6 +35,8 @@ class TrainingRows:
         policy, at its position in tokens; 0 elsewhere.
     prompt_lengths, lengths [R] int32: prompt tokens, prompt + response tokens.
     trajectory [R] int32: index of the row's trajectory in the (flattened) input list.
+    turn [R] int32: index of the row's turn in its trajectory (the final turn's is the number
+        of update turns before it).
     """
     tokens: np.ndarray
     loss_mask: np.ndarray
@@ -41,6 +45,7 @@ class TrainingRows:
     prompt_lengths: np.ndarray
     lengths: np.ndarray
     trajectory: np.ndarray
+    turn: np.ndarray
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -54,41 +59,54 @@ class TrainingRows:
         return self.advantages[:, None] * self.loss_mask
 
 
-def rows_from_trajectories(trajectories: Sequence, advantages) -> TrainingRows:
-    """One row per turn of every trajectory.
+CREDIT_CHOICES = ("broadcast", "amortise")
+
+
+def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "broadcast",
+                           train_final_turn: bool = True) -> TrainingRows:
+    """One row per trained turn of every trajectory.
 
     trajectories: a flat list of `rollout.memagent.Trajectory`, or a list of groups (lists) of
     them, as `MemoryAgent.run` returns; advantages: one per trajectory, flat [N] or [G, n]
     matching the grouping. Turns without response tokens have nothing to train and are left
-    out.
+    out, as are final turns when not `train_final_turn`. credit: "broadcast" puts the
+    trajectory's advantage on every trained turn (the original); "amortise" puts advantage / K
+    on each of its K trained turns.
     """
+    if credit not in CREDIT_CHOICES:
+        raise ValueError(f"credit must be one of {CREDIT_CHOICES}, got {credit!r}")
     flat = [t for group in trajectories for t in group] if (
         trajectories and isinstance(trajectories[0], (list, tuple))) else list(trajectories)
     advantages = np.asarray(advantages, np.float32).reshape(-1)
     if len(advantages) != len(flat):
         raise ValueError(f"{len(advantages)} advantages for {len(flat)} trajectories")
-    turns = [(i, turn) for i, t in enumerate(flat) for turn in t.turns if len(turn.response_ids)]
+    turns = [(i, k, turn) for i, t in enumerate(flat) for k, turn in enumerate(t.turns)
+             if len(turn.response_ids) and (train_final_turn or turn.kind != "final")]
     if not turns:
         raise ValueError("no turn with response tokens to train on")
-    for _, c in turns:
+    for _, _, c in turns:
         if len(c.response_logprobs) != len(c.response_ids):
             raise ValueError("a turn's response_logprobs and response_ids differ in length")
-    lengths = np.array([len(c.prompt_ids) + len(c.response_ids) for _, c in turns], np.int32)
+    lengths = np.array([len(c.prompt_ids) + len(c.response_ids) for _, _, c in turns], np.int32)
     rows, width = len(turns), int(lengths.max())
     tokens = np.zeros((rows, width), np.int32)
     loss_mask = np.zeros((rows, width), np.float32)
     logprobs = np.zeros((rows, width), np.float32)
     prompt_lengths = np.zeros(rows, np.int32)
-    for r, (_, c) in enumerate(turns):
+    for r, (_, _, c) in enumerate(turns):
         p, n = len(c.prompt_ids), len(c.response_ids)
         tokens[r, :p] = c.prompt_ids
         tokens[r, p:p + n] = c.response_ids
         loss_mask[r, p:p + n] = 1.0
         logprobs[r, p:p + n] = c.response_logprobs
         prompt_lengths[r] = p
-    index = np.array([i for i, _ in turns], np.int32)
-    return TrainingRows(tokens, loss_mask, advantages[index], logprobs, prompt_lengths, lengths,
-                        index)
+    index = np.array([i for i, _, _ in turns], np.int32)
+    row_advantages = advantages[index]
+    if credit == "amortise":
+        row_advantages = row_advantages / np.bincount(index, minlength=len(flat))[index]
+    return TrainingRows(tokens, loss_mask, row_advantages.astype(np.float32), logprobs,
+                        prompt_lengths, lengths, index,
+                        np.array([k for _, k, _ in turns], np.int32))
 
 
 def default_bucket_lengths(max_length: int, smallest: int = 64) -> tuple[int, ...]:

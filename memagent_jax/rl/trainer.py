@@ -4,8 +4,10 @@ Per step: draw prompts (grain iterator) -> n MemoryAgent trajectories per prompt
 engine, with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
 (collect.py) -> group advantages -> training rows (one per turn) -> `Learner.update` (PPO
 mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
-TensorBoard scalars and one JSON line per step. The learner's parameters go to every rollout
-as they are: the same arrays on the same mesh, no copy.
+TensorBoard scalars and one JSON line per step. Rollouts decode with `learner.compute_params()`:
+the learner's own arrays when they are stored in the compute dtype (float32 on CPU), else a
+device copy in it (bf16 from float32 master weights), made on the same mesh after each update
+and dropped before the next one, so it never sits beside the update's gradients.
 
 Everything a step depends on is in the checkpoint (parameters, optimiser state, step, the RNG
 key that seeds the rollouts, the data iterator's position), and the learner's own shuffling is
@@ -20,7 +22,6 @@ logs; every process drives the same global batch through the SPMD engine and lea
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -31,6 +32,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
@@ -95,13 +97,13 @@ class Trainer:
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
-        self.agent = build_agent(policy.model, self.tokenizer, config.memagent, config.engine,
+        # The engine is built for the rollout copy's dtypes, not the master weights'.
+        decoder = nnx.merge(self.learner.graphdef, self.learner.compute_params())
+        self.agent = build_agent(decoder, self.tokenizer, config.memagent, config.engine,
                                  self.mesh, policy.stop_ids)
-        # Validation reads whole documents: accuracy at length is what it measures.
-        self.val_agent = self.agent.with_config(
-            dataclasses.replace(config.memagent, max_chunks=None))
         self.iterator = pipeline.training_iterator(self.train_data, config.seed,
-                                                   self.process_index, self.process_count)
+                                                   self.process_index, self.process_count,
+                                                   shuffle=config.data.shuffle)
         self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
                                          async_save=config.checkpoint.async_save)
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
@@ -173,13 +175,14 @@ class Trainer:
             if turns[0] % 16 == 0 and self._bar is not None:
                 self._bar.set_postfix_str(f"step {step}: {turns[0]} turns", refresh=True)
 
-        batch = collect_batch(self.agent, self.learner.params, self.iterator, config,
+        batch = collect_batch(self.agent, self.learner.compute_params(), self.iterator, config,
                               self._seed_for_try, self._gather, self.process_count, on_turn)
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
             advantages = self.compute_advantages(step, batch.rewards)
-            rows = rows_from_trajectories(batch.groups, advantages)
+            rows = rows_from_trajectories(batch.groups, advantages, config.learner.credit,
+                                          config.learner.train_final_turn)
             update_start = time.perf_counter()
             metrics = self.learner.update(rows)
             update_time = time.perf_counter() - update_start
@@ -208,15 +211,16 @@ class Trainer:
         return group_advantages(rewards, normalize_std=self.config.learner.normalize_std)
 
     def validate(self, step: int) -> dict[str, float]:
-        """Lenient metrics (docs/algorithm.md section 2) of the validation set's final answers:
-        val/accuracy = mean sub-EM x 100 (the published figure), exact match, F1, and the mean
-        training reward (data.reward's verifier)."""
+        """Lenient metrics (docs/algorithm.md section 2) of the validation set's final answers,
+        means over its `validation.n` samples per question: val/accuracy = mean sub-EM x 100
+        (the published figure), exact match, F1, and the mean training reward (data.reward's
+        verifier)."""
         v, start = self.config.validation, time.perf_counter()
         sampling = SamplingParams(v.temperature, v.top_p, seed=self.config.seed + 1)
-        samples = [self.val_agent.read(e.question, e.context) for e in self.val_examples]
-        groups = self.val_agent.run(self.learner.params, samples, sampling, n=1)
-        scores = [qa_scores(g[0].answer, list(e.ground_truths))
-                  for e, g in zip(self.val_examples, groups)]
+        samples = [self.agent.read(e.question, e.context) for e in self.val_examples]
+        groups = self.agent.run(self.learner.compute_params(), samples, sampling, n=v.n)
+        scores = [qa_scores(t.answer, list(e.ground_truths))
+                  for e, g in zip(self.val_examples, groups) for t in g]
         rewards = score(self.val_examples, groups, self.config.data.reward)
         return {"val/accuracy": 100 * float(np.mean([s["sub_em"] for s in scores])),
                 "val/exact_match": float(np.mean([s["em"] for s in scores])),

@@ -33,14 +33,18 @@ class ModelSection:
 
     path: HF directory or memagent-jax checkpoint. preset: random weights of a preset shape
     instead (smoke runs; needs `tokenizer`). tokenizer: directory with tokenizer files
-    (default: path). dtype: None = float32 on CPU, bfloat16 on accelerators (`default_dtype`).
+    (default: path). compute_dtype: the matmuls', the decoding engine's weights' and KV
+    cache's; None = float32 on CPU, bfloat16 on accelerators (`default_dtype`). param_dtype:
+    the dtype the weights are stored in on the devices; None = compute_dtype (inference loads
+    straight into it), float32 for training (the master weights; see rl/config.py).
     attention: how prompts attend in the prefill and the training forward (`qwen2.Qwen2`).
     init_seed: the preset's random weights."""
     SECTION: ClassVar[str] = "model"
     path: str | None = None
     preset: str | None = None
     tokenizer: str | None = None
-    dtype: Literal["float32", "bfloat16"] | None = None
+    compute_dtype: Literal["float32", "bfloat16"] | None = None
+    param_dtype: Literal["float32", "bfloat16"] | None = None
     attention: str = "xla"
     init_seed: int = 0
 
@@ -100,15 +104,17 @@ def default_dtype() -> str:
 def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None = None
                 ) -> Policy:
     """Loads the section's weights (or the preset's random ones) onto `mesh` (None: one
-    device); `tokenizer` is what `section.load_tokenizer` gave."""
-    dtype = section.dtype or default_dtype()
+    device), stored in its param_dtype, computing in its compute_dtype; `tokenizer` is what
+    `section.load_tokenizer` gave."""
+    compute = section.compute_dtype or default_dtype()
+    stored = section.param_dtype or compute
     if section.path is not None:
-        model, config = load_model(section.path, dtype=dtype, mesh=mesh,
+        model, config = load_model(section.path, dtype=compute, param_dtype=stored, mesh=mesh,
                                    attention=section.attention)
         stops = stop_token_ids(section.path, config)
     else:
-        config = preset_config(section.preset, dtype=dtype)
-        model = random_model(config, seed=section.init_seed, dtype=dtype,
+        config = preset_config(section.preset, dtype=stored)
+        model = random_model(config, seed=section.init_seed, dtype=compute,
                              attention=section.attention, mesh=mesh)
         stops = ()
     if tokenizer is not None:

@@ -1,0 +1,108 @@
+"""How a trajectory's reward reaches its tokens: the loss aggregation across ranks
+(`learner.loss_agg`) and the slime port's credit options (`credit`, `train_final_turn`),
+each pinned against a hand computation."""
+
+import numpy as np
+import pytest
+
+from memagent_jax.models import ModelConfig, random_model
+from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.memagent import Trajectory, Turn
+
+CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                     num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+def _trajectory(rng, updates, update_tokens, final_tokens):
+    def turn(kind, n):
+        return Turn(kind, list(rng.randint(3, 64, 5)), list(rng.randint(3, 64, n)),
+                    [-1.0] * n, "stop", "")
+    return Trajectory("", [turn("update", update_tokens) for _ in range(updates)]
+                      + [turn("final", final_tokens)])
+
+
+def _batch():
+    """4 trajectories of 3, 2, 1 and 2 chunks: long memory updates (9 tokens), short final
+    answers (2 tokens), distinct advantages."""
+    rng = np.random.RandomState(0)
+    flat = [_trajectory(rng, k, 9, 2) for k in (3, 2, 1, 2)]
+    return flat, np.array([1.0, -0.5, 2.0, -1.5], np.float32)
+
+
+def _first_update_pg_loss(rows, **config):
+    """pg_loss of one update from the initial parameters: old log-probs are recomputed from
+    them, so every ratio is 1 and each token's loss is -A (clipping never acts)."""
+    learner = Learner(random_model(CONFIG, seed=0),
+                      LearnerConfig(lr=1e-9, warmup_steps=0, micro_batch_rows=4,
+                                    bucket_lengths=(16,), **config))
+    return learner.update(rows)["pg_loss"]
+
+
+def test_global_token_mean_weighs_every_token_the_same():
+    flat, advantages = _batch()
+    rows = rows_from_trajectories(flat, advantages)
+    tokens = rows.loss_mask.sum(axis=1)
+    expected = -np.sum(rows.advantages * tokens) / tokens.sum()
+    assert _first_update_pg_loss(rows) == pytest.approx(expected, abs=1e-6)
+
+
+def test_per_rank_token_mean_is_verls_turn_ordered_split():
+    """verl concatenates the turn batches (every trajectory's turn 0, then turn 1, ...), gives
+    each of R ranks a contiguous piece, takes each rank's token-mean and averages the ranks.
+    Hand order for chunks (3, 2, 1, 2): turn 0 of t0 t1 t2 t3, turn 1 of t0 t1 t2(final) t3,
+    turn 2 of t0 t1(final) t3(final), turn 3 of t0(final)."""
+    flat, advantages = _batch()
+    rows = rows_from_trajectories(flat, advantages)
+    by_position = {(int(t), int(k)): r for r, (t, k) in
+                   enumerate(zip(rows.trajectory, rows.turn))}
+    hand_order = [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1),
+                  (0, 2), (1, 2), (3, 2), (0, 3)]
+    order = [by_position[p] for p in hand_order]
+    tokens = rows.loss_mask.sum(axis=1)
+    for ranks, pieces in ((2, [order[:6], order[6:]]),
+                          (3, [order[:4], order[4:8], order[8:]])):
+        expected = np.mean([-np.sum(rows.advantages[p] * tokens[p]) / tokens[p].sum()
+                            for p in pieces])
+        got = _first_update_pg_loss(rows, loss_agg="per_rank_token_mean", loss_agg_ranks=ranks)
+        assert got == pytest.approx(expected, abs=1e-6)
+        global_mean = -np.sum(rows.advantages * tokens) / tokens.sum()
+        assert abs(expected - global_mean) > 1e-2  # the case tells the two apart
+
+
+def test_per_rank_mini_batches_take_each_ranks_contiguous_sub_piece():
+    """mini_batches 2 over 2 ranks: update m holds the m-th half of each rank's piece; the
+    reported pg_loss is the mean of the two updates' losses (lr 1e-9 keeps ratios at 1)."""
+    flat, advantages = _batch()
+    rows = rows_from_trajectories(flat, advantages)
+    order = np.lexsort((rows.trajectory, rows.turn))
+    tokens = rows.loss_mask.sum(axis=1)
+    pieces = [order[:6], order[6:]]
+    losses = [np.mean([-np.sum(rows.advantages[p[s]] * tokens[p[s]]) / tokens[p[s]].sum()
+                       for p in pieces]) for s in (slice(0, 3), slice(3, 6))]
+    got = _first_update_pg_loss(rows, loss_agg="per_rank_token_mean", loss_agg_ranks=2,
+                                mini_batches=2)
+    assert got == pytest.approx(np.mean(losses), abs=1e-5)
+
+
+def test_loss_agg_is_checked():
+    with pytest.raises(Exception, match="loss_agg_ranks"):
+        LearnerConfig(loss_agg_ranks=0)
+
+
+@pytest.mark.parametrize("credit, train_final_turn, expected", [
+    # trajectory advantages 1.0 (3 updates + final) and -0.5 (2 updates + final)
+    ("broadcast", True, [1.0] * 4 + [-0.5] * 3),
+    ("broadcast", False, [1.0] * 3 + [-0.5] * 2),
+    ("amortise", True, [0.25] * 4 + [-0.5 / 3] * 3),
+    ("amortise", False, [1 / 3] * 3 + [-0.25] * 2),
+])
+def test_credit_options(credit, train_final_turn, expected):
+    flat, advantages = _batch()
+    rows = rows_from_trajectories(flat[:2], advantages[:2], credit, train_final_turn)
+    np.testing.assert_allclose(rows.advantages, expected, rtol=1e-6)
+    kinds = [flat[t].turns[k].kind for t, k in zip(rows.trajectory, rows.turn)]
+    assert ("final" in kinds) == train_final_turn
+    for r, (t, k) in enumerate(zip(rows.trajectory, rows.turn)):
+        turn = flat[t].turns[k]
+        assert list(rows.tokens[r, :rows.lengths[r]]) == turn.prompt_ids + turn.response_ids
