@@ -50,14 +50,15 @@ def test_global_token_mean_weighs_every_token_the_same():
 def test_per_rank_token_mean_is_verls_turn_ordered_split():
     """verl concatenates the turn batches (every trajectory's turn 0, then turn 1, ...), gives
     each of R ranks a contiguous piece, takes each rank's token-mean and averages the ranks.
-    Hand order for chunks (3, 2, 1, 2): turn 0 of t0 t1 t2 t3, turn 1 of t0 t1 t2(final) t3,
-    turn 2 of t0 t1(final) t3(final), turn 3 of t0(final)."""
+    Its agent answers once every document is read, so for chunks (3, 2, 1, 2) the order is:
+    update 0 of t0 t1 t2 t3, update 1 of t0 t1 t3, update 2 of t0, the finals of t0 t1 t2 t3
+    (original: recurrent/impls/memory.py, MemoryAgent.action)."""
     flat, advantages = _batch()
     rows = rows_from_trajectories(flat, advantages)
     by_position = {(int(t), int(k)): r for r, (t, k) in
                    enumerate(zip(rows.trajectory, rows.turn))}
-    hand_order = [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (2, 1), (3, 1),
-                  (0, 2), (1, 2), (3, 2), (0, 3)]
+    hand_order = [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (3, 1), (0, 2),
+                  (0, 3), (1, 2), (2, 1), (3, 2)]
     order = [by_position[p] for p in hand_order]
     tokens = rows.loss_mask.sum(axis=1)
     for ranks, pieces in ((2, [order[:6], order[6:]]),
@@ -75,7 +76,7 @@ def test_per_rank_mini_batches_take_each_ranks_contiguous_sub_piece():
     reported pg_loss is the mean of the two updates' losses (lr 1e-9 keeps ratios at 1)."""
     flat, advantages = _batch()
     rows = rows_from_trajectories(flat, advantages)
-    order = np.lexsort((rows.trajectory, rows.turn))
+    order = np.lexsort((rows.trajectory, rows.turn, rows.final))
     tokens = rows.loss_mask.sum(axis=1)
     pieces = [order[:6], order[6:]]
     losses = [np.mean([-np.sum(rows.advantages[p[s]] * tokens[p[s]]) / tokens[p[s]].sum()

@@ -277,7 +277,9 @@ def nan_run(config_path: str, output_dir: str, cache: str) -> None:
         "checkpoint.every=1", "validation.every=0", "dynamic_sampling.enabled=false"])
     trainer = _NaNAtStep(config)
     trainer.run()
-    trainer.learner.restore(jax.tree.map(lambda x: x * np.nan, trainer.learner.state()))
+    state = trainer.learner.state()
+    trainer.learner.restore(dict(state, params=jax.tree.map(lambda x: x * np.nan,
+                                                            state["params"])))
     try:
         trainer.save(3)
     except RuntimeError as e:
@@ -300,9 +302,11 @@ def test_a_nan_update_is_skipped_logged_and_never_checkpointed(task, tmp_path):
     assert records[0]["learner/updates"] >= 1 and records[0]["learner/skipped_updates"] == 0
     assert records[1]["learner/skipped_updates"] >= 1 and records[1]["learner/updates"] == 0
     assert "step 2: 1 update(s) skipped: non-finite loss" in run.stderr
-    # Step 2's checkpoint holds step 1's parameters and Adam state: the NaN never landed.
+    # Step 2's checkpoint holds step 1's parameters and Adam state: the NaN never landed. The
+    # learning-rate schedule moved on, as verl's steps after every update_actor call.
     checkpoints = str(out / "checkpoints")
     before, after = _saved_state(checkpoints, 1), _saved_state(checkpoints, 2)
+    assert (int(before.pop("train_steps")), int(after.pop("train_steps"))) == (1, 2)
     _assert_trees_equal(after, before)
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(after))
     # Non-finite parameters are refused outright, whatever the learner did.

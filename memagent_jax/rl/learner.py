@@ -316,9 +316,10 @@ class Learner:
             for indices in np.array_split(rng.permutation(len(rows)), config.mini_batches):
                 out.append((indices, np.full(len(rows), weight(indices, 1), np.float32)))
         else:
-            # verl's order: every trajectory's first turn, then every second turn, ...
+            # verl's order: every trajectory's first update, then every second update, ...,
+            # then every final answer (its agent answers once all documents are read).
             ranks = config.loss_agg_ranks or self._row_multiple
-            order = np.lexsort((rows.trajectory, rows.turn))
+            order = np.lexsort((rows.trajectory, rows.turn, rows.final))
             pieces = [np.array_split(p, config.mini_batches)
                       for p in np.array_split(order, ranks)]
             for m in range(config.mini_batches):

@@ -35,8 +35,8 @@ class TrainingRows:
         policy, at its position in tokens; 0 elsewhere.
     prompt_lengths, lengths [R] int32: prompt tokens, prompt + response tokens.
     trajectory [R] int32: index of the row's trajectory in the (flattened) input list.
-    turn [R] int32: index of the row's turn in its trajectory (the final turn's is the number
-        of update turns before it).
+    turn [R] int32: index of the row's turn in its trajectory.
+    final [R] bool: the row is a final-answer turn.
     """
     tokens: np.ndarray
     loss_mask: np.ndarray
@@ -46,6 +46,7 @@ class TrainingRows:
     lengths: np.ndarray
     trajectory: np.ndarray
     turn: np.ndarray
+    final: np.ndarray
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -106,7 +107,8 @@ def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "br
         row_advantages = row_advantages / np.bincount(index, minlength=len(flat))[index]
     return TrainingRows(tokens, loss_mask, row_advantages.astype(np.float32), logprobs,
                         prompt_lengths, lengths, index,
-                        np.array([k for _, k, _ in turns], np.int32))
+                        np.array([k for _, k, _ in turns], np.int32),
+                        np.array([c.kind == "final" for _, _, c in turns]))
 
 
 def default_bucket_lengths(max_length: int, smallest: int = 64) -> tuple[int, ...]:
