@@ -46,14 +46,14 @@ small)
     ;;
 train)
     step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
-        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
+        --dtype bfloat16 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
     step train_0.5b_cudnn 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
-        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
+        --dtype bfloat16 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 \
         --attention cudnn --no-torch
     step train_1.5b 140 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
-        --dtype bfloat16 --param-dtype float32 --rows 16 --prompt-len 768 \
+        --dtype bfloat16 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat
     ;;
 *)

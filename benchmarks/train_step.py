@@ -18,12 +18,12 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
 - peer (unless --no-torch): the same update written plainly in PyTorch on `transformers`'
   Qwen2ForCausalLM with the same shapes and random weights: a no-grad forward for the old
   log-probs, then per micro-batch forward + token log-probs + PPO-clip loss + backward, one
-  torch.optim.AdamW step; on the GPU when torch sees one, parameters in --param-dtype and
-  the forward under autocast to --dtype when the two differ (as ours computes).
+  torch.optim.AdamW step; on the GPU when torch sees one, float32 parameters (as ours: the
+  learner's master weights) and the forward under autocast to --dtype (as ours computes).
 
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
-        [--repeats 2] [--matmul-size 4096] [--param-dtype DTYPE] [--attention xla]
+        [--repeats 2] [--matmul-size 4096] [--attention xla]
         [--remat] [--no-torch]
 
 --layers keeps the preset's widths (and its 152K-row vocabulary) at fewer layers, so a CPU can
@@ -93,7 +93,7 @@ def bench_ours(config, args, rows) -> dict[str, float]:
                          attention=args.attention)
     length = args.prompt_len + args.response_len
     learner = Learner(model, LearnerConfig(
-        lr=1e-6, warmup_steps=0, micro_batch_rows=args.micro_batch_rows,
+        lr=1e-6, warmup_steps=0, kl_coef=0.0, micro_batch_rows=args.micro_batch_rows,
         bucket_lengths=(length,), remat=args.remat))
     start = time.perf_counter()
     learner.update(rows)  # compiles the recompute and the train step
@@ -121,14 +121,14 @@ def bench_torch(config, args, rows) -> float:
         tie_word_embeddings=config.tie_word_embeddings, rope_theta=config.rope_theta,
         max_position_embeddings=4096, attn_implementation="sdpa")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = Qwen2ForCausalLM(hf_config).to(device, getattr(torch, args.param_dtype)).train()
+    model = Qwen2ForCausalLM(hf_config).to(device, torch.float32).train()
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     tokens = torch.as_tensor(rows.tokens, dtype=torch.long, device=device)
     mask = torch.as_tensor(rows.loss_mask[:, 1:], device=device)
     advantages = torch.as_tensor(rows.advantages, device=device)[:, None]
     step = args.micro_batch_rows
     autocast = torch.autocast(device.type, dtype=getattr(torch, args.dtype),
-                              enabled=args.dtype != args.param_dtype)
+                              enabled=args.dtype != "float32")
 
     def token_logprobs(ids):
         with autocast:
@@ -166,8 +166,6 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=None,
                         help="run the preset's widths at this depth")
     parser.add_argument("--dtype", default="float32", help="compute dtype")
-    parser.add_argument("--param-dtype", default=None,
-                        help="parameter (and optimizer state) dtype; default: --dtype")
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=192)
     parser.add_argument("--response-len", type=int, default=64)
@@ -180,9 +178,8 @@ def main() -> None:
                         help="ours recomputes each layer in the backward (LearnerConfig.remat)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
     args = parser.parse_args()
-    args.param_dtype = args.param_dtype or args.dtype
 
-    config = preset_config(args.preset, dtype=args.param_dtype)
+    config = preset_config(args.preset, dtype="float32")
     if args.layers:
         config = config.replace(num_layers=args.layers)
     length = args.prompt_len + args.response_len
@@ -193,7 +190,7 @@ def main() -> None:
     device = jax.devices()[0]
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, JAX device "
           f"{device.device_kind} ({device.platform}), jax {jax.__version__}")
-    print(f"model: {args.preset} widths, {config.num_layers} layers, {args.param_dtype} "
+    print(f"model: {args.preset} widths, {config.num_layers} layers, float32 "
           f"parameters, {args.dtype} compute; "
           f"batch: {args.rows} rows x {length} tokens ({args.prompt_len} prompt + "
           f"{args.response_len} response), micro-batches of {args.micro_batch_rows} rows, "
