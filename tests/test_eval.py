@@ -20,7 +20,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import Answer, FullContextMethod
 from memagent_jax.eval.runner import run_eval
-from memagent_jax.rollout.answers import extract_boxed
+from memagent_jax.rollout.answers import final_answer
 from memagent_jax.runconfig import load_config
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
@@ -89,14 +89,15 @@ class Scripted:
             for k in range(self.n):
                 on_turn()
                 text = self.reply(set_name, row, k)
-                answers.append(Answer(extract_boxed(text), text, "stop", 3))
+                answers.append(Answer(final_answer(text), text, "stop", 3))
             on_done(row, answers, {"context_tokens": len(record["context"].split()),
                                    "turns": 1})
             self.finished.append((set_name, row))
 
 
 REPLIES = {0: ("so \\boxed{France}", "\\boxed{Germany}"),      # sub-EM 1, 0
-           1: ("\\boxed{Yes.}", "\\boxed{yes}"),                # EM after normalising
+           1: ("\\boxed{Yes.}", "\\boxed yes"),                 # EM after normalising; the
+                                                                # original reads `\boxed yes`
            2: ("\\boxed{named in 1846 by Fremont}",) * 2,       # sub-EM 1, EM 0, F1 1/3
            3: ("no box at all",) * 2}                           # no answer: 0
 

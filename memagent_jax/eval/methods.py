@@ -27,7 +27,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.models import make_mesh
 from memagent_jax.rollout.agent import Policy, build_agent, build_engine, load_policy
-from memagent_jax.rollout.answers import extract_boxed
+from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
 from memagent_jax.rollout.templates import chat_prompt_ids
@@ -46,7 +46,8 @@ Put the answer in \\boxed{}."""
 
 @dataclasses.dataclass
 class Answer:
-    """One sampled answer: the \\boxed{} content (None without one) and the reply it came from."""
+    """One sampled answer: the answer the original's evaluation reads in the reply
+    (rollout.answers.final_answer; None without one) and the reply it came from."""
     pred: str | None
     reply: str
     finish_reason: str
@@ -98,7 +99,7 @@ class MemAgentMethod:
             on_turn()
             if turn.kind != "final":
                 return
-            finals[i].append(Answer(extract_boxed(turn.reply), turn.reply, turn.finish_reason,
+            finals[i].append(Answer(final_answer(turn.reply), turn.reply, turn.finish_reason,
                                     len(turn.response_ids)))
             if len(finals[i]) == n:  # the question's last trajectory has answered
                 on_done(batch[i][0], finals.pop(i),
@@ -193,7 +194,7 @@ class FullContextMethod:
                 on_turn()
                 ids = [t for t in completion.token_ids if t not in self.stop_ids]
                 reply = self.tokenizer.decode(ids, skip_special_tokens=True)
-                answers.append(Answer(extract_boxed(reply), reply, completion.finish_reason,
+                answers.append(Answer(final_answer(reply), reply, completion.finish_reason,
                                       len(completion.token_ids)))
             on_done(batch[i][0], answers, {"context_tokens": tokens[i], "turns": 1})
 

@@ -5,8 +5,8 @@ Every QA metric takes `(prediction, gold)` and returns a float in [0, 1]; `gold`
 answer or a list of acceptable answers (the best match counts, as SQuAD scores several gold
 answers). The published RULER-HQA "accuracy" is mean `sub_exact_match` x 100.
 
-A missing prediction (None: no \\boxed{} in the reply) scores 0 everywhere, as the original
-scores samples without an extracted answer.
+A missing prediction (None: no answer in the reply, see rollout.answers.final_answer) scores 0
+everywhere, as the original scores samples without an extracted answer.
 """
 
 from __future__ import annotations

@@ -38,12 +38,14 @@ class RolloutBatch:
 
 
 def reward_fn(kind: str, data_source: str) -> rewards.RewardFn:
-    """The verifier of data.reward: 'by_source' (the registry), 'strict' or 'contains'."""
-    if kind == "strict":
-        return rewards.strict_reward
+    """The verifier of data.reward: 'by_source' looks up the row's data_source in rl.rewards'
+    registry; 'contains' is contains_reward; any other value names a registered reward
+    ('strict', 'lenient_boxed', 'exact_match', 'f1')."""
+    if kind == "by_source":
+        return rewards.reward_function(data_source)
     if kind == "contains":
         return contains_reward
-    return rewards.reward_function(data_source)
+    return rewards.reward_function(kind)
 
 
 def contains_reward(response: str, ground_truths) -> float:

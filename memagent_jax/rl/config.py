@@ -39,8 +39,10 @@ from memagent_jax.runconfig import at_least, load_config, probability
 class DataSection:
     """train: sources whose rows are concatenated (files, directories, hf:// paths, hub ids).
     reward: 'by_source' looks the verifier up by each row's data_source (rl.rewards); 'strict'
-    forces the strict verifier; 'contains' scores 1 when a gold answer appears as a phrase in
-    the final reply (a gentler signal for smoke runs with untrained tiny models).
+    forces the original's verifier; 'lenient_boxed' this port's earlier, more forgiving one;
+    'exact_match' / 'f1' score the boxed answer with EM / F1 (docs/algorithm.md section 2);
+    'contains' scores 1 when a gold answer appears as a phrase in the final reply (a gentler
+    signal for smoke runs with untrained tiny models).
     shuffle: draw training rows in a seeded random order, reshuffled every epoch (off: in file
     order, as the published scripts' `data.shuffle=False`)."""
     train: list[str] = dataclasses.field(default_factory=list)
@@ -48,7 +50,8 @@ class DataSection:
     val: str | None = None
     val_split: str = "train"
     shuffle: bool = False
-    reward: Literal["by_source", "strict", "contains"] = "by_source"
+    reward: Literal["by_source", "strict", "lenient_boxed", "exact_match", "f1",
+                    "contains"] = "by_source"
     SECTION: ClassVar[str] = "data"
 
     def __post_init__(self):

@@ -21,7 +21,7 @@ import zlib
 from typing import Callable, ClassVar, Generator
 
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.answers import extract_boxed
+from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
 from memagent_jax.rollout.templates import (INITIAL_MEMORY, chat_prompt_ids, final_prompt,
@@ -210,4 +210,4 @@ class _Run:
             self.agent.scheduler.submit(self.request(sampling),
                                         lambda c: self.finish_turn(c[0], sampling))
         else:
-            self.trajectory.answer = extract_boxed(reply)
+            self.trajectory.answer = final_answer(reply)

@@ -13,7 +13,7 @@ import urllib.request
 from typing import Callable
 
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.answers import extract_boxed
+from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.memagent import Sample, memory_turns
 
 
@@ -62,4 +62,4 @@ def run_on_server(url: str, model: str, sample: Sample, *,
             on_turn(number, kind, reply)
         if kind == "update":
             memories.append(reply)
-    return {"memories": memories, "final_reply": reply, "answer": extract_boxed(reply)}
+    return {"memories": memories, "final_reply": reply, "answer": final_answer(reply)}
