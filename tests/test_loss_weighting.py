@@ -47,43 +47,50 @@ def test_global_token_mean_weighs_every_token_the_same():
     assert _first_update_pg_loss(rows) == pytest.approx(expected, abs=1e-6)
 
 
-def test_per_rank_token_mean_is_verls_turn_ordered_split():
-    """verl concatenates the turn batches (every trajectory's turn 0, then turn 1, ...), gives
-    each of R ranks a contiguous piece, takes each rank's token-mean and averages the ranks.
-    Its agent answers once every document is read, so for chunks (3, 2, 1, 2) the order is:
-    update 0 of t0 t1 t2 t3, update 1 of t0 t1 t3, update 2 of t0, the finals of t0 t1 t2 t3
-    (original: recurrent/impls/memory.py, MemoryAgent.action)."""
-    flat, advantages = _batch()
-    rows = rows_from_trajectories(flat, advantages)
+def _verl_order(rows):
+    """The original's agent answers once every document is read, so for chunks (3, 2, 1, 2)
+    its batch is: update 0 of t0 t1 t2 t3, update 1 of t0 t1 t3, update 2 of t0, the finals of
+    t0 t1 t2 t3 (original: recurrent/impls/memory.py, MemoryAgent.action). Row indices."""
     by_position = {(int(t), int(k)): r for r, (t, k) in
                    enumerate(zip(rows.trajectory, rows.turn))}
-    hand_order = [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (3, 1), (0, 2),
-                  (0, 3), (1, 2), (2, 1), (3, 2)]
-    order = [by_position[p] for p in hand_order]
+    return [by_position[p] for p in [(0, 0), (1, 0), (2, 0), (3, 0), (0, 1), (1, 1), (3, 1),
+                                     (0, 2), (0, 3), (1, 2), (2, 1), (3, 2)]]
+
+
+def test_per_rank_token_mean_is_verls_turn_ordered_split():
+    """verl gives each of R ranks a contiguous piece of its turn-ordered batch, takes each
+    rank's token-mean and averages the ranks: 3 ranks hold rows 0-3, 4-7 and 8-11 of it."""
+    flat, advantages = _batch()
+    rows = rows_from_trajectories(flat, advantages)
+    order = _verl_order(rows)
     tokens = rows.loss_mask.sum(axis=1)
-    for ranks, pieces in ((2, [order[:6], order[6:]]),
-                          (3, [order[:4], order[4:8], order[8:]])):
-        expected = np.mean([-np.sum(rows.advantages[p] * tokens[p]) / tokens[p].sum()
-                            for p in pieces])
-        got = _first_update_pg_loss(rows, loss_agg="per_rank_token_mean", loss_agg_ranks=ranks)
-        assert got == pytest.approx(expected, abs=1e-6)
-        global_mean = -np.sum(rows.advantages * tokens) / tokens.sum()
-        assert abs(expected - global_mean) > 1e-2  # the case tells the two apart
+    pieces = [order[:4], order[4:8], order[8:]]
+    expected = np.mean([-np.sum(rows.advantages[p] * tokens[p]) / tokens[p].sum()
+                        for p in pieces])
+    got = _first_update_pg_loss(rows, loss_agg="per_rank_token_mean", loss_agg_ranks=3)
+    assert got == pytest.approx(expected, abs=1e-6)
+    global_mean = -np.sum(rows.advantages * tokens) / tokens.sum()
+    assert abs(expected - global_mean) > 1e-2  # the case tells the two apart
 
 
 def test_per_rank_mini_batches_take_each_ranks_contiguous_sub_piece():
-    """mini_batches 2 over 2 ranks: update m holds the m-th half of each rank's piece; the
-    reported pg_loss is the mean of the two updates' losses (lr 1e-9 keeps ratios at 1)."""
+    """2 ranks x 2 mini-batches: update m holds the m-th half of each rank's piece (rows
+    0-5 and 6-11 of the turn-ordered batch), each row weighing 1 / (2 x the tokens of its
+    rank's half); the same split every epoch."""
     flat, advantages = _batch()
     rows = rows_from_trajectories(flat, advantages)
-    order = np.lexsort((rows.trajectory, rows.turn, rows.final))
+    order = _verl_order(rows)
     tokens = rows.loss_mask.sum(axis=1)
-    pieces = [order[:6], order[6:]]
-    losses = [np.mean([-np.sum(rows.advantages[p[s]] * tokens[p[s]]) / tokens[p[s]].sum()
-                       for p in pieces]) for s in (slice(0, 3), slice(3, 6))]
-    got = _first_update_pg_loss(rows, loss_agg="per_rank_token_mean", loss_agg_ranks=2,
-                                mini_batches=2)
-    assert got == pytest.approx(np.mean(losses), abs=1e-5)
+    learner = Learner(random_model(CONFIG, seed=0), LearnerConfig(
+        micro_batch_rows=4, loss_agg="per_rank_token_mean", loss_agg_ranks=2, mini_batches=2))
+    for epoch in range(2):
+        mini_batches = learner._mini_batches(rows, np.random.default_rng(epoch))
+        assert len(mini_batches) == 2
+        for m, (indices, weights) in enumerate(mini_batches):
+            halves = [order[3 * m:3 * m + 3], order[6 + 3 * m:9 + 3 * m]]
+            assert list(indices) == halves[0] + halves[1]
+            for half in halves:
+                np.testing.assert_allclose(weights[half], 1 / (2 * tokens[half].sum()))
 
 
 def test_loss_agg_is_checked():

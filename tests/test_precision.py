@@ -124,7 +124,7 @@ def _small(task, root, mesh):
         f"data.val={task['val']}", "validation.size=2", "validation.every=2",
         "memagent.chunk_tokens=32", "memagent.max_memory_tokens=12",
         "memagent.max_final_tokens=8", "memagent.max_problem_tokens=8",
-        "engine.slots=16", "engine.prefill_buckets=[256]", "rollout.n=4",
+        "engine.slots=16", "engine.prefill_buckets=[256]", "rollout.n=2",
         "learner.micro_batch_tokens=8192", "learner.bucket_lengths=[256]",
         "steps=2", "prompts_per_step=2", f"output_dir={root}", f"checkpoint.dir={root}/ckpt",
         "compilation_cache_dir=null", "distributed=false",

@@ -32,8 +32,9 @@ def config_file(tmp_path_factory):
                            "max_problem_tokens": 8},
               "engine": {"slots": 8},
               "rollout": {"n": 2},
-              "learner": {"micro_batch_tokens": 2048},
-              "steps": 1, "prompts_per_step": 2, "output_dir": str(root / "run")}
+              "learner": {"micro_batch_tokens": 2048, "bucket_lengths": [256]},
+              "steps": 1, "prompts_per_step": 2, "output_dir": str(root / "run"),
+              "compilation_cache_dir": str(root / "jax_cache")}
     path = root / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)

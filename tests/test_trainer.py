@@ -49,7 +49,7 @@ def _write_config(task, path, **top) -> str:
         "dynamic_sampling": {"enabled": True, "max_tries": 2},
         "learner": {"lr": 1e-3, "warmup_steps": 0, "micro_batch_tokens": 8192,
                     "bucket_lengths": [256]},
-        "validation": {"every": 2, "size": 4},
+        "validation": {"every": 2, "size": 4, "n": 2},
         "checkpoint": {"every": 2, "keep": 3},
         "steps": 3, "prompts_per_step": 4, "seed": 5,
     }

@@ -319,7 +319,8 @@ class Learner:
             # verl's order: every trajectory's first update, then every second update, ...,
             # then every final answer (its agent answers once all documents are read).
             ranks = config.loss_agg_ranks or self._row_multiple
-            order = np.lexsort((rows.trajectory, rows.turn, rows.final))
+            order = np.lexsort((rows.trajectory, np.where(rows.final, 0, rows.turn),
+                                rows.final))
             pieces = [np.array_split(p, config.mini_batches)
                       for p in np.array_split(order, ranks)]
             for m in range(config.mini_batches):
