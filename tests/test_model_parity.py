@@ -21,6 +21,9 @@ CASES = {
     "mha_ratio1": {"num_key_value_heads": 4},
     "gqa_ratio7": {"hidden_size": 56, "num_attention_heads": 7, "num_key_value_heads": 1},
     "yarn": {"rope_parameters": YARN},
+    # Qwen2.5's long-context setting: YaRN over theta 1e6 (positions 64-79 past its original
+    # window, where the scaling acts).
+    "yarn_theta_1e6": {"rope_parameters": {**YARN, "rope_theta": 1e6}},
     "theta_1e6": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
 }
 
