@@ -58,8 +58,7 @@ from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, read_sample,
                                            required_length)
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.templates import (INITIAL_MEMORY, chat_prompt_ids, final_prompt,
-                                            update_prompt)
+from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
@@ -117,7 +116,8 @@ class PeerLoop:
         self.reply_lengths: list[int] = []
         self.eos = eos
 
-    def generate(self, prompts: list[list[int]], cap: int) -> list[str]:
+    def generate(self, prompts: list[list[int]], cap: int) -> list[list[int]]:
+        """Greedy replies to left-padded prompts: each reply's ids without its stop token."""
         torch, width = self.torch, max(len(p) for p in prompts)
         ids = torch.tensor([[PAD] * (width - len(p)) + p for p in prompts], device=self.device)
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
@@ -131,7 +131,7 @@ class PeerLoop:
             if self.eos is not None and self.eos in row:  # generate pads after the stop
                 row = row[:row.index(self.eos) + 1]
             self.reply_lengths.append(len(row))
-            replies.append(self.tokenizer.decode(row, skip_special_tokens=True))
+            replies.append([t for t in row if t != self.eos])
         return replies
 
     def timed_run(self, samples) -> tuple[float, float, float]:
@@ -142,19 +142,19 @@ class PeerLoop:
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         return wall, cpu, float(np.mean(self.reply_lengths[:self.final_start]))
 
-    def run(self, samples) -> list[str]:
-        chunked = [read_sample(self.tokenizer, p, d, self.config).chunks for p, d in samples]
-        memories = [INITIAL_MEMORY] * len(samples)
-        for k in range(max(len(c) for c in chunked)):
-            live = [i for i, c in enumerate(chunked) if k < len(c)]
-            prompts = [chat_prompt_ids(self.tokenizer, update_prompt(samples[i][0], memories[i],
-                                                                     chunked[i][k]))
-                       for i in live]
-            for i, memory in zip(live, self.generate(prompts, self.config.max_memory_tokens)):
+    def run(self, samples) -> list[list[int]]:
+        """The workflow's prompts, built as ours (templates.TokenPrompts); the final replies."""
+        prompts = TokenPrompts(self.tokenizer)
+        read = [read_sample(self.tokenizer, p, d, self.config) for p, d in samples]
+        memories = [prompts.initial_memory] * len(samples)
+        for k in range(max(len(r.chunks) for r in read)):
+            live = [i for i, r in enumerate(read) if k < len(r.chunks)]
+            batch = [prompts.update(read[i].problem_ids, memories[i], read[i].chunks[k])
+                     for i in live]
+            for i, memory in zip(live, self.generate(batch, self.config.max_memory_tokens)):
                 memories[i] = memory
         self.final_start = len(self.reply_lengths)
-        return self.generate([chat_prompt_ids(self.tokenizer, final_prompt(p, m))
-                              for (p, _), m in zip(samples, memories)],
+        return self.generate([prompts.final(r.problem_ids, m) for r, m in zip(read, memories)],
                              self.config.max_final_tokens)
 
 
@@ -212,12 +212,12 @@ def main() -> None:
     # Warm-up compiles only the buckets the loop's prompts use (all of them, unrolled over the
     # layers, take minutes on a GPU at 0.5B widths): the shortest and longest update prompt and
     # the longest final prompt.
-    longest_memory = " ".join(["memory"] * args.memory_tokens)
-    chunk = " ".join(["hello"] * args.chunk_tokens)
-    prompt_lengths = [len(chat_prompt_ids(tokenizer, update_prompt(QUESTION, memory, chunk)))
-                      for memory in (INITIAL_MEMORY, longest_memory)]
-    prompt_lengths.append(len(chat_prompt_ids(tokenizer, final_prompt(QUESTION,
-                                                                       longest_memory))))
+    prompts = TokenPrompts(tokenizer)
+    question = read_sample(tokenizer, QUESTION, "hello", config).problem_ids
+    longest_memory, chunk = [EOS + 1] * args.memory_tokens, [EOS + 1] * args.chunk_tokens
+    prompt_lengths = [len(prompts.update(question, memory, chunk))
+                      for memory in (prompts.initial_memory, longest_memory)]
+    prompt_lengths.append(len(prompts.final(question, longest_memory)))
     print(machine())
     sized = EngineConfig().sized_for(required_length(tokenizer, config))
     max_len, buckets = sized.max_len, sized.buckets()

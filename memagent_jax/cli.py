@@ -141,7 +141,7 @@ def _run(args) -> None:
 
         if args.url:
             from memagent_jax.rollout.server import run_on_server
-            record = run_on_server(args.url, args.model, sample,
+            record = run_on_server(args.url, args.model, sample, tokenizer,
                                    max_memory_tokens=config.max_memory_tokens,
                                    max_final_tokens=config.max_final_tokens,
                                    temperature=args.temperature, top_p=args.top_p,

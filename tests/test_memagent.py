@@ -10,10 +10,12 @@ from memagent_jax.errors import UserError
 from memagent_jax.models import load_model, split_params
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import DecodeEngine, EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, chunk_ids
+from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, chunk_ids, read_sample,
+                                           required_length)
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import chat_prompt_ids, final_prompt, update_prompt
+from memagent_jax.rollout.templates import (FINAL_TEMPLATE, UPDATE_TEMPLATE, TokenPrompts,
+                                            chat_prompt_ids, final_prompt, update_prompt)
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
@@ -34,8 +36,16 @@ C = 7
 
 
 def test_templates_are_byte_exact():
+    """Against the text of docs/algorithm.md and the original's own strings (its final
+    template reads \\boxed{{}} unformatted in its trainer; ours, as its evaluation, \\boxed{})."""
+    from tests import original_memory_prompts as original
+
     assert update_prompt("P", "M", "C") == UPDATE_TEXT
     assert final_prompt("P", "M") == FINAL_TEXT
+    assert UPDATE_TEMPLATE.replace("{problem}", "{prompt}") == original.TEMPLATE
+    assert FINAL_TEMPLATE.replace("{problem}", "{prompt}") == original.TEMPLATE_FINAL_BOXED
+    assert final_prompt("{prompt}", "{memory}") == original.TEMPLATE_FINAL_BOXED.replace(
+        "{{}}", "{}")
 
 
 @pytest.fixture(scope="module")
@@ -138,11 +148,17 @@ def test_group_mode_prefills_the_shared_first_turn_once(tokenizer):
     assert engine.prefill_count == (1 + 4 * 3) + (1 + 4 * 1)
 
 
-def test_chunking_centre_truncates_to_max_chunks():
-    ids = list(range(100))
-    chunks = chunk_ids(ids, 10, max_chunks=4)
-    assert chunks == [ids[0:10], ids[10:20], ids[80:90], ids[90:100]]
+def test_chunking_centre_truncates_the_tokens_then_cuts_chunks():
+    """As verl's postprocess_data(truncation='center') then the original's chunking: a
+    41,000-token document with 8 chunks of 5,000 keeps its first and last 20,000 tokens (40,000;
+    dropping whole chunks kept 36,000), then cuts 8 full chunks."""
+    ids = list(range(41_000))
+    chunks = chunk_ids(ids, 5000, max_chunks=8)
+    assert [len(c) for c in chunks] == [5000] * 8
+    assert sum(chunks, []) == ids[:20_000] + ids[21_000:]
     assert chunk_ids(ids[:25], 10) == [ids[0:10], ids[10:20], ids[20:25]]
+    assert chunk_ids(ids[:45], 10, max_chunks=3) == [ids[:10], ids[10:15] + ids[30:35],
+                                                       ids[35:45]]  # 30 kept: 15 + 15
 
 
 def test_budget_that_cannot_fit_the_engine_is_rejected_before_any_work(tokenizer):
@@ -173,3 +189,128 @@ def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_pat
         assert all(len(c.response_ids) <= 6 for c in trajectory.turns)
         assert all(len(c.response_logprobs) == len(c.response_ids) for c in trajectory.turns)
     assert dataclasses.asdict(results[0][0])["problem"] == "what is the answer"
+
+
+# ---- prompts in token ids, as the original's trainer builds them --------------------------
+
+CHATML = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are Qwen, created by "
+          "Alibaba Cloud. You are a helpful assistant.<|im_end|>\n{% endif %}"
+          "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+MULTILINGUAL = ("Le café de Zoë est près du musée. 東京の美術館は月曜日に休みです。"
+                "Die Brücke über den Fluß ist schön. 🙂 naïve résumé façade — ")
+
+
+@pytest.fixture(scope="module")
+def bpe_tokenizer(tmp_path_factory):
+    """A byte-level BPE (Qwen's kind) trained here on the templates and multilingual text, with
+    Qwen's special tokens and a ChatML chat template with its default system prompt."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=500, show_progress=False,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator([UPDATE_TEMPLATE, FINAL_TEMPLATE, MULTILINGUAL * 3], trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
+                                      pad_token="<|endoftext|>")
+    wrapped.chat_template = CHATML
+    wrapped.save_pretrained(str(tmp_path_factory.mktemp("bpe")))
+    return wrapped
+
+
+class FixedReplyEngine(ScriptedEngine):
+    """Replies `reply` (ids) then EOS, to every prompt."""
+
+    def __init__(self, tokenizer, reply):
+        super().__init__(tokenizer)
+        self.reply = list(reply)
+
+    def _script(self, prompt_ids):
+        return self.reply + [self.tokenizer.eos_token_id]
+
+
+def test_prompts_splice_ids_as_the_original_trainer(bpe_tokenizer):
+    """Chunks of 7 byte-level tokens cut inside words and inside multi-byte characters. Every
+    turn's prompt is exactly what the original's TokenTemplate builds from the chat-wrapped
+    template, the question's ids, the memory (the previous reply's ids through its `unpad`) and
+    the chunk's ids; each chunk reaches its prompt verbatim. Decoding the chunks and
+    re-tokenizing whole messages (what this port did before) gives other ids."""
+    import torch
+
+    from tests import original_memory_prompts as original
+
+    tok, question = bpe_tokenizer, "Où est le café de Zoë ?"
+    # Characters the tokenizer never saw are single bytes: chunks cut through them.
+    document = MULTILINGUAL + "北京大学の図書館 𝔘𝔫𝔦 ✓ Ærøskøbing " * 2
+    reply = tok.encode("Zoë: 東京 🙂", add_special_tokens=False)
+    agent = MemoryAgent(Scheduler(FixedReplyEngine(tok, reply)), tok,
+                        MemAgentConfig(chunk_tokens=7, max_memory_tokens=16,
+                                       max_final_tokens=16, max_problem_tokens=32),
+                        stop_ids=(tok.eos_token_id,))
+    (trajectory,), = agent.run(None, [agent.read(question, document)], SamplingParams(0.0))
+
+    chat = original.chat_template(tok)
+    update = original.TokenTemplate(chat.format(message=original.TEMPLATE), tok)
+    # Ours asks for \boxed{} where the original's trainer wrote \boxed{{}} (section 7).
+    final = original.TokenTemplate(
+        chat.format(message=original.TEMPLATE_FINAL_BOXED.replace("{{}}", "{}")), tok)
+    no_memory = tok.encode("No previous memory", add_special_tokens=False)
+    prompt = tok.encode(question, add_special_tokens=False)
+    context = tok(document, add_special_tokens=False)["input_ids"]
+    chunks = [context[i:i + 7] for i in range(0, len(context), 7)]
+    assert len(trajectory.turns) == len(chunks) + 1
+
+    memory, mangled = no_memory, 0
+    for chunk, turn in zip(chunks, trajectory.turns):
+        expected = update.format(prompt=prompt, memory=memory, chunk=chunk).tolist()
+        assert turn.kind == "update" and turn.prompt_ids == expected
+        at = len(expected) - len(update.last_section) - len(chunk)
+        assert turn.prompt_ids[at:at + len(chunk)] == chunk
+        retokenized = chat_prompt_ids(tok, update_prompt(
+            question, tok.decode(memory), tok.decode(chunk)))
+        mangled += retokenized != expected
+        memory = original.unpad(tok, torch.tensor(turn.response_ids), remove_eos=True)[0]
+        memory = memory.tolist()
+        assert memory == reply and turn.reply == tok.decode(reply)
+    assert trajectory.turns[-1].prompt_ids == final.format(prompt=prompt,
+                                                           memory=memory).tolist()
+    assert any("\ufffd" in tok.decode(c) for c in chunks)  # cuts inside characters
+    assert mangled > len(chunks) // 2
+
+
+def test_the_longest_turn_fits_the_required_length(bpe_tokenizer):
+    """required_length is exactly a full update prompt (longest question, memory and chunk)
+    plus the longest reply; the final prompt is shorter."""
+    config = MemAgentConfig(chunk_tokens=50, max_memory_tokens=20, max_final_tokens=30,
+                            max_problem_tokens=10)
+    prompts = TokenPrompts(bpe_tokenizer)
+    longest = prompts.update([5] * 10, [6] * 20, [7] * 50)
+    assert required_length(bpe_tokenizer, config) == len(longest) + 30
+    assert len(prompts.final([5] * 10, [6] * 20)) < len(longest)
+
+
+def test_training_reads_carry_on_where_a_users_read_stops(tokenizer):
+    """strict (run, eval): one clear error for an empty document or an over-long question.
+    Training (strict=False), as the original: an empty document is answered from the initial
+    memory in one final turn; an over-long question keeps its first max_problem_tokens."""
+    config = MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
+                            max_problem_tokens=3)
+    with pytest.raises(UserError, match="the document is empty"):
+        read_sample(tokenizer, "q", "  ", config)
+    with pytest.raises(UserError, match="the question has 4 tokens, over the prompt budget of 3"):
+        read_sample(tokenizer, "what is the answer", "hello world", config)
+    long_question = read_sample(tokenizer, "what is the answer", "hello world", config,
+                                strict=False)
+    assert long_question.problem_ids == tuple(tokenizer("what is the",
+                                                        add_special_tokens=False)["input_ids"])
+    empty = read_sample(tokenizer, "q", "", config, strict=False)
+    assert empty.chunks == ()
+    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), tokenizer, config, (EOS,))
+    (trajectory,), = agent.run(None, [empty], SamplingParams(0.0))
+    assert [t.kind for t in trajectory.turns] == ["final"]
+    assert "< memory > No previous memory </ memory >" in tokenizer.decode(
+        trajectory.turns[0].prompt_ids)

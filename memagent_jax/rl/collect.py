@@ -100,7 +100,8 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
         drawn.extend(e.index for e in examples)
         sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k,
                                   seed=seed_for_try(tries))
-        groups = agent.run(params, [agent.read(e.question, e.context) for e in examples],
+        groups = agent.run(params, [agent.read(e.question, e.context, strict=False)
+                                    for e in examples],
                            sampling, n=rollout.n, on_turn=on_turn)
         raw = score(examples, groups, config.data.reward)
         shaped = raw.copy()

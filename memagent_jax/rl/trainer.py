@@ -217,7 +217,8 @@ class Trainer:
         verifier)."""
         v, start = self.config.validation, time.perf_counter()
         sampling = SamplingParams(v.temperature, v.top_p, seed=self.config.seed + 1)
-        samples = [self.agent.read(e.question, e.context) for e in self.val_examples]
+        samples = [self.agent.read(e.question, e.context, strict=False)
+                   for e in self.val_examples]
         groups = self.agent.run(self.learner.compute_params(), samples, sampling, n=v.n)
         scores = [qa_scores(t.answer, list(e.ground_truths))
                   for e, g in zip(self.val_examples, groups) for t in g]

@@ -1,16 +1,21 @@
 """The MemAgent workflow: read a document chunk by chunk, rewrite a memory, answer from it.
 
 (docs/algorithm.md section 1.) `memory_turns` is the workflow itself, written once as a
-generator: it yields each turn's user message and receives the reply text. Two drivers run it:
-- `MemoryAgent`, on the local engine: many samples at once, each a chain of requests on the
-  scheduler (turn k's reply builds turn k+1's prompt), so samples with different numbers of
-  chunks share the slots without waiting for each other; it records every turn's token ids and
-  logprobs (one RL training row per turn);
-- `run_on_server` (server.py), one sample against an OpenAI-compatible endpoint.
-Both take a `Sample`: the question and its document cut into chunk texts (`read_sample`).
+generator: it yields each turn's memory and chunk and receives the new memory. Two drivers run
+it, each in its own representation:
+- `MemoryAgent`, on the local engine, in token ids as the original's trainer: each prompt is
+  the template's ids with the question's, the memory's (the previous reply's ids, end-of-text
+  and padding removed) and the chunk's ids spliced in (`templates.TokenPrompts`). It runs many
+  samples at once, each a chain of requests on the scheduler (turn k's reply builds turn
+  k+1's prompt), so samples with different numbers of chunks share the slots without waiting
+  for each other, and records every turn's token ids and logprobs (one RL training row per
+  turn);
+- `run_on_server` (server.py), one sample against an OpenAI-compatible endpoint, in text.
+Both take a `Sample`: the question and its document cut into chunks of token ids
+(`read_sample`, centre-truncated first when `max_chunks` is set).
 
 Every turn is an independent conversation (one user message, one reply), not a continuation of
-the previous turn's: the memory text is the only thing carried from one turn to the next.
+the previous turn's: the memory is the only thing carried from one turn to the next.
 """
 
 from __future__ import annotations
@@ -24,16 +29,15 @@ from memagent_jax.errors import UserError
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
-from memagent_jax.rollout.templates import (INITIAL_MEMORY, chat_prompt_ids, final_prompt,
-                                            update_prompt)
+from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.runconfig import at_least
 
 
 @dataclasses.dataclass(frozen=True)
 class MemAgentConfig:
     """The `memagent` section of the train and eval configs (and `run`'s flags): the token
-    budgets of docs/algorithm.md section 1. max_chunks: keep at most this many chunks of a
-    document, the first and last halves (training; None: all)."""
+    budgets of docs/algorithm.md section 1. max_chunks: keep at most max_chunks x chunk_tokens
+    tokens of a document, its first and last halves (training; None: all)."""
     SECTION: ClassVar[str] = "memagent"
     chunk_tokens: int = 5000
     max_memory_tokens: int = 1024
@@ -48,10 +52,11 @@ class MemAgentConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """A question and its document as the workflow reads it: chunk texts, and the document's
-    length in the policy's tokens (before any max_chunks cut)."""
+    """A question and its document as the workflow reads it, in the policy's tokens: the
+    question's ids, the chunks' ids, and the document's length (before any max_chunks cut)."""
     problem: str
-    chunks: tuple[str, ...]
+    problem_ids: tuple[int, ...]
+    chunks: tuple[tuple[int, ...], ...]
     document_tokens: int
 
 
@@ -82,44 +87,61 @@ class Trajectory:
         return self.turns[-1].reply if self.turns else ""
 
 
+def centre_truncate(ids: list[int], max_tokens: int) -> list[int]:
+    """ids, or its first and last max_tokens // 2 when longer than max_tokens (verl's
+    `postprocess_data(..., truncation='center')`)."""
+    if len(ids) <= max_tokens:
+        return ids
+    half = max_tokens // 2
+    return ids[:half] + ids[len(ids) - half:]
+
+
 def chunk_ids(ids: list[int], chunk_tokens: int, max_chunks: int | None = None) -> list[list[int]]:
-    """chunk i = ids[i*C:(i+1)*C]; beyond max_chunks keep the first and last halves."""
-    chunks = [ids[i:i + chunk_tokens] for i in range(0, len(ids), chunk_tokens)]
-    if max_chunks and len(chunks) > max_chunks:
-        head = (max_chunks + 1) // 2
-        chunks = chunks[:head] + chunks[len(chunks) - (max_chunks - head):]
-    return chunks
+    """chunk i = ids[i*C:(i+1)*C], after centre-truncating ids to max_chunks x C tokens."""
+    if max_chunks:
+        ids = centre_truncate(ids, max_chunks * chunk_tokens)
+    return [ids[i:i + chunk_tokens] for i in range(0, len(ids), chunk_tokens)]
 
 
-def memory_turns(problem: str, chunk_texts) -> Generator[tuple[str, str], str, None]:
-    """Yields (kind, user message) per turn and receives each reply: the workflow."""
-    memory = INITIAL_MEMORY
-    for chunk in chunk_texts:
-        memory = yield "update", update_prompt(problem, memory, chunk)
-    yield "final", final_prompt(problem, memory)
+def memory_turns(chunks, memory) -> Generator[tuple, object, None]:
+    """The workflow: yields ("update", memory, chunk) for each chunk and receives the new
+    memory (the reply), then yields ("final", memory, None). Memories and chunks are whatever
+    the driver works in (token ids or text); `memory` is the initial one."""
+    for chunk in chunks:
+        memory = yield "update", memory, chunk
+    yield "final", memory, None
 
 
-def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig) -> Sample:
-    """Checks the question against its budget and cuts the document into chunk texts by the
-    policy's tokens. Raises UserError for an empty document or an over-long question."""
-    if not document.strip():
+def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig,
+                strict: bool = True) -> Sample:
+    """The question and the document in the policy's tokens, the document cut into chunks.
+    strict (a user's own question and document): raises UserError for an empty document or a
+    question over max_problem_tokens. Not strict (training and validation rows, as the
+    original carries on): an empty document has no chunks (the agent answers from the initial
+    memory) and an over-long question keeps its first max_problem_tokens tokens (the engine
+    holds no more)."""
+    if strict and not document.strip():
         raise UserError("the document is empty")
-    problem_tokens = len(tokenizer(problem, add_special_tokens=False)["input_ids"])
-    if problem_tokens > config.max_problem_tokens:
-        raise UserError(f"the question has {problem_tokens} tokens, over the prompt budget of "
-                        f"{config.max_problem_tokens}")
+    problem_ids = tokenizer(problem, add_special_tokens=False)["input_ids"]
+    if len(problem_ids) > config.max_problem_tokens:
+        if strict:
+            raise UserError(f"the question has {len(problem_ids)} tokens, over the prompt "
+                            f"budget of {config.max_problem_tokens}")
+        problem_ids = problem_ids[:config.max_problem_tokens]
     ids = tokenizer(document, add_special_tokens=False)["input_ids"]
     chunks = chunk_ids(ids, config.chunk_tokens, config.max_chunks)
-    return Sample(problem, tuple(tokenizer.decode(c) for c in chunks), len(ids))
+    return Sample(problem, tuple(problem_ids), tuple(tuple(c) for c in chunks), len(ids))
 
 
 def required_length(tokenizer, config: MemAgentConfig) -> int:
-    """KV entries a turn can need: the update template around the longest question, a full
-    memory and a full chunk, plus the longest reply (64 spare for re-tokenised memory)."""
-    overhead = len(chat_prompt_ids(tokenizer, update_prompt("", "", "")))
+    """KV entries a turn can need: the update template's own tokens around the longest
+    question, memory and chunk, plus the longest reply. (A memory is at most a reply's ids, or
+    the initial memory's; the final prompt is the update prompt without its chunk.)"""
+    prompts = TokenPrompts(tokenizer)
+    memory = max(config.max_memory_tokens, len(prompts.initial_memory))
     reply = max(config.max_memory_tokens, config.max_final_tokens)
-    return (overhead + config.max_problem_tokens + config.max_memory_tokens + config.chunk_tokens
-            + reply + 64)
+    return (prompts.update_overhead + config.max_problem_tokens + memory + config.chunk_tokens
+            + reply)
 
 
 class MemoryAgent:
@@ -136,14 +158,15 @@ class MemoryAgent:
                 f"per turn; the engine holds {scheduler.engine.config.max_len}")
         self.scheduler, self.tokenizer, self.config = scheduler, tokenizer, config
         self.stop_ids = stop_ids
+        self.prompts = TokenPrompts(tokenizer)
+        # What the original strips from a reply before it becomes the next memory (`unpad`
+        # with remove_eos): padding and end-of-text, here also every stop id.
+        self.not_memory = frozenset(stop_ids) | {
+            t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None}
 
-    def with_config(self, config: MemAgentConfig) -> MemoryAgent:
-        """The same scheduler and tokenizer with other budgets (e.g. no max_chunks)."""
-        return MemoryAgent(self.scheduler, self.tokenizer, config, self.stop_ids)
-
-    def read(self, problem: str, document: str) -> Sample:
+    def read(self, problem: str, document: str, strict: bool = True) -> Sample:
         """`read_sample` with this agent's tokenizer and budgets."""
-        return read_sample(self.tokenizer, problem, document, self.config)
+        return read_sample(self.tokenizer, problem, document, self.config, strict)
 
     def run(self, params, samples: list[Sample], sampling: SamplingParams, n: int = 1,
             on_turn: Callable[[int, Turn], None] | None = None) -> list[list[Trajectory]]:
@@ -155,8 +178,7 @@ class MemoryAgent:
         base = secrets.randbits(31) if sampling.seed is None else sampling.seed
         results = [[Trajectory(s.problem) for _ in range(n)] for s in samples]
         for i, sample in enumerate(samples):
-            runs = [_Run(self, i, j, memory_turns(sample.problem, sample.chunks), results[i][j],
-                         base, on_turn) for j in range(n)]
+            runs = [_Run(self, i, j, sample, results[i][j], base, on_turn) for j in range(n)]
             for run in runs:
                 run.advance(None)
             first = runs[0].request(sampling, n)
@@ -171,21 +193,27 @@ class MemoryAgent:
 
 
 class _Run:
-    """One trajectory in flight: its workflow generator and the turn it waits on."""
+    """One trajectory in flight: its workflow generator (in token ids) and the turn it waits
+    on."""
 
-    def __init__(self, agent: MemoryAgent, sample: int, index: int, turns, trajectory, seed,
-                 on_turn):
-        self.agent, self.sample, self.index, self.turns = agent, sample, index, turns
+    def __init__(self, agent: MemoryAgent, sample_index: int, index: int, sample: Sample,
+                 trajectory, seed, on_turn):
+        self.agent, self.sample, self.index = agent, sample_index, index
+        self.problem_ids = sample.problem_ids
+        self.turns = memory_turns(sample.chunks, agent.prompts.initial_memory)
         self.trajectory, self.seed, self.on_turn = trajectory, seed, on_turn
         self.kind, self.prompt_ids = "", []
 
-    def advance(self, reply: str | None) -> bool:
-        """Sends the last reply into the workflow; False when it has no more turns."""
+    def advance(self, memory: list[int] | None) -> bool:
+        """Sends the last reply's memory ids into the workflow and builds the next prompt;
+        False when there are no more turns."""
         try:
-            self.kind, message = self.turns.send(reply)
+            self.kind, memory, chunk = self.turns.send(memory)
         except StopIteration:
             return False
-        self.prompt_ids = chat_prompt_ids(self.agent.tokenizer, message)
+        prompts = self.agent.prompts
+        self.prompt_ids = (prompts.update(self.problem_ids, memory, chunk)
+                           if self.kind == "update" else prompts.final(self.problem_ids, memory))
         return True
 
     def request(self, sampling: SamplingParams, n: int = 1) -> Request:
@@ -199,14 +227,14 @@ class _Run:
                        self.agent.stop_ids, n)
 
     def finish_turn(self, completion: Completion, sampling: SamplingParams) -> None:
-        ids = [t for t in completion.token_ids if t not in self.agent.stop_ids]
-        reply = self.agent.tokenizer.decode(ids, skip_special_tokens=True)
+        memory = [t for t in completion.token_ids if t not in self.agent.not_memory]
+        reply = self.agent.tokenizer.decode(memory, skip_special_tokens=True)
         turn = Turn(self.kind, self.prompt_ids, completion.token_ids, completion.logprobs,
                     completion.finish_reason, reply)
         self.trajectory.turns.append(turn)
         if self.on_turn is not None:
             self.on_turn(self.sample, turn)
-        if self.advance(reply):
+        if self.advance(memory):
             self.agent.scheduler.submit(self.request(sampling),
                                         lambda c: self.finish_turn(c[0], sampling))
         else:

@@ -1,8 +1,10 @@
 """The MemAgent workflow against an OpenAI-compatible chat-completions server (`run --url`).
 
 Same turns as on the local engine (`memory_turns`), one HTTP request per turn, as the original
-quickstart does with vLLM or a hosted model. The URL is the API base (".../v1", or an Azure
-deployment URL); the key comes from the API_KEY environment variable.
+quickstart does with vLLM or a hosted model. A chat API takes text, so here the workflow runs in
+text: each chunk's ids are decoded, the memory is the reply's text, and the server tokenizes
+each message whole. The URL is the API base (".../v1", or an Azure deployment URL); the key
+comes from the API_KEY environment variable.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Callable
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.memagent import Sample, memory_turns
+from memagent_jax.rollout.templates import INITIAL_MEMORY, final_prompt, update_prompt
 
 
 def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: float,
@@ -33,21 +36,23 @@ def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: fl
     return payload["choices"][0]["message"]["content"] or ""
 
 
-def run_on_server(url: str, model: str, sample: Sample, *,
+def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
                   max_memory_tokens: int, max_final_tokens: int, temperature: float,
                   top_p: float, api_key: str | None, timeout: float = 300.0,
                   on_turn: Callable[[int, str, str], None] | None = None) -> dict:
     """Runs every turn; returns {"memories": [...], "final_reply": str, "answer": str|None}.
-    on_turn(turn number, kind, reply) after each turn. A failed request raises a UserError
-    naming the turn."""
-    turns = memory_turns(sample.problem, sample.chunks)
+    tokenizer: the one that cut the sample (decodes its chunks). on_turn(turn number, kind,
+    reply) after each turn. A failed request raises a UserError naming the turn."""
+    turns = memory_turns([tokenizer.decode(c) for c in sample.chunks], INITIAL_MEMORY)
     memories, reply, number = [], None, 0
     while True:
         try:
-            kind, message = turns.send(reply)
+            kind, memory, chunk = turns.send(reply)
         except StopIteration:
             break
         number += 1
+        message = (update_prompt(sample.problem, memory, chunk) if kind == "update"
+                   else final_prompt(sample.problem, memory))
         cap = max_memory_tokens if kind == "update" else max_final_tokens
         try:
             reply = chat(url, model, message, max_tokens=cap, temperature=temperature,

@@ -1,11 +1,21 @@
 """MemAgent's two prompts, byte for byte as the original (docs/algorithm.md section 1).
 
-Each is the text of ONE user message; `chat_prompt_ids` wraps it in the tokenizer's chat template
-with the generation prompt (for Qwen2.5 that adds its default system prompt), as the original
-sends it to vLLM. Note the space after `<problem>` and the final newline: both are the original's.
+Each is the text of ONE user message, wrapped in the tokenizer's chat template with the
+generation prompt (for Qwen2.5 that adds its default system prompt). Note the space after
+`<problem>` and the final newline: both are the original's.
+
+Two forms: `update_prompt` / `final_prompt` give the message text (what an OpenAI-compatible
+server is sent; `chat_prompt_ids` tokenizes a whole message), and `TokenPrompts` builds the
+same prompts as token ids the way the original's trainer does (`TokenTemplate` in
+original:recurrent/utils.py): the chat-wrapped template is tokenized once, piece by piece
+between its placeholders, and each turn's question, memory and chunk ids are spliced in as they
+are. Nothing is re-tokenized, so a chunk cut inside a word or inside a multi-byte character
+reaches the model exactly as it was cut, and a memory is exactly the ids of the reply it was.
 """
 
 from __future__ import annotations
+
+import re
 
 from memagent_jax.errors import UserError
 
@@ -62,3 +72,46 @@ def chat_prompt_ids(tokenizer, user_message: str) -> list[int]:
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return an encoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+_PLACEHOLDER = re.compile(r"\{(problem|memory|chunk)\}")
+
+
+class TokenPrompts:
+    """The two prompts as token ids for one tokenizer (module docstring). `update(problem,
+    memory, chunk)` and `final(problem, memory)` take token id sequences; `initial_memory` is
+    "No previous memory" tokenized; `update_overhead` the update prompt's own tokens (chat
+    markup and template text)."""
+
+    def __init__(self, tokenizer):
+        if not getattr(tokenizer, "chat_template", None):
+            raise UserError("the tokenizer has no chat template (tokenizer_config.json "
+                            "'chat_template' or chat_template.jinja)")
+        wrapper = tokenizer.apply_chat_template([{"role": "user", "content": "{message}"}],
+                                                tokenize=False, add_generation_prompt=True)
+        self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+        self._update = self._pieces(wrapper, update_prompt("{problem}", "{memory}", "{chunk}"))
+        self._final = self._pieces(wrapper, final_prompt("{problem}", "{memory}"))
+        self.initial_memory = tuple(self._encode(INITIAL_MEMORY))
+        self.update_overhead = sum(len(p) for p in self._update[0])
+
+    def _pieces(self, wrapper: str, message: str) -> tuple[list[list[int]], list[str]]:
+        """(token ids of the text between placeholders, the placeholders' names in order)."""
+        parts = _PLACEHOLDER.split(wrapper.replace("{message}", message))
+        return [self._encode(p) for p in parts[0::2]], parts[1::2]
+
+    @staticmethod
+    def _splice(pieces, **values) -> list[int]:
+        texts, names = pieces
+        ids = list(texts[0])
+        for name, text in zip(names, texts[1:]):
+            ids += list(values[name]) + text
+        return ids
+
+    def update(self, problem, memory, chunk) -> list[int]:
+        """The memory-update prompt's ids around the given question, memory and chunk ids."""
+        return self._splice(self._update, problem=problem, memory=memory, chunk=chunk)
+
+    def final(self, problem, memory) -> list[int]:
+        """The final prompt's ids around the given question and memory ids."""
+        return self._splice(self._final, problem=problem, memory=memory)
