@@ -64,14 +64,18 @@ def final_prompt(problem: str, memory: str) -> str:
 
 def chat_prompt_ids(tokenizer, user_message: str) -> list[int]:
     """The message as one user turn of the tokenizer's chat template, ready for generation."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError("the tokenizer has no chat template (tokenizer_config.json "
-                        "'chat_template' or chat_template.jinja)")
+    _require_chat_template(tokenizer)
     ids = tokenizer.apply_chat_template([{"role": "user", "content": user_message}],
                                         tokenize=True, add_generation_prompt=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return an encoding
         ids = ids["input_ids"]
     return list(ids)
+
+
+def _require_chat_template(tokenizer) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("the tokenizer has no chat template (tokenizer_config.json "
+                        "'chat_template' or chat_template.jinja)")
 
 
 _PLACEHOLDER = re.compile(r"\{(problem|memory|chunk)\}")
@@ -84,9 +88,7 @@ class TokenPrompts:
     markup and template text)."""
 
     def __init__(self, tokenizer):
-        if not getattr(tokenizer, "chat_template", None):
-            raise UserError("the tokenizer has no chat template (tokenizer_config.json "
-                            "'chat_template' or chat_template.jinja)")
+        _require_chat_template(tokenizer)
         wrapper = tokenizer.apply_chat_template([{"role": "user", "content": "{message}"}],
                                                 tokenize=False, add_generation_prompt=True)
         self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
