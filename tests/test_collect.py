@@ -1,15 +1,28 @@
 """One step's rollout batch (rl/collect.py) on a scripted agent: which groups DAPO's dynamic
-sampling keeps and in what order, how it refills, and the overlong penalty of each turn
-against its own cap, all against hand-computed values."""
+sampling keeps and in what order, how it refills, the examples it draws, its statistics, and
+the overlong penalty of each turn against its own cap, all against hand-computed values.
 
-import types
+The config is a real TrainConfig with every key these tests rely on set explicitly (the
+defaults of dynamic sampling and overlong shaping are not what is tested here)."""
 
 import numpy as np
 import pytest
 
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rl.collect import collect_batch, overlong_penalties
-from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
+from memagent_jax.rl.config import load_train_config
+from memagent_jax.rollout.memagent import Trajectory, Turn
+from memagent_jax.rollout.sampling import SamplingParams
+
+# Question -> its group's n = 2 final answers ("-": no answer). The gold answer is "paris" and
+# the verifier the strict HotpotQA one: a trajectory scores 1 when it answers \boxed{paris}.
+SCRIPT = {"q0": ["paris", "paris"],   # all right: no advantage anywhere
+          "q1": ["paris", "rome"],    # mixed: informative
+          "q2": ["-", "-"],           # all wrong
+          "q3": ["rome", "paris"],    # mixed
+          "q4": ["paris", "-"],       # mixed
+          "q5": ["rome", "rome"]}     # all wrong
+UPDATE_TOKENS, FINAL_TOKENS = 3, 2  # reply lengths unless a test says otherwise
 
 
 def _turn(kind, reply, tokens):
@@ -17,13 +30,12 @@ def _turn(kind, reply, tokens):
 
 
 class ScriptedAgent:
-    """`MemoryAgent`'s interface (read, run) replaying scripted replies: question q's j-th
-    trajectory answers script[q][j] (a word; "-" is no answer) after one update turn of
-    `update_tokens[q]` tokens, with a final reply of `final_tokens[q]` tokens."""
+    """`MemoryAgent`'s interface (read, run) replaying SCRIPT: each trajectory is one memory
+    update then the final answer; lengths[q][j] = (update tokens, final tokens) of question q's
+    j-th trajectory. Records each run's questions and sampling seed."""
 
-    def __init__(self, script, update_tokens=None, final_tokens=None):
-        self.script, self.runs = script, []
-        self.update_tokens, self.final_tokens = update_tokens or {}, final_tokens or {}
+    def __init__(self, lengths=None):
+        self.lengths, self.runs = lengths or {}, []
 
     def read(self, question, context, strict=True):
         assert not strict  # training carries on past an over-long question or empty document
@@ -33,84 +45,130 @@ class ScriptedAgent:
         self.runs.append((list(samples), sampling.seed))
         groups = []
         for q in samples:
-            answers = self.script[q]
-            assert len(answers) == n
+            assert len(SCRIPT[q]) == n
+            lengths = self.lengths.get(q, [(UPDATE_TOKENS, FINAL_TOKENS)] * n)
             groups.append([Trajectory(q, [
-                _turn("update", "memory", self.update_tokens.get(q, 3)),
-                _turn("final", "no answer" if a == "-" else f"\\boxed{{{a}}}",
-                      self.final_tokens.get(q, 2))], None if a == "-" else a)
-                for a in answers])
+                _turn("update", "memory", update),
+                _turn("final", "no answer" if a == "-" else f"\\boxed{{{a}}}", final)],
+                None if a == "-" else a) for a, (update, final) in zip(SCRIPT[q], lengths)])
         return groups
 
 
 def _examples(questions):
+    """The data iterator: Example i asks questions[i]."""
     return iter([Example(i, "hotpotqa", q, "a document", ("paris",))
                  for i, q in enumerate(questions)])
 
 
-def _config(prompts, dynamic, max_tries=3, overlong=False, memory_cap=8, final_cap=4,
-            buffer=2):
-    return types.SimpleNamespace(
-        rollout=types.SimpleNamespace(n=2, temperature=1.0, top_p=1.0, top_k=0),
-        memagent=MemAgentConfig(max_memory_tokens=memory_cap, max_final_tokens=final_cap),
-        prompts_per_step=prompts,
-        dynamic_sampling=types.SimpleNamespace(enabled=dynamic, max_tries=max_tries),
-        overlong=types.SimpleNamespace(enabled=overlong, buffer=buffer, penalty_factor=1.0),
-        data=types.SimpleNamespace(reward="by_source"))
+def _config(prompts, dynamic, max_tries=3, overlong=False, memory_cap=8, final_cap=4):
+    return load_train_config(None, [
+        "data.train=[unread.parquet]", "model.path=unread", "data.reward=by_source",
+        "rollout.n=2", f"prompts_per_step={prompts}",
+        f"dynamic_sampling.enabled={str(dynamic).lower()}",
+        f"dynamic_sampling.max_tries={max_tries}",
+        f"overlong.enabled={str(overlong).lower()}", "overlong.buffer=2",
+        "overlong.penalty_factor=1.0",
+        f"memagent.max_memory_tokens={memory_cap}", f"memagent.max_final_tokens={final_cap}"])
 
 
-SCRIPT = {"q0": ["paris", "paris"],   # all right: no advantage anywhere
-          "q1": ["paris", "rome"],    # mixed: informative
-          "q2": ["-", "-"],           # all wrong
-          "q3": ["rome", "paris"],    # mixed
-          "q4": ["paris", "-"],       # mixed
-          "q5": ["rome", "rome"]}     # all wrong
-
-
-def test_dynamic_sampling_keeps_only_groups_with_different_rewards_and_refills():
-    """2 groups wanted: round 1 draws q0 q1 (keeps q1), round 2 draws one more, q2 (keeps
-    nothing), round 3 draws q3 (keeps it). Seeds come from seed_for_try per round."""
-    agent = ScriptedAgent(SCRIPT)
+def test_dynamic_sampling_keeps_groups_with_different_rewards_in_order_and_refills():
+    """2 groups wanted: round 1 draws q0 q1 (keeps q1), round 2 draws the one still missing,
+    q2 (keeps nothing), round 3 draws q3 (keeps it), seeded by seed_for_try(round)."""
+    agent = ScriptedAgent()
     batch = collect_batch(agent, None, _examples(list(SCRIPT)), _config(2, dynamic=True),
                           seed_for_try=lambda k: 100 + k)
     assert [e.question for e in batch.examples] == ["q1", "q3"]
+    assert [[t.answer for t in group] for group in batch.groups] == [["paris", "rome"],
+                                                                     ["rome", "paris"]]
     np.testing.assert_array_equal(batch.rewards, [[1, 0], [0, 1]])
     assert batch.drawn == [0, 1, 2, 3] and batch.tries == 3
-    assert [samples for samples, _ in agent.runs] == [["q0", "q1"], ["q2"], ["q3"]]
-    assert [seed for _, seed in agent.runs] == [100, 101, 102]
-    assert batch.stats["dynamic/kept_fraction"] == pytest.approx(2 / 4)
-    assert batch.stats["reward/mean"] == pytest.approx(np.mean([1, 1, 1, 0, 0, 0, 0, 1]))
-    assert batch.stats["rollout/answered_fraction"] == pytest.approx(6 / 8)
+    assert agent.runs == [(["q0", "q1"], 100), (["q2"], 101), (["q3"], 102)]
+
+
+def test_statistics_cover_every_sampled_trajectory_not_only_the_kept_ones():
+    """The run above sampled 8 trajectories (q0 q1 q2 q3): rewards 1 1 | 1 0 | 0 0 | 0 1, each
+    an update of 3 tokens and a final answer of 2, 6 of them answered; 2 of 4 groups kept."""
+    batch = collect_batch(ScriptedAgent(), None, _examples(list(SCRIPT)),
+                          _config(2, dynamic=True), seed_for_try=lambda k: k)
+    stats = batch.stats
+    assert stats["reward/mean"] == stats["reward/shaped_mean"] == pytest.approx(0.5)
+    assert stats["reward/std"] == pytest.approx(0.5)
+    assert stats["rollout/trajectories"] == 8 and stats["rollout/turns"] == 2
+    assert stats["rollout/generated_tokens"] == 8 * (3 + 2)
+    assert (stats["rollout/memory_length"], stats["rollout/final_length"]) == (3, 2)
+    assert stats["rollout/response_length"] == pytest.approx(2.5)
+    assert stats["rollout/answered_fraction"] == pytest.approx(6 / 8)
+    assert stats["rollout/truncated_fraction"] == 0
+    assert stats["dynamic/kept_fraction"] == pytest.approx(2 / 4)
+    assert (stats["dynamic/kept_groups"], stats["dynamic/tries"]) == (2, 3)
 
 
 def test_dynamic_sampling_stops_after_max_tries_with_what_it_kept():
-    agent = ScriptedAgent(SCRIPT)
-    batch = collect_batch(agent, None, _examples(["q0", "q2", "q5", "q0"]),
+    """Nothing informative in 2 rounds of 2 prompts: an empty batch, and q1 (informative) is
+    never drawn, because a third round is not run."""
+    agent = ScriptedAgent()
+    batch = collect_batch(agent, None, _examples(["q0", "q2", "q5", "q0", "q1", "q1"]),
                           _config(2, dynamic=True, max_tries=2), seed_for_try=lambda k: k)
-    assert batch.examples == [] and batch.rewards.shape == (0, 2)
-    assert batch.drawn == [0, 1, 2, 3] and batch.tries == 2
+    assert batch.examples == [] and batch.groups == [] and batch.rewards.shape == (0, 2)
+    assert batch.drawn == [0, 1, 2, 3] and batch.tries == 2 and len(agent.runs) == 2
+    assert batch.stats["dynamic/kept_fraction"] == 0
 
 
 def test_without_dynamic_sampling_every_group_is_kept_in_one_round():
-    agent = ScriptedAgent(SCRIPT)
-    batch = collect_batch(agent, None, _examples(list(SCRIPT)), _config(3, dynamic=False),
-                          seed_for_try=lambda k: k)
+    """All-equal groups (q0 all right, q2 all wrong) are trained on too; no second round."""
+    agent = ScriptedAgent()
+    batch = collect_batch(agent, None, _examples(list(SCRIPT)),
+                          _config(3, dynamic=False, max_tries=3), seed_for_try=lambda k: 7 + k)
     assert [e.question for e in batch.examples] == ["q0", "q1", "q2"]
     np.testing.assert_array_equal(batch.rewards, [[1, 1], [1, 0], [0, 0]])
-    assert batch.tries == 1 and batch.stats["dynamic/kept_fraction"] == 1.0
+    assert batch.drawn == [0, 1, 2] and batch.tries == 1
+    assert agent.runs == [(["q0", "q1", "q2"], 7)]
+    assert batch.stats["dynamic/kept_fraction"] == 1.0
 
 
-def test_overlong_penalty_judges_each_turn_against_its_own_cap():
-    """Caps: memory 8, final 4, buffer 2 (penalty -(L - (cap - 2)) / 2, floored at -1).
-    q1's update reply (7 tokens) is over the final cap but under the memory cap: -0.5 from it;
-    q3's final reply (4 tokens) is at the final cap: -1, its update (3) costs nothing."""
-    agent = ScriptedAgent(SCRIPT, update_tokens={"q1": 7, "q3": 3},
-                          final_tokens={"q1": 2, "q3": 4})
-    groups = agent.run(None, ["q1", "q3"], types.SimpleNamespace(seed=0), n=2)
-    np.testing.assert_allclose(overlong_penalties(groups, 8, 4, 2, 1.0),
-                               [[-0.5, -0.5], [-1.0, -1.0]])
-    batch = collect_batch(ScriptedAgent(SCRIPT, {"q1": 7, "q3": 3}, {"q1": 2, "q3": 4}),
-                          None, _examples(["q1", "q3"]),
-                          _config(2, dynamic=False, overlong=True), seed_for_try=lambda k: k)
-    np.testing.assert_allclose(batch.rewards, [[0.5, -0.5], [-1.0, 0.0]])
-    assert batch.stats["reward/mean"] == pytest.approx(0.5)  # the verifier's, unshaped
+def test_dynamic_sampling_judges_the_shaped_rewards():
+    """q0's answers are both right, but its second final answer is at the final cap (4 tokens,
+    penalty -1): shaped rewards 1, 0 differ, so the group is kept (docs/algorithm.md: the
+    penalty is added before dynamic sampling); q5 (both wrong, no penalty) is dropped."""
+    agent = ScriptedAgent({"q0": [(3, 2), (3, 4)]})
+    batch = collect_batch(agent, None, _examples(["q5", "q0"]),
+                          _config(1, dynamic=True, overlong=True), seed_for_try=lambda k: k)
+    assert [e.question for e in batch.examples] == ["q0"]
+    np.testing.assert_array_equal(batch.rewards, [[1, 0]])
+
+
+# The overlong penalty with buffer 2: -(L - (cap - 2)) / 2, clipped to [-1, 0]. Each case:
+# (memory cap, final cap, q1's and q3's (update, final) reply lengths, their penalties).
+# Each trajectory takes the worst of its turns; with the two caps swapped, every penalty
+# below would differ.
+OVERLONG_CASES = {
+    # q1: update 7 of memory cap 8: -0.5 (against the final cap 4 it would be -1).
+    # q3: final 4 at final cap 4: -1 (against 8: 0); its update of 3 (against 4: -0.5): 0.
+    "memory_cap_above_final_cap": (8, 4, (7, 2), (3, 4), [-0.5, -1.0]),
+    # q1: update 5, over memory cap 4 but under final cap 8: -1 (against 8: 0).
+    # q3: final 7 of final cap 8: -0.5 (against 4: -1).
+    "memory_cap_below_final_cap": (4, 8, (5, 2), (1, 7), [-1.0, -0.5]),
+}
+
+
+@pytest.mark.parametrize("case", list(OVERLONG_CASES))
+def test_overlong_penalty_judges_each_turn_against_its_own_cap(case):
+    memory_cap, final_cap, q1, q3, expected = OVERLONG_CASES[case]
+    groups = ScriptedAgent({"q1": [q1, q1], "q3": [q3, q3]}).run(
+        None, ["q1", "q3"], SamplingParams(seed=0), n=2)
+    np.testing.assert_array_equal(overlong_penalties(groups, memory_cap, final_cap, 2, 1.0),
+                                  [[expected[0]] * 2, [expected[1]] * 2])
+
+
+@pytest.mark.parametrize("case", list(OVERLONG_CASES))
+def test_collected_rewards_are_the_verifiers_plus_each_turns_overlong_penalty(case):
+    """q1 scores [1, 0], q3 [0, 1]; the penalties above are added (memagent.max_memory_tokens,
+    max_final_tokens, overlong.buffer 2); reward/mean stays the verifier's."""
+    memory_cap, final_cap, q1, q3, (p1, p3) = OVERLONG_CASES[case]
+    batch = collect_batch(ScriptedAgent({"q1": [q1, q1], "q3": [q3, q3]}), None,
+                          _examples(["q1", "q3"]),
+                          _config(2, dynamic=False, overlong=True, memory_cap=memory_cap,
+                                  final_cap=final_cap), seed_for_try=lambda k: k)
+    np.testing.assert_array_equal(batch.rewards, [[1 + p1, p1], [p3, 1 + p3]])
+    assert batch.stats["reward/mean"] == pytest.approx(0.5)
+    assert batch.stats["reward/shaped_mean"] == pytest.approx(0.5 + (p1 + p3) / 2)
