@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memagent_jax.models import KVCache, load_model
+from memagent_jax.models import KVCache, load_model, split_params
+from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.scheduler import Request, complete
 from tests.hf_reference import hf_logits, hf_model, write_hf_model
 
 TOL = 1e-4
@@ -40,6 +43,29 @@ def _compare_unpadded(tmp_path, seq_len=80, **overrides):
 @pytest.mark.parametrize("case", list(CASES))
 def test_logits_match_transformers(tmp_path, case):
     assert _compare_unpadded(tmp_path, **CASES[case]) <= TOL
+
+
+def test_yarn_theta_1e6_greedy_decoding_matches_transformers(tmp_path):
+    """Qwen2.5's long-context rope (YaRN over theta 1e6) on the decoding path: a 56-token
+    prompt prefilled, then 16 greedy tokens decoded, predicted at positions 55-70 (the last 7
+    past the original 64-position window): transformers' greedy generate's tokens, each
+    log-prob within TOL."""
+    import torch
+
+    overrides = CASES["yarn_theta_1e6"]
+    model, _ = load_model(write_hf_model(tmp_path / "hf", seed=5, **overrides))
+    prompt = [int(t) for t in np.random.RandomState(4).randint(3, 101, 56)]
+    greedy = SamplingParams(temperature=0.0, seed=0)
+    (completion,), = complete(Engine(model, EngineConfig(slots=1, max_len=80)),
+                              split_params(model)[1], [Request(prompt, 16, greedy, stop_ids=(2,))])
+    reference = hf_model(seed=5, **overrides).generate(
+        torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=2,
+        pad_token_id=0, output_scores=True, return_dict_in_generate=True)
+    tokens = reference.sequences[0, len(prompt):].tolist()
+    logprobs = [torch.log_softmax(s[0], -1)[t].item() for s, t in zip(reference.scores, tokens)]
+    assert len(tokens) == 16  # no early stop before the window's end
+    assert completion.token_ids == tokens
+    assert np.abs(np.array(completion.logprobs) - np.array(logprobs)).max() <= TOL
 
 
 def test_long_sequence_matches_transformers(tmp_path):
