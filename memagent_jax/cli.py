@@ -7,34 +7,48 @@ stderr (`memagent-jax: error: ...`) and exit status 2, and outputs are written a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import sys
 
+from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.errors import ConfigError, Interrupted, UserError
 from memagent_jax.fileutil import check_input_file, check_new_output, check_output_file
 
 
+def _start(args, auto: bool = False) -> None:
+    """Joins this process to its multi-process job, if it is one (memagent_jax.distributed);
+    every process must run the same command line, bar the start-up flags."""
+    launch = distributed.launch_from_flags(args, auto)
+    skip = {"func", *(f.name for f in dataclasses.fields(launch)), "local_device_ids",
+            "start_timeout", "distributed"}
+    fingerprint = repr(sorted((k, v) for k, v in vars(args).items() if k not in skip))
+    distributed.start(launch, fingerprint)
+
+
 def _convert(args) -> None:
-    from memagent_jax.models import load_model, save_checkpoint
+    from memagent_jax.models import job_mesh, load_model, save_checkpoint
     check_new_output(args.out)
-    model, config = load_model(args.hf, dtype=None)
+    _start(args)
+    model, config = load_model(args.hf, dtype=None, mesh=job_mesh(None))
     save_checkpoint(model, config, args.out, side_files_dir=args.hf)
-    print(f"converted {args.hf} -> {args.out} ({config.num_layers} layers, {config.dtype})")
+    _print_once(f"converted {args.hf} -> {args.out} ({config.num_layers} layers, {config.dtype})")
 
 
 def _export(args) -> None:
-    from memagent_jax.models import load_model, save_hf
+    from memagent_jax.models import job_mesh, load_model, save_hf
     from memagent_jax.models.checkpoint import is_checkpoint_directory, side_files_dir
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out)
     if not is_checkpoint_directory(args.ckpt):
         raise UserError(f"{args.ckpt}: not a memagent-jax checkpoint (a `memagent-jax convert` "
                         "output, or a training run's output, checkpoints or step directory)")
-    model, config = load_model(args.ckpt, dtype=None)
+    _start(args)
+    model, config = load_model(args.ckpt, dtype=None, mesh=job_mesh(None))
     save_hf(model, config, args.out, tokenizer_dir=side_files_dir(args.ckpt),
             max_shard_bytes=max_shard_bytes)
-    print(f"exported {args.ckpt} -> {args.out}")
+    _print_once(f"exported {args.ckpt} -> {args.out}")
 
 
 def _random_model(args) -> None:
@@ -58,7 +72,7 @@ def _random_model(args) -> None:
 def _generate(args) -> None:
     from tqdm import tqdm
 
-    from memagent_jax.models import read_config
+    from memagent_jax.models import job_mesh, read_config
     from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
@@ -84,14 +98,17 @@ def _generate(args) -> None:
             raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
                             f"{what} {limit} with --max-new-tokens {args.max_new_tokens} "
                             "(prompt + new tokens)")
-    policy = _from_flags(load_policy, section=model, tokenizer=tokenizer)
-    engine = build_engine(policy.model, engine_config, None,
+    _start(args)
+    mesh = job_mesh(None)
+    policy = _from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
+    engine = build_engine(policy.model, engine_config, mesh,
                           max(len(p) for p in prompts) + args.max_new_tokens)
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
         args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
         for i, p in enumerate(prompts)]
     try:
-        with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
+        with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr,
+                  disable=not distributed.is_main()) as bar:
             results = complete(engine, policy.params, requests,
                                on_done=lambda i, c: bar.update(1))
     except KeyboardInterrupt:
@@ -104,8 +121,10 @@ def _generate(args) -> None:
         rows.append({"completion_ids": completion.token_ids, "text": text,
                      "logprobs": completion.logprobs,
                      "finish_reason": completion.finish_reason})
-    write_completions(args.output, rows)
-    print(f"wrote {len(rows)} completions to {args.output}")
+    if distributed.is_main():
+        write_completions(args.output, rows)
+    distributed.barrier("generate_written")
+    _print_once(f"wrote {len(rows)} completions to {args.output}")
 
 
 def _run(args) -> None:
@@ -132,7 +151,10 @@ def _run(args) -> None:
                             compute_dtype=args.dtype, attention=args.attention)
         tokenizer = _from_flags(model.load_tokenizer, required=True)
     sample = read_sample(tokenizer, args.question, document, config)
-    with tqdm(total=len(sample.chunks) + 1, desc="chunks", unit="turn", file=sys.stderr) as bar:
+    if not args.url:
+        _start(args)
+    with tqdm(total=len(sample.chunks) + 1, desc="chunks", unit="turn", file=sys.stderr,
+              disable=not distributed.is_main()) as bar:
 
         def show(kind: str, reply: str) -> None:
             bar.update(1)
@@ -150,21 +172,23 @@ def _run(args) -> None:
         else:
             record = _run_locally(args, model, config, tokenizer, sample, show)
     if args.json:  # one JSON document on stdout, the answer in it
-        print(json.dumps(record, ensure_ascii=False, indent=2))
+        _print_once(json.dumps(record, ensure_ascii=False, indent=2))
     else:
         answer = record["answer"]
-        print(answer if answer is not None else record["final_reply"].strip())
+        _print_once(answer if answer is not None else record["final_reply"].strip())
 
 
 def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
     import dataclasses
 
+    from memagent_jax.models import job_mesh
     from memagent_jax.rollout.agent import build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.sampling import SamplingParams
 
-    policy = _from_flags(load_policy, section=model, tokenizer=tokenizer)
-    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), None,
+    mesh = job_mesh(None)
+    policy = _from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
+    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), mesh,
                         policy.stop_ids)
     sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
     (trajectory,) = agent.run(policy.params, [sample], sampling,
@@ -177,8 +201,15 @@ def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
 def _train(args) -> None:
     from memagent_jax.rl.config import load_train_config
     config = load_train_config(args.config, args.overrides)  # every key checked, no device yet
+    _start(args, auto=config.distributed)
     from memagent_jax.rl.trainer import train
     train(config)
+
+
+def _print_once(line: str) -> None:
+    """A result line on stdout, from process 0 only (every process of a job computes it)."""
+    if distributed.is_main():
+        print(line)
 
 
 def _read_document(path: str) -> str:
@@ -223,6 +254,7 @@ def _parse_size(text: str) -> int:
 
 def _eval(args) -> None:
     from memagent_jax.eval.runner import main as eval_main
+    _start(args)
     eval_main(args.config, args.overrides)
 
 
@@ -258,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hf", required=True, metavar="HF_DIR", help="config.json + *.safetensors")
     p.add_argument("--out", required=True, metavar="CKPT_DIR", help="new checkpoint directory")
     p.set_defaults(func=_convert)
+    distributed.add_flags(p)
 
     p = add("export", help="memagent-jax checkpoint -> HF safetensors directory")
     p.add_argument("--ckpt", required=True, metavar="CKPT_DIR",
@@ -267,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index")
     p.set_defaults(func=_export)
+    distributed.add_flags(p)
 
     p = add("generate", help="complete prompts from a JSONL file with the engine")
     p.add_argument("--model", required=True, metavar="PATH",
@@ -288,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "rounded up: powers of two to 256, then multiples of 256)")
     _add_model_flags(p)
     p.set_defaults(func=_generate)
+    distributed.add_flags(p)
 
     p = add("run", help="answer a question about a long document with the memory agent (the "
                         "quickstart)")
@@ -312,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
     _add_model_flags(p)
     p.set_defaults(func=_run)
+    distributed.add_flags(p)
 
     p = add("random-model", help="write an HF directory with random weights in a Qwen2.5 "
                                  "shape, and a word-level tokenizer")
@@ -330,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides, e.g. learner.lr=1e-6 steps=10")
     p.set_defaults(func=_train)
+    distributed.add_flags(p)
 
     p = add("eval", help="evaluate the memory agent (or the full-context baseline) over "
                          "context lengths; an interrupted eval resumes")
@@ -338,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", metavar="key=value",
                    help="dotted overrides, e.g. sampling.n=4 data.max_samples=16")
     p.set_defaults(func=_eval)
+    distributed.add_flags(p)
 
     from memagent_jax.data import command as data_command  # stdlib-only at import
     data_command.add_parser(sub)

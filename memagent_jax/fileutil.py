@@ -43,18 +43,29 @@ def atomic_directory(out_dir: str):
 
     out_dir must not exist or be an empty directory. On any exception the temporary directory
     is removed, so a failed or interrupted write never leaves a half-written out_dir behind.
+    In a multi-process job every process gets the same temporary directory, which process 0
+    creates and renames once all have finished with it; what each process writes there is
+    the caller's choice (Orbax writes from all of them, plain files come from process 0).
     """
+    from memagent_jax import distributed
+
     out_dir = os.path.abspath(out_dir)
     check_new_output(out_dir)
     parent = os.path.dirname(out_dir)
-    os.makedirs(parent, exist_ok=True)
-    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
+    main = distributed.is_main()
+    name = distributed.broadcast(uuid.uuid4().hex[:8])
+    tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{name}")
+    if main:
+        os.makedirs(tmp)
+    distributed.barrier(f"atomic_directory_made_{name}")
     try:
         yield tmp
-        if os.path.isdir(out_dir):
-            os.rmdir(out_dir)  # empty, checked above
-        os.rename(tmp, out_dir)
+        distributed.barrier(f"atomic_directory_written_{name}")
+        if main:
+            if os.path.isdir(out_dir):
+                os.rmdir(out_dir)  # empty, checked above
+            os.rename(tmp, out_dir)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if main:
+            shutil.rmtree(tmp, ignore_errors=True)
         raise

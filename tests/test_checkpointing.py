@@ -94,20 +94,22 @@ def test_no_checkpoint_to_restore_is_an_error(tmp_path):
 
 
 _CRASH = """
-import os, signal, sys
+import os, signal, sys, threading, time
 import jax.numpy as jnp
 from memagent_jax.rl.checkpointing import Checkpointer
 
-class DiesWhenSaved:
-    '''A data iterator whose position is read mid-save: the process dies right there.'''
-    def get_state(self):
-        os.kill(os.getpid(), signal.SIGKILL)
+def die_mid_save(directory):
+    # SIGKILL as soon as step 2's temporary directory exists, while its arrays are written.
+    while not any(p.startswith("2.") for p in os.listdir(directory)):
+        time.sleep(0.0005)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 checkpointer = Checkpointer(sys.argv[1], keep=3, async_save=True)
 checkpointer.save(1, {"w": jnp.arange(4096.0), "step": jnp.int32(1)}, {"step": 1})
 checkpointer.wait()
-checkpointer.save(2, {"w": jnp.arange(4096.0) * 2, "step": jnp.int32(2)}, {"step": 2},
-                  DiesWhenSaved())
+threading.Thread(target=die_mid_save, args=(sys.argv[1],)).start()
+checkpointer.save(2, {"w": jnp.ones(1 << 26) * 2, "step": jnp.int32(2)}, {"step": 2})
+checkpointer.wait()
 """
 
 

@@ -1,5 +1,5 @@
-"""The training input pipeline (data/pipeline.py): the hotpotqa layout, shuffling by seed,
-sharding by process, a resumable position, and rows that do not fit the layout."""
+"""The training input pipeline (data/pipeline.py): the hotpotqa layout, shuffling by seed, a
+resumable position, and rows that do not fit the layout."""
 
 import json
 
@@ -27,9 +27,9 @@ def test_rows_become_examples(dataset):
 
 
 def test_shuffled_by_seed_with_a_new_order_each_epoch(dataset):
-    first = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0, 0, 1), 20)]
-    again = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0, 0, 1), 20)]
-    other = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 1, 0, 1), 20)]
+    first = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0), 20)]
+    again = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0), 20)]
+    other = [e.index for e in pipeline.take(pipeline.training_iterator(dataset, 1), 20)]
     assert first == again and first != other
     assert sorted(first[:10]) == sorted(first[10:]) == list(range(10))
     assert first[:10] != first[10:]
@@ -37,25 +37,16 @@ def test_shuffled_by_seed_with_a_new_order_each_epoch(dataset):
 
 def test_unshuffled_reads_in_file_order(dataset):
     """data.shuffle false, the published scripts' setting: rows in order, epoch after epoch."""
-    iterator = pipeline.training_iterator(dataset, 0, 0, 1, shuffle=False)
+    iterator = pipeline.training_iterator(dataset, 0, shuffle=False)
     assert [e.index for e in pipeline.take(iterator, 20)] == list(range(10)) * 2
 
 
-def test_processes_get_disjoint_shards_that_cover_the_data(dataset):
-    shards = [{e.index for e in pipeline.take(pipeline.training_iterator(dataset, 0, p, 3), 4)}
-              for p in range(3)]
-    assert shards[0] | shards[1] | shards[2] == set(range(10))
-    assert not (shards[0] & shards[1]) and not (shards[1] & shards[2])
-    with pytest.raises(UserError, match="10 rows cannot be shared by 11 processes"):
-        pipeline.training_iterator(dataset, 0, 0, 11)
-
-
 def test_the_position_is_a_json_state_that_resumes_exactly(dataset):
-    iterator = pipeline.training_iterator(dataset, 4, 0, 1)
+    iterator = pipeline.training_iterator(dataset, 4)
     pipeline.take(iterator, 13)
     state = json.loads(json.dumps(iterator.get_state()))
     expected = [e.index for e in pipeline.take(iterator, 9)]
-    resumed = pipeline.training_iterator(dataset, 4, 0, 1)
+    resumed = pipeline.training_iterator(dataset, 4)
     resumed.set_state(state)
     assert [e.index for e in pipeline.take(resumed, 9)] == expected
 

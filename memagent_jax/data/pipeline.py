@@ -12,10 +12,12 @@ hub id (read through `datasets`, from its cache when there is no network). The e
 layout that `memagent-jax data ruler-hqa` writes (context, input, answers) is read as well, so
 validation can run on a RULER-HQA set.
 
-`training_iterator` shards the rows by process (process i of n takes rows i, i+n, ...), shuffles
-its shard by seed if asked (a new permutation every epoch), and repeats forever; its position
-is a small JSON-able state (`get_state`/`set_state`) that the checkpoint carries, so a resumed
-run draws exactly the examples the uninterrupted run would have drawn.
+`training_iterator` serves the rows in a seeded random order (a new permutation every epoch), or
+in file order, forever. Every process of a multi-host job reads the same global stream: each
+needs every example of a step, since the engine and learner are one SPMD program over all
+hosts' devices. The position is a small JSON-able state (`get_state`/`set_state`), the same on
+every process, which the checkpoint carries, so a resumed run, on any number of processes,
+draws exactly the examples the uninterrupted run would have drawn.
 
 `datasets` and `grain` are imported lazily: inference images often lack them.
 """
@@ -144,25 +146,14 @@ def concatenate(sources: list):
     return datasets.concatenate_datasets(sources)
 
 
-def training_iterator(dataset, seed: int, process_index: int | None = None,
-                      process_count: int | None = None, prefetch: int = 4,
-                      shuffle: bool = True):
-    """An endless grain iterator of Examples over this process's shard (module docstring),
-    in a seeded random order reshuffled every epoch, or in file order (shuffle False).
-
-    process_index/count default to jax.process_index()/process_count(). The iterator has
-    get_state() -> dict and set_state(dict); `grain.checkpoint.CheckpointSave` stores it in an
-    Orbax checkpoint, one file per process."""
+def training_iterator(dataset, seed: int, prefetch: int = 4, shuffle: bool = True):
+    """An endless grain iterator of Examples (module docstring), in a seeded random order
+    reshuffled every epoch, or in file order (shuffle False). It has get_state() -> dict and
+    set_state(dict)."""
     import grain  # lazy: optional dependency
 
-    if process_index is None or process_count is None:
-        import jax
-        process_index, process_count = jax.process_index(), jax.process_count()
     source = dataset if isinstance(dataset, ExampleSource) else ExampleSource(dataset)
-    if len(source) < process_count:
-        raise UserError(f"{source.name}: {len(source)} rows cannot be shared by "
-                        f"{process_count} processes")
-    ds = grain.MapDataset.source(source)[process_index::process_count]
+    ds = grain.MapDataset.source(source)
     if shuffle:  # before repeat: grain re-seeds the permutation each epoch
         ds = ds.shuffle(seed=seed)
     ds = ds.repeat(None)

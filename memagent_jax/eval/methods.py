@@ -25,7 +25,7 @@ import jax
 
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
-from memagent_jax.models import make_mesh
+from memagent_jax.models import job_mesh
 from memagent_jax.rollout.agent import Policy, build_agent, build_engine, load_policy
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
@@ -63,7 +63,7 @@ def _count(tokenizer, texts: list[str]) -> list[int]:
 
 def _load(config: EvalConfig, tokenizer) -> tuple[Policy, jax.sharding.Mesh | None]:
     """The model section's policy, and the config's mesh (None: one device) it is on."""
-    mesh = make_mesh(config.mesh, source="mesh") if config.mesh else None
+    mesh = job_mesh(config.mesh, source="mesh")
     return load_policy(config.model, tokenizer, mesh), mesh
 
 

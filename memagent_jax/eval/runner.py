@@ -13,6 +13,10 @@ Output dir:
   summary.json             this run's row: per set {label, samples, tokens, metrics x 100}
   table.md, table.json     rows = model/method (+ compared runs, + the paper), columns = lengths
   accuracy.png             accuracy vs context length, log x
+
+In a multi-process job (a pod) every process runs the model on the same questions (the engine
+is one SPMD program over all hosts' devices); process 0 alone claims the output dir, keeps the
+logs and writes the report, and tells the others which questions are left.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from memagent_jax import distributed
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import make_method
@@ -33,10 +38,11 @@ class Progress:
 
     def __init__(self, samples: int):
         from tqdm import tqdm
+        quiet = not distributed.is_main()
         self.samples = tqdm(total=samples, desc="samples", unit="sample", position=0,
-                            file=sys.stderr, dynamic_ncols=True)
+                            file=sys.stderr, dynamic_ncols=True, disable=quiet)
         self.turns = tqdm(total=0, desc="chunks", unit="turn", position=1, file=sys.stderr,
-                          dynamic_ncols=True)
+                          dynamic_ncols=True, disable=quiet)
 
     def add_turns(self, count: int) -> None:
         self.turns.total += count
@@ -50,21 +56,18 @@ class Progress:
         self.samples.close()
 
 
-def run_eval(config: EvalConfig, method=None) -> dict:
-    """Runs what is left of the eval and returns its summary. `method` replaces the one the
-    config names (tests drive the runner with scripted answers this way)."""
+def run_eval(config: EvalConfig, method=None) -> dict | None:
+    """Runs what is left of the eval and returns its summary (None on processes other than
+    0). `method` replaces the one the config names (tests drive the runner with scripted
+    answers this way)."""
     sets = load_sets(config.data.sets, config.data.max_samples)
     tokenizer = config.model.load_tokenizer(required=True)
     method = method or make_method(config, tokenizer)
     for s in sets:
         for row, record in enumerate(s.records):
             method.check(s.path, row, record)
-    out = OutputDir(config.output_dir, config.identity())
-    logs: dict[str, ResultLog] = {}
+    out, logs = _claim(config, sets)
     try:
-        logs = {s.name: out.log(s.name) for s in sets}
-        for s in sets:
-            _check_log_matches(s, logs[s.name])
         todo = [(s, [r for r in range(len(s.records)) if r not in logs[s.name].records])
                 for s in sets]
         remaining = sum(len(rows) for _, rows in todo)
@@ -81,14 +84,55 @@ def run_eval(config: EvalConfig, method=None) -> dict:
                                   ) from None
             finally:
                 progress.close()
+        if out is None:
+            return None
         summary = summarize(config, sets, logs)
     finally:
         for log in logs.values():
             log.close()
-        out.close()
+        if out is not None:
+            out.close()
     summary["table"] = write_report(config.output_dir, summary, config.report.compare,
                                     config.report.published)
     return summary
+
+
+class _Replica:
+    """What processes other than 0 keep instead of a ResultLog: the finished rows, no file."""
+
+    def __init__(self, rows):
+        self.records = dict.fromkeys(rows)
+
+    def append(self, record: dict) -> None:
+        self.records[record["row"]] = record
+
+    def close(self) -> None:
+        pass
+
+
+def _claim(config: EvalConfig, sets: list[EvalSet]) -> tuple[OutputDir | None, dict]:
+    """Process 0 claims the output dir and opens the logs; every process learns which rows are
+    done, or process 0's error. Returns (the OutputDir or None, {set name: log})."""
+    out, logs, outcome = None, {}, None
+    if distributed.is_main():
+        try:
+            out = OutputDir(config.output_dir, config.identity())
+            logs = {s.name: out.log(s.name) for s in sets}
+            for s in sets:
+                _check_log_matches(s, logs[s.name])
+            outcome = {name: list(log.records) for name, log in logs.items()}
+        except UserError as e:
+            for log in logs.values():
+                log.close()
+            if out is not None:
+                out.close()
+            outcome = str(e)
+    outcome = distributed.broadcast(outcome)
+    if isinstance(outcome, str):
+        raise UserError(outcome)
+    if out is None:
+        logs = {name: _Replica(rows) for name, rows in outcome.items()}
+    return out, logs
 
 
 def _check_log_matches(s: EvalSet, log: ResultLog) -> None:
@@ -142,5 +186,7 @@ def main(config_path: str, overrides: list[str]) -> None:
     from memagent_jax.runconfig import load_config
     config = load_config(EvalConfig, config_path, overrides)
     summary = run_eval(config)
+    if summary is None:
+        return
     print(markdown(summary["table"]), end="")
     print(f"results in {config.output_dir} (table.md, table.json, accuracy.png, samples/)")

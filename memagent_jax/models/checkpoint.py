@@ -24,6 +24,7 @@ import os
 import orbax.checkpoint as ocp
 from etils import epath
 
+from memagent_jax import distributed
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import mapping
@@ -82,8 +83,11 @@ def is_checkpoint_directory(path: str) -> bool:
 
 def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str]) -> None:
     """A training run's model description: model_config.json and hf_files/ (the side files of
-    `side_dirs`, the first found of each kept), written all or nothing."""
+    `side_dirs`, the first found of each kept), written all or nothing, by process 0 of a
+    multi-process job (every process calls it)."""
     with atomic_directory(out_dir) as tmp:
+        if not distributed.is_main():
+            return
         os.makedirs(os.path.join(tmp, SIDE_DIR))
         copied: set[str] = set()
         for directory in side_dirs:
@@ -99,15 +103,18 @@ def _has_model_files(directory: str) -> bool:
 
 def write_checkpoint(params: Params, config: ModelConfig, out_dir: str,
                      side_files_dir: str | None = None) -> None:
+    """Our checkpoint directory (module docstring), all or nothing; in a multi-process job
+    every process calls it and writes its shards of the parameters."""
     with atomic_directory(out_dir) as tmp:
-        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-            json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
         checkpointer.wait_until_finished()
-        os.makedirs(os.path.join(tmp, SIDE_DIR))
-        if side_files_dir:
-            copy_side_files(side_files_dir, os.path.join(tmp, SIDE_DIR))
+        if distributed.is_main():
+            with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
+                json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
+            os.makedirs(os.path.join(tmp, SIDE_DIR))
+            if side_files_dir:
+                copy_side_files(side_files_dir, os.path.join(tmp, SIDE_DIR))
 
 
 def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:

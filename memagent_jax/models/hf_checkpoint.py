@@ -16,6 +16,7 @@ import shutil
 import jax
 import numpy as np
 
+from memagent_jax import distributed
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import mapping
@@ -111,13 +112,18 @@ def _build(row: mapping.Row, info: TensorInfo, target: jax.ShapeDtypeStruct) -> 
 def write_directory(params: Params, config: ModelConfig, out_dir: str,
                     side_files_dir: str | None = None,
                     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
-    """Writes an HF directory from our parameters, all or nothing."""
+    """Writes an HF directory from our parameters, all or nothing. In a multi-process job every
+    process calls it: each tensor is gathered from all hosts, and process 0 writes."""
     params = mapping.flatten(params)
     tensors = [(name, params[ours].dtype, mapping.hf_shape(row, params[ours].shape),
-                lambda row=row, a=params[ours]: mapping.to_hf(row, np.asarray(a)))
+                lambda row=row, a=params[ours]: mapping.to_hf(row, distributed.to_host(a)))
                for row, ours, name in mapping.tensors(config)]
     shards = _split_into_shards(tensors, max_shard_bytes)
     with atomic_directory(out_dir) as tmp:
+        if not distributed.is_main():
+            for tensor in tensors:  # the gathers are collective: the same ones, in order
+                tensor[3]()
+            return
         weight_map = {}
         for k, shard in enumerate(shards):
             file = (SINGLE_FILE if len(shards) == 1

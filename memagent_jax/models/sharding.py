@@ -34,6 +34,15 @@ def make_mesh(axes: Mapping[str, int] | None = None, devices=None, source: str =
                          axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
+def job_mesh(axes: Mapping[str, int] | None, source: str = "mesh") -> Mesh | None:
+    """The mesh inference commands run on: `axes` over every device of the job when given;
+    else one device for a one-process job, and DEFAULT_MESH over all devices for a
+    multi-process one (a model on one host's device would leave the other hosts out)."""
+    if axes or jax.process_count() > 1:
+        return make_mesh(axes, source=source)
+    return None
+
+
 def resolve_axes(axes: Mapping[str, int] | None, device_count: int,
                  source: str = "mesh") -> dict[str, int]:
     """Every mesh axis's size on `device_count` devices: one size may be -1 (the devices left

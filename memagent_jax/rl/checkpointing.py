@@ -3,9 +3,9 @@
 A checkpoint is one step directory `<dir>/<step>/` of an Orbax `CheckpointManager`, with items:
 - `state`: the learner's pytree {params, opt_state, step} (sharded arrays; every process writes
   its shards, and restore puts each array back on the sharding of the target it is given);
-- `meta`:  JSON written by process 0: the trainer step, the RNG key data, and whatever else the
-  trainer needs to continue exactly (e.g. how many examples it has drawn);
-- `data`:  the grain iterator's position, one small JSON file per process.
+- `meta`:  JSON written by process 0: the trainer step, the RNG key data, the data iterator's
+  position (`data`; the same on every process, so a checkpoint of N processes resumes on any
+  number), and whatever else the trainer needs to continue exactly.
 
 Atomicity is Orbax's: a step is written under a temporary name and renamed to `<step>` only when
 every item of every process is complete (on object stores a commit marker plays that part), so
@@ -30,7 +30,6 @@ class Checkpointer:
 
     def __init__(self, directory: str, keep: int | None = 3, async_save: bool = True):
         import orbax.checkpoint as ocp
-        from grain.checkpoint import CheckpointHandler as GrainHandler  # lazy: optional
 
         # gs:// and other remote URLs go to Orbax as they are (it writes them natively).
         self.directory = directory if "://" in directory else os.path.abspath(directory)
@@ -40,8 +39,7 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory, options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(),
-                           "meta": ocp.JsonCheckpointHandler(),
-                           "data": GrainHandler()})
+                           "meta": ocp.JsonCheckpointHandler()})
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -54,12 +52,11 @@ class Checkpointer:
         """Starts writing checkpoint `step` (see async_save). The data iterator's position is
         read now, synchronously, so later draws do not leak into this checkpoint."""
         import orbax.checkpoint as ocp
-        from grain.checkpoint import CheckpointSave
 
+        if data_iterator is not None:
+            meta = {**meta, "data": data_iterator.get_state()}
         items = {"state": ocp.args.StandardSave(state),
                  "meta": ocp.args.JsonSave(_plain(meta))}
-        if data_iterator is not None:
-            items["data"] = CheckpointSave(data_iterator)
         self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, target: Any, data_iterator=None, step: int | None = None
@@ -68,15 +65,12 @@ class Checkpointer:
         (arrays or jax.ShapeDtypeStruct): its shapes, dtypes and shardings are what is
         restored. data_iterator, when given, is moved to the saved position in place."""
         import orbax.checkpoint as ocp
-        from grain.checkpoint import CheckpointRestore
 
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"{self.directory}: no checkpoint to restore")
         items = {"state": ocp.args.StandardRestore(abstract_like(target)),
                  "meta": ocp.args.JsonRestore()}
-        if data_iterator is not None:
-            items["data"] = CheckpointRestore(data_iterator)
         try:
             restored = self._manager.restore(step, args=ocp.args.Composite(**items))
         except ValueError as e:  # Orbax's tree mismatch: a page of both trees
@@ -84,7 +78,14 @@ class Checkpointer:
                 f"{self.directory}/{step}: the saved state does not match this run's model and "
                 f"optimiser ({str(e).splitlines()[0][:200]}); checkpoints of another model, or "
                 "of an older memagent-jax layout, cannot be resumed") from None
-        return restored["state"], dict(restored["meta"])
+        meta = dict(restored["meta"])
+        if data_iterator is not None:
+            if "data" not in meta:
+                raise UserError(f"{self.directory}/{step}: written by an older memagent-jax "
+                                "(the data position per process), so the run cannot resume "
+                                "exactly; start a new output_dir")
+            data_iterator.set_state(meta["data"])
+        return restored["state"], meta
 
     def wait(self) -> None:
         """Blocks until every started save has committed."""

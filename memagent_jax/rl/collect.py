@@ -12,7 +12,6 @@ statistics over every trajectory sampled.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from typing import Callable
 
@@ -81,13 +80,11 @@ def overlong_penalties(groups: list[list[Trajectory]], memory_cap: int, final_ca
 
 
 def collect_batch(agent: MemoryAgent, params, iterator, config,
-                  seed_for_try: Callable[[int], int],
-                  gather: Callable[[list[Example]], list[Example]] = lambda x: x,
-                  process_count: int = 1, on_turn: Callable | None = None) -> RolloutBatch:
+                  seed_for_try: Callable[[int], int], on_turn: Callable | None = None,
+                  stop: Callable[[], bool] = lambda: False) -> RolloutBatch | None:
     """One step's batch (module docstring), sampled with `params`. config: the TrainConfig;
-    seed_for_try(k): the sampling seed of rollout round k; gather: this process's drawn
-    examples -> every process's (the engine is SPMD: all processes must roll out the same
-    global batch)."""
+    seed_for_try(k): the sampling seed of rollout round k; stop(): asked before every round
+    after the first (a preemption notice): when true, the batch is abandoned (None)."""
     rollout, budgets, wanted = config.rollout, config.memagent, config.prompts_per_step
     dynamic = config.dynamic_sampling.enabled
     kept_examples, kept_groups, kept_rewards, drawn = [], [], [], []
@@ -95,8 +92,10 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
     tries, start = 0, time.perf_counter()
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):
+        if tries and stop():
+            return None
         need = wanted - len(kept_groups)
-        examples = gather(take(iterator, math.ceil(need / process_count)))
+        examples = take(iterator, need)
         drawn.extend(e.index for e in examples)
         sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k,
                                   seed=seed_for_try(tries))

@@ -15,8 +15,8 @@ errors naming the key), each checking its own values as it is built:
     checkpoint  Orbax directory, every N steps, keep the last N
 plus steps, prompts_per_step, seed, output_dir, log_dir, distributed, compilation_cache_dir.
 
-`TrainConfig`'s own check covers what spans sections; `check_devices(config, devices,
-processes)` checks the batches against the mesh on this machine. Files (data, model,
+`TrainConfig`'s own check covers what spans sections; `check_devices(config, devices)` checks
+the batches against the mesh over the job's devices. Files (data, model,
 tokenizer) are checked by the trainer, still before any model is loaded.
 """
 
@@ -210,14 +210,11 @@ def load_train_config(path: str | None, overrides: list[str] = ()) -> TrainConfi
     return load_config(TrainConfig, path, list(overrides))
 
 
-def check_devices(config: TrainConfig, device_count: int, process_count: int = 1) -> dict:
-    """The mesh's axis sizes on this machine; raises UserError when the config's batches do not
-    split over it: prompts over processes, the learner's micro-batch rows over the
-    data-parallel axes (data x fsdp), decode slots over data."""
+def check_devices(config: TrainConfig, device_count: int) -> dict:
+    """The mesh's axis sizes over the job's devices; raises UserError when the config's batches
+    do not split over it: the learner's micro-batch rows over the data-parallel axes
+    (data x fsdp), decode slots over data."""
     axes = resolve_axes(config.mesh, device_count, "mesh")
-    if config.prompts_per_step % process_count:
-        raise ConfigError("prompts_per_step", f"{config.prompts_per_step} prompts do not split "
-                                              f"over {process_count} processes")
     data_parallel = axes["data"] * axes["fsdp"]
     rows = config.learner.micro_batch_rows
     if rows is not None and rows % data_parallel:

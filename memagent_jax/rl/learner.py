@@ -205,7 +205,8 @@ class Learner:
         # update.
         self._ref_params = self._cast(self._params) if config.kl_coef != 0.0 else None
 
-        self._logprobs = jax.jit(self._logprobs_fn)
+        # Replicated: the host reads it, and on a pod no process holds every shard.
+        self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar)
         acc_shardings = (self._param_shardings, self._metric_shardings(self._metric_names()))
         self._train_step = jax.jit(
             self._train_step_fn, donate_argnums=(0, 1, 3),

@@ -16,8 +16,15 @@ checkpoint repeats exactly what the uninterrupted run does: same examples, same 
 parameters. `logs/steps.jsonl` records each step's drawn example indices to show it.
 
 Setup checks every input (config, data sources, model and tokenizer directories, the mesh
-against the devices) before a model is loaded or anything is compiled. Only process 0 writes
-logs; every process drives the same global batch through the SPMD engine and learner.
+against the devices) before a model is loaded or anything is compiled.
+
+On many processes (a pod; `memagent_jax.distributed`), every process reads the same examples
+and drives the whole global batch through the SPMD engine and learner (their arrays are split
+over every host's devices; rewards and rows are computed on each host, identically); only
+process 0 writes logs. Each step checks that the hosts agree on what they drew and sampled, and
+at start-up that they all see the same checkpoint directory. SIGTERM (a preemption notice)
+stops the run at the next rollout round or step boundary, on every process at once: the state
+of the last completed step is checkpointed and the command exits 0; rerunning it resumes.
 """
 
 from __future__ import annotations
@@ -25,19 +32,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import pickle
 import sys
 import time
+import uuid
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.experimental import multihost_utils
 from tqdm import tqdm
 
+from memagent_jax import distributed
 from memagent_jax.data import pipeline
-from memagent_jax.errors import Interrupted
+from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl.advantages import group_advantages
@@ -59,8 +66,7 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         check(config)
         self.config = config
-        if config.distributed:
-            jax.distributed.initialize()
+        distributed.start(distributed.Launch(auto=config.distributed))
         if config.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
             # Cache everything: the many small programs (prefill buckets, micro-batch shapes)
@@ -70,7 +76,7 @@ class Trainer:
         self.process_index, self.process_count = jax.process_index(), jax.process_count()
         self.is_main = self.process_index == 0
         self._check_inputs()              # files: data, model, tokenizer (no device work)
-        self.mesh_axes = check_devices(config, jax.device_count(), self.process_count)
+        self.mesh_axes = check_devices(config, jax.device_count())
         self._build()                     # devices from here on
         self.step = 0
         self.rng = jax.random.key(config.seed)
@@ -94,6 +100,7 @@ class Trainer:
     def _build(self) -> None:
         config = self.config
         self.mesh = make_mesh(self.mesh_axes, source="mesh")
+        self._check_shared_storage()
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
@@ -102,18 +109,43 @@ class Trainer:
         self.agent = build_agent(decoder, self.tokenizer, config.memagent, config.engine,
                                  self.mesh, policy.stop_ids)
         self.iterator = pipeline.training_iterator(self.train_data, config.seed,
-                                                   self.process_index, self.process_count,
                                                    shuffle=config.data.shuffle)
         self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
                                          async_save=config.checkpoint.async_save)
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
                                    self.process_index)
+        self.preemption = distributed.PreemptionNotice()
+
+    def _check_shared_storage(self) -> None:
+        """Every process must see the checkpoints process 0 writes (a gs:// bucket or a shared
+        file system), or a resumed pod would restore different states: process 0 writes a
+        marker, every process looks for it."""
+        if self.process_count == 1:
+            return
+        from etils import epath
+        directory = epath.Path(self.config.checkpoint_dir)
+        marker = directory / f".memagent_jax_job_{distributed.broadcast(uuid.uuid4().hex)}"
+        if self.is_main:
+            directory.mkdir(parents=True, exist_ok=True)
+            marker.write_text("written by process 0 at start-up; deleted once every process "
+                              "has seen it\n")
+        distributed.barrier("memagent_jax_marker_written")
+        seen = distributed.gather(distributed.wait_for(marker.exists, timeout_s=10))
+        distributed.barrier("memagent_jax_marker_read")
+        if self.is_main:
+            marker.unlink()
+        blind = [p for p, ok in enumerate(seen) if not ok]
+        if blind:
+            raise UserError(f"checkpoint directory {self.config.checkpoint_dir}: process(es) "
+                            f"{blind} do not see what process 0 writes there; every process "
+                            "of a job must see the same checkpoints (a gs:// bucket or a "
+                            "shared file system: see README, Pods)")
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
         directory loads as a model (`export`, `run`, `eval`, `generate`). Written once."""
         directory = os.path.join(self.config.checkpoint_dir, checkpoint.TRAINING_MODEL_DIR)
-        if not self.is_main or "://" in directory or os.path.isdir(directory):
+        if "://" in directory or distributed.broadcast(os.path.isdir(directory)):
             return
         m = self.config.model
         sources = [m.tokenizer, m.path, m.path and checkpoint.side_files_dir(m.path)]
@@ -145,9 +177,12 @@ class Trainer:
             with tqdm(total=config.steps, initial=self.step, desc="train", unit="step",
                       file=sys.stderr, disable=not self.is_main, dynamic_ncols=True) as bar:
                 self._bar = bar
-                while self.step < config.steps:
-                    record = self.train_step(self.step + 1)
-                    bar.update(1)
+                while self.step < config.steps and not self.stopped:
+                    record = self.train_step(self.step + 1) or record
+                    bar.update(0 if self.stopped else 1)
+                    if (self.step < config.steps and not self.stopped
+                            and self.preemption.reached()):
+                        self.stop(self.step)
         except KeyboardInterrupt:
             self.close()  # lets a checkpoint being written commit
             latest = self.checkpointer.latest_step()
@@ -156,7 +191,7 @@ class Trainer:
             raise Interrupted(f"interrupted in step {self.step + 1}; {kept}: run the same "
                               "command to resume") from None
         self.close()
-        if record:
+        if record and not self.stopped:
             summary = [f"reward {record['reward/mean']:.3f}"] + (
                 [f"val accuracy {record['val/accuracy']:.1f}"] if "val/accuracy" in record
                 else [])
@@ -166,17 +201,33 @@ class Trainer:
         return record
 
     def train_step(self, step: int) -> dict:
-        """Runs step `step` (self.step + 1): rollouts, update, validation, checkpoint, logs."""
+        """Runs step `step` (self.step + 1): rollouts, update, validation, checkpoint, logs.
+        A preemption notice between rollout rounds stops the run at the previous step
+        instead (`stopped`), checkpointed as it was when this step began."""
         config, start = self.config, time.perf_counter()
         turns = [0]
+        at_start = self.rng, self.iterator.get_state()
 
         def on_turn(_sample, _turn):
             turns[0] += 1
             if turns[0] % 16 == 0 and self._bar is not None:
                 self._bar.set_postfix_str(f"step {step}: {turns[0]} turns", refresh=True)
 
+        seeds = []
+
+        def seed_for_try(_try):
+            seeds.append(self._seed_for_try(_try))
+            return seeds[-1]
+
         batch = collect_batch(self.agent, self.learner.compute_params(), self.iterator, config,
-                              self._seed_for_try, self._gather, self.process_count, on_turn)
+                              seed_for_try, on_turn, stop=self.preemption.reached)
+        if batch is None:
+            self.rng = at_start[0]
+            self.iterator.set_state(at_start[1])
+            self.stop(step - 1)
+            return {}
+        distributed.check_same(f"step {step}'s drawn examples and sampling seeds",
+                               (batch.drawn, seeds, [e.index for e in batch.examples]))
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
@@ -240,7 +291,25 @@ class Trainer:
         self.checkpointer.save(step, state, meta, self.iterator)
         self._say(f"step {step}: checkpoint -> {self.config.checkpoint_dir}/{step}")
 
+    @property
+    def stopped(self) -> bool:
+        """Whether a preemption notice stopped the run (see `stop`)."""
+        return getattr(self, "_stopped", False)
+
+    def stop(self, step: int) -> None:
+        """Stops for a preemption notice after step `step`: its checkpoint is written (unless
+        it already is) and committed before this returns."""
+        self._stopped = True
+        if step and self.checkpointer.latest_step() != step:
+            self.save(step)
+        self.checkpointer.wait()
+        where = (f"step {step} is checkpointed in {self.config.checkpoint_dir}" if step
+                 else "no step was completed")
+        self._say(f"stopped by a preemption notice (SIGTERM) after step {step}: {where}; run "
+                  "the same command to resume")
+
     def close(self) -> None:
+        self.preemption.close()
         self.checkpointer.close()
         self.writer.close()
 
@@ -250,18 +319,6 @@ class Trainer:
         """A fresh rollout seed from the run's RNG key (split once per rollout round)."""
         self.rng, key = jax.random.split(self.rng)
         return int(jax.random.randint(key, (), 0, 2**31 - 1))
-
-    def _gather(self, local: list) -> list:
-        """Every process's drawn examples, in process order (identity on one process)."""
-        if self.process_count == 1:
-            return local
-        data = np.frombuffer(pickle.dumps(local), np.uint8)
-        sizes = multihost_utils.process_allgather(np.array([data.size]))
-        padded = np.zeros(int(sizes.max()), np.uint8)
-        padded[:data.size] = data
-        everything = multihost_utils.process_allgather(padded)
-        return [e for p in range(self.process_count)
-                for e in pickle.loads(everything[p, :int(sizes[p, 0])].tobytes())]
 
     def _reset_step_log(self) -> None:
         """steps.jsonl keeps the records up to the step the run (re)starts from: a killed run

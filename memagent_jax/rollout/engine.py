@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen2 import KVCache, Params, Qwen2, split_params
@@ -178,11 +178,14 @@ class Engine:
         param_shardings = jax.tree.map(lambda a: a.sharding, self.abstract_params)
         self._state_sharding = self._decode_state_sharding()
         self._prefill = jax.jit(self._prefill_fn, in_shardings=(param_shardings, None, None))
+        # Sampled tokens and log-probs replicated: the host reads them, and on a pod no
+        # process holds every slot.
+        host = None if mesh is None else NamedSharding(mesh, PartitionSpec())
         self._insert = jax.jit(self._insert_fn, donate_argnums=(1,),
-                               out_shardings=(self._state_sharding, None, None))
+                               out_shardings=(self._state_sharding, host, host))
         self._generate = jax.jit(self._generate_fn, donate_argnums=(1,),
                                  in_shardings=(param_shardings, None),
-                                 out_shardings=(self._state_sharding, None, None))
+                                 out_shardings=(self._state_sharding, host, host))
 
     # ---- DecodeEngine ---------------------------------------------------------------------
 

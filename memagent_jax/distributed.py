@@ -1,0 +1,291 @@
+"""One job over many processes (a TPU pod's hosts, a GPU cluster's nodes): start-up, and the
+few host-side collectives the commands need.
+
+Every command that touches devices calls `start()` before anything else uses JAX. Where its
+coordinates come from, first match wins:
+1. flags: `--coordinator HOST:PORT --num-processes N --process-id I [--local-device-ids 0,1]`;
+2. the environment: `JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID` (and
+   JAX's own `JAX_LOCAL_DEVICE_IDS`), as Orbax's multi-host test runner sets them;
+3. with `--distributed` (train: `distributed: true`), JAX's cluster auto-detection: Cloud TPU
+   VMs, SLURM, Open MPI, Kubernetes;
+4. otherwise one process.
+Start-up is bounded by `timeout_s`: a coordinator that never answers, or a process that never
+joins, ends every process with one line (`UserError`) instead of JAX's abort after its own
+deadline. Once up, the processes compare what each was told (process count, and a fingerprint
+of the command line), so a job started with mismatched flags stops at once, on every process.
+On CPU the collectives go through gloo.
+
+After `start()`, `jax.process_index()`/`process_count()` say who is who. The helpers below are
+what keeps hosts in agreement: `to_host` (a global array, whole, on every host), `gather` and
+`broadcast` (Python values), `barrier`, and `check_same` (a lockstep check that fails loudly).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import pickle
+import sys
+import threading
+import time
+from typing import Any
+
+from memagent_jax.errors import UserError
+
+_ENV = ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+    """Where this process stands in its job (module docstring); None: from the environment."""
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    local_device_ids: tuple[int, ...] | None = None
+    timeout_s: int = 300
+    auto: bool = False
+
+
+def add_flags(parser) -> None:
+    """The start-up flags every device command takes (see the module docstring)."""
+    group = parser.add_argument_group(
+        "multi-process jobs (default: one process; env JAX_COORDINATOR_ADDRESS, "
+        "JAX_NUM_PROCESSES, JAX_PROCESS_ID)")
+    group.add_argument("--coordinator", metavar="HOST:PORT",
+                       help="process 0's address, the same on every process")
+    group.add_argument("--num-processes", type=int, metavar="N")
+    group.add_argument("--process-id", type=int, metavar="I", help="0 .. N-1")
+    group.add_argument("--local-device-ids", metavar="0,1,...",
+                       help="the devices this process drives (default: all it sees)")
+    group.add_argument("--distributed", action="store_true",
+                       help="detect the job from the cluster (Cloud TPU VM, SLURM, Open MPI)")
+    group.add_argument("--start-timeout", type=int, default=300, metavar="SECONDS",
+                       help="how long processes wait for each other at start-up")
+
+
+def launch_from_flags(args, auto: bool = False) -> Launch:
+    """The Launch the flags of `add_flags` describe (auto: --distributed, or a config's
+    `distributed: true`)."""
+    ids = None
+    if args.local_device_ids:
+        try:
+            ids = tuple(int(i) for i in args.local_device_ids.split(","))
+        except ValueError:
+            raise UserError(f"--local-device-ids: expected integers such as 0,1,2,3, got "
+                            f"{args.local_device_ids!r}") from None
+    if args.start_timeout <= 0:
+        raise UserError(f"--start-timeout must be positive, got {args.start_timeout}")
+    return Launch(args.coordinator, args.num_processes, args.process_id, ids,
+                  args.start_timeout, auto or args.distributed)
+
+
+def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
+    """Joins this process to its job (module docstring); a no-op for a single process or when
+    already joined. fingerprint: what every process must agree on (the command line)."""
+    import jax
+    from jax._src import distributed as jax_distributed
+
+    if jax_distributed.global_state.client is not None:
+        return
+    coordinator, count, index = _coordinates(launch)
+    if coordinator is None and not launch.auto:
+        return
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    where = (f"process {index} of {count}, coordinator {coordinator}" if coordinator
+             else "cluster auto-detection")
+    done = threading.Event()
+
+    def give_up():  # JAX's own deadline aborts with a page of C++ stack: one line instead
+        if not done.wait(launch.timeout_s):
+            print(f"memagent-jax: error: the processes did not all join within "
+                  f"{launch.timeout_s} s ({where}): check that every process runs with the "
+                  "same --num-processes and that the coordinator's address is reachable "
+                  "(--start-timeout to wait longer)", file=sys.stderr, flush=True)
+            os._exit(2)
+
+    threading.Thread(target=give_up, daemon=True).start()
+    try:
+        jax.distributed.initialize(coordinator, count, index, launch.local_device_ids,
+                                   initialization_timeout=launch.timeout_s + 60)
+        _check_agreement(count, fingerprint, launch.timeout_s)
+    except (ValueError, RuntimeError) as e:
+        raise UserError(f"cannot start the distributed job ({where}): "
+                        f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    finally:
+        done.set()
+
+
+def _coordinates(launch: Launch) -> tuple[str | None, int | None, int | None]:
+    """(coordinator, count, index) from the flags, else the environment; all or none."""
+    given = {"--coordinator": launch.coordinator, "--num-processes": launch.num_processes,
+             "--process-id": launch.process_id}
+    if all(v is None for v in given.values()):
+        env = {name: os.environ.get(name) for name in _ENV}
+        if all(v is None for v in env.values()):
+            return None, None, None
+        missing = [name for name, v in env.items() if v is None]
+        if missing:
+            raise UserError(f"{', '.join(missing)} not set: a multi-process job needs all of "
+                            f"{', '.join(_ENV)}")
+        try:
+            count, index = int(env[_ENV[1]]), int(env[_ENV[2]])
+        except ValueError:
+            raise UserError(f"{_ENV[1]}={env[_ENV[1]]!r}, {_ENV[2]}={env[_ENV[2]]!r}: expected "
+                            "integers") from None
+        given = {_ENV[0]: env[_ENV[0]], _ENV[1]: count, _ENV[2]: index}
+    missing = [name for name, v in given.items() if v is None]
+    if missing:
+        raise UserError(f"{', '.join(missing)} missing: a multi-process job needs "
+                        f"{', '.join(given)}")
+    address, count, index = given.values()
+    names = list(given)
+    if count < 1 or not 0 <= index < count:
+        raise UserError(f"{names[2]} {index} is not in 0..{count - 1} ({names[1]} {count})")
+    if ":" not in address:
+        raise UserError(f"{names[0]} {address!r}: expected HOST:PORT")
+    return address, count, index
+
+
+def _check_agreement(count: int | None, fingerprint: str, timeout_s: int) -> None:
+    """Every process publishes what it was told (process count, command line); every process
+    reads them all, so a mismatch stops each of them."""
+    import jax
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    told = count or jax.process_count()
+    mine = f"{told}|{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
+    client.key_value_set(f"memagent_jax/start/{jax.process_index()}", mine)
+    told_all = [client.blocking_key_value_get(f"memagent_jax/start/{p}", timeout_s * 1000)
+                for p in range(jax.process_count())]
+    counts = [int(t.split("|")[0]) for t in told_all]
+    if any(c != jax.process_count() for c in counts):
+        raise UserError(f"{jax.process_count()} processes joined, but they were told "
+                        f"{', '.join(f'process {p}: {c}' for p, c in enumerate(counts))} "
+                        "processes: give every process the same --num-processes")
+    differing = [p for p, t in enumerate(told_all) if t != told_all[0]]
+    if differing:
+        raise UserError(f"process(es) {differing} were started differently from process 0 "
+                        "(another command, config or flags): every process of a job runs the "
+                        "same command line")
+
+
+# ---- host-side collectives (identity on one process) -------------------------------------
+
+def joined() -> bool:
+    """Whether this process is part of a started multi-process job (without loading JAX, or
+    starting its backend, where it is not)."""
+    state = sys.modules.get("jax._src.distributed")
+    return state is not None and state.global_state.client is not None
+
+
+def is_main() -> bool:
+    """Process 0: the one that writes logs and outputs."""
+    import jax
+    return not joined() or jax.process_index() == 0
+
+
+def to_host(tree: Any) -> Any:
+    """Every array of `tree`, whole, as NumPy on every process (a global array split across
+    hosts cannot be read directly)."""
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    if not joined():
+        return jax.device_get(tree)
+
+    def fetch(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            if x.is_fully_replicated:
+                return np.asarray(x.addressable_data(0))
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return jax.device_get(x)
+
+    return jax.tree.map(fetch, tree)
+
+
+def gather(value: Any) -> list:
+    """[process 0's value, process 1's, ...] on every process (any picklable value)."""
+    if not joined():
+        return [value]
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(pickle.dumps(value), np.uint8)
+    sizes = multihost_utils.process_allgather(np.array([data.size]))
+    padded = np.zeros(int(sizes.max()), np.uint8)
+    padded[:data.size] = data
+    everything = multihost_utils.process_allgather(padded)
+    return [pickle.loads(everything[p, :int(sizes[p, 0])].tobytes())
+            for p in range(jax.process_count())]
+
+
+def broadcast(value: Any) -> Any:
+    """Process 0's value, on every process."""
+    return gather(value)[0]
+
+
+def barrier(name: str) -> None:
+    """Waits until every process reaches the barrier of this name."""
+    if joined():
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
+def check_same(what: str, value: Any) -> None:
+    """Raises RuntimeError on every process when the processes' values differ: hosts that
+    drifted apart would otherwise feed different data to one SPMD program."""
+    values = gather(value)
+    if any(v != values[0] for v in values[1:]):
+        import jax
+        differing = [p for p, v in enumerate(values) if v != values[0]]
+        raise RuntimeError(f"the processes are out of step: {what} differs on process(es) "
+                           f"{differing} from process 0 (process {jax.process_index()} has "
+                           f"{value!r:.200})")
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.5) -> bool:
+    """Polls predicate() until true or timeout (shared-storage checks); returns its last
+    value."""
+    deadline = time.monotonic() + timeout_s
+    while not (ok := predicate()) and time.monotonic() < deadline:
+        time.sleep(interval_s)
+    return ok
+
+
+class PreemptionNotice:
+    """Whether the job has been told to stop (SIGTERM: how TPU VMs and most schedulers
+    announce a preemption). `reached()` is called by every process at the same points (step
+    and rollout-round boundaries); it returns True on all of them at the same call once any
+    process got the signal (JAX's preemption sync point), or, for one process, once it did."""
+
+    def __init__(self):
+        import signal
+
+        from jax._src import distributed as jax_distributed
+        self._calls = 0
+        self._signalled = False
+        self._synced = jax_distributed.global_state.preemption_sync_manager is not None
+        self._previous = None
+        if not self._synced and threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signalled = True
+
+    def reached(self) -> bool:
+        if not self._synced:
+            return self._signalled
+        from jax.experimental import multihost_utils
+        self._calls += 1
+        return multihost_utils.reached_preemption_sync_point(self._calls)
+
+    def close(self) -> None:
+        """Gives SIGTERM back to whoever handled it before."""
+        import signal
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None

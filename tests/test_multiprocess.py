@@ -1,0 +1,239 @@
+"""A pod on one machine: commands run as a job of 2 JAX processes x 4 CPU devices (gloo over
+loopback, tests/multiprocess.py) and give what the same command gives on 1 process x 8 devices:
+training (three meshes, the same examples, the same parameters), preemption by SIGTERM and
+resuming on another process count, export / generate / eval written once, and bad starts."""
+
+import json
+import os
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import yaml
+
+from memagent_jax.data.needle import needle_rows, vocabulary, write_rows, write_tokenizer
+from tests import multiprocess
+
+PREFIX = "memagent-jax: error: "
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    """Needle rows whose ground truths are 40 words of the vocabulary, so that a random model's
+    replies get rewards 0 and 1 (`contains`) and the updates are not all zero; an eval set."""
+    root = tmp_path_factory.mktemp("pod")
+    words = vocabulary()[6:]
+    rng = np.random.default_rng(0)
+    rows = needle_rows(16, seed=2)
+    for row in rows:
+        row["reward_model"]["ground_truth"] = list(rng.choice(words, 40, replace=False))
+    paths = {"train": write_rows(rows, str(root / "train.parquet")),
+             "tokenizer": write_tokenizer(str(root / "tokenizer")),
+             "sets": str(root / "eval_1.json"), "root": root}
+    records = [{"context": r["context"], "input": r["prompt"][0]["content"],
+                "answers": r["reward_model"]["ground_truth"][:3], "num_docs": 1, "index": i}
+               for i, r in enumerate(needle_rows(4, seed=9))]
+    with open(paths["sets"], "w") as f:
+        json.dump(records, f)
+    return paths
+
+
+def _train_config(task, path, mesh: dict, steps: int) -> str:
+    """A tiny run: 4 prompts x n 2 per step, one rollout round, a checkpoint every step."""
+    config = {
+        "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
+        "mesh": mesh,
+        "data": {"train": [task["train"]], "reward": "contains", "shuffle": True},
+        "memagent": {"chunk_tokens": 32, "max_memory_tokens": 6, "max_final_tokens": 4,
+                     "max_problem_tokens": 8},
+        "engine": {"slots": 8, "prefill_buckets": [256]},
+        "rollout": {"n": 2},
+        # adam_eps 1e-5: AdamW's update lr * g / (|g| + eps) turns float32 noise in a
+        # near-zero gradient into up to lr / eps times as much parameter noise.
+        "learner": {"lr": 1e-3, "adam_eps": 1e-5, "warmup_steps": 0,
+                    "micro_batch_tokens": 4096, "bucket_lengths": [256]},
+        "validation": {"every": 0},
+        "checkpoint": {"every": 1, "keep": 5, "async_save": False},
+        "steps": steps, "prompts_per_step": 4, "seed": 5,
+        # Shared by the runs on 1 process x 8 devices (the reference, the resumed run).
+        "compilation_cache_dir": str(task["root"] / "jax_cache"),
+    }
+    with open(path, "w") as f:
+        yaml.safe_dump(config, f)
+    return str(path)
+
+
+def _train(task, out, mesh, steps, processes, **kwargs):
+    config = _train_config(task, out.parent / f"{out.name}.yaml", mesh, steps)
+    return multiprocess.start(["train", "--config", config, f"output_dir={out}"], processes,
+                              devices=8 // processes, **kwargs)
+
+
+def _state(out, step) -> dict:
+    """Step `step`'s parameters and AdamW moments, read back by Orbax, by path."""
+    path = os.path.join(out, "checkpoints", str(step), "state")
+    checkpointer = ocp.StandardCheckpointer()
+    metadata = dict(checkpointer.metadata(path).item_metadata.tree)  # another topology
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    state = checkpointer.restore(path, jax.tree.map(
+        lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), metadata))
+    return {jax.tree_util.keystr(p): np.asarray(x)
+            for p, x in jax.tree_util.tree_leaves_with_path(state) if np.ndim(x)}
+
+
+def _examples(out) -> list[list[int]]:
+    with open(os.path.join(out, "logs", "steps.jsonl")) as f:
+        return [json.loads(line)["examples"] for line in f if json.loads(line)["step"]]
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    """Equal up to float32 summation order (which differs with the mesh and the collectives),
+    leaf by leaf, relative to the leaf's scale."""
+    assert a.keys() == b.keys()
+    for name in a:
+        scale = float(np.abs(b[name]).max())
+        assert np.abs(a[name] - b[name]).max() <= 1e-4 * scale, name
+
+
+@pytest.fixture(scope="module")
+def reference(task):
+    """Three training steps on 1 process x 8 devices (mesh fsdp 8)."""
+    out = task["root"] / "reference"
+    multiprocess.check_ok(multiprocess.wait(_train(task, out, {"fsdp": 8}, 3, 1), 300))
+    return out
+
+
+@pytest.mark.parametrize("mesh", [{"data": 2, "fsdp": 4}, {"tensor": 8}])
+def test_two_processes_train_as_one(task, reference, tmp_path, mesh):
+    out = tmp_path / "pod"
+    results = multiprocess.wait(_train(task, out, mesh, 2, 2), 300)
+    multiprocess.check_ok(results)
+    assert "finished step 2 of 2" in results[0].stderr
+    assert "finished step" not in results[1].stderr  # process 0 reports, and logs, once
+    assert _examples(out) == _examples(reference)[:2]
+    assert len({e for step in _examples(out) for e in step}) == 8  # no paired draws
+    for step in (1, 2):
+        _assert_same_state(_state(out, step), _state(reference, step))
+
+
+def test_sigterm_stops_every_process_at_one_step_and_resumes_on_one_process(
+        task, reference, tmp_path):
+    out = tmp_path / "pod"
+    processes = _train(task, out, {"fsdp": 8}, 3, 2)
+    first = out / "checkpoints" / "1"
+    deadline = time.monotonic() + 240
+    while not first.is_dir() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    multiprocess.terminate(processes[1])  # a preemption notice to one host
+    results = multiprocess.wait(processes, 240)
+    multiprocess.check_ok(results)  # exit 0 on both
+    stopped = [line for line in results[0].stderr.splitlines()
+               if "stopped by a preemption notice" in line]
+    assert len(stopped) == 1, results[0].stderr[-3000:]
+    step = int(stopped[0].split("after step ")[1].split(":")[0])
+    assert 1 <= step < 3
+    assert sorted(int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()) == list(
+        range(1, step + 1))
+    _assert_same_state(_state(out, step), _state(reference, step))
+
+    # The 2-process checkpoint resumes on 1 process x 8 devices, as if never interrupted.
+    resumed = multiprocess.wait(_train(task, out, {"fsdp": 8}, 3, 1), 300)
+    multiprocess.check_ok(resumed)
+    assert f"resuming from step {step}" in resumed[0].stderr
+    assert _examples(out) == _examples(reference)
+    _assert_same_state(_state(out, 3), _state(reference, 3))
+
+
+_COMMANDS = """
+import json, sys
+from memagent_jax.cli import main
+ckpt, sets, out = sys.argv[1:4]
+for argv in (["export", "--ckpt", ckpt, "--out", out + "/hf", "--max-shard-size", "40KB"],
+             ["generate", "--model", out + "/hf", "--input", out + "/../prompts.jsonl",
+              "--output", out + "/completions.jsonl", "--max-new-tokens", "6", "--slots", "4"],
+             ["eval", "--config", "configs/eval_tiny_cpu.yaml", "model.path=" + out + "/hf",
+              "data.sets=" + json.dumps([sets]), "output_dir=" + out + "/eval",
+              "engine.slots=8"]):
+    code = main(argv)
+    if code:
+        sys.exit(code)
+"""
+
+
+def test_export_generate_and_eval_on_two_processes_write_what_one_process_writes(
+        task, reference, tmp_path):
+    with open(tmp_path / "prompts.jsonl", "w") as f:
+        for text in ("what is the secret code ?", "the river runs past", "children play"):
+            f.write(json.dumps({"prompt": text}) + "\n")
+    outputs = {}
+    for processes in (1, 2):
+        out = tmp_path / f"p{processes}"
+        out.mkdir()
+        args = ["-c", _COMMANDS, str(reference / "checkpoints" / "3"), task["sets"], str(out)]
+        results = multiprocess.run(args, processes, timeout_s=300, devices=8 // processes)
+        multiprocess.check_ok(results)
+        # Process 0 prints each result once (gloo's C++ notes its connections on stdout).
+        printed = [[line for line in r.stdout.splitlines() if not line.startswith("[Gloo]")]
+                   for r in results]
+        assert sum(line.startswith("exported") for line in printed[0]) == 1
+        assert printed[1:] == [[]] * (processes - 1)
+        outputs[processes] = out
+    one, two = outputs[1], outputs[2]
+    hf_files = sorted(os.listdir(one / "hf"))
+    assert sorted(os.listdir(two / "hf")) == hf_files and len(hf_files) > 4  # shards + index
+    for name in hf_files:
+        assert (one / "hf" / name).read_bytes() == (two / "hf" / name).read_bytes(), name
+
+    def completions(out):
+        return [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+
+    assert len(completions(two)) == 3
+    for a, b in zip(completions(one), completions(two)):
+        assert a["completion_ids"] == b["completion_ids"]
+        np.testing.assert_allclose(a["logprobs"], b["logprobs"], atol=1e-5)
+
+    def eval_lines(out):
+        lines = (out / "eval" / "samples" / "eval_1.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items()} for line in lines]
+
+    assert len(eval_lines(two)) == 4  # each question once
+    assert [[r["reply"] for r in line["runs"]] for line in eval_lines(two)] == [
+        [r["reply"] for r in line["runs"]] for line in eval_lines(one)]
+    assert (two / "eval" / "table.md").read_text() == (one / "eval" / "table.md").read_text()
+
+
+def test_bad_starts_end_every_process_with_one_line(task, tmp_path):
+    # A coordinator that never answers: process 1 of 2 alone.
+    start = time.monotonic()
+    (result,) = multiprocess.run(["convert", "--hf", str(tmp_path / "none"), "--out",
+                                  str(tmp_path / "x"), "--start-timeout", "5"], 1,
+                                 timeout_s=60, env_for=lambda i, env: env.update(
+                                     JAX_COORDINATOR_ADDRESS=f"127.0.0.1:"
+                                     f"{multiprocess.free_port()}",
+                                     JAX_NUM_PROCESSES="2", JAX_PROCESS_ID="1"))
+    assert result.returncode == 2 and time.monotonic() - start < 50
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith(PREFIX)]
+    assert "did not all join within 5 s" in line and "process 1 of 2" in line
+
+    # Mismatched process counts: process 1 thinks the job has 3.
+    def three(i, env):
+        if i == 1:
+            env["JAX_NUM_PROCESSES"] = "3"
+
+    config = _train_config(task, tmp_path / "c.yaml", {"fsdp": -1}, 1)
+    results = multiprocess.run(["train", "--config", config, f"output_dir={tmp_path / 'o'}",
+                                "--start-timeout", "20"], 2, timeout_s=90, env_for=three)
+    for r in results:
+        assert r.returncode == 2, r.stderr[-2000:]
+        (line,) = [x for x in r.stderr.splitlines() if x.startswith(PREFIX)]
+        assert "process 0: 2, process 1: 3" in line
+
+    # A mesh that does not divide the job's 8 devices.
+    results = multiprocess.run(["train", "--config", config, f"output_dir={tmp_path / 'o'}",
+                                "mesh={data: 3, fsdp: -1}"], 2, timeout_s=90)
+    for r in results:
+        assert r.returncode == 2, r.stderr[-2000:]
+        (line,) = [x for x in r.stderr.splitlines() if x.startswith(PREFIX)]
+        assert "mesh: 8 devices do not divide by 3" in line
