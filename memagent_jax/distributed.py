@@ -110,6 +110,11 @@ def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
                                    initialization_timeout=launch.timeout_s + 60)
         _check_agreement(count, fingerprint, launch.timeout_s)
     except (ValueError, RuntimeError) as e:
+        if coordinator is None:
+            raise UserError("--distributed (distributed: true) found no cluster to join "
+                            "(Cloud TPU VM, SLURM, Open MPI, Kubernetes): give --coordinator, "
+                            "--num-processes and --process-id, or JAX_COORDINATOR_ADDRESS, "
+                            "JAX_NUM_PROCESSES and JAX_PROCESS_ID") from None
         raise UserError(f"cannot start the distributed job ({where}): "
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     finally:
@@ -247,19 +252,39 @@ def check_same(what: str, value: Any) -> None:
                            f"{value!r:.200})")
 
 
-def wait_for(predicate, timeout_s: float, interval_s: float = 0.5) -> bool:
-    """Polls predicate() until true or timeout (shared-storage checks); returns its last
-    value."""
+def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
+    """Raises UserError on every process unless all of them see what process 0 writes under
+    `path` (a local path or a gs:// URL): training checkpoints written by one host must be
+    restorable by all. A no-op on one process."""
+    if not joined():
+        return
+    from etils import epath
+
+    directory = epath.Path(path)
+    marker = directory / f".memagent_jax_job_{broadcast(os.urandom(8).hex())}"
+    if is_main():
+        directory.mkdir(parents=True, exist_ok=True)
+        marker.write_text("written by process 0 at start-up; deleted once every process has "
+                          "looked for it\n")
+    barrier("memagent_jax_marker_written")
     deadline = time.monotonic() + timeout_s
-    while not (ok := predicate()) and time.monotonic() < deadline:
-        time.sleep(interval_s)
-    return ok
+    while not (seen := marker.exists()) and time.monotonic() < deadline:
+        time.sleep(0.5)  # shared file systems may show a new file late
+    seen_by = gather(seen)
+    barrier("memagent_jax_marker_read")
+    if is_main():
+        marker.unlink()
+    blind = [p for p, ok in enumerate(seen_by) if not ok]
+    if blind:
+        raise UserError(f"{what} {path}: process(es) {blind} do not see what process 0 writes "
+                        "there; every process of a job must see the same directory (a gs:// "
+                        "bucket or a shared file system; README, Pods and clusters)")
 
 
 class PreemptionNotice:
     """Whether the job has been told to stop (SIGTERM: how TPU VMs and most schedulers
-    announce a preemption). `reached()` is called by every process at the same points (step
-    and rollout-round boundaries); it returns True on all of them at the same call once any
+    announce a preemption). `reached()` is called by every process at the same points (after
+    each turn and each step); it returns True on all of them at the same call once any
     process got the signal (JAX's preemption sync point), or, for one process, once it did."""
 
     def __init__(self):

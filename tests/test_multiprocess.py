@@ -5,6 +5,7 @@ resuming on another process count, export / generate / eval written once, and ba
 
 import json
 import os
+import re
 import time
 
 import jax
@@ -13,7 +14,9 @@ import orbax.checkpoint as ocp
 import pytest
 import yaml
 
+from memagent_jax import distributed
 from memagent_jax.data.needle import needle_rows, vocabulary, write_rows, write_tokenizer
+from memagent_jax.errors import UserError
 from tests import multiprocess
 
 PREFIX = "memagent-jax: error: "
@@ -230,6 +233,18 @@ def test_bad_starts_end_every_process_with_one_line(task, tmp_path):
         (line,) = [x for x in r.stderr.splitlines() if x.startswith(PREFIX)]
         assert "process 0: 2, process 1: 3" in line
 
+    # Hosts that do not share the checkpoint directory: `~` is another directory on each.
+    def own_home(i, env):
+        env["HOME"] = str(tmp_path / f"home{i}")
+
+    results = multiprocess.run(["train", "--config", config, "output_dir=~/run"], 2,
+                               timeout_s=90, env_for=own_home)
+    for r in results:
+        assert r.returncode == 2, r.stderr[-2000:]
+        (line,) = [x for x in r.stderr.splitlines() if x.startswith(PREFIX)]
+        assert "process(es) [1] do not see what process 0 writes there" in line
+    assert os.listdir(tmp_path / "home0" / "run" / "checkpoints") == []  # the marker is gone
+
     # A mesh that does not divide the job's 8 devices.
     results = multiprocess.run(["train", "--config", config, f"output_dir={tmp_path / 'o'}",
                                 "mesh={data: 3, fsdp: -1}"], 2, timeout_s=90)
@@ -237,3 +252,22 @@ def test_bad_starts_end_every_process_with_one_line(task, tmp_path):
         assert r.returncode == 2, r.stderr[-2000:]
         (line,) = [x for x in r.stderr.splitlines() if x.startswith(PREFIX)]
         assert "mesh: 8 devices do not divide by 3" in line
+
+
+@pytest.mark.parametrize("launch, env, message", [
+    (distributed.Launch(), {"JAX_NUM_PROCESSES": "2"},
+     "JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID not set"),
+    (distributed.Launch("h:1", 2, 2), {}, "--process-id 2 is not in 0..1 (--num-processes 2)"),
+    (distributed.Launch("h:1", 2), {}, "--process-id missing"),
+    (distributed.Launch(), {"JAX_COORDINATOR_ADDRESS": "h", "JAX_NUM_PROCESSES": "2",
+                            "JAX_PROCESS_ID": "0"}, "JAX_COORDINATOR_ADDRESS 'h': expected HOST:PORT"),
+])
+def test_start_up_coordinates_are_checked_before_anything_starts(monkeypatch, launch, env,
+                                                                 message):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=re.escape(message)):
+        distributed.start(launch)
+    assert not distributed.joined()

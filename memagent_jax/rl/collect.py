@@ -80,11 +80,11 @@ def overlong_penalties(groups: list[list[Trajectory]], memory_cap: int, final_ca
 
 
 def collect_batch(agent: MemoryAgent, params, iterator, config,
-                  seed_for_try: Callable[[int], int], on_turn: Callable | None = None,
-                  stop: Callable[[], bool] = lambda: False) -> RolloutBatch | None:
+                  seed_for_try: Callable[[int], int], on_turn: Callable | None = None
+                  ) -> RolloutBatch:
     """One step's batch (module docstring), sampled with `params`. config: the TrainConfig;
-    seed_for_try(k): the sampling seed of rollout round k; stop(): asked before every round
-    after the first (a preemption notice): when true, the batch is abandoned (None)."""
+    seed_for_try(k): the sampling seed of rollout round k; on_turn(sample, turn): called as
+    each turn finishes."""
     rollout, budgets, wanted = config.rollout, config.memagent, config.prompts_per_step
     dynamic = config.dynamic_sampling.enabled
     kept_examples, kept_groups, kept_rewards, drawn = [], [], [], []
@@ -92,8 +92,6 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
     tries, start = 0, time.perf_counter()
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):
-        if tries and stop():
-            return None
         need = wanted - len(kept_groups)
         examples = take(iterator, need)
         drawn.extend(e.index for e in examples)

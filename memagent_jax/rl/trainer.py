@@ -23,8 +23,8 @@ and drives the whole global batch through the SPMD engine and learner (their arr
 over every host's devices; rewards and rows are computed on each host, identically); only
 process 0 writes logs. Each step checks that the hosts agree on what they drew and sampled, and
 at start-up that they all see the same checkpoint directory. SIGTERM (a preemption notice)
-stops the run at the next rollout round or step boundary, on every process at once: the state
-of the last completed step is checkpointed and the command exits 0; rerunning it resumes.
+stops the run at the next turn or step boundary, on every process at once: the state of the
+last completed step is checkpointed and the command exits 0; rerunning it resumes.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ import math
 import os
 import sys
 import time
-import uuid
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +43,7 @@ from tqdm import tqdm
 
 from memagent_jax import distributed
 from memagent_jax.data import pipeline
-from memagent_jax.errors import Interrupted, UserError
+from memagent_jax.errors import Interrupted
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl.advantages import group_advantages
@@ -100,7 +99,7 @@ class Trainer:
     def _build(self) -> None:
         config = self.config
         self.mesh = make_mesh(self.mesh_axes, source="mesh")
-        self._check_shared_storage()
+        distributed.check_shared_directory(config.checkpoint_dir, "checkpoint directory")
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
@@ -115,31 +114,6 @@ class Trainer:
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
                                    self.process_index)
         self.preemption = distributed.PreemptionNotice()
-
-    def _check_shared_storage(self) -> None:
-        """Every process must see the checkpoints process 0 writes (a gs:// bucket or a shared
-        file system), or a resumed pod would restore different states: process 0 writes a
-        marker, every process looks for it."""
-        if self.process_count == 1:
-            return
-        from etils import epath
-        directory = epath.Path(self.config.checkpoint_dir)
-        marker = directory / f".memagent_jax_job_{distributed.broadcast(uuid.uuid4().hex)}"
-        if self.is_main:
-            directory.mkdir(parents=True, exist_ok=True)
-            marker.write_text("written by process 0 at start-up; deleted once every process "
-                              "has seen it\n")
-        distributed.barrier("memagent_jax_marker_written")
-        seen = distributed.gather(distributed.wait_for(marker.exists, timeout_s=10))
-        distributed.barrier("memagent_jax_marker_read")
-        if self.is_main:
-            marker.unlink()
-        blind = [p for p, ok in enumerate(seen) if not ok]
-        if blind:
-            raise UserError(f"checkpoint directory {self.config.checkpoint_dir}: process(es) "
-                            f"{blind} do not see what process 0 writes there; every process "
-                            "of a job must see the same checkpoints (a gs:// bucket or a "
-                            "shared file system: see README, Pods)")
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
@@ -202,8 +176,8 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """Runs step `step` (self.step + 1): rollouts, update, validation, checkpoint, logs.
-        A preemption notice between rollout rounds stops the run at the previous step
-        instead (`stopped`), checkpointed as it was when this step began."""
+        A preemption notice during the rollouts (checked after every turn) stops the run at
+        the previous step instead (`stopped`), checkpointed as it was when this step began."""
         config, start = self.config, time.perf_counter()
         turns = [0]
         at_start = self.rng, self.iterator.get_state()
@@ -212,6 +186,8 @@ class Trainer:
             turns[0] += 1
             if turns[0] % 16 == 0 and self._bar is not None:
                 self._bar.set_postfix_str(f"step {step}: {turns[0]} turns", refresh=True)
+            if self.preemption.reached():  # every process finishes the same turns in order
+                raise _Preempted
 
         seeds = []
 
@@ -219,9 +195,10 @@ class Trainer:
             seeds.append(self._seed_for_try(_try))
             return seeds[-1]
 
-        batch = collect_batch(self.agent, self.learner.compute_params(), self.iterator, config,
-                              seed_for_try, on_turn, stop=self.preemption.reached)
-        if batch is None:
+        try:
+            batch = collect_batch(self.agent, self.learner.compute_params(), self.iterator,
+                                  config, seed_for_try, on_turn)
+        except _Preempted:
             self.rng = at_start[0]
             self.iterator.set_state(at_start[1])
             self.stop(step - 1)
@@ -356,6 +333,10 @@ class Trainer:
     def _say(self, line: str) -> None:
         if self.is_main:
             tqdm.write(line, file=sys.stderr)
+
+
+class _Preempted(Exception):
+    """A preemption notice in the middle of a step's rollouts."""
 
 
 def _all_finite(tree) -> jax.Array:
