@@ -271,3 +271,29 @@ def test_start_up_coordinates_are_checked_before_anything_starts(monkeypatch, la
     with pytest.raises(UserError, match=re.escape(message)):
         distributed.start(launch)
     assert not distributed.joined()
+
+
+_COLLECTIVES = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+from memagent_jax import distributed
+from memagent_jax.models import make_mesh
+distributed.start()
+me = jax.process_index()
+mesh = make_mesh({"fsdp": -1})
+split = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, PartitionSpec("fsdp")))
+assert (distributed.to_host(split) == np.arange(16.0)).all()
+assert distributed.gather({"p": me}) == [{"p": 0}, {"p": 1}]
+assert distributed.broadcast(f"from {me}") == "from 0"
+distributed.check_same("the same value", 7)
+print("collectives ok", flush=True)
+distributed.check_same("the drawn examples", [1, 2, me])
+"""
+
+
+def test_host_collectives_and_the_lockstep_check():
+    results = multiprocess.run(["-c", _COLLECTIVES], 2, timeout_s=120)
+    for r in results:
+        assert "collectives ok" in r.stdout and r.returncode == 1, r.stderr[-2000:]
+        assert ("RuntimeError: the processes are out of step: the drawn examples differs on "
+                "process(es) [1] from process 0") in r.stderr
