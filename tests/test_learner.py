@@ -221,14 +221,15 @@ def test_state_restore_round_trip_and_no_recompilation(compilations):
 
 def test_recomputed_old_logprobs_match_the_rollout():
     """Sampled at temperature 1 and 0.7, the engine's logprobs (prefill + cached decode) equal
-    the learner's full-forward recompute at the same temperature."""
+    the learner's full-forward recompute at the same temperature, its LM head applied to all
+    positions at once or 10 at a time (rl/logprobs.py)."""
     model = random_model(CONFIG, seed=7)
     engine = Engine(model, EngineConfig(slots=8, max_len=48, prefill_buckets=(16, 32)))
     rng = np.random.RandomState(8)
     prompts = [tuple(int(t) for t in rng.randint(3, 64, 5 + 6 * i)) for i in range(4)]
-    for temperature in (1.0, 0.7):
+    for temperature, chunk in ((1.0, None), (0.7, 10)):
         learner = Learner(model, LearnerConfig(temperature=temperature, micro_batch_rows=8,
-                                               bucket_lengths=(64,)))
+                                               bucket_lengths=(64,), logit_chunk_tokens=chunk))
         groups, _ = _rollouts(engine, learner.params, prompts, n=3, max_new_tokens=12, seed=1,
                               temperature=temperature)
         rows = rows_from_trajectories(groups, np.zeros(12))

@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from memagent_jax.models import random_model
-from memagent_jax.rl.learner import Learner, LearnerConfig, token_logprobs
+from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.logprobs import token_logprobs
 from tests.test_learner import CONFIG, _random_rows
 
 
@@ -21,8 +22,9 @@ def _mean_logprob_grad(model, tokens, remat):
     graphdef, state = nnx.split(model)
 
     def mean_logprob(state):
-        logits = nnx.merge(graphdef, state)(tokens, remat=remat)
-        logp, _ = token_logprobs(logits, tokens, entropy=False)
+        model = nnx.merge(graphdef, state)
+        logp, _ = token_logprobs(model.logits, model.hidden(tokens, remat=remat), tokens,
+                                 entropy=False)
         return logp[:, 1:].mean()
 
     return jax.jit(jax.grad(mean_logprob)), state

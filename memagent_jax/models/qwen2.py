@@ -184,13 +184,19 @@ class Qwen2(nnx.Module):
         """
         b, t = input_ids.shape
         if attention_mask is None:
-            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-            return self.logits(self._scan(input_ids, positions, self._causal_attention(), remat))
+            return self.logits(self.hidden(input_ids, remat=remat))
         mask = attention_mask.astype(bool)
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         visible = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
         return self.logits(self._scan(input_ids, positions,
                                       lambda q, k, v: attend(q, k, v, visible), remat))
+
+    def hidden(self, input_ids: jnp.ndarray, *, remat: bool = False) -> jnp.ndarray:
+        """input_ids [B, T] -> the final norm's output [B, T, D]: `__call__` without a mask and
+        before the LM head (`logits`), for callers that apply the head a chunk at a time."""
+        b, t = input_ids.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        return self._scan(input_ids, positions, self._causal_attention(), remat)
 
     def prefill(self, input_ids: jnp.ndarray, logits_index: jnp.ndarray):
         """Runs prompts from position 0: input_ids [B, T] (right padding is harmless: it comes

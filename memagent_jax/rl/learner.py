@@ -49,6 +49,7 @@ from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen2 import Params, Qwen2, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl.dapo import policy_loss
+from memagent_jax.rl.logprobs import token_logprobs
 from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather,
                                   plan_micro_batches, scatter)
 from memagent_jax.runconfig import at_least
@@ -80,7 +81,9 @@ class LearnerConfig:
     trainer when it computes advantages (dividing by the group std), kept here with the other
     algorithm settings. remat: keep only each decoder layer's input for the backward and
     recompute the rest of the layer (activation memory one [rows, length, hidden] per layer,
-    for rerunning each layer's forward in the backward).
+    for rerunning each layer's forward in the backward). logit_chunk_tokens: positions whose
+    logits exist at once in the log-prob pass and the loss (forward and backward), instead of
+    all [rows, length, vocab] (rl/logprobs.py; null: all at once).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -104,6 +107,7 @@ class LearnerConfig:
     micro_batch_tokens: int | None = 8192
     ppo_epochs: int = 1
     remat: bool = False
+    logit_chunk_tokens: int | None = 1024
     old_logprobs: str = "recompute"
     normalize_std: bool = False
     loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"
@@ -119,7 +123,7 @@ class LearnerConfig:
 
         at_least(self, 0, "warmup_steps")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
-                 "micro_batch_tokens", "loss_agg_ranks")
+                 "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
         for key in ("lr", "max_grad_norm", "temperature"):
             if not getattr(self, key) > 0:
                 fail(key, "must be positive")
@@ -355,8 +359,10 @@ class Learner:
 
     # ---- pure functions (jitted in __init__) --------------------------------------------
 
-    def _logits(self, params, tokens, remat=False):
-        """params: pure dict; tokens [B, L] right-padded -> logits [B, L, V] / temperature.
+    def _token_logprobs(self, params, tokens, remat=False, entropy=False):
+        """params: pure dict; tokens [B, L] right-padded -> (logp [B, L], entropy [B, L] or
+        None) at the config's temperature, the LM head applied `logit_chunk_tokens`
+        positions at a time (rl/logprobs.py).
 
         No attention mask: the padding sits after every real token, so the model's causal path
         from position 0 (its configured attention: the blocked kernel, or cuDNN's on a GPU; no
@@ -365,16 +371,16 @@ class Learner:
         log-probabilities runs the same path, so before the first update the ratios are exactly
         1. remat: checkpoint the model's layers (for the differentiated loss; same values)."""
         model = nnx.merge(self.graphdef, params)
-        return model(tokens, remat=remat) / self.config.temperature
+        return token_logprobs(lambda h: model.logits(h) / self.config.temperature,
+                              model.hidden(tokens, remat=remat), tokens,
+                              self.config.logit_chunk_tokens, entropy)
 
     def _logprobs_fn(self, params, tokens):
-        logp, _ = token_logprobs(self._logits(params, tokens), tokens, entropy=False)
-        return logp
+        return self._token_logprobs(params, tokens)[0]
 
     def _loss_fn(self, params, batch):
         config = self.config
-        logits = self._logits(params, batch["tokens"], remat=config.remat)
-        logp, entropy = token_logprobs(logits, batch["tokens"], entropy=True)
+        logp, entropy = self._token_logprobs(params, batch["tokens"], config.remat, True)
         if config.entropy_coef == 0.0:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
         return policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
@@ -431,25 +437,6 @@ class Learner:
         metrics = {name: jax.device_put(jnp.float32(0), self._scalar)
                    for name in self._metric_names()}
         return grads, metrics
-
-
-def token_logprobs(logits, tokens, entropy: bool = True):
-    """logits [B, L, V] (already divided by the temperature), tokens [B, L] ->
-    (logp [B, L]: log p(tokens[:, t] | tokens[:, :t]), 0 at t = 0; entropy [B, L] of the
-    distribution token t was drawn from, 0 at t = 0, or None).
-
-    Uses log p = logit - logsumexp(logits), so no [B, L, V] log-softmax is kept beside the
-    logits."""
-    logits = logits[:, :-1].astype(jnp.float32)
-    lse = jax.nn.logsumexp(logits, axis=-1)
-    picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-    pad = ((0, 0), (1, 0))
-    logp = jnp.pad(picked - lse, pad)
-    if not entropy:
-        return logp, None
-    probs = jax.nn.softmax(logits, axis=-1)
-    ent = lse - jnp.sum(probs * logits, axis=-1)
-    return logp, jnp.pad(ent, pad)
 
 
 def _zeros_like(tree):
