@@ -167,6 +167,9 @@ class Learner:
     dtype what the forward and backward run in. mesh: the mesh they are sharded on (the
     engine's), or None for a model on one device. With kl_coef != 0 the frozen KL reference is
     a device copy of the initial parameters in the compute dtype (what every forward uses).
+    A model whose parameters are `jax.ShapeDtypeStruct`s with shardings (`nnx.eval_shape`,
+    `models.loading.abstract_params`; devices this machine may not have, such as a TPU
+    topology's) gives a learner that holds no arrays: only `compiled()` works on it.
     """
 
     def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None):
@@ -177,10 +180,12 @@ class Learner:
             raise ValueError(f"the learner keeps float32 master weights; the model's are "
                              f"{', '.join(sorted(stored))} (load it with param_dtype float32 "
                              "and compute in bfloat16 instead)")
+        self.abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
         # Commit the arrays to the devices they are on (no copy): a model built without a mesh
         # holds uncommitted arrays, and jit would compile the step again once its outputs,
         # which are committed, come back as inputs.
-        self._params = jax.tree.map(lambda x: jax.device_put(x, x.sharding), params)
+        self._params = params if self.abstract else jax.tree.map(
+            lambda x: jax.device_put(x, x.sharding), params)
         self._param_shardings = jax.tree.map(lambda x: x.sharding, self._params)
         self._scalar = (NamedSharding(mesh, PartitionSpec()) if mesh is not None
                         else jax.tree.leaves(self._param_shardings)[0])
@@ -197,17 +202,18 @@ class Learner:
         self._opt_shardings = optax.tree_map_params(
             self._tx, lambda _, s: s, opt_abstract, self._param_shardings,
             transform_non_params=lambda _: self._scalar)
-        self._opt_state = jax.jit(self._tx.init, out_shardings=self._opt_shardings)(self._params)
-        self._step = jax.device_put(jnp.int32(0), self._scalar)
+        self._opt_state = self._make(self._tx.init, self._opt_shardings, self._params)
+        self._step = self._make(lambda: jnp.int32(0), self._scalar)
         self._train_steps = 0
         self._accumulator = None  # gradient sums, allocated on the first update
 
         self.compute_dtype = model.dtype
-        self._cast = jax.jit(lambda p: jax.tree.map(lambda x: x.astype(self.compute_dtype), p),
-                             out_shardings=self._param_shardings)
+        cast = functools.partial(jax.tree.map, lambda x: x.astype(self.compute_dtype))
+        self._cast = jax.jit(cast, out_shardings=self._param_shardings)
         # A copy even when no cast is needed: the policy's own buffers are donated by every
         # update.
-        self._ref_params = self._cast(self._params) if config.kl_coef != 0.0 else None
+        self._ref_params = (self._make(cast, self._param_shardings, self._params)
+                            if config.kl_coef != 0.0 else None)
 
         # Replicated: the host reads it, and on a pod no process holds every shard.
         self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar)
@@ -216,6 +222,14 @@ class Learner:
             self._train_step_fn, donate_argnums=(0, 1, 3),
             out_shardings=(self._param_shardings, self._opt_shardings, self._scalar,
                            acc_shardings, self._metric_shardings(self._update_metric_names())))
+
+    def _make(self, fn, shardings, *args):
+        """fn(*args) placed on `shardings`: computed, or only its shapes on an abstract
+        learner."""
+        if not self.abstract:
+            return jax.jit(fn, out_shardings=shardings)(*args)
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            jax.eval_shape(fn, *args), shardings)
 
     # ---- public API ---------------------------------------------------------------------
 
@@ -261,6 +275,35 @@ class Learner:
         self._opt_state = put(state["opt_state"], self._opt_shardings)
         self._step = jax.device_put(jnp.asarray(state["step"], jnp.int32), self._scalar)
         self._train_steps = int(state["train_steps"])
+
+    def compiled(self, rows: int, length: int) -> dict[str, jax.stages.Compiled]:
+        """The train step (one micro-batch's gradient and the AdamW update) and the log-prob
+        pass, compiled from shapes for micro-batches of `rows` x `length` tokens on this
+        learner's shardings, for their `memory_analysis()` and `cost_analysis()` (nothing is
+        run or allocated; benchmarks/aot.py)."""
+        def like(x, sharding):
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+        params = jax.tree.map(like, self._params, self._param_shardings)
+        opt_state = jax.tree.map(like, self._opt_state, self._opt_shardings)
+        scalar = functools.partial(jax.ShapeDtypeStruct, (), sharding=self._scalar)
+        grads = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, jnp.float32,
+                                                               sharding=s),
+                             self._params, self._param_shardings)
+        accumulator = (grads, {name: scalar(jnp.float32) for name in self._metric_names()})
+        per_token = functools.partial(jax.ShapeDtypeStruct, (rows, length),
+                                      sharding=self._batch_sharding)
+        per_row = functools.partial(jax.ShapeDtypeStruct, (rows,),
+                                    sharding=self._batch_sharding)
+        batch = {"tokens": per_token(jnp.int32), "loss_mask": per_token(jnp.float32),
+                 "advantages": per_row(jnp.float32), "old_logprobs": per_token(jnp.float32),
+                 "row_weights": per_row(jnp.float32)}
+        if self._ref_params is not None:
+            batch["ref_logprobs"] = per_token(jnp.float32)
+        return {"train step": self._train_step.lower(
+                    params, opt_state, scalar(jnp.int32), accumulator, batch,
+                    scalar(jnp.float32), scalar(jnp.bool_)).compile(),
+                "log-probs": self._logprobs.lower(params, batch["tokens"]).compile()}
 
     def logprobs(self, rows: TrainingRows, params=None) -> np.ndarray:
         """[R, T] float32: each token's log-probability (at the config's temperature) under

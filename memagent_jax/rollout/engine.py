@@ -255,6 +255,21 @@ class Engine:
         is donated."""
         return self._generate(params, state)
 
+    def compiled(self) -> dict[str, jax.stages.Compiled]:
+        """The decode step and the prefill of each bucket (at `prefill_rows` prompts),
+        compiled from shapes on this engine's shardings, for their `memory_analysis()` and
+        `cost_analysis()` (nothing is run or allocated: the model's parameters may be
+        ShapeDtypeStructs; benchmarks/aot.py)."""
+        state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                             jax.eval_shape(self.init_decode_state), self._state_sharding)
+        out = {"decode step": self._generate.lower(self.abstract_params, state).compile()}
+        rows = self.config.prefill_rows
+        for bucket in self.buckets:
+            out[f"prefill {rows} x {bucket}"] = self._prefill.lower(
+                self.abstract_params, jax.ShapeDtypeStruct((rows, bucket), jnp.int32),
+                jax.ShapeDtypeStruct((rows,), jnp.int32)).compile()
+        return out
+
     # ---- helpers --------------------------------------------------------------------------
 
     def prefill_bucket(self, length: int) -> int:

@@ -1,0 +1,122 @@
+"""Does a training config fit its chips? Every program of the run, compiled ahead of time for
+its real shapes on the config's mesh, with XLA's per-device memory and FLOP counts.
+
+Builds the learner and the decoding engine from shapes only (`Learner.compiled`,
+`Engine.compiled`: parameters are ShapeDtypeStructs, nothing is allocated) on the config's
+mesh over either a TPU topology's devices (libtpu compiles for chips this machine does not
+have: `pip install "jax[tpu]==<jax version>"` in a separate virtualenv) or this machine's
+devices (8 simulated CPU devices by default: XLA:CPU's buffer assignment stands in for
+XLA:GPU's, with the same algorithm but other fusions). Prints per program the per-device
+arguments, outputs and temporaries, their sum against the chip's memory, and the FLOPs.
+
+Programs: the train step (one micro-batch's gradient plus the AdamW update) and the log-prob
+pass at the learner's largest micro-batch (`micro_batch_tokens` rows of the longest bucket), the
+decode step over `engine.slots`, and the prefill of each bucket. Between them the run also
+holds what the table's rows do not share (the engine's KV cache and bf16 copy sit beside the
+learner's state between updates; the config comments count them).
+
+    python benchmarks/aot.py --config configs/qwen2.5-7b_tpu_v5p.yaml --topology v5p:2x4x4
+    python benchmarks/aot.py --config configs/qwen2.5-7b_gpu8.yaml --hbm-gb 80
+    (key=value overrides as `train` takes them; --preset picks the model shape when the
+    config's model.path is not on this machine)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--topology", help="a TPU topology, e.g. v5p:2x4x4 (needs libtpu)")
+    parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices")
+    parser.add_argument("--preset", default="qwen2.5-7b",
+                        help="the model shape, when model.path is not on this machine")
+    parser.add_argument("--hbm-gb", type=float, default=None,
+                        help="the chip's memory (default: 95 for TPU v5p, else 80)")
+    parser.add_argument("--template-tokens", type=int, default=256,
+                        help="the templates' tokens, for the cache length (no tokenizer here)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value")
+    args = parser.parse_args()
+    if not args.topology:
+        os.environ["JAX_PLATFORMS"] = "cpu"
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                                   f" --xla_force_host_platform_device_count={args.devices}")
+
+    import jax
+
+    from memagent_jax.models import make_mesh, preset_config, read_config
+    from memagent_jax.models.loading import abstract_params, build_model
+    from memagent_jax.rl.config import load_train_config
+    from memagent_jax.rl.learner import Learner
+    from memagent_jax.rl.rows import default_bucket_lengths
+    from memagent_jax.rollout.engine import Engine
+
+    config = load_train_config(args.config, args.overrides)
+    if args.topology:
+        from jax.experimental import topologies
+        devices = topologies.get_topology_desc(platform="tpu",
+                                               topology_name=args.topology).devices
+    else:
+        devices = jax.devices()
+    hbm = args.hbm_gb or (95.0 if args.topology and "v5p" in args.topology else 80.0)
+    mesh = make_mesh(config.mesh, devices=devices)
+    m = config.model
+    shape = (read_config(m.path) if m.path and os.path.isdir(m.path)
+             else preset_config(args.preset))
+    shape = shape.replace(dtype=m.param_dtype or "float32")
+    compute = m.compute_dtype or "bfloat16"
+    model = build_model(shape, abstract_params(shape, mesh), dtype=compute,
+                        attention=m.attention)
+    # The engine decodes from the learner's copy in the compute dtype (compute_params).
+    copy = shape.replace(dtype=compute)
+    decoder = build_model(copy, abstract_params(copy, mesh), dtype=compute,
+                          attention=m.attention)
+
+    budgets = config.memagent
+    tokens = (budgets.chunk_tokens + budgets.max_memory_tokens + budgets.max_problem_tokens
+              + budgets.max_final_tokens + args.template_tokens)
+    engine = Engine(decoder, config.engine.sized_for(tokens), mesh)
+    learner = Learner(model, config.learner, mesh)
+    length = max(config.learner.bucket_lengths or default_bucket_lengths(tokens))
+    multiple = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = (config.learner.micro_batch_rows
+            or max(multiple, config.learner.micro_batch_tokens // length // multiple * multiple))
+
+    print(f"# {args.config} {' '.join(args.overrides)}")
+    print(f"# {platform.machine()}, jax {jax.__version__}; devices: "
+          f"{args.topology or f'{len(devices)} simulated CPU'} ({devices[0].device_kind}); "
+          f"mesh {dict(mesh.shape)}; model {args.preset if not (m.path and os.path.isdir(m.path)) else m.path} "
+          f"params {shape.dtype}, compute {compute}, attention {m.attention}; "
+          f"micro-batch {rows} x {length}, slots {config.engine.slots}, "
+          f"max_len {engine.config.max_len}; chip memory {hbm:g} GB")
+    print(f"{'program':24s} {'args GiB':>9s} {'out GiB':>8s} {'temp GiB':>9s} "
+          f"{'peak GiB':>9s} {'peak/HBM':>9s} {'TFLOP':>8s} {'compile s':>10s}")
+    programs = [(lambda: learner.compiled(rows, length)), engine.compiled]
+    for build in programs:
+        start = time.perf_counter()
+        compiled = build()
+        seconds = (time.perf_counter() - start) / len(compiled)
+        for name, program in compiled.items():
+            memory = program.memory_analysis()
+            cost = program.cost_analysis()
+            cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+            args_b, out_b = memory.argument_size_in_bytes, memory.output_size_in_bytes
+            temp_b = memory.temp_size_in_bytes
+            # Donated arguments (the train step's parameters, optimiser state, gradient sums)
+            # share their buffers with the outputs.
+            peak = args_b + out_b + temp_b - memory.alias_size_in_bytes
+            flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
+            print(f"{name:24s} {args_b / 2**30:9.2f} {out_b / 2**30:8.2f} {temp_b / 2**30:9.2f} "
+                  f"{peak / 2**30:9.2f} {peak / (hbm * 1e9):9.3f} {flops / 1e12:8.2f} "
+                  f"{seconds:10.1f}", flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
