@@ -18,7 +18,7 @@ learner's state between updates; the config comments count them).
     python benchmarks/aot.py --config configs/qwen2.5-7b_tpu_v5p.yaml --topology v5p:2x4x4
     python benchmarks/aot.py --config configs/qwen2.5-7b_gpu8.yaml --hbm-gb 80
     (key=value overrides as `train` takes them; --preset picks the model shape when the
-    config's model.path is not on this machine)
+    config's model.path is not on this machine; --programs learner|engine compiles half)
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def main() -> None:
                         help="the chip's memory (default: 95 for TPU v5p, else 80)")
     parser.add_argument("--template-tokens", type=int, default=256,
                         help="the templates' tokens, for the cache length (no tokenizer here)")
+    parser.add_argument("--programs", choices=("all", "learner", "engine"), default="all")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args()
     if not args.topology:
@@ -97,7 +98,9 @@ def main() -> None:
           f"max_len {engine.config.max_len}; chip memory {hbm:g} GB")
     print(f"{'program':24s} {'args GiB':>9s} {'out GiB':>8s} {'temp GiB':>9s} "
           f"{'peak GiB':>9s} {'peak/HBM':>9s} {'TFLOP':>8s} {'compile s':>10s}")
-    programs = [(lambda: learner.compiled(rows, length)), engine.compiled]
+    programs = {"learner": [lambda: learner.compiled(rows, length)],
+                "engine": [engine.compiled]}
+    programs = programs.get(args.programs, programs["learner"] + programs["engine"])
     for build in programs:
         start = time.perf_counter()
         compiled = build()
