@@ -121,9 +121,7 @@ def _generate(args) -> None:
         rows.append({"completion_ids": completion.token_ids, "text": text,
                      "logprobs": completion.logprobs,
                      "finish_reason": completion.finish_reason})
-    if distributed.is_main():
-        write_completions(args.output, rows)
-    distributed.barrier("generate_written")
+    distributed.on_main(write_completions, args.output, rows)
     _print_once(f"wrote {len(rows)} completions to {args.output}")
 
 

@@ -17,7 +17,8 @@ On CPU the collectives go through gloo.
 
 After `start()`, `jax.process_index()`/`process_count()` say who is who. The helpers below are
 what keeps hosts in agreement: `to_host` (a global array, whole, on every host), `gather` and
-`broadcast` (Python values), `barrier`, and `check_same` (a lockstep check that fails loudly).
+`broadcast` (Python values), `barrier`, `on_main` (work only process 0 does, its failure
+raised on every process) and `check_same` (a lockstep check that fails loudly).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
     if coordinator is None and not launch.auto:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.config.update("jax_enable_preemption_service", False)  # see PreemptionNotice
     where = (f"process {index} of {count}, coordinator {coordinator}" if coordinator
              else "cluster auto-detection")
     done = threading.Event()
@@ -252,6 +254,29 @@ def check_same(what: str, value: Any) -> None:
                            f"{value!r:.200})")
 
 
+def on_main(fn, *args) -> Any:
+    """fn(*args) on process 0 only, its (picklable) result on every process. When it raises,
+    process 0 raises that and every other process raises its message (UserError for a
+    UserError, else RuntimeError), so none waits forever for a process that failed."""
+    if not joined():
+        return fn(*args)
+    result, failure = None, None
+    if is_main():
+        try:
+            result = fn(*args)
+        except Exception as e:  # noqa: BLE001 - reported to every process, then re-raised
+            failure = e
+    ok, user_error, payload = broadcast(
+        (True, False, result) if failure is None else
+        (False, isinstance(failure, UserError), str(failure) or type(failure).__name__))
+    if failure is not None:
+        raise failure
+    if not ok:
+        raise (UserError(payload) if user_error
+               else RuntimeError(f"process 0 failed: {payload}"))
+    return payload
+
+
 def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
     """Raises UserError on every process unless all of them see what process 0 writes under
     `path` (a local path or a gs:// URL): training checkpoints written by one host must be
@@ -262,18 +287,19 @@ def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
 
     directory = epath.Path(path)
     marker = directory / f".memagent_jax_job_{broadcast(os.urandom(8).hex())}"
-    if is_main():
+
+    def write_marker():
         directory.mkdir(parents=True, exist_ok=True)
         marker.write_text("written by process 0 at start-up; deleted once every process has "
                           "looked for it\n")
-    barrier("memagent_jax_marker_written")
+
+    on_main(write_marker)
     deadline = time.monotonic() + timeout_s
     while not (seen := marker.exists()) and time.monotonic() < deadline:
         time.sleep(0.5)  # shared file systems may show a new file late
     seen_by = gather(seen)
-    barrier("memagent_jax_marker_read")
     if is_main():
-        marker.unlink()
+        marker.unlink(missing_ok=True)
     blind = [p for p, ok in enumerate(seen_by) if not ok]
     if blind:
         raise UserError(f"{what} {path}: process(es) {blind} do not see what process 0 writes "
@@ -283,34 +309,37 @@ def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
 
 class PreemptionNotice:
     """Whether the job has been told to stop (SIGTERM: how TPU VMs and most schedulers
-    announce a preemption). `reached()` is called by every process at the same points (after
-    each turn and each step); it returns True on all of them at the same call once any
-    process got the signal (JAX's preemption sync point), or, for one process, once it did."""
+    announce a preemption). While it listens (`with notice:`), SIGTERM sets a flag on the
+    process that gets it. `reached()` is called by every process at the same points (after each
+    turn and each step) and returns True on all of them at the same call once any of them got
+    the signal (an all-gather of the flags).
+
+    JAX's own preemption sync point is switched off (`start`): Orbax's CheckpointManager asks
+    it on every save with its own step numbers, so a second caller counting its own calls
+    could miss the point the processes agreed on."""
 
     def __init__(self):
-        import signal
-
-        from jax._src import distributed as jax_distributed
-        self._calls = 0
         self._signalled = False
-        self._synced = jax_distributed.global_state.preemption_sync_manager is not None
         self._previous = None
-        if not self._synced and threading.current_thread() is threading.main_thread():
+
+    def __enter__(self) -> "PreemptionNotice":
+        import signal
+        if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import signal
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
 
     def _on_signal(self, signum, frame) -> None:
         self._signalled = True
 
     def reached(self) -> bool:
-        if not self._synced:
+        if not joined():
             return self._signalled
+        import numpy as np
         from jax.experimental import multihost_utils
-        self._calls += 1
-        return multihost_utils.reached_preemption_sync_point(self._calls)
-
-    def close(self) -> None:
-        """Gives SIGTERM back to whoever handled it before."""
-        import signal
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        return bool(multihost_utils.process_allgather(np.array([self._signalled])).any())

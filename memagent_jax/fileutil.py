@@ -44,28 +44,37 @@ def atomic_directory(out_dir: str):
     out_dir must not exist or be an empty directory. On any exception the temporary directory
     is removed, so a failed or interrupted write never leaves a half-written out_dir behind.
     In a multi-process job every process gets the same temporary directory, which process 0
-    creates and renames once all have finished with it; what each process writes there is
-    the caller's choice (Orbax writes from all of them, plain files come from process 0).
+    creates and renames once all have finished with it (before any of them returns); what
+    each process writes there is the caller's choice (Orbax writes from all of them, plain
+    files come from process 0), and a failure on one process is raised on every process.
     """
     from memagent_jax import distributed
 
     out_dir = os.path.abspath(out_dir)
     check_new_output(out_dir)
     parent = os.path.dirname(out_dir)
-    main = distributed.is_main()
     name = distributed.broadcast(uuid.uuid4().hex[:8])
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{name}")
-    if main:
-        os.makedirs(tmp)
-    distributed.barrier(f"atomic_directory_made_{name}")
+    distributed.on_main(os.makedirs, tmp)
     try:
-        yield tmp
-        distributed.barrier(f"atomic_directory_written_{name}")
-        if main:
-            if os.path.isdir(out_dir):
-                os.rmdir(out_dir)  # empty, checked above
-            os.rename(tmp, out_dir)
+        failure = None
+        try:
+            yield tmp
+        except Exception as e:  # noqa: BLE001 - every process must learn of it (below)
+            failure = e
+        # Process 0 often writes alone here: had it failed, the others would wait for it.
+        failed = [p for p, f in enumerate(distributed.gather(failure is not None)) if f]
+        if failed:
+            distributed.on_main(shutil.rmtree, tmp, True)
+            raise failure or RuntimeError(f"{out_dir}: process(es) {failed} failed writing it")
+        distributed.on_main(_replace, tmp, out_dir)  # returns once it is renamed
     except BaseException:
-        if main:
+        if distributed.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _replace(tmp: str, out_dir: str) -> None:
+    if os.path.isdir(out_dir):
+        os.rmdir(out_dir)  # empty, checked before writing
+    os.rename(tmp, out_dir)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -91,7 +90,3 @@ def check_ok(results: list[Finished]) -> None:
     failed = [(i, r) for i, r in enumerate(results) if r.returncode != 0]
     assert not failed, "\n".join(f"process {i} exited {r.returncode}:\n{r.stderr[-6000:]}"
                                  for i, r in failed)
-
-
-def terminate(process: subprocess.Popen) -> None:
-    process.send_signal(signal.SIGTERM)

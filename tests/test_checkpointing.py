@@ -107,7 +107,7 @@ def die_mid_save(directory):
 checkpointer = Checkpointer(sys.argv[1], keep=3, async_save=True)
 checkpointer.save(1, {"w": jnp.arange(4096.0), "step": jnp.int32(1)}, {"step": 1})
 checkpointer.wait()
-threading.Thread(target=die_mid_save, args=(sys.argv[1],)).start()
+threading.Thread(target=die_mid_save, args=(sys.argv[1],), daemon=True).start()
 checkpointer.save(2, {"w": jnp.ones(1 << 26) * 2, "step": jnp.int32(2)}, {"step": 2})
 checkpointer.wait()
 """

@@ -43,8 +43,9 @@ def task(tmp_path_factory):
     return paths
 
 
-def _train_config(task, path, mesh: dict, steps: int) -> str:
-    """A tiny run: 4 prompts x n 2 per step, one rollout round, a checkpoint every step."""
+def _train_config(task, path, mesh: dict, steps: int, every: int = 1) -> str:
+    """A tiny run: 4 prompts x n 2 per step, one rollout round, a checkpoint every `every`
+    steps."""
     config = {
         "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
         "mesh": mesh,
@@ -58,7 +59,7 @@ def _train_config(task, path, mesh: dict, steps: int) -> str:
         "learner": {"lr": 1e-3, "adam_eps": 1e-5, "warmup_steps": 0,
                     "micro_batch_tokens": 4096, "bucket_lengths": [256]},
         "validation": {"every": 0},
-        "checkpoint": {"every": 1, "keep": 5, "async_save": False},
+        "checkpoint": {"every": every, "keep": 5, "async_save": False},
         "steps": steps, "prompts_per_step": 4, "seed": 5,
         # Shared by the runs on 1 process x 8 devices (the reference, the resumed run).
         "compilation_cache_dir": str(task["root"] / "jax_cache"),
@@ -68,10 +69,12 @@ def _train_config(task, path, mesh: dict, steps: int) -> str:
     return str(path)
 
 
-def _train(task, out, mesh, steps, processes, **kwargs):
-    config = _train_config(task, out.parent / f"{out.name}.yaml", mesh, steps)
-    return multiprocess.start(["train", "--config", config, f"output_dir={out}"], processes,
-                              devices=8 // processes, **kwargs)
+def _train(task, out, mesh, steps, processes, every=1, code=None):
+    """`train` as a job (`code`: a `python -c` program that runs the CLI itself)."""
+    config = _train_config(task, out.parent / f"{out.name}.yaml", mesh, steps, every)
+    args = ["train", "--config", config, f"output_dir={out}"]
+    return multiprocess.start(["-c", code, *args] if code else args, processes,
+                              devices=8 // processes)
 
 
 def _state(out, step) -> dict:
@@ -121,30 +124,54 @@ def test_two_processes_train_as_one(task, reference, tmp_path, mesh):
         _assert_same_state(_state(out, step), _state(reference, step))
 
 
-def test_sigterm_stops_every_process_at_one_step_and_resumes_on_one_process(
+_SIGTERM_IN_STEP_2 = """
+import os, signal, sys, time
+import jax
+from memagent_jax import distributed
+from memagent_jax.cli import main
+from memagent_jax.rl.trainer import Trainer
+
+running = [0]
+train_step, reached = Trainer.train_step, distributed.PreemptionNotice.reached
+
+def recording_train_step(self, step):
+    running[0] = step
+    return train_step(self, step)
+
+def reached_after_a_signal_in_step_2(self):
+    # Process 1 is told to stop after step 2's first turn: mid-rollout, checked by both.
+    if running[0] == 2 and jax.process_index() == 1 and not getattr(self, "sent", False):
+        self.sent = True
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs
+    return reached(self)
+
+Trainer.train_step = recording_train_step
+distributed.PreemptionNotice.reached = reached_after_a_signal_in_step_2
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_mid_rollout_stops_every_process_at_the_previous_step_and_resumes_on_one(
         task, reference, tmp_path):
     out = tmp_path / "pod"
-    processes = _train(task, out, {"fsdp": 8}, 3, 2)
-    first = out / "checkpoints" / "1"
-    deadline = time.monotonic() + 240
-    while not first.is_dir() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    multiprocess.terminate(processes[1])  # a preemption notice to one host
-    results = multiprocess.wait(processes, 240)
+    # A checkpoint every 2 steps: the one of step 1 is written because of the notice, from the
+    # state (parameters, RNG, data position) step 2 started from.
+    results = multiprocess.wait(_train(task, out, {"fsdp": 8}, 3, 2, every=2,
+                                       code=_SIGTERM_IN_STEP_2), 300)
     multiprocess.check_ok(results)  # exit 0 on both
     stopped = [line for line in results[0].stderr.splitlines()
                if "stopped by a preemption notice" in line]
-    assert len(stopped) == 1, results[0].stderr[-3000:]
-    step = int(stopped[0].split("after step ")[1].split(":")[0])
-    assert 1 <= step < 3
-    assert sorted(int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()) == list(
-        range(1, step + 1))
-    _assert_same_state(_state(out, step), _state(reference, step))
+    assert len(stopped) == 1 and "after step 1: step 1 is checkpointed" in stopped[0], (
+        results[0].stderr[-3000:])
+    assert "stopped by" not in results[1].stderr
+    assert sorted(int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()) == [1]
+    _assert_same_state(_state(out, 1), _state(reference, 1))
 
     # The 2-process checkpoint resumes on 1 process x 8 devices, as if never interrupted.
-    resumed = multiprocess.wait(_train(task, out, {"fsdp": 8}, 3, 1), 300)
+    resumed = multiprocess.wait(_train(task, out, {"fsdp": 8}, 3, 1, every=2), 300)
     multiprocess.check_ok(resumed)
-    assert f"resuming from step {step}" in resumed[0].stderr
+    assert "resuming from step 1" in resumed[0].stderr
     assert _examples(out) == _examples(reference)
     _assert_same_state(_state(out, 3), _state(reference, 3))
 
@@ -274,9 +301,11 @@ def test_start_up_coordinates_are_checked_before_anything_starts(monkeypatch, la
 
 
 _COLLECTIVES = """
+import os, signal, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from memagent_jax import distributed
+from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import make_mesh
 distributed.start()
 me = jax.process_index()
@@ -286,13 +315,46 @@ assert (distributed.to_host(split) == np.arange(16.0)).all()
 assert distributed.gather({"p": me}) == [{"p": 0}, {"p": 1}]
 assert distributed.broadcast(f"from {me}") == "from 0"
 distributed.check_same("the same value", 7)
+assert distributed.on_main(lambda: f"made by {me}") == "made by 0"
+try:
+    distributed.on_main(lambda: 1 / 0)
+except (ZeroDivisionError, RuntimeError) as e:
+    print("on_main:", type(e).__name__, e, flush=True)
+
+# Process 0 fails alone while writing: every process raises, nothing is left behind.
+out = sys.argv[1] + "/written"
+try:
+    with atomic_directory(out) as tmp:
+        if me == 0:
+            raise OSError("disk full")
+except (OSError, RuntimeError) as e:
+    print("atomic_directory:", type(e).__name__, e, flush=True)
+assert not os.listdir(sys.argv[1])
+with atomic_directory(out) as tmp:
+    if me == 0:
+        with open(tmp + "/file", "w") as f:
+            f.write("by 0")
+assert open(out + "/file").read() == "by 0"  # renamed before any process returns
+
+# SIGTERM to process 1: both processes see it at the same call.
+with distributed.PreemptionNotice() as notice:
+    assert not notice.reached()
+    if me == 1:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+    assert notice.reached()
 print("collectives ok", flush=True)
 distributed.check_same("the drawn examples", [1, 2, me])
 """
 
 
-def test_host_collectives_and_the_lockstep_check():
-    results = multiprocess.run(["-c", _COLLECTIVES], 2, timeout_s=120)
+def test_host_collectives_and_the_lockstep_check(tmp_path):
+    results = multiprocess.run(["-c", _COLLECTIVES, str(tmp_path)], 2, timeout_s=120)
+    assert "on_main: ZeroDivisionError division by zero" in results[0].stdout
+    assert "on_main: RuntimeError process 0 failed: division by zero" in results[1].stdout
+    assert "atomic_directory: OSError disk full" in results[0].stdout
+    assert f"atomic_directory: RuntimeError {tmp_path}/written: process(es) [0] failed" in (
+        results[1].stdout)
     for r in results:
         assert "collectives ok" in r.stdout and r.returncode == 1, r.stderr[-2000:]
         assert ("RuntimeError: the processes are out of step: the drawn examples differs on "

@@ -3,6 +3,7 @@ with one clear line before any model is loaded."""
 
 import dataclasses
 import os
+import signal
 import subprocess
 import sys
 
@@ -197,6 +198,31 @@ def test_ctrl_c_says_what_was_saved_and_the_rerun_resumes(config_file, tmp_path,
     err = capsys.readouterr().err
     assert f"resuming from step 1 ({tmp_path / 'run' / 'checkpoints'}/1)" in err
     assert "finished step 2 of 2" in err.strip().splitlines()[-1]
+
+
+@pytest.mark.slow
+def test_sigterm_mid_step_checkpoints_the_previous_step_and_exits_0(config_file, tmp_path,
+                                                                      capsys, monkeypatch):
+    """SIGTERM (a preemption notice) at the start of step 2's rollouts: step 1 is checkpointed
+    although checkpoint.every is 2, the command exits 0 with one line, and SIGTERM's handler is
+    given back."""
+    args = ["train", "--config", config_file, "steps=3", "checkpoint.every=2",
+            f"output_dir={tmp_path / 'run'}"]
+    step = Trainer.train_step
+
+    def signal_in_step_2(self, number):
+        if number == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(self, number)
+
+    monkeypatch.setattr(Trainer, "train_step", signal_in_step_2)
+    handler = signal.getsignal(signal.SIGTERM)
+    assert main(args) == 0
+    assert signal.getsignal(signal.SIGTERM) is handler
+    assert (f"stopped by a preemption notice (SIGTERM) after step 1: step 1 is "
+            f"checkpointed in {tmp_path / 'run' / 'checkpoints'}; run the same command to "
+            "resume") in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[:1] == ["1"]
 
 
 def test_a_section_given_in_part_keeps_the_training_defaults():

@@ -113,26 +113,25 @@ class _Replica:
 def _claim(config: EvalConfig, sets: list[EvalSet]) -> tuple[OutputDir | None, dict]:
     """Process 0 claims the output dir and opens the logs; every process learns which rows are
     done, or process 0's error. Returns (the OutputDir or None, {set name: log})."""
-    out, logs, outcome = None, {}, None
-    if distributed.is_main():
+    opened: dict = {}
+
+    def claim() -> dict[str, list]:
+        out = opened["out"] = OutputDir(config.output_dir, config.identity())
         try:
-            out = OutputDir(config.output_dir, config.identity())
-            logs = {s.name: out.log(s.name) for s in sets}
+            logs = opened["logs"] = {s.name: out.log(s.name) for s in sets}
             for s in sets:
                 _check_log_matches(s, logs[s.name])
-            outcome = {name: list(log.records) for name, log in logs.items()}
-        except UserError as e:
-            for log in logs.values():
+        except BaseException:
+            for log in opened.pop("logs", {}).values():
                 log.close()
-            if out is not None:
-                out.close()
-            outcome = str(e)
-    outcome = distributed.broadcast(outcome)
-    if isinstance(outcome, str):
-        raise UserError(outcome)
-    if out is None:
-        logs = {name: _Replica(rows) for name, rows in outcome.items()}
-    return out, logs
+            opened.pop("out").close()
+            raise
+        return {name: list(log.records) for name, log in logs.items()}
+
+    done = distributed.on_main(claim)
+    if "out" not in opened:
+        return None, {name: _Replica(rows) for name, rows in done.items()}
+    return opened["out"], opened["logs"]
 
 
 def _check_log_matches(s: EvalSet, log: ResultLog) -> None:

@@ -148,8 +148,9 @@ class Trainer:
         if config.validation.at_start and self.step == 0:
             self._log(0, self.validate(0))
         try:
-            with tqdm(total=config.steps, initial=self.step, desc="train", unit="step",
-                      file=sys.stderr, disable=not self.is_main, dynamic_ncols=True) as bar:
+            with self.preemption, tqdm(total=config.steps, initial=self.step, desc="train",
+                                       unit="step", file=sys.stderr, disable=not self.is_main,
+                                       dynamic_ncols=True) as bar:
                 self._bar = bar
                 while self.step < config.steps and not self.stopped:
                     record = self.train_step(self.step + 1) or record
@@ -286,7 +287,6 @@ class Trainer:
                   "the same command to resume")
 
     def close(self) -> None:
-        self.preemption.close()
         self.checkpointer.close()
         self.writer.close()
 
