@@ -274,7 +274,7 @@ def _add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="the weights' and compute dtype (default: float32 on CPU, bfloat16 "
                         "on GPU/TPU)")
     p.add_argument("--attention", default="xla",
-                   help="how prompts attend: xla, dot_product, cudnn (GPU)")
+                   help="how prompts attend: xla, dot_product, cudnn (GPU), splash (TPU)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,7 +18,7 @@ from memagent_jax.errors import UserError
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
 # How the model attends from position 0 (prefill, the training forward): see `qwen2.Qwen2`.
-ATTENTION_CHOICES = ("xla", "dot_product", "cudnn")
+ATTENTION_CHOICES = ("xla", "dot_product", "cudnn", "splash")
 # Keys this class models itself; everything else in a source config.json is carried over verbatim.
 _MODELED_KEYS = {
     "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",

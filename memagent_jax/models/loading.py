@@ -65,9 +65,12 @@ def abstract_params(config: ModelConfig, mesh=None) -> Params:
 
 def build_model(config: ModelConfig, params: Params, dtype: str = "float32",
                 attention: str = "xla") -> Qwen2:
-    """A Qwen2 module holding the given parameter arrays (no random init is run)."""
+    """A Qwen2 module holding the given parameter arrays (or ShapeDtypeStructs; no random init
+    is run), on the mesh they are sharded on."""
+    sharding = getattr(params["embed"], "sharding", None)
+    mesh = sharding.mesh if isinstance(sharding, jax.sharding.NamedSharding) else None
     abstract = nnx.eval_shape(lambda: Qwen2(config, dtype=dtype, param_dtype=config.dtype,
-                                            attention=attention, rngs=nnx.Rngs(0)))
+                                            attention=attention, mesh=mesh, rngs=nnx.Rngs(0)))
     return nnx.merge(nnx.graphdef(abstract), params)
 
 

@@ -47,6 +47,7 @@ from flax import nnx
 from memagent_jax.models.attention import attend, attend_cache, attend_causal, attend_fused
 from memagent_jax.models.config import ATTENTION_CHOICES, ModelConfig
 from memagent_jax.models.rope import apply_rope, inverse_frequencies
+from memagent_jax.models.splash import splash_causal
 
 # The parameters as a nested dict of arrays; see the module docstring.
 Params = dict[str, Any]
@@ -150,16 +151,20 @@ class Qwen2(nnx.Module):
     """Qwen2 causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
     `attention` one of ATTENTION_CHOICES (for the prefill and the unmasked forward: "xla" the
     blocked causal kernel of attention.py, "dot_product" jax.nn.dot_product_attention with the
-    implementation JAX picks, "cudnn" forced cuDNN flash attention, GPU and bf16/fp16 only)."""
+    implementation JAX picks, "cudnn" forced cuDNN flash attention, GPU and bf16/fp16 only,
+    "splash" TPU's Pallas kernel, splash.py). mesh: the mesh the model's arrays are sharded on,
+    which "splash" runs its kernel over (None: one device)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
-                 attention: str = "xla", rngs: nnx.Rngs):
+                 attention: str = "xla", mesh: jax.sharding.Mesh | None = None,
+                 rngs: nnx.Rngs):
         if attention not in ATTENTION_CHOICES:
             raise ValueError(f"attention must be one of {list(ATTENTION_CHOICES)}, "
                              f"got {attention!r}")
         self.config = config
         self.dtype = jnp.dtype(dtype)
         self.attention = attention
+        self.mesh = mesh
         self.embed = _random(rngs, (config.vocab_size, config.hidden_size), ("vocab", "embed"),
                              param_dtype)
         self.layers = nnx.List([DecoderLayer(config, self.dtype, param_dtype, rngs)
@@ -256,6 +261,8 @@ class Qwen2(nnx.Module):
         the configured implementation."""
         if self.attention == "xla":
             return attend_causal
+        if self.attention == "splash":
+            return functools.partial(splash_causal, mesh=self.mesh)
         return lambda q, k, v: attend_fused(q, k, v, _FUSED[self.attention])
 
     def _embed(self, input_ids: jnp.ndarray) -> jnp.ndarray:
