@@ -59,32 +59,44 @@ def write_rows(rows: list[dict], path: str) -> str:
     return path
 
 
-def vocabulary() -> list[str]:
-    """Special tokens first (<pad>=0, <s>=1, </s>=2, [UNK]=3) and the chat roles, then every word the templates,
-    the answer format and this task use, in a fixed order."""
-    from tokenizers import pre_tokenizers
-
+def vocabulary(task_words: list[str] | None = None) -> list[str]:
+    """Special tokens first (<pad>=0, <s>=1, </s>=2, [UNK]=3) and the chat roles, then every
+    word the templates and the answer format use, then a task's words (default: this needle
+    task's), in a fixed order."""
     from memagent_jax.rollout.templates import FINAL_TEMPLATE, INITIAL_MEMORY, UPDATE_TEMPLATE
 
     words = ["<pad>", "<s>", "</s>", "[UNK]", "user", "assistant"]  # chat template words
-    text = " ".join([UPDATE_TEMPLATE, FINAL_TEMPLATE, INITIAL_MEMORY, "\\boxed{}", QUESTION,
-                     NEEDLE, *FILLER, *CODES])
-    for word, _ in pre_tokenizers.Whitespace().pre_tokenize_str(text):
+    text = " ".join([UPDATE_TEMPLATE, FINAL_TEMPLATE, INITIAL_MEMORY, "\\boxed{}",
+                     *(task_words if task_words is not None else [QUESTION, NEEDLE, *FILLER,
+                                                                  *CODES])])
+    for word, _ in _pre_tokenizer().pre_tokenize_str(text):
         if word not in words:
             words.append(word)
     return words
 
 
-def write_tokenizer(out_dir: str) -> str:
-    """Saves the word-level tokenizer (tokenizer.json + tokenizer_config.json, eos </s>)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+def _pre_tokenizer():
+    """Words, runs of punctuation, and `\\boxed{` whole: a reply's answer then decodes as
+    `\\boxed{ answer}`, which the original's extraction and its space-dropping comparison
+    read (split into `\\ boxed {` it would read as no answer at all)."""
+    from tokenizers import Regex, pre_tokenizers
+    return pre_tokenizers.Split(Regex(r"\\boxed\{|\w+|[^\w\s]+"), behavior="removed",
+                                invert=True)
+
+
+def write_tokenizer(out_dir: str, words: list[str] | None = None) -> str:
+    """Saves the word-level tokenizer of `words` (default: `vocabulary()`; tokenizer.json +
+    tokenizer_config.json, eos </s>)."""
+    from tokenizers import Tokenizer, decoders, models
     from transformers import PreTrainedTokenizerFast
 
-    words = vocabulary()
+    words = words or vocabulary()
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
                                            unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.decoder = decoders.WordPiece(prefix="##")  # joins words with single spaces
+    tokenizer.pre_tokenizer = _pre_tokenizer()
+    # Words joined with single spaces, except before a closing brace.
+    tokenizer.decoder = decoders.Sequence([decoders.WordPiece(prefix="##"),
+                                           decoders.Replace(" }", "}")])
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>",
                                       pad_token="<pad>", bos_token="<s>", unk_token="[UNK]")
     wrapped.chat_template = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> "

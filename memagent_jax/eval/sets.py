@@ -1,7 +1,8 @@
 """Evaluation sets as the runner sees them: checked records, a column label, a metric.
 
 A set file holds one context length of one task: RULER-HQA records {context, input, answers,
-num_docs, index} or RULER synthetic records {context, input, answers, task, length, ...}.
+num_docs, index}, RULER synthetic records {context, input, answers, task, length, ...}, or QA
+records of one `length` (`memagent-jax data synthetic`).
 QA sets are scored with EM / sub-EM / F1 (accuracy = sub-EM, as the paper); RULER synthetic
 tasks with string_match_all (docs/algorithm.md section 2).
 """
@@ -67,6 +68,8 @@ def load_set(path: str, max_samples: int | None = None) -> EvalSet:
         key = "num_docs"
         label = hotpotqa.length_label(first["num_docs"])
         nominal = hotpotqa.NOMINAL_TOKENS.get(first["num_docs"])
+    elif isinstance(first.get("length"), int):  # a QA set of one length (data synthetic)
+        key, label, nominal = "length", ruler.length_label(first["length"]), first["length"]
     else:
         key, label, nominal = None, os.path.splitext(os.path.basename(path))[0], None
     if key and any(r.get(key) != first.get(key) for r in records):

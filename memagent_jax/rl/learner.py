@@ -52,6 +52,7 @@ from memagent_jax.rl.dapo import policy_loss
 from memagent_jax.rl.logprobs import token_logprobs
 from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather,
                                   plan_micro_batches, scatter)
+from memagent_jax.rl.sft import sft_loss
 from memagent_jax.runconfig import at_least
 
 
@@ -84,6 +85,9 @@ class LearnerConfig:
     for rerunning each layer's forward in the backward). logit_chunk_tokens: positions whose
     logits exist at once in the log-prob pass and the loss (forward and backward), instead of
     all [rows, length, vocab] (rl/logprobs.py; null: all at once).
+    loss: "dapo" (the clipped policy loss, dapo.py) or "sft" (supervised warm-up on oracle
+    trajectories: the token-mean negative log-likelihood of the replies, rl/sft.py; the clip,
+    KL and old-log-prob settings are then unused).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -116,6 +120,7 @@ class LearnerConfig:
     train_final_turn: bool = True
     bucket_lengths: tuple[int, ...] | None = None
     seed: int = 0
+    loss: Literal["dapo", "sft"] = "dapo"
 
     def __post_init__(self):
         def fail(name, message):
@@ -213,7 +218,7 @@ class Learner:
         # A copy even when no cast is needed: the policy's own buffers are donated by every
         # update.
         self._ref_params = (self._make(cast, self._param_shardings, self._params)
-                            if config.kl_coef != 0.0 else None)
+                            if config.kl_coef != 0.0 and config.loss == "dapo" else None)
 
         # Replicated: the host reads it, and on a pod no process holds every shard.
         self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar)
@@ -326,8 +331,8 @@ class Learner:
         config = self.config
         arrays = {"tokens": rows.tokens, "loss_mask": rows.loss_mask,
                   "advantages": rows.advantages,
-                  "old_logprobs": (rows.rollout_logprobs if config.old_logprobs == "rollout"
-                                   else self.logprobs(rows))}
+                  "old_logprobs": (self.logprobs(rows) if config.old_logprobs == "recompute"
+                                   and config.loss == "dapo" else rows.rollout_logprobs)}
         if self._ref_params is not None:
             arrays["ref_logprobs"] = self.logprobs(rows, self._ref_params)
         if self._accumulator is None:
@@ -424,8 +429,10 @@ class Learner:
     def _loss_fn(self, params, batch):
         config = self.config
         logp, entropy = self._token_logprobs(params, batch["tokens"], config.remat, True)
-        if config.entropy_coef == 0.0:
+        if config.entropy_coef == 0.0 or config.loss == "sft":
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
+        if config.loss == "sft":
+            return sft_loss(logp, batch["loss_mask"], batch["row_weights"], entropy)
         return policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
                            eps_low=config.eps_low, eps_high=config.eps_high,
                            dual_clip=config.dual_clip, ref_logp=batch.get("ref_logprobs"),

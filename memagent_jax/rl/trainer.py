@@ -4,7 +4,9 @@ Per step: draw prompts (grain iterator) -> n MemoryAgent trajectories per prompt
 engine, with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
 (collect.py) -> group advantages -> training rows (one per turn) -> `Learner.update` (PPO
 mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
-TensorBoard scalars and one JSON line per step. Rollouts decode with `learner.compute_params()`:
+TensorBoard scalars and one JSON line per step. With `learner.loss: sft` the rollouts are the
+oracle's trajectories instead (rl/sft.py: a supervised warm-up, no sampling), trained on the
+same way. Rollouts decode with `learner.compute_params()`:
 the learner's own arrays when they are stored in the compute dtype (float32 on CPU), else a
 device copy in it (bf16 from float32 master weights), made on the same mesh after each update
 and dropped before the next one, so it never sits beside the update's gradients.
@@ -52,6 +54,7 @@ from memagent_jax.rl.collect import collect_batch, score
 from memagent_jax.rl.config import TrainConfig, check_devices
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rl.sft import oracle_batch
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.agent import build_agent, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
@@ -197,8 +200,12 @@ class Trainer:
             return seeds[-1]
 
         try:
-            batch = collect_batch(self.agent, self.learner.compute_params(), self.iterator,
-                                  config, seed_for_try, on_turn)
+            if config.learner.loss == "sft":  # no sampling: the oracle's replies
+                batch = oracle_batch(self.agent, self.iterator, config.prompts_per_step,
+                                     config.data.reward)
+            else:
+                batch = collect_batch(self.agent, self.learner.compute_params(),
+                                      self.iterator, config, seed_for_try, on_turn)
         except _Preempted:
             self.rng = at_start[0]
             self.iterator.set_state(at_start[1])
@@ -209,7 +216,8 @@ class Trainer:
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
-            advantages = self.compute_advantages(step, batch.rewards)
+            advantages = (np.ones_like(batch.rewards) if config.learner.loss == "sft"
+                          else self.compute_advantages(step, batch.rewards))
             rows = rows_from_trajectories(batch.groups, advantages, config.learner.credit,
                                           config.learner.train_final_turn)
             update_start = time.perf_counter()
@@ -321,8 +329,9 @@ class Trainer:
         with open(self._step_log, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
         if step:
-            parts = [f"reward {record['reward/mean']:.3f}+-{record['reward/std']:.3f}",
-                     f"kept {record['dynamic/kept_fraction']:.2f}"]
+            parts = [f"reward {record['reward/mean']:.3f}+-{record['reward/std']:.3f}"]
+            if "dynamic/kept_fraction" in record:  # not in a supervised step
+                parts.append(f"kept {record['dynamic/kept_fraction']:.2f}")
             if "learner/loss" in record and math.isfinite(record["learner/loss"]):
                 parts.append(f"loss {record['learner/loss']:.4g}")
             if "val/accuracy" in record:

@@ -1,0 +1,212 @@
+"""Synthetic long-document tasks, for training and evaluating a small memory agent from scratch.
+
+A document is sentences of made-up words (a fixed vocabulary of a few thousand: nouns, verbs
+and adjectives in a handful of sentence patterns, so that it reads like text rather than one
+repeated sentence) with a few fact sentences placed at random depths, anywhere from the first
+token to the last. The word-level tokenizer (`vocabulary`, written by `needle.write_tokenizer`)
+makes every word and punctuation mark one token, so a document of `length` tokens is exactly
+that long in the model's tokens.
+
+Tasks (the question is asked about one of several facts of the same form):
+- multikey: "the code of KEY is VALUE ." for 4 keys; "what is the code of KEY ?" -> VALUE.
+- twohop: "PERSON lives in CITY ." for 3 people and "the code of CITY is VALUE ." for 3 cities;
+  "what is the code of the city where PERSON lives ?" -> VALUE. The two facts the answer needs
+  lie in different halves of the document, in either order: when the city's code comes first,
+  a reader must keep every city's code until it learns which city matters.
+
+Each sample records its facts in document order (`facts`, each with the kind of fact and
+whether the answer needs it), from which `oracle_memories` derives what an ideal memory holds
+after each chunk (supervised warm-up). Everything is deterministic by (task, length, seed,
+index).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import random
+
+TASKS = ("multikey", "twohop")
+KEYS_PER_DOCUMENT = {"multikey": 4, "twohop": 3}
+
+_CONSONANTS = "bdfgklmnprstvz"
+_VOWELS = "aeiou"
+_FUNCTION_WORDS = ("the", "a", "of", "in", "near", "with", "and", "by", "is", "code", "lives",
+                   "what", "where", "city", "?", ".")
+_PATTERNS = ("the A N V the N .", "a N V near the A N .", "the N of the N V with a N .",
+             "A N and A N V by the N .", "the A A N V in the N .")
+
+
+@dataclasses.dataclass(frozen=True)
+class Words:
+    """The task's word classes, disjoint: filler (nouns, verbs, adjectives; two syllables)
+    and the fact slots (keys, people, cities, values; three syllables)."""
+    nouns: tuple[str, ...]
+    verbs: tuple[str, ...]
+    adjectives: tuple[str, ...]
+    keys: tuple[str, ...]
+    people: tuple[str, ...]
+    cities: tuple[str, ...]
+    values: tuple[str, ...]
+
+    def all(self) -> list[str]:
+        return [*_FUNCTION_WORDS, *self.nouns, *self.verbs, *self.adjectives, *self.keys,
+                *self.people, *self.cities, *self.values]
+
+
+@functools.lru_cache(maxsize=1)
+def words() -> Words:
+    """The fixed vocabulary (the same on every call: it defines the tokenizer)."""
+    syllables = [c + v for c in _CONSONANTS for v in _VOWELS]
+    rng = random.Random(0)
+    two = ["".join(p) for p in itertools.product(syllables, repeat=2)]
+    three = ["".join(p) for p in itertools.product(syllables, repeat=3)]
+    rng.shuffle(two)
+    three = rng.sample(three, 1500)
+    return Words(nouns=tuple(two[:1200]), verbs=tuple(two[1200:1800]),
+                 adjectives=tuple(two[1800:2400]), keys=tuple(three[:400]),
+                 people=tuple(three[400:800]), cities=tuple(three[800:1000]),
+                 values=tuple(three[1000:1500]))
+
+
+def vocabulary() -> list[str]:
+    """The tokenizer's words: the templates' and the answer format's (`needle.vocabulary`),
+    then this module's."""
+    from memagent_jax.data.needle import vocabulary as base
+    return base(words().all())
+
+
+@dataclasses.dataclass(frozen=True)
+class Fact:
+    text: str
+    kind: str        # "code" (the code of a key or a city) or "lives" (where a person lives)
+    needed: bool     # whether the answer needs it
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    context: str
+    question: str
+    answer: str
+    facts: tuple[Fact, ...]   # in document order
+
+
+def check_task(task: str) -> None:
+    from memagent_jax.errors import UserError
+    if task not in TASKS:
+        raise UserError(f"unknown synthetic task '{task}' (known: {', '.join(TASKS)})")
+
+
+def min_length(task: str) -> int:
+    """The fewest tokens a document of `task` holds: its facts and one filler sentence."""
+    return {"multikey": 4 * 7, "twohop": 3 * 5 + 3 * 7}[task] + 8
+
+
+def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
+    """Sample `index` of (task, length, seed): a document of exactly `length` tokens."""
+    check_task(task)
+    rng = random.Random(f"{task}:{length}:{seed}:{index}")
+    w = words()
+    if task == "multikey":
+        keys = rng.sample(w.keys, KEYS_PER_DOCUMENT[task])
+        values = rng.sample(w.values, len(keys))
+        asked = rng.randrange(len(keys))
+        facts = [Fact(f"the code of {k} is {v} .", "code", i == asked)
+                 for i, (k, v) in enumerate(zip(keys, values))]
+        depths = [rng.random() for _ in facts]
+        question, answer = f"what is the code of {keys[asked]} ?", values[asked]
+    else:
+        n = KEYS_PER_DOCUMENT[task]
+        people, cities = rng.sample(w.people, n), rng.sample(w.cities, n)
+        values = rng.sample(w.values, n)
+        asked = rng.randrange(n)
+        lives = [Fact(f"{p} lives in {c} .", "lives", i == asked)
+                 for i, (p, c) in enumerate(zip(people, cities))]
+        codes = [Fact(f"the code of {c} is {v} .", "code", i == asked)
+                 for i, (c, v) in enumerate(zip(cities, values))]
+        facts = lives + codes
+        depths = [rng.random() for _ in facts]
+        # The two facts the answer needs: one in each half, either first.
+        early, late = rng.uniform(0, 0.5), rng.uniform(0.5, 1)
+        if rng.random() < 0.5:
+            early, late = late, early
+        depths[asked], depths[n + asked] = early, late
+        question = f"what is the code of the city where {people[asked]} lives ?"
+        answer = values[asked]
+    return _document(rng, w, facts, depths, length, question, answer)
+
+
+def _document(rng, w: Words, facts: list[Fact], depths: list[float], length: int,
+              question: str, answer: str) -> Sample:
+    fact_tokens = sum(len(f.text.split()) for f in facts)
+    if length < fact_tokens + 1:
+        from memagent_jax.errors import UserError
+        raise UserError(f"a document of {length} tokens cannot hold its facts "
+                        f"({fact_tokens} tokens)")
+    sentences, filler = [], length - fact_tokens
+    while filler > 0:
+        sentence = _sentence(rng, w)
+        if len(sentence) > filler:  # the last one cut to fit, still ending in a full stop
+            sentence = sentence[:filler - 1] + ["."]
+        sentences.append(sentence)
+        filler -= len(sentence)
+    # Fact i goes before filler sentence round(depth * count): depth 0 opens the document,
+    # depth 1 closes it.
+    order = sorted(range(len(facts)), key=lambda i: depths[i])
+    placed: list[list[str]] = []
+    slots = [round(depths[i] * len(sentences)) for i in order]
+    for position in range(len(sentences) + 1):
+        placed += [facts[i].text.split() for i, slot in zip(order, slots) if slot == position]
+        if position < len(sentences):
+            placed.append(sentences[position])
+    context = " ".join(token for sentence in placed for token in sentence)
+    return Sample(context, question, answer, tuple(facts[i] for i in order))
+
+
+def _sentence(rng, w: Words) -> list[str]:
+    pick = {"A": w.adjectives, "N": w.nouns, "V": w.verbs}
+    return [rng.choice(pick[t]) if t in pick else t for t in rng.choice(_PATTERNS).split()]
+
+
+def eval_record(sample: Sample, task: str, length: int, index: int) -> dict:
+    """The record `memagent-jax eval` reads (RULER-HQA's fields, with `length` for the
+    column's label instead of num_docs)."""
+    return {"context": sample.context, "input": sample.question, "answers": [sample.answer],
+            "length": length, "synthetic_task": task, "index": index}
+
+
+def train_row(sample: Sample, task: str, length: int, index: int) -> dict:
+    """The training layout (BytedTsinghua-SIA/hotpotqa's, as `needle.needle_rows`), with the
+    facts for the supervised warm-up's oracle memories."""
+    return {
+        "data_source": f"synthetic_{task}",
+        "prompt": [{"role": "user", "content": sample.question}],
+        "context": sample.context,
+        "reward_model": {"ground_truth": [sample.answer], "style": "rule"},
+        "extra_info": {"index": index, "question": sample.question, "num_docs": 1,
+                       "length": length,
+                       "facts": [dataclasses.asdict(f) for f in sample.facts]},
+    }
+
+
+def oracle_memories(chunks: list[str], facts: list[dict]) -> list[str]:
+    """What an ideal memory holds after each chunk: the facts read so far that bear on the
+    question. That is the needed facts, and, until the reader has met the needed "lives" fact
+    (twohop), every city's code, since any may turn out to be the one asked for. Facts are
+    kept in document order, one per line; "" when none was read yet. chunks: the document's
+    chunks as text, spaced as any decoder spaces them."""
+    two_hop = any(f["kind"] == "lives" for f in facts)
+    memories, seen, tail = [], set(), ""
+    for chunk in chunks:
+        # Compared without spaces: a decoder may join "v ." as "v."; and a fact cut by a chunk
+        # boundary is whole in the next window.
+        window = tail + "".join(chunk.split())
+        seen |= {f["text"] for f in facts if "".join(f["text"].split()) in window}
+        tail = window[-200:]
+        bridge_known = any(f["needed"] and f["kind"] == "lives" and f["text"] in seen
+                           for f in facts)
+        memories.append("\n".join(
+            f["text"] for f in facts if f["text"] in seen and (
+                f["needed"] or (two_hop and f["kind"] == "code" and not bridge_known))))
+    return memories

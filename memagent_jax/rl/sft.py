@@ -1,0 +1,84 @@
+"""Supervised warm-up on oracle trajectories: the memory loop as an ideal reader runs it.
+
+For a training row that records its facts (`memagent-jax data synthetic --layout train`), the
+oracle trajectory has the agent's own turns (the same chunks, the same prompts in token ids,
+each prompt built from the previous oracle reply as the agent builds it from its own) with the
+replies an ideal memory gives: after each chunk, the facts read so far that bear on the question
+(`data.synthetic.oracle_memories`; the initial memory's words while there are none), and in the
+final turn `\\boxed{answer}`; each reply ends with the end-of-text token that stops the engine.
+
+Its rows (one per turn, as DAPO's) are trained with the token-mean negative log-likelihood of
+the replies (`learner.loss: sft`, `sft_loss`): the same rows, micro-batches, mesh, optimiser and
+checkpoints as DAPO, and the same validation through the memory loop.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax.numpy as jnp
+import numpy as np
+
+from memagent_jax.data.pipeline import Example, take
+from memagent_jax.data.synthetic import oracle_memories
+from memagent_jax.errors import UserError
+from memagent_jax.rl.collect import RolloutBatch, rollout_stats, score
+from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
+
+
+def sft_loss(logp, mask, row_weights, entropy=None):
+    """logp, mask [rows, T] (mask 1 on reply tokens), row_weights [rows] as `dapo.policy_loss`
+    takes them -> (the weighted token sum of -logp, metrics with policy_loss's names: loss and pg_loss
+    the same negative log-likelihood, the clip and KL metrics 0, entropy when given)."""
+    weights = jnp.asarray(mask, jnp.float32) * jnp.asarray(row_weights, jnp.float32)[:, None]
+    nll = -jnp.sum(logp * weights)
+    zero = jnp.zeros((), jnp.float32)
+    metrics = {"loss": nll, "pg_loss": nll, "clip_fraction": zero, "dual_clip_fraction": zero,
+               "approx_kl": zero, "kl": zero,
+               "entropy": zero if entropy is None else jnp.sum(entropy * weights)}
+    return nll, metrics
+
+
+def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
+    """The oracle trajectory of `example` (module docstring), in `agent`'s tokens, chunks and
+    prompts. Raises UserError when the row records no facts."""
+    facts = (example.extra_info or {}).get("facts")
+    if not facts:
+        raise UserError(f"training row {example.index} ({example.data_source}) has no "
+                        "extra_info.facts: learner.loss sft trains on rows from `memagent-jax "
+                        "data synthetic --layout train`")
+    tokenizer, prompts = agent.tokenizer, agent.prompts
+    sample = agent.read(example.question, example.context, strict=False)
+    texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
+    memories = [tokenizer(m, add_special_tokens=False)["input_ids"] if m
+                else list(prompts.initial_memory) for m in oracle_memories(texts, facts)]
+    end = tokenizer.eos_token_id if tokenizer.eos_token_id in agent.stop_ids else (
+        agent.stop_ids[0])
+    answer = f"\\boxed{{{example.ground_truths[0]}}}"
+    replies = memories + [tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    trajectory = Trajectory(example.question)
+    workflow = memory_turns(sample.chunks, prompts.initial_memory)
+    memory = None
+    for reply in replies:
+        kind, previous, chunk = workflow.send(memory)
+        prompt = (prompts.update(sample.problem_ids, previous, chunk) if kind == "update"
+                  else prompts.final(sample.problem_ids, previous))
+        trajectory.turns.append(Turn(kind, prompt, [*reply, end], [0.0] * (len(reply) + 1),
+                                     "stop", tokenizer.decode(reply)))
+        memory = reply
+    trajectory.answer = example.ground_truths[0]
+    return trajectory
+
+
+def oracle_batch(agent: MemoryAgent, iterator, prompts: int, reward: str) -> RolloutBatch:
+    """`collect.collect_batch`'s result for a supervised step: the next `prompts` examples, one
+    oracle trajectory each (groups of 1), and their final replies' rewards by the verifier
+    `reward` names (data.reward), which are 1 unless the answer format and the tokenizer
+    disagree."""
+    start = time.perf_counter()
+    examples = take(iterator, prompts)
+    groups = [[oracle_trajectory(agent, e)] for e in examples]
+    rewards = score(examples, groups, reward)
+    stats = rollout_stats(groups, rewards, rewards)
+    stats["time/rollout_s"] = time.perf_counter() - start
+    return RolloutBatch(examples, groups, rewards, [e.index for e in examples], 1, stats)

@@ -1,0 +1,154 @@
+"""The synthetic long-document tasks (`memagent-jax data synthetic`): exact lengths in the
+written tokenizer's tokens (transformers), facts anywhere from the first to the last token,
+two-hop facts in different halves in both orders, the oracle memories, and files that
+`memagent-jax eval` and the trainer read."""
+
+import json
+import random
+
+import pytest
+from transformers import AutoTokenizer
+
+from memagent_jax.cli import main
+from memagent_jax.data import synthetic
+from memagent_jax.data.pipeline import ExampleSource, load_source
+from memagent_jax.eval.sets import load_set
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from memagent_jax.data.needle import write_tokenizer
+    path = write_tokenizer(str(tmp_path_factory.mktemp("tok")), synthetic.vocabulary())
+    return AutoTokenizer.from_pretrained(path)
+
+
+def _tokens(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("task", synthetic.TASKS)
+@pytest.mark.parametrize("length", [synthetic.min_length("twohop"), 1000, 30_000])
+def test_documents_are_exactly_as_long_as_asked_in_the_tokenizers_tokens(tokenizer, task,
+                                                                         length):
+    for index in range(3):
+        sample = synthetic.make_sample(task, length, seed=1, index=index)
+        ids = _tokens(tokenizer, sample.context)
+        assert len(ids) == length and tokenizer.unk_token_id not in ids
+        assert tokenizer.unk_token_id not in _tokens(tokenizer, sample.question)
+        assert all(f.text in sample.context for f in sample.facts)
+        assert [f.text for f in sample.facts] == sorted(
+            (f.text for f in sample.facts), key=sample.context.index)  # document order
+
+
+def test_a_million_token_document(tokenizer):
+    sample = synthetic.make_sample("multikey", 1 << 20, seed=0, index=0)
+    assert len(_tokens(tokenizer, sample.context)) == 1 << 20
+    assert len(set(sample.context.split())) > 2000  # text over the vocabulary, not one sentence
+
+
+def test_the_vocabulary_is_a_few_thousand_disjoint_words():
+    w = synthetic.words()
+    classes = [w.nouns, w.verbs, w.adjectives, w.keys, w.people, w.cities, w.values]
+    everything = [x for c in classes for x in c]
+    assert len(everything) == len(set(everything)) > 3000
+    assert synthetic.words() == w  # fixed: it defines the tokenizer
+
+
+def test_facts_can_open_and_close_a_document():
+    w = synthetic.words()
+    facts = [synthetic.Fact(f"the code of {w.keys[i]} is {w.values[i]} .", "code", i == 0)
+             for i in range(2)]
+    sample = synthetic._document(random.Random(0), w, facts, [0.0, 1.0], 500, "q ?", "a")
+    assert sample.context.startswith(facts[0].text) and sample.context.endswith(facts[1].text)
+    assert len(sample.context.split()) == 500
+
+
+def test_depths_cover_the_whole_document():
+    """Over 200 samples the asked fact lands in the first and the last 5% of the document."""
+    length = 4000
+    where = []
+    for index in range(200):
+        sample = synthetic.make_sample("multikey", length, seed=3, index=index)
+        fact = next(f for f in sample.facts if f.needed)
+        where.append(sample.context.index(fact.text) / len(sample.context))
+    assert min(where) < 0.05 and max(where) > 0.95
+
+
+def test_two_hop_facts_lie_in_different_halves_in_either_order():
+    orders = set()
+    for index in range(40):
+        sample = synthetic.make_sample("twohop", 3000, seed=0, index=index)
+        needed = [f for f in sample.facts if f.needed]
+        assert [f.kind for f in needed] in (["lives", "code"], ["code", "lives"])
+        lives, code = sorted(needed, key=lambda f: f.kind != "lives")
+        middle = len(sample.context) / 2
+        positions = [sample.context.index(f.text) for f in needed]
+        assert positions[0] < middle <= positions[1] + len(needed[1].text)
+        city = lives.text.split()[-2]
+        assert code.text == f"the code of {city} is {sample.answer} ."
+        assert sample.question.split()[-3] == lives.text.split()[0]
+        orders.add(needed[0].kind)
+    assert orders == {"lives", "code"}
+
+
+def test_samples_are_deterministic_by_seed_and_index():
+    a = synthetic.make_sample("twohop", 500, seed=4, index=2)
+    assert a == synthetic.make_sample("twohop", 500, seed=4, index=2)
+    assert a != synthetic.make_sample("twohop", 500, seed=5, index=2)
+    assert a != synthetic.make_sample("twohop", 500, seed=4, index=3)
+
+
+def test_oracle_memories_keep_what_bears_on_the_question():
+    facts = [{"text": "the code of ka is x .", "kind": "code", "needed": False},
+             {"text": "the code of bo is y .", "kind": "code", "needed": True},
+             {"text": "mu lives in bo .", "kind": "lives", "needed": True}]
+    chunks = ["a b the code of ka is x", ". c the code of bo is y . d", "e mu lives in bo .",
+              "f"]
+    # Before the person's city is known every city's code may matter; after, only its own.
+    assert synthetic.oracle_memories(chunks, facts) == [
+        "", "the code of ka is x .\nthe code of bo is y .",
+        "the code of bo is y .\nmu lives in bo .", "the code of bo is y .\nmu lives in bo ."]
+    multikey = [dict(f, kind="code") for f in facts[:2]]
+    assert synthetic.oracle_memories(chunks[:2], multikey) == ["", "the code of bo is y ."]
+
+
+def test_the_cli_writes_sets_eval_reads_and_rows_the_trainer_reads(tmp_path, capsys):
+    out = tmp_path / "synthetic"
+    assert main(["data", "synthetic", "--task", "multikey", "--lengths", "512", "8192",
+                 "--num-samples", "3", "--seed", "7", "--out", str(out)]) == 0
+    eval_set = load_set(str(out / "eval_multikey_8192.json"))
+    assert (eval_set.label, eval_set.nominal_tokens, len(eval_set.records)) == ("8K", 8192, 3)
+    assert eval_set.score(eval_set.records[0]["answers"][0], eval_set.records[0]["answers"])[
+        "accuracy"] == 1.0
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    assert len(_tokens(tokenizer, eval_set.records[1]["context"])) == 8192
+
+    assert main(["data", "synthetic", "--task", "twohop", "--lengths", "300", "600",
+                 "--num-samples", "2", "--layout", "train", "--out", str(out)]) == 0
+    source = ExampleSource(load_source(str(out / "train_twohop.parquet")))
+    assert len(source) == 4
+    example = source[3]
+    assert example.question.startswith("what is the code of the city where")
+    assert example.context == synthetic.make_sample("twohop", 600, 0, 1).context
+    with open(out / "eval_multikey_512.json") as f:
+        assert json.load(f)[0]["synthetic_task"] == "multikey"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--task", "needles", "--lengths", "100"], "unknown synthetic task 'needles'"),
+    (["--task", "multikey", "--lengths", "0"], "--lengths 0: a multikey document needs at"),
+    (["--task", "twohop", "--lengths", "100", "--num-samples", "0"], "--num-samples must be"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
+    assert main(["data", "synthetic", *argv, "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_length_that_is_not_a_number_is_refused_by_the_parser(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["data", "synthetic", "--task", "twohop", "--lengths", "8k", "--out",
+              str(tmp_path)])
+    assert exit_.value.code == 2
+    assert "invalid int value: '8k'" in capsys.readouterr().err
