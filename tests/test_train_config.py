@@ -109,7 +109,7 @@ def test_overrides_reach_nested_sections(config_file):
     (["model.path=/nonexistent/model"], "model: give exactly one of model.path"),
     (["learner.lr=-1"], "learner.lr: must be positive"),
     (["engine.prefill_rows=0"], "engine.prefill_rows: must be at least 1"),
-    (["model.attention=splash"], "model.attention: must be one of"),
+    (["model.attention=flash"], "model.attention: must be one of"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):
