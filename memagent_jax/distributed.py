@@ -17,8 +17,8 @@ On CPU the collectives go through gloo.
 
 After `start()`, `jax.process_index()`/`process_count()` say who is who. The helpers below are
 what keeps hosts in agreement: `to_host` (a global array, whole, on every host), `gather` and
-`broadcast` (Python values), `barrier`, `on_main` (work only process 0 does, its failure
-raised on every process) and `check_same` (a lockstep check that fails loudly).
+`broadcast` (Python values), `on_main` (work only process 0 does, its failure raised on
+every process) and `check_same` (a lockstep check that fails loudly).
 """
 
 from __future__ import annotations
@@ -233,13 +233,6 @@ def gather(value: Any) -> list:
 def broadcast(value: Any) -> Any:
     """Process 0's value, on every process."""
     return gather(value)[0]
-
-
-def barrier(name: str) -> None:
-    """Waits until every process reaches the barrier of this name."""
-    if joined():
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(name)
 
 
 def check_same(what: str, value: Any) -> None:
