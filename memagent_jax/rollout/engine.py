@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen2 import KVCache, Params, Qwen2, split_params
 from memagent_jax.models.sharding import partition_spec
-from memagent_jax.rollout.sampling import SamplingParams, request_key, sample
+from memagent_jax.rollout.sampling import SamplingParams, request_key, sample, top_logprobs
 from memagent_jax.runconfig import at_least
 
 
@@ -44,15 +44,19 @@ class EngineConfig:
     its reply). prefill_buckets: prompt lengths compiled for (None: `default_prefill_buckets`;
     max_len is always one). prefill_rows: the most prompts prefilled in one call (compiled for
     1, 2, 4, ... rows up to it, for every bucket: fewer, larger prefill calls, more to
-    compile)."""
+    compile). top_logprobs: k > 0 makes every insert and step also return the k most likely
+    tokens of each slot and their log-probabilities (`StepLogprobs`; the OpenAI API's
+    `top_logprobs`, for `memagent-jax serve`), at the cost of a top-k over the vocabulary."""
     SECTION: ClassVar[str] = "engine"
     slots: int = 8
     max_len: int | None = None
     prefill_buckets: tuple[int, ...] | None = None
     prefill_rows: int = 1
+    top_logprobs: int = 0
 
     def __post_init__(self):
         at_least(self, 1, "slots", "prefill_rows")
+        at_least(self, 0, "top_logprobs")
         at_least(self, 2, "max_len")
         if self.prefill_buckets is not None:
             if not self.prefill_buckets or min(self.prefill_buckets) < 1:
@@ -115,6 +119,15 @@ class Prefix(NamedTuple):
     length: jnp.ndarray
 
 
+class StepLogprobs(NamedTuple):
+    """What an engine with `config.top_logprobs` = k returns in place of plain log-probs:
+    chosen [S] (the sampled tokens'), top_ids [S, k] int32 and top [S, k] float32 (each slot's
+    k most likely tokens, most likely first, at its temperature; an insert's without the S)."""
+    chosen: jnp.ndarray
+    top_ids: jnp.ndarray
+    top: jnp.ndarray
+
+
 class DecodeState(NamedTuple):
     """Everything a decode step reads, one row per slot ([S] unless noted)."""
     cache: KVCache            # per layer: keys [S, Hkv, K, max_len], values [S, Hkv, max_len, K]
@@ -131,7 +144,8 @@ class DecodeEngine(Protocol):
     """What the scheduler needs of an engine. `params` is whatever the engine's model takes
     (for `Engine`, the model's `Params`); prefixes and the decode state are opaque to callers.
     Outputs may be device arrays, read later: tokens [S] int and logprobs [S] float of a
-    `generate` hold one entry per slot, an `insert`'s are scalars."""
+    `generate` hold one entry per slot, an `insert`'s are scalars; with config.top_logprobs
+    > 0, logprobs is a `StepLogprobs`."""
     config: EngineConfig
 
     def check_params(self, params) -> None:
@@ -322,6 +336,8 @@ class Engine:
                    top_k):
         token, logprob = sample(prefix.last_logits, temperature[None], top_p[None], top_k[None],
                                 key[None], jnp.zeros(1, jnp.int32))
+        logprob = jax.tree.map(lambda a: a[0], self._with_top(logprob, prefix.last_logits,
+                                                              temperature[None]))
         state = DecodeState(
             cache=state.cache.write_prefix(prefix.keys, prefix.values, slot),
             tokens=state.tokens.at[slot].set(token[0]),
@@ -331,7 +347,7 @@ class Engine:
             temperature=state.temperature.at[slot].set(temperature),
             top_p=state.top_p.at[slot].set(top_p),
             top_k=state.top_k.at[slot].set(top_k))
-        return state, token[0], logprob[0]
+        return state, token[0], logprob
 
     def _generate_fn(self, params, state: DecodeState):
         model = nnx.merge(self.graphdef, params)
@@ -342,4 +358,11 @@ class Engine:
         positions = jnp.minimum(state.positions + 1, self.config.max_len - 1)
         state = state._replace(cache=cache, tokens=tokens, positions=positions,
                                steps=state.steps + 1)
-        return state, tokens, logprobs
+        return state, tokens, self._with_top(logprobs, logits, state.temperature)
+
+    def _with_top(self, logprobs, logits, temperature):
+        """logprobs [S], or a StepLogprobs with the top tokens when config.top_logprobs asks."""
+        if not self.config.top_logprobs:
+            return logprobs
+        return StepLogprobs(logprobs, *top_logprobs(logits, temperature,
+                                                    self.config.top_logprobs))

@@ -66,11 +66,27 @@ def sample(logits: jnp.ndarray, temperature: jnp.ndarray, top_p: jnp.ndarray,
 
     # An all-greedy batch (free slots are greedy too) skips the draw over [S, V].
     tokens = jax.lax.cond(jnp.all(greedy), lambda: best, draw)
-    # log softmax(logits / T)[token], written so that no scaled [S, V] array is stored: with
-    # two reductions over it (max, then sum of exp), XLA writes it out whole (19 MB at 32 rows).
-    log_normaliser = jnp.log(jnp.sum(jnp.exp((logits - top) / divisor), axis=-1))
     picked = jnp.take_along_axis(logits, tokens[:, None], axis=-1)
-    return tokens, ((picked - top) / divisor)[:, 0] - log_normaliser
+    return tokens, ((picked - top) / divisor)[:, 0] - _log_normaliser(logits, top, divisor)
+
+
+def top_logprobs(logits: jnp.ndarray, temperature: jnp.ndarray, k: int):
+    """logits [S, V] float32, temperature [S] float32 -> (ids [S, k] int32, logprobs [S, k]
+    float32): each row's k most likely tokens, most likely first, with the log-probabilities
+    `sample` gives a token it draws (at the row's temperature; greedy rows at 1). Softmax
+    keeps the order of the logits, so only the k picked logits are scaled."""
+    divisor = jnp.where(temperature <= 0, 1.0, temperature)[:, None]
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    values, ids = jax.lax.top_k(logits, k)
+    normaliser = _log_normaliser(logits, top, divisor)[:, None]
+    return ids.astype(jnp.int32), (values - top) / divisor - normaliser
+
+
+def _log_normaliser(logits: jnp.ndarray, top: jnp.ndarray, divisor: jnp.ndarray) -> jnp.ndarray:
+    """[S]: log sum exp((logits - top) / divisor) over the vocabulary, written so that no
+    scaled [S, V] array is stored: with two reductions over it (max, then sum of exp), XLA
+    writes it out whole (19 MB at 32 rows)."""
+    return jnp.log(jnp.sum(jnp.exp((logits - top) / divisor), axis=-1))
 
 
 def first_argmax(x: jnp.ndarray) -> jnp.ndarray:

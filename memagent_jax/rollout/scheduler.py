@@ -15,6 +15,11 @@ that build the next prompts) overlaps the device's instead of idling it every st
 freed the step its request is asked for its last token when that is its token limit (or the
 engine's max_len), known in advance; a request that stops at a stop id is seen one step late,
 and its slot computes one more token, discarded.
+
+A server keeps one scheduler running for requests that arrive while it steps: `run(params,
+poll)` calls `poll()` before every step, where it may `submit` new requests or `cancel` ones
+whose client has gone (their slots are free for the next step); `submit(..., on_token)` sees
+each token as it is read, for streaming.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import jax
 import numpy as np
 
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.engine import DecodeEngine
+from memagent_jax.rollout.engine import DecodeEngine, StepLogprobs
 from memagent_jax.rollout.sampling import SamplingParams
 
 
@@ -41,13 +46,23 @@ class Request:
     n: int = 1
 
 
+# A token's top alternatives: (ids, log-probabilities), most likely first.
+TopLogprobs = tuple[tuple[int, ...], tuple[float, ...]]
+
+
 @dataclasses.dataclass
 class Completion:
     """token_ids include the stop token when finish_reason is "stop"; logprobs[i] is
-    token_ids[i]'s log-probability at the request's temperature."""
+    token_ids[i]'s log-probability at the request's temperature; top_logprobs[i] its step's
+    most likely tokens, when the engine computes them (`EngineConfig.top_logprobs`)."""
     token_ids: list[int]
     logprobs: list[float]
-    finish_reason: str = ""  # "stop" | "length"
+    finish_reason: str = ""  # "stop" | "length"; "abort" once cancelled
+    top_logprobs: list[TopLogprobs] = dataclasses.field(default_factory=list)
+
+
+# on_token(sample index, token, its logprob, its step's top tokens or None)
+OnToken = Callable[[int, int, float, "TopLogprobs | None"], None]
 
 
 @dataclasses.dataclass
@@ -77,10 +92,16 @@ class Scheduler:
         self.requests: dict[int, Request] = {}
         self.results: dict[int, list[Completion | None]] = {}
         self._callbacks: dict[int, Callable[[list[Completion]], None]] = {}
+        self._token_callbacks: dict[int, OnToken] = {}
         self._waiting: collections.deque[tuple[int, int]] = collections.deque()
         self._prefixes: dict[int, tuple[object, int]] = {}  # request -> (prefix, inserts left)
         self._slots: list[_Active | None] = [None] * engine.config.slots
         self._next_id = 0
+
+    @property
+    def busy_slots(self) -> int:
+        """Slots holding a sample now."""
+        return sum(active is not None for active in self._slots)
 
     def check(self, request: Request) -> None:
         """Raises UserError if the engine cannot serve the request."""
@@ -96,8 +117,11 @@ class Scheduler:
             raise UserError(f"n must be at least 1, got {request.n}")
 
     def submit(self, request: Request,
-               on_done: Callable[[list[Completion]], None] | None = None) -> int:
-        """Queues a request; returns its id. on_done(completions) runs when all n finish."""
+               on_done: Callable[[list[Completion]], None] | None = None,
+               on_token: OnToken | None = None) -> int:
+        """Queues a request; returns its id. on_done(completions) runs when all n finish;
+        on_token(sample index, token, logprob, top) for each token as it is read (before the
+        on_done its last token may trigger)."""
         self.check(request)
         if request.sampling.seed is None:
             request = dataclasses.replace(request, sampling=dataclasses.replace(
@@ -108,15 +132,38 @@ class Scheduler:
         self.results[request_id] = [None] * request.n
         if on_done is not None:
             self._callbacks[request_id] = on_done
+        if on_token is not None:
+            self._token_callbacks[request_id] = on_token
         self._waiting.extend((request_id, j) for j in range(request.n))
         return request_id
 
-    def run(self, params) -> None:
+    def cancel(self, request_id: int) -> None:
+        """Drops a request that has not finished: its samples leave the queue and their slots,
+        free for the next step; its tokens not read yet are discarded; its callbacks are not
+        called again. Unknown or finished ids are ignored."""
+        if self.requests.pop(request_id, None) is None:
+            return
+        del self.results[request_id]
+        self._callbacks.pop(request_id, None)
+        self._token_callbacks.pop(request_id, None)
+        self._prefixes.pop(request_id, None)
+        self._waiting = collections.deque(w for w in self._waiting if w[0] != request_id)
+        for slot, active in enumerate(self._slots):
+            if active is not None and active.request_id == request_id:
+                active.completion.finish_reason = "abort"
+                self._slots[slot] = None
+
+    def run(self, params, poll: Callable[[], None] | None = None) -> None:
         """Steps the engine with `params` until every submitted request (and any its callbacks
-        submit) has finished."""
+        submit) has finished. poll(), if given, runs before every step (and once more before
+        returning); it may submit and cancel requests."""
         self.engine.check_params(params)
         unread: collections.deque[_Unread] = collections.deque()
-        while self._waiting or any(self._slots) or unread:
+        while True:
+            if poll is not None:
+                poll()
+            if not (self._waiting or any(self._slots) or unread):
+                break
             self._fill_free_slots(params, unread)
             busy = [(slot, active) for slot, active in enumerate(self._slots) if active]
             if busy:
@@ -175,16 +222,32 @@ class Scheduler:
 
     def _read(self, unread: _Unread) -> None:
         samples, tokens, logprobs = unread
-        tokens, logprobs = (np.reshape(a, -1) for a in jax.device_get((tokens, logprobs)))
+        tokens, logprobs = jax.device_get((tokens, logprobs))
+        top_ids = top = None
+        if isinstance(logprobs, StepLogprobs):
+            logprobs, top_ids, top = logprobs
+            k = np.shape(top)[-1]
+            top_ids, top = np.reshape(top_ids, (-1, k)), np.reshape(top, (-1, k))
+        tokens, logprobs = np.reshape(tokens, -1), np.reshape(logprobs, -1)
         for index, active in samples:
-            if not active.completion.finish_reason:  # else a token past its stop: discarded
-                self._append(active, int(tokens[index]), float(logprobs[index]))
+            # A token past its stop, or of a cancelled request: discarded.
+            if active.completion.finish_reason or active.request_id not in self.requests:
+                continue
+            alternatives = None if top is None else (
+                tuple(top_ids[index].tolist()), tuple(top[index].tolist()))
+            self._append(active, int(tokens[index]), float(logprobs[index]), alternatives)
 
-    def _append(self, active: _Active, token: int, logprob: float) -> None:
+    def _append(self, active: _Active, token: int, logprob: float,
+                top: TopLogprobs | None) -> None:
         request = self.requests[active.request_id]
         completion = active.completion
         completion.token_ids.append(token)
         completion.logprobs.append(logprob)
+        if top is not None:
+            completion.top_logprobs.append(top)
+        on_token = self._token_callbacks.get(active.request_id)
+        if on_token is not None:
+            on_token(active.sample_index, token, logprob, top)
         if token in request.stop_ids:
             completion.finish_reason = "stop"
         elif len(completion.token_ids) >= active.limit:
@@ -200,6 +263,7 @@ class Scheduler:
             # Finished requests are dropped (long runs submit many thousands); results stay
             # for callers without a callback, who read them from `results`.
             del self.requests[request_id]
+            self._token_callbacks.pop(request_id, None)
             callback = self._callbacks.pop(request_id, None)
             if callback is not None:
                 del self.results[request_id]
