@@ -21,11 +21,15 @@ from memagent_jax.rollout.templates import INITIAL_MEMORY, final_prompt, update_
 
 
 def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: float,
-         top_p: float, api_key: str | None, timeout: float) -> str:
-    """One chat completion: the reply text. Raises OSError/ValueError on failure."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": message}],
-                       "max_tokens": max_tokens, "temperature": temperature,
-                       "top_p": top_p}).encode()
+         top_p: float, api_key: str | None, timeout: float, seed: int | None = None) -> dict:
+    """One chat completion: its first choice ({"message": {"content"}, "finish_reason"}),
+    with the response's "usage" when the server reports it. Raises OSError/ValueError on
+    failure."""
+    request = {"model": model, "messages": [{"role": "user", "content": message}],
+               "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+    if seed is not None:
+        request["seed"] = seed
+    body = json.dumps(request).encode()
     headers = {"Content-Type": "application/json"}
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
@@ -33,18 +37,21 @@ def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: fl
     request = urllib.request.Request(url.rstrip("/") + "/chat/completions", body, headers)
     with urllib.request.urlopen(request, timeout=timeout) as response:
         payload = json.loads(response.read())
-    return payload["choices"][0]["message"]["content"] or ""
+    return {**payload["choices"][0], "usage": payload.get("usage")}
 
 
 def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
                   max_memory_tokens: int, max_final_tokens: int, temperature: float,
                   top_p: float, api_key: str | None, timeout: float = 300.0,
+                  seed: int | None = None,
                   on_turn: Callable[[int, str, str], None] | None = None) -> dict:
-    """Runs every turn; returns {"memories": [...], "final_reply": str, "answer": str|None}.
-    tokenizer: the one that cut the sample (decodes its chunks). on_turn(turn number, kind,
-    reply) after each turn. A failed request raises a UserError naming the turn."""
+    """Runs every turn; returns {"memories": [...], "final_reply": str, "answer": str|None,
+    "finish_reason": the final reply's, "final_tokens": its length in tokens when the server
+    reports usage, else None}. tokenizer: the one that cut the sample (decodes its chunks).
+    seed: turn k (from 1) asks the server for seed + k (None: no seed). on_turn(turn number,
+    kind, reply) after each turn. A failed request raises a UserError naming the turn."""
     turns = memory_turns([tokenizer.decode(c) for c in sample.chunks], INITIAL_MEMORY)
-    memories, reply, number = [], None, 0
+    memories, reply, number, choice = [], None, 0, {}
     while True:
         try:
             kind, memory, chunk = turns.send(reply)
@@ -55,8 +62,10 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
                    else final_prompt(sample.problem, memory))
         cap = max_memory_tokens if kind == "update" else max_final_tokens
         try:
-            reply = chat(url, model, message, max_tokens=cap, temperature=temperature,
-                         top_p=top_p, api_key=api_key, timeout=timeout)
+            choice = chat(url, model, message, max_tokens=cap, temperature=temperature,
+                          top_p=top_p, api_key=api_key, timeout=timeout,
+                          seed=None if seed is None else (seed + number) & 0x7FFFFFFF)
+            reply = choice["message"]["content"] or ""
         except urllib.error.HTTPError as e:
             raise UserError(f"{url}: turn {number} ({kind}): server answered HTTP {e.code} "
                             f"{e.reason}") from None
@@ -67,4 +76,7 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
             on_turn(number, kind, reply)
         if kind == "update":
             memories.append(reply)
-    return {"memories": memories, "final_reply": reply, "answer": final_answer(reply)}
+    usage = choice.get("usage") or {}
+    return {"memories": memories, "final_reply": reply, "answer": final_answer(reply),
+            "finish_reason": choice.get("finish_reason"),
+            "final_tokens": usage.get("completion_tokens")}

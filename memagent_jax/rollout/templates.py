@@ -64,9 +64,14 @@ def final_prompt(problem: str, memory: str) -> str:
 
 def chat_prompt_ids(tokenizer, user_message: str) -> list[int]:
     """The message as one user turn of the tokenizer's chat template, ready for generation."""
+    return chat_ids(tokenizer, [{"role": "user", "content": user_message}])
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """A conversation ({"role", "content"} messages) through the tokenizer's chat template,
+    with the generation prompt: the ids the model continues (`serve`'s chat completions)."""
     _require_chat_template(tokenizer)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": user_message}],
-                                        tokenize=True, add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return an encoding
         ids = ids["input_ids"]
     return list(ids)

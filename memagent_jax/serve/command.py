@@ -1,0 +1,159 @@
+"""`memagent-jax serve`: the engine behind uvicorn, and how the server stops.
+
+The CLI loads the model and builds the engine with the factories every command uses
+(`rollout.agent.load_policy`, `build_engine`); `OpenAIServer` puts the worker, the app and
+uvicorn together on a socket bound before anything is served (port 0: any free one).
+
+Shutdown, on SIGTERM or SIGINT (or `shutdown()` from another thread): uvicorn stops accepting
+connections and /health answers 503; requests in flight get `shutdown_timeout` seconds to
+finish; any still running then are ended with a 503 error (a stream with an error event, never
+[DONE]), so no client takes a cut-off answer for a whole one; the engine thread stops after its
+current step, and `run()` returns. A second SIGINT forces the exit.
+
+Single host only: a multi-process job (`JAX_NUM_PROCESSES` > 1) is refused with one line. On a
+pod, every process would have to step the engine while process 0 serves HTTP and broadcasts
+each step's requests; that is not built yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from memagent_jax.errors import UserError
+from memagent_jax.rollout.agent import Policy
+from memagent_jax.rollout.engine import Engine
+
+
+def check_single_host() -> None:
+    """Raises UserError when the environment starts this process as one of a multi-process
+    job (memagent_jax.distributed reads the same variable)."""
+    count = os.environ.get("JAX_NUM_PROCESSES", "1")
+    if count.strip() not in ("", "1"):
+        raise UserError(f"serve runs on one host for now (JAX_NUM_PROCESSES={count}): start "
+                        "it as a single process; --mesh spreads the model over that host's "
+                        "devices")
+
+
+def parse_mesh(text: str | None) -> dict[str, int] | None:
+    """--mesh "fsdp=-1,tensor=4" -> {"fsdp": -1, "tensor": 4}; None stays None."""
+    if not text:
+        return None
+    axes = {}
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        try:
+            axes[name.strip()] = int(size)
+        except ValueError:
+            raise UserError(f"--mesh: expected AXIS=SIZE,... such as fsdp=-1,tensor=4, got "
+                            f"{text!r}") from None
+    return axes
+
+
+def served_names(model: str, extra: list[str] | None) -> tuple[str, ...]:
+    """The names requests may use: --served-model-name's, else the --model argument as given
+    (what vLLM serves it as, and what MemAgent's quickstart sends) and its last path component
+    (what MemAgent's llm070.py serves and its eval scripts send)."""
+    if extra:
+        return tuple(dict.fromkeys(extra))
+    base = os.path.basename(os.path.normpath(model))
+    return tuple(dict.fromkeys([model, base]))
+
+
+class OpenAIServer:
+    """The server for one loaded model. max_len: the longest prompt + reply served (the
+    engine's KV length may round it up); max_requests: requests in flight (decoding or
+    waiting for a slot) before new ones get 429."""
+
+    def __init__(self, policy: Policy, engine: Engine, *, names: tuple[str, ...],
+                 max_len: int, host: str = "127.0.0.1", port: int = 8000,
+                 api_key: str | None = None, max_requests: int = 1024,
+                 shutdown_timeout: float = 30.0, log_level: str = "info"):
+        import uvicorn
+
+        from memagent_jax.serve.app import build_app
+        from memagent_jax.serve.respond import Served
+        from memagent_jax.serve.worker import EngineWorker
+
+        self.shutdown_timeout = shutdown_timeout
+        # The decode step and the shortest prompt bucket compile now, not on the first
+        # request; longer buckets compile when first used.
+        engine.warm_up(policy.params, [1])
+        self.worker = EngineWorker(engine, policy.params, max_requests)
+        self._encoder = concurrent.futures.ThreadPoolExecutor(1, "tokenizer")
+        served = Served(self.worker, policy.tokenizer, names, max_len, policy.stop_ids,
+                        engine.config.top_logprobs, policy.config.vocab_size,
+                        encode=lambda fn: asyncio.get_running_loop().run_in_executor(
+                            self._encoder, fn))
+        self.app = build_app(served, api_key, on_startup=self.worker.start,
+                             on_shutdown=self._stop_worker)
+        self.app.state.created = int(time.time())
+        self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.socket.bind((host, port))
+        except OSError as e:
+            self.socket.close()
+            raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+        self.port = self.socket.getsockname()[1]
+        self.url = f"http://{host}:{self.port}/v1"
+        config = uvicorn.Config(self.app, log_level=log_level,
+                                timeout_graceful_shutdown=shutdown_timeout + 10)
+        self._uvicorn = _uvicorn_server(config, self._begin_shutdown)
+        self._abort_timer: threading.Timer | None = None
+
+    def run(self) -> None:
+        """Serves until SIGTERM/SIGINT (on the main thread) or `shutdown()`; returns once
+        every request has been answered or aborted and the engine thread has stopped."""
+        main = threading.current_thread() is threading.main_thread()
+        # uvicorn raises the signal that stopped it again once it is done, under the handlers
+        # it found: these, so that a requested shutdown exits 0 rather than dying of it.
+        previous = ({s: signal.signal(s, lambda *_: None) for s in (signal.SIGINT,
+                                                                    signal.SIGTERM)}
+                    if main else {})
+        try:
+            self._uvicorn.run(sockets=[self.socket])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            if self._abort_timer is not None:
+                self._abort_timer.cancel()
+            self._encoder.shutdown(wait=False)
+            self.socket.close()
+
+    def shutdown(self) -> None:
+        """What SIGTERM does, from any thread."""
+        self._begin_shutdown()
+        self._uvicorn.should_exit = True
+
+    def _begin_shutdown(self) -> None:
+        if self.app.state.draining:
+            return
+        self.app.state.draining = True
+        self._abort_timer = threading.Timer(self.shutdown_timeout, self.worker.abort_all,
+                                            ["shutdown"])
+        self._abort_timer.daemon = True
+        self._abort_timer.start()
+
+    def _stop_worker(self) -> None:
+        if not self.worker.stop(timeout=60):
+            print("memagent-jax serve: the engine thread did not stop within 60 s",
+                  file=sys.stderr)
+
+
+def _uvicorn_server(config, on_exit):
+    """A uvicorn.Server that calls on_exit() (our drain) when a signal stops it."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            on_exit()
+            super().handle_exit(sig, frame)
+
+    return Server(config)

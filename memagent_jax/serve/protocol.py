@@ -1,0 +1,235 @@
+"""The OpenAI request bodies this server accepts, checked field by field, and its error JSON.
+
+`parse_chat(body)` and `parse_completion(body)` turn a decoded JSON body into a `Generation`
+or raise `APIError`, which carries the HTTP status and OpenAI's error object
+(`{"error": {"message", "type", "param", "code"}}`, `param` naming the field at fault). Fields
+follow OpenAI's API reference; `top_k` and `return_tokens_as_token_ids` are vLLM's extensions.
+Sampling features the engine does not have (penalties, logit bias, tools, JSON mode, echo,
+best_of) are refused with a 400 rather than silently ignored; unknown fields are ignored, as
+vLLM does, so clients that send extras keep working.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Literal
+
+MAX_STOP_STRINGS = 16
+MAX_N = 128
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: HTTP `status`, and `body()` the JSON object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (status, message, param,
+                                                                       code, kind)
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+    """One checked request. prompts: chat: one list of {"role", "content": str} messages;
+    completions: one or more prompts, each a str or a list of token ids (one choice group of n
+    per prompt). max_tokens None: whatever the engine's length leaves. seed None: a fresh one.
+    top_logprobs: alternatives per token (0: none); logprobs: whether to return them at all."""
+    kind: Literal["chat", "completion"]
+    model: str
+    prompts: tuple
+    max_tokens: int | None = None
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stream: bool = False
+    include_usage: bool = False
+    tokens_as_ids: bool = False
+
+
+def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param, code)
+
+
+def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
+    """A /v1/chat/completions body -> Generation (APIError 400 on anything malformed)."""
+    body = _object(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("'messages' must be a non-empty list of messages", "messages")
+    checked = tuple(_message(m, f"messages[{i}]") for i, m in enumerate(messages))
+    logprobs = _boolean(body, "logprobs")
+    top = _integer(body, "top_logprobs", 0, 0, max_top_logprobs)
+    if top and not logprobs:
+        raise bad("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
+    max_tokens = _integer(body, "max_completion_tokens", None, 1, None)
+    if max_tokens is None:
+        max_tokens = _integer(body, "max_tokens", None, 1, None)
+    for name in ("tools", "functions"):
+        if body.get(name):
+            raise bad(f"'{name}' is not supported by this server", name)
+    response_format = body.get("response_format")
+    if response_format not in (None, {"type": "text"}):
+        raise bad("only response_format {'type': 'text'} is supported", "response_format")
+    return Generation("chat", _model(body), (checked,), max_tokens, logprobs=logprobs,
+                      top_logprobs=top, **_common(body))
+
+
+def parse_completion(body: Any, max_top_logprobs: int, vocab_size: int) -> Generation:
+    """A /v1/completions body -> Generation (APIError 400 on anything malformed). A prompt is
+    text, token ids (each below vocab_size), or a list of either (one choice group each)."""
+    body = _object(body)
+    prompts = _prompts(body.get("prompt"), vocab_size)
+    top = _integer(body, "logprobs", None, 0, max_top_logprobs)
+    if _boolean(body, "echo"):
+        raise bad("'echo' is not supported by this server", "echo")
+    if body.get("suffix"):
+        raise bad("'suffix' is not supported by this server", "suffix")
+    common = _common(body)
+    best_of = _integer(body, "best_of", None, 1, MAX_N)
+    if best_of is not None and best_of != common["n"]:
+        raise bad("'best_of' other than n is not supported by this server", "best_of")
+    return Generation("completion", _model(body), prompts,
+                      _integer(body, "max_tokens", 16, 1, None), logprobs=top is not None,
+                      top_logprobs=top or 0, **common)
+
+
+def _common(body: dict) -> dict:
+    """The fields chat and completions share."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, 0.0, -2.0, 2.0) != 0:
+            raise bad(f"'{name}' is not supported by this server (only 0)", name)
+    if body.get("logit_bias"):
+        raise bad("'logit_bias' is not supported by this server", "logit_bias")
+    top_k = _integer(body, "top_k", 0, -1, None)
+    stream = _boolean(body, "stream")
+    options = body.get("stream_options")
+    if options is not None and (not isinstance(options, dict) or not stream):
+        raise bad("'stream_options' must be an object, and only with 'stream': true",
+                  "stream_options")
+    seed = _integer(body, "seed", None, None, None)
+    return dict(n=_integer(body, "n", 1, 1, MAX_N),
+                temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                top_p=_number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+                top_k=max(top_k, 0),  # vLLM's -1 is off, as our 0
+                # The engine seeds a 31-bit key: a seed is used modulo 2^31, as `generate` 's.
+                seed=None if seed is None else seed & 0x7FFFFFFF,
+                stop=_stop(body.get("stop")), stream=stream,
+                include_usage=bool(options and options.get("include_usage")),
+                tokens_as_ids=_boolean(body, "return_tokens_as_token_ids"))
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object")
+    return body
+
+
+def _model(body: dict) -> str:
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("'model' must name the served model (see /v1/models)", "model")
+    return model
+
+
+def _message(message: Any, where: str) -> dict:
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        raise bad(f"{where} must be an object with a 'role' of {', '.join(_ROLES)}", where)
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: text only
+        if not all(isinstance(p, dict) and p.get("type") == "text"
+                   and isinstance(p.get("text"), str) for p in content):
+            raise bad(f"{where}.content: only text parts are supported", f"{where}.content")
+        content = "".join(p["text"] for p in content)
+    if content is None and message["role"] == "assistant":
+        content = ""
+    if not isinstance(content, str):
+        raise bad(f"{where}.content must be a string or a list of text parts",
+                  f"{where}.content")
+    return {"role": message["role"], "content": content}
+
+
+def _prompts(prompt: Any, vocab_size: int) -> tuple:
+    def ids(value: list, where: str) -> list[int]:
+        if not value:
+            raise bad(f"{where} is empty", "prompt")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size
+                   for t in value):
+            raise bad(f"{where}: token ids must be integers in [0, {vocab_size})", "prompt")
+        return value
+
+    if isinstance(prompt, str):
+        prompts = (prompt,)
+    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        prompts = (ids(prompt, "'prompt'"),)
+    elif isinstance(prompt, list) and prompt:
+        items = []
+        for i, p in enumerate(prompt):
+            if not isinstance(p, (str, list)):
+                raise bad(f"'prompt'[{i}] must be text or token ids", "prompt")
+            items.append(p if isinstance(p, str) else ids(p, f"'prompt'[{i}]"))
+        prompts = tuple(items)
+    else:
+        raise bad("'prompt' must be text, token ids, or a non-empty list of either", "prompt")
+    if any(p == "" for p in prompts):
+        raise bad("'prompt' is empty", "prompt")
+    return prompts
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if (not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS
+            or not all(isinstance(s, str) and s for s in stops)):
+        raise bad(f"'stop' must be a non-empty string or a list of at most "
+                  f"{MAX_STOP_STRINGS} of them", "stop")
+    return tuple(stops)
+
+
+def _boolean(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad(f"'{name}' must be true or false, got {value!r}", name)
+    return value
+
+
+def _integer(body: dict, name: str, default, low: int | None, high: int | None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise bad(f"'{name}' must be an integer, got {value!r}", name)
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = (f"at least {low}" if high is None else
+                  f"at most {high}" if low is None else f"between {low} and {high}")
+        raise bad(f"'{name}' must be {bounds}, got {value}", name)
+    return value
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float,
+            low_open: bool = False) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value)):
+        raise bad(f"'{name}' must be a number, got {value!r}", name)
+    if value > high or value < low or (low_open and value == low):
+        interval = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise bad(f"'{name}' must be in {interval}, got {value}", name)
+    return float(value)
