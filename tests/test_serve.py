@@ -1,108 +1,40 @@
 """`memagent-jax serve` through the official `openai` client, on a tiny random model: greedy
 output equals `memagent-jax generate` token for token, log-probs equal transformers' forward,
-n=4 prefills once, streaming equals non-streaming, stop strings, and `run --url` against it
-equals MemAgent's quickstart loop driven by the `openai` client."""
+n=4 prefills once, streaming equals non-streaming, stop strings; `run --url` against it equals
+MemAgent's quickstart loop driven by the `openai` client, and `eval` with `model.url` equals
+`run --url` question by question."""
 
 import json
-import threading
-import time
-import urllib.error
-import urllib.request
+from pathlib import Path
 
 import numpy as np
-import openai
 import pytest
 import torch
 
 from memagent_jax.cli import main
-from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
-from memagent_jax.rollout.engine import EngineConfig
-from memagent_jax.serve.command import OpenAIServer
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import hf_model, write_hf_model, write_tiny_tokenizer
 from tests.original_memory_prompts import TEMPLATE, TEMPLATE_FINAL_BOXED
+from tests.serve_helpers import (API_KEY, MESSAGES, SLOTS, chat_prompt, client_of,
+                                 forward_logprobs, generate, get, ids_of, serving,
+                                 tiny_model_dir)
 
-API_KEY = "sk-test"
-SEED = 12  # the model's weights
-MAX_LEN, SLOTS = 512, 8
-MESSAGES = [{"role": "user", "content": "hello world the answer is"},
-            {"role": "assistant", "content": "memory"},
-            {"role": "user", "content": "the answer"}]
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "eval_tiny_cpu.yaml"
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = write_hf_model(tmp_path_factory.mktemp("serve") / "m", seed=SEED)
-    write_tiny_tokenizer(path)
-    return path
+    return tiny_model_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def server(model_dir):
-    """The server on a free loopback port, in this process (its engine can be inspected)."""
-    section = ModelSection(path=model_dir)
-    policy = load_policy(section, section.load_tokenizer(required=True))
-    engine = build_engine(policy.model, EngineConfig(slots=SLOTS, max_len=MAX_LEN,
-                                                     top_logprobs=5), None, MAX_LEN)
-    server = OpenAIServer(policy, engine, names=("m",), max_len=MAX_LEN, port=0,
-                          api_key=API_KEY, shutdown_timeout=5, log_level="warning")
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    wait_healthy(server.url)
-    yield server
-    server.shutdown()
-    thread.join(30)
-    assert not thread.is_alive()
+    with serving(model_dir) as server:
+        yield server
 
 
 @pytest.fixture
 def client(server):
-    return openai.OpenAI(base_url=server.url, api_key=API_KEY, max_retries=0, timeout=60)
-
-
-def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return response.read().decode()
-
-
-def wait_healthy(url: str, deadline_s: float = 60) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        try:
-            get(url.removesuffix("/v1") + "/health")
-            return
-        except OSError:  # refused, or 503 while starting
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} not healthy within {deadline_s} s")
-
-
-def generate(model_dir, tmp_path, lines, max_new_tokens, *flags) -> list[dict]:
-    """`memagent-jax generate` on the same engine shape: its output lines."""
-    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
-    src.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert main(["generate", "--model", model_dir, "--input", str(src), "--output", str(out),
-                 "--max-new-tokens", str(max_new_tokens), "--slots", str(SLOTS),
-                 "--max-len", str(MAX_LEN), *flags]) == 0
-    return [json.loads(line) for line in out.read_text().splitlines()]
-
-
-def ids_of(tokens) -> list[int]:
-    """Token ids from log-prob entries returned with return_tokens_as_token_ids."""
-    return [int(t.removeprefix("token_id:")) for t in tokens]
-
-
-def chat_prompt(model_dir, messages=MESSAGES) -> list[int]:
-    """The chat prompt as transformers' own chat template builds it."""
-    ids = load_tokenizer(model_dir).apply_chat_template(messages, add_generation_prompt=True,
-                                                        tokenize=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
-def forward_logprobs(prompt, tokens, temperature) -> torch.Tensor:
-    """transformers' log_softmax(logits / T) at the positions that predict `tokens`."""
-    with torch.no_grad():
-        logits = hf_model(seed=SEED)(torch.tensor([list(prompt) + list(tokens)])).logits[0]
-    return torch.log_softmax(logits.float() / (temperature or 1.0), -1)[len(prompt) - 1:-1]
+    return client_of(server)
 
 
 def test_greedy_completions_equal_generate(client, model_dir, tmp_path):
@@ -245,3 +177,48 @@ def test_run_url_equals_the_original_quickstart_loop(server, client, model_dir, 
     assert record["final_reply"] == final.choices[0].message.content
     assert record["finish_reason"] == final.choices[0].finish_reason
     assert record["final_tokens"] == final.usage.completion_tokens
+
+
+def test_eval_with_a_url_backend_equals_run_url(server, model_dir, tmp_path, capsys,
+                                                monkeypatch):
+    """`eval` with model.url runs each question's memory loop on the server: its replies are
+    `run --url`'s on the same question and context, one request per turn, scored by the
+    runner."""
+    from memagent_jax.data.hotpotqa import read_corpus, ruler_hqa_records
+    from memagent_jax.data.io import load_source, write_set
+    from tests.test_data import hotpot_rows
+
+    monkeypatch.setenv("API_KEY", API_KEY)
+    source = tmp_path / "hotpot.json"
+    source.write_text(json.dumps(hotpot_rows()))
+    sets = [str(tmp_path / "eval_12.json")]
+    write_set(sets[0], ruler_hqa_records(read_corpus(load_source(str(source)), str(source)), 12,
+                                         [0, 1]))
+    root = server.url.removesuffix("/v1")
+    before = _metric(get(root + "/metrics"), "requests_total")
+    out = tmp_path / "out"
+    assert main(["eval", "--config", str(CONFIG), f"model.path={model_dir}",
+                 f"model.url={server.url}", "model.served_name=m", "sampling.temperature=0",
+                 "sampling.n=2", f"data.sets={json.dumps(sets)}", f"output_dir={out}"]) == 0
+    lines = [json.loads(x) for x in (out / "samples" / "eval_12.jsonl").read_text().splitlines()]
+    assert sorted(line["row"] for line in lines) == [0, 1]
+    requests = _metric(get(root + "/metrics"), "requests_total") - before
+    assert requests == sum(2 * line["turns"] for line in lines)
+    capsys.readouterr()
+    records = json.loads(open(sets[0]).read())
+    for line in lines:
+        record = records[line["row"]]
+        (tmp_path / "doc.txt").write_text(record["context"])
+        assert main(["run", "--url", server.url, "--model", "m", "--tokenizer", model_dir,
+                     "--doc", str(tmp_path / "doc.txt"), "--question", record["input"],
+                     "--chunk-tokens", "64", "--max-memory-tokens", "8",
+                     "--max-final-tokens", "8", "--temperature", "0", "--json"]) == 0
+        reply = json.loads(capsys.readouterr().out)
+        assert [run["reply"] for run in line["runs"]] == [reply["final_reply"]] * 2
+        assert line["runs"][0]["response_tokens"] == reply["final_tokens"]
+        assert line["runs"][0]["finish_reason"] == reply["finish_reason"]
+
+
+def _metric(text: str, name: str) -> int:
+    return int(next(line.split()[1] for line in text.splitlines()
+                    if line.startswith(f"memagent_{name} ")))

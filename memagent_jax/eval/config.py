@@ -2,7 +2,9 @@
 
 Sections and what they change:
 - model: which weights (`rollout.agent.ModelSection`, shared with train); `name` labels the row
-  of the results table.
+  of the results table. `url`: run the memory agent's turns on an OpenAI-compatible server
+  instead (`memagent-jax serve`, vLLM; key in env API_KEY), as `run --url` does; `path` is
+  then only read for the tokenizer, and `served_name` is the model name sent.
 - method: "memagent" (the chunk-memory loop) or "full_context" (the whole document in one
   prompt, centre-truncated to the model window: the baseline of the paper's table).
 - memagent: the memory agent's token budgets (`MemAgentConfig`, shared with train and `run`);
@@ -31,6 +33,8 @@ from memagent_jax.runconfig import at_least, probability
 @dataclasses.dataclass
 class EvalModelSection(ModelSection):
     name: str | None = None             # row label (default: the directory's or preset's name)
+    url: str | None = None              # a server's API base, ".../v1" (None: the local engine)
+    served_name: str | None = None      # the model name sent to url (default: path's last part)
 
 
 @dataclasses.dataclass
@@ -101,6 +105,9 @@ class EvalConfig:
         if missing:
             raise ConfigError("", f"required key{'s' if len(missing) > 1 else ''} missing: "
                                   f"{', '.join(missing)}")
+        if self.model.url and self.method != "memagent":
+            raise ConfigError("model.url", "a server runs method memagent only (full_context "
+                                           "needs the local engine)")
 
     @property
     def row_name(self) -> str:
@@ -115,4 +122,5 @@ class EvalConfig:
                 "model.compute_dtype": self.model.compute_dtype,
                 "model.param_dtype": self.model.param_dtype,
                 "method": self.method, self.method: dataclasses.asdict(method),
-                "sampling": dataclasses.asdict(self.sampling)}
+                "sampling": dataclasses.asdict(self.sampling),
+                **({"model.url": self.model.url} if self.model.url else {})}

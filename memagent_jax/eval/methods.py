@@ -202,5 +202,8 @@ class FullContextMethod:
 
 
 def make_method(config: EvalConfig, tokenizer):
+    if config.model.url:
+        from memagent_jax.eval.remote import ServerMemAgentMethod
+        return ServerMemAgentMethod(config, tokenizer)
     return (MemAgentMethod if config.method == "memagent" else FullContextMethod)(config,
                                                                                   tokenizer)
