@@ -3,7 +3,8 @@
 `parse_chat(body)` and `parse_completion(body)` turn a decoded JSON body into a `Generation`
 or raise `APIError`, which carries the HTTP status and OpenAI's error object
 (`{"error": {"message", "type", "param", "code"}}`, `param` naming the field at fault). Fields
-follow OpenAI's API reference; `top_k` and `return_tokens_as_token_ids` are vLLM's extensions.
+follow OpenAI's API reference; `top_k`, `ignore_eos` and `return_tokens_as_token_ids` are
+vLLM's extensions.
 Sampling features the engine does not have (penalties, logit bias, tools, JSON mode, echo,
 best_of) are refused with a 400 rather than silently ignored; unknown fields are ignored, as
 vLLM does, so clients that send extras keep working.
@@ -39,7 +40,8 @@ class Generation:
     """One checked request. prompts: chat: one list of {"role", "content": str} messages;
     completions: one or more prompts, each a str or a list of token ids (one choice group of n
     per prompt). max_tokens None: whatever the engine's length leaves. seed None: a fresh one.
-    top_logprobs: alternatives per token (0: none); logprobs: whether to return them at all."""
+    top_logprobs: alternatives per token (0: none); logprobs: whether to return them at all.
+    ignore_eos: generate max_tokens whatever the model's EOS (benchmarks)."""
     kind: Literal["chat", "completion"]
     model: str
     prompts: tuple
@@ -55,6 +57,7 @@ class Generation:
     stream: bool = False
     include_usage: bool = False
     tokens_as_ids: bool = False
+    ignore_eos: bool = False
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -126,7 +129,8 @@ def _common(body: dict) -> dict:
                 seed=None if seed is None else seed & 0x7FFFFFFF,
                 stop=_stop(body.get("stop")), stream=stream,
                 include_usage=bool(options and options.get("include_usage")),
-                tokens_as_ids=_boolean(body, "return_tokens_as_token_ids"))
+                tokens_as_ids=_boolean(body, "return_tokens_as_token_ids"),
+                ignore_eos=_boolean(body, "ignore_eos"))
 
 
 def _object(body: Any) -> dict:

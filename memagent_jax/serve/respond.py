@@ -119,7 +119,7 @@ class Exchange:
         seed = None if gen.seed is None else (gen.seed + index) & 0x7FFFFFFF
         request = Request(tuple(ids), gen.max_tokens or self.served.max_len - len(ids),
                           SamplingParams(gen.temperature, gen.top_p, gen.top_k, seed),
-                          self.served.stop_ids, gen.n)
+                          () if gen.ignore_eos else self.served.stop_ids, gen.n)
         send = self._send
         job = Job(request, on_token=lambda *token: send(("token", index, *token)),
                   on_done=lambda completions: send(("done", index, completions)),

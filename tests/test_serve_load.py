@@ -1,0 +1,204 @@
+"""`memagent-jax serve` under bad requests and load: each bad request gets its 4xx with
+OpenAI's error JSON and the next request is served; a client that disconnects frees its slot
+at once; a full queue answers 429; 64 concurrent clients with prompts of mixed lengths each get
+their own answer (equal to `generate`'s) while the engine batches them."""
+
+import asyncio
+import http.client
+import json
+import threading
+import time
+
+import openai
+import pytest
+
+from tests.serve_helpers import (API_KEY, MAX_LEN, SLOTS, client_of, generate, get, ids_of,
+                                 serving, tiny_model_dir)
+
+GOOD = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    with serving(model_dir) as server:
+        yield server
+
+
+def request(server, path, body=None, key=API_KEY, method="POST"):
+    """(status, decoded JSON body) of one request on its own connection."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+    try:
+        connection.request(method, path, data, headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        connection.close()
+
+
+def metric(server, name) -> int:
+    text = get(server.url.removesuffix("/v1") + "/metrics")
+    return int(next(line.split()[1] for line in text.splitlines()
+                    if line.startswith(f"memagent_{name} ")))
+
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+@pytest.mark.parametrize("path, body, key, status, param, code", [
+    (CHAT, b'{"model": "m", "messages": [', API_KEY, 400, None, None),  # malformed JSON
+    (CHAT, b'[1, 2]', API_KEY, 400, None, None),
+    (CHAT, {**GOOD, "model": "gpt-4"}, API_KEY, 404, "model", "model_not_found"),
+    (CHAT, {**GOOD, "messages": []}, API_KEY, 400, "messages", None),
+    (CHAT, {**GOOD, "messages": [{"role": "robot", "content": "x"}]}, API_KEY, 400,
+     "messages[0]", None),
+    (CHAT, {**GOOD, "max_tokens": -5}, API_KEY, 400, "max_tokens", None),
+    (CHAT, {**GOOD, "max_tokens": MAX_LEN}, API_KEY, 400, "messages",
+     "context_length_exceeded"),
+    (COMPLETIONS, {"model": "m", "prompt": [3] * (MAX_LEN + 10)}, API_KEY, 400, "prompt",
+     "context_length_exceeded"),
+    (COMPLETIONS, {"model": "m", "prompt": [3, 4, 500]}, API_KEY, 400, "prompt", None),
+    (COMPLETIONS, {"model": "m", "prompt": ""}, API_KEY, 400, "prompt", None),
+    (CHAT, {**GOOD, "temperature": -1}, API_KEY, 400, "temperature", None),
+    (CHAT, {**GOOD, "top_p": 0}, API_KEY, 400, "top_p", None),
+    (CHAT, {**GOOD, "n": 0}, API_KEY, 400, "n", None),
+    (CHAT, {**GOOD, "logprobs": True, "top_logprobs": 6}, API_KEY, 400, "top_logprobs", None),
+    (CHAT, {**GOOD, "top_logprobs": 2}, API_KEY, 400, "top_logprobs", None),
+    (CHAT, {**GOOD, "stop": [""]}, API_KEY, 400, "stop", None),
+    (CHAT, {**GOOD, "presence_penalty": 0.5}, API_KEY, 400, "presence_penalty", None),
+    (CHAT, {**GOOD, "stream_options": {"include_usage": True}}, API_KEY, 400,
+     "stream_options", None),
+    (CHAT, GOOD, "sk-wrong", 401, None, "invalid_api_key"),
+    (CHAT, GOOD, None, 401, None, "invalid_api_key"),
+    ("/v1/embeddings", GOOD, API_KEY, 404, None, None),
+])
+def test_bad_requests_get_openais_error_and_the_server_keeps_serving(
+        server, path, body, key, status, param, code):
+    got, error = request(server, path, body, key)
+    assert got == status, error
+    assert set(error) == {"error"} and set(error["error"]) == {"message", "type", "param",
+                                                                "code"}
+    assert error["error"]["param"] == param and error["error"]["code"] == code
+    assert error["error"]["message"]
+    assert error["error"]["type"] == "invalid_request_error"
+    ok, body = request(server, CHAT, GOOD)
+    assert ok == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_the_openai_client_raises_its_own_error_types(server):
+    client = client_of(server)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(**{**GOOD, "model": "gpt-4"})
+    assert e.value.code == "model_not_found"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="m", prompt=[3] * (MAX_LEN + 1))
+    assert e.value.code == "context_length_exceeded" and e.value.param == "prompt"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.url, api_key="nope", max_retries=0).models.list()
+
+
+@pytest.fixture
+def slow_engine(server, monkeypatch):
+    """Each decode step takes at least 10 ms: a 480-token reply takes 5 s."""
+    engine = server.worker.engine
+    original = engine.generate
+
+    def generate(params, state):
+        time.sleep(0.01)
+        return original(params, state)
+
+    monkeypatch.setattr(engine, "generate", generate)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_disconnects_frees_its_slot(server, slow_engine, stream):
+    tokens_before = metric(server, "generated_tokens_total")
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    connection.request("POST", CHAT, json.dumps({**GOOD, "max_tokens": 480, "stream": stream,
+                                                 "ignore_eos": True}),
+                       {"Authorization": f"Bearer {API_KEY}",
+                        "Content-Type": "application/json"})
+    if stream:
+        response = connection.getresponse()
+        assert response.status == 200
+        while b'"content": "' not in response.fp.readline():
+            pass  # the role chunk, then the first token's
+        response.close()
+    else:
+        deadline = time.monotonic() + 10
+        while metric(server, "slots_busy") == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)  # decoding has started
+    connection.close()
+    left = time.monotonic()
+    while metric(server, "requests_in_flight") and time.monotonic() - left < 3:
+        time.sleep(0.02)
+    assert metric(server, "requests_in_flight") == 0 and metric(server, "slots_busy") == 0
+    assert metric(server, "generated_tokens_total") - tokens_before < 480
+    ok, body = request(server, CHAT, GOOD)
+    assert ok == 200 and body["usage"]["completion_tokens"] <= 3
+
+
+def test_a_full_queue_answers_429_and_then_serves_again(model_dir, monkeypatch):
+    with serving(model_dir, max_requests=2) as server:
+        original = server.worker.engine.generate
+        monkeypatch.setattr(server.worker.engine, "generate",
+                            lambda p, s: (time.sleep(0.01), original(p, s))[1])
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(request(
+            server, CHAT, {**GOOD, "max_tokens": 60, "ignore_eos": True})))
+            for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while metric(server, "requests_in_flight") < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, error = request(server, CHAT, GOOD)
+        assert status == 429 and error["error"]["code"] == "queue_full"
+        for thread in threads:
+            thread.join(30)
+        assert [status for status, _ in results] == [200, 200]
+        assert request(server, CHAT, GOOD)[0] == 200
+
+
+def test_64_concurrent_clients_each_get_their_own_answer_batched(server, model_dir, tmp_path):
+    """Prompts of 2 to 300 tokens, replies of 4 to 16, half streamed: every answer equals
+    `generate`'s greedy reply to its own prompt (cut at its max_tokens), and the engine ran
+    more than one slot at once."""
+    prompts = [[3 + (7 * i + 3 * k) % 97 for k in range(2 + (i * 37) % 299)] for i in range(64)]
+    caps = [4 + (i * 5) % 13 for i in range(64)]
+    expected = generate(model_dir, tmp_path, [{"prompt_ids": p} for p in prompts], 16,
+                        "--temperature", "0")
+    server.worker.stats.busy_slots_peak = 0
+    client = openai.AsyncOpenAI(base_url=server.url, api_key=API_KEY, max_retries=0,
+                                timeout=120)
+
+    async def ask(i):
+        kwargs = dict(model="m", prompt=prompts[i], max_tokens=caps[i], temperature=0,
+                      logprobs=0, extra_body={"return_tokens_as_token_ids": True})
+        if i % 2:
+            chunks = [c async for c in await client.completions.create(**kwargs, stream=True)]
+            choices = [c.choices[0] for c in chunks if c.choices]
+            tokens = [t for c in choices if c.logprobs for t in c.logprobs.tokens]
+            return ids_of(tokens), "".join(c.text for c in choices), choices[-1].finish_reason
+        (choice,) = (await client.completions.create(**kwargs)).choices
+        return ids_of(choice.logprobs.tokens), choice.text, choice.finish_reason
+
+    async def everyone():
+        return await asyncio.wait_for(asyncio.gather(*(ask(i) for i in range(64))), 300)
+
+    answers = asyncio.run(everyone())
+    for i, (tokens, text, finish) in enumerate(answers):
+        reference = expected[i]["completion_ids"][:caps[i]]
+        assert tokens == reference, f"request {i}"
+        assert finish == ("stop" if reference[-1] == 2 else "length")
+        assert text.split() == [w for w in expected[i]["text"].split()][:len(text.split())]
+    peak = metric(server, "slots_busy_peak")
+    assert 1 < peak <= SLOTS

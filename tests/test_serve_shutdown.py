@@ -1,0 +1,121 @@
+"""`memagent-jax serve` as a process: SIGTERM or SIGINT under load exits 0 within a bounded
+time, stops accepting connections at once, and every request in flight ends either whole or
+with an explicit error, never as a cut-off success. And serve refuses a multi-process job."""
+
+import http.client
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from memagent_jax.cli import main
+from tests.serve_helpers import tiny_model_dir, wait_healthy
+
+LONG = 480  # tokens per long request: 10 of them keep one slot busy for seconds
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory)
+
+
+def _start(model_dir) -> tuple[subprocess.Popen, int]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "memagent_jax.cli", "serve", "--model", model_dir, "--port", "0",
+         "--slots", "1", "--max-len", "512", "--shutdown-timeout", "0.2",
+         "--log-level", "warning"],
+        stderr=subprocess.PIPE, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in process.stderr],
+                     daemon=True).start()
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            assert process.poll() is None, "serve exited before listening"
+            continue
+        found = re.search(r"serve: http://127\.0\.0\.1:(\d+)/v1", line)
+        if found:
+            wait_healthy(f"http://127.0.0.1:{found.group(1)}/v1")
+            return process, int(found.group(1))
+    process.kill()
+    raise TimeoutError("serve did not start within 180 s")
+
+
+def _ask(port: int, stream: bool, max_tokens: int) -> tuple[str, str]:
+    """("complete" | "error" | "refused" | "broken", detail) for one request."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"model": "m", "prompt": "hello world", "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": stream, "logprobs": 0}
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body),
+                           {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if not stream:
+            payload = json.loads(response.read())
+            if response.status == 200:
+                whole = (payload["choices"][0]["finish_reason"] == "length"
+                         and payload["usage"]["completion_tokens"] == max_tokens)
+                return ("complete" if whole else "broken"), str(payload["usage"])
+            shut = response.status == 503 and payload["error"]["code"] == "shutting_down"
+            return ("error" if shut else "broken"), str(payload)
+        events = [line[6:].strip() for line in response.read().decode().splitlines()
+                  if line.startswith("data: ")]
+        if events and events[-1] == "[DONE]":
+            choices = [json.loads(e)["choices"][0] for e in events[:-1]]
+            tokens = sum(len(c["logprobs"]["tokens"]) for c in choices if c["logprobs"])
+            whole = choices[-1]["finish_reason"] == "length" and tokens == max_tokens
+            return ("complete" if whole else "broken"), f"{tokens} tokens"
+        last = json.loads(events[-1]) if events else {}
+        if "error" in last and last["error"]["code"] == "shutting_down":
+            return "error", str(last)
+        return "broken", str(events[-3:])
+    except ConnectionRefusedError:
+        return "refused", ""
+    except (OSError, http.client.HTTPException) as e:
+        return "broken", repr(e)
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_under_load_ends_every_request_cleanly_and_exits_0(model_dir, signum):
+    process, port = _start(model_dir)
+    try:
+        outcomes: list = []
+        clients = [threading.Thread(target=lambda s=stream, n=n: outcomes.append(
+            (s, n, *_ask(port, s, n)))) for stream in (True, False)
+            for n in (4,) + (LONG,) * 5]
+        for client in clients:
+            client.start()
+            time.sleep(0.02)
+        time.sleep(0.1)
+        process.send_signal(signum)
+        sent = time.monotonic()
+        time.sleep(0.3)
+        assert _ask(port, False, 4)[0] in ("refused", "broken")  # no new connections
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - sent < 20
+        for client in clients:
+            client.join(30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert len(outcomes) == 12
+    assert all(kind in ("complete", "error") for _, _, kind, _ in outcomes), outcomes
+    assert any(kind == "error" for _, n, kind, _ in outcomes if n == LONG), outcomes
+
+
+def test_serve_refuses_a_multi_process_job(model_dir, monkeypatch, capsys):
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    assert main(["serve", "--model", model_dir]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "serve runs on one host for now" in err[0]
