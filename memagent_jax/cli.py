@@ -201,9 +201,10 @@ def _serve(args) -> None:
     from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.serve.command import (OpenAIServer, check_single_host, parse_mesh,
-                                            served_names)
+                                            require_http_stack, served_names)
 
     check_single_host()
+    require_http_stack()
     for flag, value, low in (("--max-logprobs", args.max_logprobs, 0),
                              ("--max-requests", args.max_requests, 1),
                              ("--shutdown-timeout", args.shutdown_timeout, 0)):

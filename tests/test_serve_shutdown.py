@@ -119,3 +119,10 @@ def test_serve_refuses_a_multi_process_job(model_dir, monkeypatch, capsys):
     assert main(["serve", "--model", model_dir]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "serve runs on one host for now" in err[0]
+
+
+def test_serve_without_the_http_stack_says_which_extra(model_dir, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn raises ImportError
+    assert main(["serve", "--model", model_dir]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "memagent-jax[serve]" in err[0] and "uvicorn" in err[0]

@@ -41,6 +41,16 @@ def check_single_host() -> None:
                         "devices")
 
 
+def require_http_stack() -> None:
+    """Raises UserError unless the `serve` extra (starlette, uvicorn) is installed."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise UserError(f"serve needs the HTTP stack ({e.name} is missing): pip install "
+                        "'memagent-jax[serve]' (or starlette and uvicorn)") from None
+
+
 def parse_mesh(text: str | None) -> dict[str, int] | None:
     """--mesh "fsdp=-1,tensor=4" -> {"fsdp": -1, "tensor": 4}; None stays None."""
     if not text:
