@@ -56,7 +56,7 @@ def start(command: list[str]) -> tuple[subprocess.Popen, str]:
             found = re.search(r"(http://127\.0\.0\.1:\d+/v1)", lines.get(timeout=1))
         except queue.Empty:
             if process.poll() is not None:
-                raise RuntimeError(f"{command[:3]} exited with {process.returncode}")
+                raise RuntimeError(f"{command[:3]} exited with {process.returncode}") from None
             continue
         if found:
             return process, found.group(1)

@@ -149,8 +149,13 @@ class Exchange:
             pass
 
     async def _watch(self, receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+        """Waits for the client to go; the body has been read, so the next ASGI message is
+        the disconnect (uvicorn sends it to every receiver once the connection is lost)."""
+        try:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+        except Exception:  # a server that refuses a second receiver: no early cancel then
+            return
         self._events.put_nowait(("abort", "disconnected"))
 
     async def updates(self) -> AsyncIterator[Update]:
