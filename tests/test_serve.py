@@ -222,3 +222,20 @@ def test_eval_with_a_url_backend_equals_run_url(server, model_dir, tmp_path, cap
 def _metric(text: str, name: str) -> int:
     return int(next(line.split()[1] for line in text.splitlines()
                     if line.startswith(f"memagent_{name} ")))
+
+
+def test_a_list_of_prompts_is_seeded_as_generate_seeds_its_lines(client, model_dir, tmp_path):
+    """Prompt i of a completions list is sampled with seed + i, as line i of `generate
+    --seed`; its n choices are indexed i * n + j."""
+    texts = ["hello world", "the answer is memory"]
+    expected = generate(model_dir, tmp_path, [{"prompt": t} for t in texts], 8,
+                        "--temperature", "1.0", "--seed", "5")
+    response = client.completions.create(
+        model="m", prompt=texts, n=2, max_tokens=8, temperature=1.0, seed=5, logprobs=0,
+        extra_body={"return_tokens_as_token_ids": True})
+    assert [c.index for c in response.choices] == [0, 1, 2, 3]
+    samples = [ids_of(c.logprobs.tokens) for c in response.choices]
+    assert samples[0] == expected[0]["completion_ids"]
+    assert samples[2] == expected[1]["completion_ids"]
+    prompt_tokens = sum(len(load_tokenizer(model_dir)(t)["input_ids"]) for t in texts)
+    assert response.usage.prompt_tokens == prompt_tokens

@@ -93,6 +93,17 @@ def test_bad_requests_get_openais_error_and_the_server_keeps_serving(
     assert ok == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def test_the_key_may_come_in_azures_api_key_header(server):
+    """MemAgent's quickstart sends the key as `Authorization: Bearer` and as `api-key`."""
+    connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+    try:
+        connection.request("POST", CHAT, json.dumps(GOOD), {"api-key": API_KEY,
+                                                           "Content-Type": "application/json"})
+        assert connection.getresponse().status == 200
+    finally:
+        connection.close()
+
+
 def test_the_openai_client_raises_its_own_error_types(server):
     client = client_of(server)
     with pytest.raises(openai.NotFoundError) as e:
