@@ -87,6 +87,8 @@ def test_greedy_chat_equals_generate_on_the_chat_template(client, model_dir, tmp
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == choice.message.content
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+    assert chunks[-1].usage == response.usage  # usage in every response, streams too
+    assert all(c.usage is None for c in chunks[:-1])
 
 
 def test_n4_sampled_prefills_once_and_each_sample_is_ours(client, server, model_dir, tmp_path,

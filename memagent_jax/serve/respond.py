@@ -236,7 +236,8 @@ async def collect(exchange: Exchange, model: str) -> dict:
 
 
 async def stream(exchange: Exchange, model: str) -> AsyncIterator[str]:
-    """Server-sent events: chunks as OpenAI streams them, then `data: [DONE]`; an exchange
+    """Server-sent events: chunks as OpenAI streams them, then `data: [DONE]`; usage on the
+    last chunk (or, with include_usage, on a chunk of its own as OpenAI sends it). An exchange
     that ends early ends the stream with an error event instead (never a [DONE])."""
     gen, chat = exchange.gen, exchange.gen.kind == "chat"
     head = _head(exchange, model, chunk=True)
@@ -252,9 +253,15 @@ async def stream(exchange: Exchange, model: str) -> AsyncIterator[str]:
             logprobs = _logprobs(exchange, update.tokens) if gen.logprobs else None
             body = ({"delta": {"content": update.text} if update.text else {}} if chat
                     else {"text": update.text})
-            yield _event({**head, "choices": [{
+            chunk = {**head, "choices": [{
                 "index": update.choice.index, **body, "logprobs": logprobs,
-                "finish_reason": update.choice.finish_reason if update.finished else None}]})
+                "finish_reason": update.choice.finish_reason if update.finished else None}]}
+            if (update.finished and not gen.include_usage
+                    and all(c.finish_reason for c in exchange.choices)):
+                # Usage in every response: without include_usage's chunk of its own, on the
+                # last chunk (OpenAI's chunk objects have the field; clients read or skip it).
+                chunk["usage"] = exchange.usage()
+            yield _event(chunk)
         if gen.include_usage:
             yield _event({**head, "choices": [], "usage": exchange.usage()})
         yield "data: [DONE]\n\n"
