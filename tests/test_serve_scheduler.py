@@ -40,7 +40,7 @@ def engine(model):
 def test_top_logprobs_are_transformers_log_softmax_at_the_temperature(engine, params,
                                                                       temperature):
     prompt = (5, 9, 17, 33, 60, 7)
-    sampling = SamplingParams(temperature, seed=3)
+    sampling = SamplingParams(temperature, seed=3, top_logprobs=True)
     (completion,) = complete(engine, params, [Request(prompt, 6, sampling)])[0]
     sequence = torch.tensor([prompt + tuple(completion.token_ids)])
     with torch.no_grad():
@@ -62,6 +62,35 @@ def test_without_top_logprobs_completions_carry_none(model, params):
     plain = Engine(model, EngineConfig(slots=2, max_len=64, prefill_buckets=(16,)))
     (completion,) = complete(plain, params, [Request((5, 9), 3, GREEDY)])[0]
     assert completion.top_logprobs == [] and len(completion.logprobs) == 3
+
+
+def test_steps_compute_top_tokens_only_while_a_slot_asks(engine, params, monkeypatch):
+    """A request that asks shares the batch with one that does not: the first gets its top
+    tokens, the second none; once only requests that do not ask are decoding (in slots whose
+    last request did not ask either), steps return zeros instead of computing them."""
+    asking = Request((5, 9, 17), 4, SamplingParams(0.0, seed=1, top_logprobs=True))
+    quiet = Request((6, 10), 9, GREEDY)
+    (wanted,), (plain,) = complete(engine, params, [asking, quiet])
+    assert len(wanted.top_logprobs) == 4 and plain.top_logprobs == []
+    assert [ids[0] for ids, _ in wanted.top_logprobs] == wanted.token_ids  # greedy: the best
+
+    steps = []
+    original = engine.generate
+
+    def generate(p, state):
+        state, tokens, logprobs = original(p, state)
+        steps.append(np.asarray(logprobs.top_ids))
+        return state, tokens, logprobs
+
+    monkeypatch.setattr(engine, "generate", generate)
+    scheduler = Scheduler(engine)
+    scheduler.submit(Request((6, 10), 5, GREEDY, n=2))  # both slots, neither asks
+    scheduler.run(params)
+    assert steps and all(not ids.any() for ids in steps)
+    steps.clear()
+    scheduler.submit(Request((6, 10), 3, SamplingParams(0.0, seed=2, top_logprobs=True)))
+    scheduler.run(params)
+    assert any(ids.any() for ids in steps)
 
 
 def test_cancel_frees_the_slots_and_drops_the_request(engine, params):

@@ -46,7 +46,9 @@ class EngineConfig:
     1, 2, 4, ... rows up to it, for every bucket: fewer, larger prefill calls, more to
     compile). top_logprobs: k > 0 makes every insert and step also return the k most likely
     tokens of each slot and their log-probabilities (`StepLogprobs`; the OpenAI API's
-    `top_logprobs`, for `memagent-jax serve`), at the cost of a top-k over the vocabulary."""
+    `top_logprobs`, for `memagent-jax serve`); a step computes them (a top-k over the
+    vocabulary) only when some slot's request asked (`SamplingParams.top_logprobs`), else
+    returns zeros."""
     SECTION: ClassVar[str] = "engine"
     slots: int = 8
     max_len: int | None = None
@@ -138,6 +140,8 @@ class DecodeState(NamedTuple):
     temperature: jnp.ndarray  # float32
     top_p: jnp.ndarray        # float32
     top_k: jnp.ndarray        # int32
+    wants_top: jnp.ndarray    # bool: the slot's request reads its top tokens (kept once the
+                              # slot is free, until the next insert)
 
 
 class DecodeEngine(Protocol):
@@ -233,7 +237,7 @@ class Engine:
             tokens=jnp.zeros(slots, jnp.int32), positions=jnp.zeros(slots, jnp.int32),
             steps=jnp.zeros(slots, jnp.int32), keys=jnp.zeros((slots, 2), jnp.uint32),
             temperature=jnp.zeros(slots, jnp.float32), top_p=jnp.ones(slots, jnp.float32),
-            top_k=jnp.zeros(slots, jnp.int32))
+            top_k=jnp.zeros(slots, jnp.int32), wants_top=jnp.zeros(slots, jnp.bool_))
         # Committed to its sharding, like every later state, so the first insert does not
         # compile a variant of its own.
         return jax.device_put(state, self._state_sharding)
@@ -261,7 +265,7 @@ class Engine:
         return self._insert(prefix, state, jnp.int32(slot),
                             request_key(sampling.seed, sample_index),
                             jnp.float32(sampling.temperature), jnp.float32(sampling.top_p),
-                            jnp.int32(sampling.top_k))
+                            jnp.int32(sampling.top_k), jnp.bool_(sampling.top_logprobs))
 
     def generate(self, params: Params, state: DecodeState
                  ) -> tuple[DecodeState, jax.Array, jax.Array]:
@@ -311,7 +315,7 @@ class Engine:
         layers = self.model_config.num_layers
         if self.mesh is None:
             device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            return DecodeState(KVCache((device,) * layers, (device,) * layers), *[device] * 7)
+            return DecodeState(KVCache((device,) * layers, (device,) * layers), *[device] * 8)
         c, slots, length = self.model_config, self.config.slots, self.config.max_len
         spec = functools.partial(partition_spec, mesh=self.mesh)
         # Keys and values differ only in the order of their last two, unsplit, dimensions.
@@ -320,7 +324,7 @@ class Engine:
         row = NamedSharding(self.mesh, spec((slots,), ("batch",)))
         keys = NamedSharding(self.mesh, spec((slots, 2), ("batch", None)))
         return DecodeState(KVCache((cache,) * layers, (cache,) * layers), row, row, row, keys,
-                           row, row, row)
+                           row, row, row, row)
 
     # ---- pure functions (jitted in __init__) -----------------------------------------------
 
@@ -333,7 +337,7 @@ class Engine:
                        logits[r:r + 1], lengths[r]) for r in range(ids.shape[0])]
 
     def _insert_fn(self, prefix: Prefix, state: DecodeState, slot, key, temperature, top_p,
-                   top_k):
+                   top_k, wants_top):
         token, logprob = sample(prefix.last_logits, temperature[None], top_p[None], top_k[None],
                                 key[None], jnp.zeros(1, jnp.int32))
         logprob = jax.tree.map(lambda a: a[0], self._with_top(logprob, prefix.last_logits,
@@ -346,7 +350,8 @@ class Engine:
             keys=state.keys.at[slot].set(key),
             temperature=state.temperature.at[slot].set(temperature),
             top_p=state.top_p.at[slot].set(top_p),
-            top_k=state.top_k.at[slot].set(top_k))
+            top_k=state.top_k.at[slot].set(top_k),
+            wants_top=state.wants_top.at[slot].set(wants_top))
         return state, token[0], logprob
 
     def _generate_fn(self, params, state: DecodeState):
@@ -358,11 +363,23 @@ class Engine:
         positions = jnp.minimum(state.positions + 1, self.config.max_len - 1)
         state = state._replace(cache=cache, tokens=tokens, positions=positions,
                                steps=state.steps + 1)
-        return state, tokens, self._with_top(logprobs, logits, state.temperature)
+        return state, tokens, self._with_top(logprobs, logits, state.temperature,
+                                             jnp.any(state.wants_top))
 
-    def _with_top(self, logprobs, logits, temperature):
-        """logprobs [S], or a StepLogprobs with the top tokens when config.top_logprobs asks."""
-        if not self.config.top_logprobs:
+    def _with_top(self, logprobs, logits, temperature, wanted=None):
+        """logprobs [S], or a StepLogprobs with the top tokens when config.top_logprobs asks:
+        computed where `wanted` (a bool scalar; None: always), zeros elsewhere. (An insert
+        computes its one row's always: that costs a step's top-k of one slot.)"""
+        k = self.config.top_logprobs
+        if not k:
             return logprobs
-        return StepLogprobs(logprobs, *top_logprobs(logits, temperature,
-                                                    self.config.top_logprobs))
+
+        def compute():
+            return top_logprobs(logits, temperature, k)
+
+        def skip():
+            shape = (logits.shape[0], k)
+            return jnp.zeros(shape, jnp.int32), jnp.zeros(shape, jnp.float32)
+
+        top = compute() if wanted is None else jax.lax.cond(wanted, compute, skip)
+        return StepLogprobs(logprobs, *top)

@@ -25,11 +25,13 @@ import jax.numpy as jnp
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off; seed None draws
-    a fresh one."""
+    a fresh one. top_logprobs: the caller reads each token's most likely alternatives (from an
+    engine with `EngineConfig.top_logprobs`; its steps skip them while no slot asks)."""
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    top_logprobs: bool = False
 
 
 def request_key(seed: int, sample_index: int) -> jnp.ndarray:

@@ -54,7 +54,8 @@ TopLogprobs = tuple[tuple[int, ...], tuple[float, ...]]
 class Completion:
     """token_ids include the stop token when finish_reason is "stop"; logprobs[i] is
     token_ids[i]'s log-probability at the request's temperature; top_logprobs[i] its step's
-    most likely tokens, when the engine computes them (`EngineConfig.top_logprobs`)."""
+    most likely tokens, when the request asks (`SamplingParams.top_logprobs`) of an engine that
+    computes them (`EngineConfig.top_logprobs`)."""
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str = ""  # "stop" | "length"; "abort" once cancelled
@@ -233,8 +234,9 @@ class Scheduler:
             # A token past its stop, or of a cancelled request: discarded.
             if active.completion.finish_reason or active.request_id not in self.requests:
                 continue
-            alternatives = None if top is None else (
-                tuple(top_ids[index].tolist()), tuple(top[index].tolist()))
+            wanted = top is not None and self.requests[active.request_id].sampling.top_logprobs
+            alternatives = (tuple(top_ids[index].tolist()), tuple(top[index].tolist())
+                            ) if wanted else None
             self._append(active, int(tokens[index]), float(logprobs[index]), alternatives)
 
     def _append(self, active: _Active, token: int, logprob: float,

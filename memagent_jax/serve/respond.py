@@ -118,7 +118,8 @@ class Exchange:
         gen = self.gen
         seed = None if gen.seed is None else (gen.seed + index) & 0x7FFFFFFF
         request = Request(tuple(ids), gen.max_tokens or self.served.max_len - len(ids),
-                          SamplingParams(gen.temperature, gen.top_p, gen.top_k, seed),
+                          SamplingParams(gen.temperature, gen.top_p, gen.top_k, seed,
+                                         top_logprobs=gen.top_logprobs > 0),
                           () if gen.ignore_eos else self.served.stop_ids, gen.n)
         send = self._send
         job = Job(request, on_token=lambda *token: send(("token", index, *token)),
