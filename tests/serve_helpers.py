@@ -13,7 +13,8 @@ import torch
 from memagent_jax.cli import main
 from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
 from memagent_jax.rollout.engine import EngineConfig
-from memagent_jax.serve.command import OpenAIServer
+from memagent_jax.models import job_mesh
+from memagent_jax.serve.command import OpenAIServer, parse_mesh
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import hf_model, write_hf_model, write_tiny_tokenizer
 
@@ -33,13 +34,15 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @contextlib.contextmanager
-def serving(model_dir, **options):
+def serving(model_dir, mesh=None, **options):
     """The model served on a free loopback port in this process (its engine can be
-    inspected), under the name "m" with API_KEY; stopped, and checked stopped, on exit."""
+    inspected), under the name "m" with API_KEY; stopped, and checked stopped, on exit.
+    mesh: a `--mesh` value (as "data=2,fsdp=4") to spread the model over the 8 test devices."""
     section = ModelSection(path=model_dir)
-    policy = load_policy(section, section.load_tokenizer(required=True))
+    device_mesh = job_mesh(parse_mesh(mesh), source="--mesh")
+    policy = load_policy(section, section.load_tokenizer(required=True), device_mesh)
     engine = build_engine(policy.model, EngineConfig(slots=SLOTS, max_len=MAX_LEN,
-                                                     top_logprobs=5), None, MAX_LEN)
+                                                     top_logprobs=5), device_mesh, MAX_LEN)
     server = OpenAIServer(policy, engine, names=("m",), max_len=MAX_LEN, port=0,
                           api_key=API_KEY, log_level="warning",
                           **{"shutdown_timeout": 5, **options})

@@ -241,3 +241,17 @@ def test_a_list_of_prompts_is_seeded_as_generate_seeds_its_lines(client, model_d
     assert samples[2] == expected[1]["completion_ids"]
     prompt_tokens = sum(len(load_tokenizer(model_dir)(t)["input_ids"]) for t in texts)
     assert response.usage.prompt_tokens == prompt_tokens
+
+
+def test_a_model_spread_over_a_mesh_serves_the_same_tokens(client, model_dir):
+    """--mesh data=2,fsdp=2,tensor=2 over the 8 test devices (slots split over data, weights
+    over fsdp and tensor): greedy replies and log-probs as on one device."""
+    kwargs = dict(model="m", prompt=["hello world the answer is", "memory"], max_tokens=8,
+                  temperature=0, logprobs=2, extra_body={"return_tokens_as_token_ids": True})
+    one_device = client.completions.create(**kwargs)
+    with serving(model_dir, mesh="data=2,fsdp=2,tensor=2") as sharded:
+        assert sharded.worker.engine.mesh.devices.size == 8
+        spread = client_of(sharded).completions.create(**kwargs)
+    for a, b in zip(one_device.choices, spread.choices, strict=True):
+        assert a.logprobs.tokens == b.logprobs.tokens and a.text == b.text
+        assert np.allclose(a.logprobs.token_logprobs, b.logprobs.token_logprobs, atol=1e-5)
