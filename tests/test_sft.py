@@ -18,7 +18,7 @@ from memagent_jax.models import ModelConfig, random_model
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import oracle_trajectory
+from memagent_jax.rl.sft import copy_trajectories, oracle_trajectory
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -101,6 +101,20 @@ def test_the_sft_loss_is_the_token_mean_negative_log_likelihood_of_the_replies(a
     assert last["loss"] < first["loss"] - 0.5  # it learns the oracle's replies
 
 
+def test_copy_rows_repeat_a_seeded_span_of_task_words(agent):
+    tokenizer = agent.tokenizer
+    first = copy_trajectories(tokenizer, 3, 5, seed=1)
+    words = set(tokenizer.convert_tokens_to_ids(synthetic.words().all()))
+    for trajectory in first:
+        (turn,) = trajectory.turns
+        assert len(turn.prompt_ids) == 5 and set(turn.prompt_ids) <= words
+        assert turn.response_ids == [*turn.prompt_ids, tokenizer.eos_token_id]
+        assert len(turn.response_logprobs) == 6
+    prompts = lambda ts: [t.turns[0].prompt_ids for t in ts]  # noqa: E731
+    assert prompts(copy_trajectories(tokenizer, 3, 5, seed=1)) == prompts(first)
+    assert prompts(copy_trajectories(tokenizer, 3, 5, seed=2)) != prompts(first)
+
+
 @pytest.mark.slow
 def test_the_shipped_sft_config_trains_and_validates_through_the_memory_loop(tmp_path):
     data = tmp_path / "data"
@@ -120,6 +134,8 @@ def test_the_shipped_sft_config_trains_and_validates_through_the_memory_loop(tmp
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["reward/mean"] == 1.0 for r in records)  # the oracle answers right
+    # every oracle turn (2 or 3 a document) and the config's 64 copy rows
+    assert all(8 * 2 + 64 <= r["learner/rows"] <= 8 * 3 + 64 for r in records)
     assert all(np.isfinite(r["learner/loss"]) for r in records)
     assert records[0]["learner/lr"] == 0.0 < records[1]["learner/lr"]  # warm-up
     assert "val/accuracy" in records[1]

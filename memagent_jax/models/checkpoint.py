@@ -81,10 +81,12 @@ def is_checkpoint_directory(path: str) -> bool:
     return locate(path) is not None
 
 
-def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str]) -> None:
+def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str],
+                      side_json: dict[str, dict] | None = None) -> None:
     """A training run's model description: model_config.json and hf_files/ (the side files of
-    `side_dirs`, the first found of each kept), written all or nothing, by process 0 of a
-    multi-process job (every process calls it)."""
+    `side_dirs`, the first found of each kept, then `side_json`'s files, name -> content,
+    replacing copies), written all or nothing, by process 0 of a multi-process job (every
+    process calls it)."""
     with atomic_directory(out_dir) as tmp:
         if not distributed.is_main():
             return
@@ -93,6 +95,9 @@ def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str]) -
         for directory in side_dirs:
             copied |= set(copy_side_files(directory, os.path.join(tmp, SIDE_DIR),
                                           skip=copied))
+        for name, content in (side_json or {}).items():
+            with open(os.path.join(tmp, SIDE_DIR, name), "w") as f:
+                json.dump(content, f, indent=2, sort_keys=True)
         with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
             json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
 

@@ -32,6 +32,7 @@ SIDE_FILES = (
     "generation_config.json", "tokenizer.json", "tokenizer_config.json", "vocab.json",
     "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
     "chat_template.json",
+    "memagent.json",  # the memory loop's budgets a model was trained with (`pretrained`)
 )
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024 ** 3
 

@@ -87,7 +87,9 @@ class LearnerConfig:
     all [rows, length, vocab] (rl/logprobs.py; null: all at once).
     loss: "dapo" (the clipped policy loss, dapo.py) or "sft" (supervised warm-up on oracle
     trajectories: the token-mean negative log-likelihood of the replies, rl/sft.py; the clip,
-    KL and old-log-prob settings are then unused).
+    KL and old-log-prob settings are then unused). copy_rows, copy_span (sft only): each step
+    also trains on copy_rows rows that repeat a random span of copy_span words
+    (`sft.copy_trajectories`).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -121,12 +123,17 @@ class LearnerConfig:
     bucket_lengths: tuple[int, ...] | None = None
     seed: int = 0
     loss: Literal["dapo", "sft"] = "dapo"
+    copy_rows: int = 0
+    copy_span: int = 24
 
     def __post_init__(self):
         def fail(name, message):
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
-        at_least(self, 0, "warmup_steps")
+        at_least(self, 0, "warmup_steps", "copy_rows")
+        at_least(self, 1, "copy_span")
+        if self.copy_rows and self.loss != "sft":
+            fail("copy_rows", "copy rows are a supervised warm-up's (learner.loss: sft)")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
                  "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
         for key in ("lr", "max_grad_norm", "temperature"):

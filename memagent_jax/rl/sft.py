@@ -10,6 +10,12 @@ final turn `\\boxed{answer}`; each reply ends with the end-of-text token that st
 Its rows (one per turn, as DAPO's) are trained with the token-mean negative log-likelihood of
 the replies (`learner.loss: sft`, `sft_loss`): the same rows, micro-batches, mesh, optimiser and
 checkpoints as DAPO, and the same validation through the memory loop.
+
+A model trained from scratch must first learn to copy (a key from the question, a value from
+the chunk, the memory from the prompt), and the oracle's rows hold a couple of copied tokens
+in a few hundred: the small preset learns no copying from them in hundreds of steps. Rows that
+repeat a random span (`copy_trajectories`, `learner.copy_rows` a step) make every reply token a
+copy; with them it copies within about a hundred steps (docs/synthetic.md).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.data.pipeline import Example, take
-from memagent_jax.data.synthetic import oracle_memories
+from memagent_jax.data.synthetic import oracle_memories, words
 from memagent_jax.errors import UserError
 from memagent_jax.rl.collect import RolloutBatch, rollout_stats, score
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
@@ -68,6 +74,20 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
         memory = reply
     trajectory.answer = example.ground_truths[0]
     return trajectory
+
+
+def copy_trajectories(tokenizer, count: int, span: int, seed: int) -> list[Trajectory]:
+    """`count` one-turn trajectories: the prompt is `span` words drawn (by `seed`) from the
+    synthetic tasks' vocabulary, the reply the same words and the end-of-text token."""
+    rng = np.random.default_rng(seed)
+    ids = np.asarray(tokenizer.convert_tokens_to_ids(words().all()))
+    trajectories = []
+    for _ in range(count):
+        span_ids = rng.choice(ids, span).tolist()
+        reply = [*span_ids, tokenizer.eos_token_id]
+        trajectories.append(Trajectory("", [Turn("copy", span_ids, reply, [0.0] * len(reply),
+                                                 "stop", "")]))
+    return trajectories
 
 
 def oracle_batch(agent: MemoryAgent, iterator, prompts: int, reward: str) -> RolloutBatch:

@@ -31,6 +31,7 @@ last completed step is checkpointed and the command exits 0; rerunning it resume
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -43,7 +44,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from memagent_jax import distributed
+from memagent_jax import distributed, pretrained
 from memagent_jax.data import pipeline
 from memagent_jax.errors import Interrupted
 from memagent_jax.eval.metrics import qa_scores
@@ -54,7 +55,7 @@ from memagent_jax.rl.collect import collect_batch, score
 from memagent_jax.rl.config import TrainConfig, check_devices
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import oracle_batch
+from memagent_jax.rl.sft import copy_trajectories, oracle_batch
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.agent import build_agent, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
@@ -120,13 +121,18 @@ class Trainer:
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
-        directory loads as a model (`export`, `run`, `eval`, `generate`). Written once."""
+        directory loads as a model (`export`, `run`, `eval`, `generate`), and the memory
+        loop's budgets it trains with (`memagent.json`, which `run` and `demo` default to;
+        max_chunks, a training-time cut, left out). Written once."""
         directory = os.path.join(self.config.checkpoint_dir, checkpoint.TRAINING_MODEL_DIR)
         if "://" in directory or distributed.broadcast(os.path.isdir(directory)):
             return
         m = self.config.model
         sources = [m.tokenizer, m.path, m.path and checkpoint.side_files_dir(m.path)]
-        checkpoint.write_model_files(model_config, directory, [d for d in sources if d])
+        budgets = dataclasses.asdict(self.config.memagent)
+        budgets.pop("max_chunks")
+        checkpoint.write_model_files(model_config, directory, [d for d in sources if d],
+                                     {pretrained.BUDGETS_FILE: budgets})
 
     def _restore_if_any(self) -> None:
         latest = self.checkpointer.latest_step()
@@ -216,9 +222,15 @@ class Trainer:
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
-            advantages = (np.ones_like(batch.rewards) if config.learner.loss == "sft"
-                          else self.compute_advantages(step, batch.rewards))
-            rows = rows_from_trajectories(batch.groups, advantages, config.learner.credit,
+            groups = batch.groups
+            if config.learner.loss == "sft":
+                groups = groups + [[t] for t in copy_trajectories(
+                    self.agent.tokenizer, config.learner.copy_rows, config.learner.copy_span,
+                    seed=config.seed * 1_000_003 + step)]
+                advantages = np.ones(sum(len(g) for g in groups))
+            else:
+                advantages = self.compute_advantages(step, batch.rewards)
+            rows = rows_from_trajectories(groups, advantages, config.learner.credit,
                                           config.learner.train_final_turn)
             update_start = time.perf_counter()
             metrics = self.learner.update(rows)
