@@ -37,17 +37,22 @@ def _convert(args) -> None:
 
 
 def _export(args) -> None:
+    from memagent_jax import pretrained
     from memagent_jax.models import job_mesh, load_model, save_hf
     from memagent_jax.models.checkpoint import is_checkpoint_directory, side_files_dir
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out)
-    if not is_checkpoint_directory(args.ckpt):
+    source = pretrained.resolve(args.ckpt)
+    if is_checkpoint_directory(source):
+        side_files = side_files_dir(source)
+    elif source != args.ckpt:  # a shipped model: an HF directory, re-exported (resharded)
+        side_files = source
+    else:
         raise UserError(f"{args.ckpt}: not a memagent-jax checkpoint (a `memagent-jax convert` "
                         "output, or a training run's output, checkpoints or step directory)")
     _start(args)
-    model, config = load_model(args.ckpt, dtype=None, mesh=job_mesh(None))
-    save_hf(model, config, args.out, tokenizer_dir=side_files_dir(args.ckpt),
-            max_shard_bytes=max_shard_bytes)
+    model, config = load_model(source, dtype=None, mesh=job_mesh(None))
+    save_hf(model, config, args.out, tokenizer_dir=side_files, max_shard_bytes=max_shard_bytes)
     _print_once(f"exported {args.ckpt} -> {args.out}")
 
 
@@ -89,7 +94,7 @@ def _generate(args) -> None:
     model = _from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                         compute_dtype=args.dtype, attention=args.attention)
     tokenizer = _from_flags(model.load_tokenizer, required=False)
-    model_config = read_config(args.model)
+    model_config = read_config(model.path)
     prompts = read_prompts(args.input, tokenizer, model_config.vocab_size)
     limit, what = ((args.max_len, "--max-len") if args.max_len else
                    (model_config.context_window, "the model's context window of"))
@@ -133,9 +138,10 @@ def _run(args) -> None:
     from memagent_jax.rollout.memagent import MemAgentConfig, read_sample
     from memagent_jax.tokenizer import load_tokenizer
 
-    config = _from_flags(MemAgentConfig, chunk_tokens=args.chunk_tokens,
-                         max_memory_tokens=args.max_memory_tokens,
-                         max_final_tokens=args.max_final_tokens)
+    from memagent_jax import pretrained
+    config = _from_flags(MemAgentConfig, **pretrained.budgets(
+        "" if args.url else pretrained.resolve(args.model), chunk_tokens=args.chunk_tokens,
+        max_memory_tokens=args.max_memory_tokens, max_final_tokens=args.max_final_tokens))
     document = _read_document(args.doc)
     if args.url:  # --model names the served model; the tokenizer chunks the document
         tokenizer_dir = args.tokenizer or args.model
@@ -194,6 +200,15 @@ def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
     record = dataclasses.asdict(trajectory)
     record.update(memories=trajectory.memories, final_reply=trajectory.final_reply)
     return record
+
+
+def _demo(args) -> None:
+    from memagent_jax.demo import parse_length, run_demo
+    length = parse_length(args.length)
+    _start(args)
+    run_demo(args.model, args.task, length, args.seed, args.show,
+             {"chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
+              "max_final_tokens": args.max_final_tokens})
 
 
 def _serve(args) -> None:
@@ -328,8 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("export", help="memagent-jax checkpoint -> HF safetensors directory")
     p.add_argument("--ckpt", required=True, metavar="CKPT_DIR",
-                   help="a `convert` output, or a training run's output directory (its newest "
-                        "step), checkpoints directory or step directory")
+                   help="a `convert` output, a training run's output directory (its newest "
+                        "step), checkpoints directory or step directory, or a shipped model's "
+                        "name (memagent-tiny)")
     p.add_argument("--out", required=True, metavar="HF_DIR", help="new (or empty) directory")
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index")
@@ -365,11 +381,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "model's name)")
     p.add_argument("--doc", required=True, metavar="FILE", help="UTF-8 text of any length")
     p.add_argument("--question", required=True)
-    p.add_argument("--chunk-tokens", type=int, default=5000, help="document tokens per turn")
-    p.add_argument("--max-memory-tokens", type=int, default=1024,
-                   help="the longest memory a turn may write")
-    p.add_argument("--max-final-tokens", type=int, default=1024,
-                   help="the longest final answer")
+    p.add_argument("--chunk-tokens", type=int,
+                   help="document tokens per turn (default: the model's memagent.json, else "
+                        "5000)")
+    p.add_argument("--max-memory-tokens", type=int,
+                   help="the longest memory a turn may write (default: the model's, else 1024)")
+    p.add_argument("--max-final-tokens", type=int,
+                   help="the longest final answer (default: the model's, else 1024)")
     p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed")
@@ -381,6 +399,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
     _add_model_flags(p)
     p.set_defaults(func=_run)
+    distributed.add_flags(p)
+
+    p = add("demo", help="the shipped memory agent reads a fresh synthetic document of any "
+                         "length and answers")
+    p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
+                   help="a shipped model's name, or a model trained on the synthetic tasks")
+    p.add_argument("--length", default="300K",
+                   help="document tokens: 300000, 300K, 1M, ... (at least one chunk)")
+    p.add_argument("--task", default="multikey", help="multikey or twohop")
+    p.add_argument("--seed", type=int, help="the document's seed (default: a random one)")
+    p.add_argument("--show", type=int, default=6, help="memory changes to print")
+    p.add_argument("--chunk-tokens", type=int, help="default: the model's (memagent.json)")
+    p.add_argument("--max-memory-tokens", type=int, help="default: the model's")
+    p.add_argument("--max-final-tokens", type=int, help="default: the model's")
+    p.set_defaults(func=_demo)
     distributed.add_flags(p)
 
     p = add("serve", help="an OpenAI-compatible HTTP server on the engine (/v1/chat/"

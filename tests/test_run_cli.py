@@ -171,8 +171,8 @@ def test_the_readme_model_runs_and_generates_text(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("command, shown", [
-    ("run", ["document tokens per turn (default: 5000)", "(default: 1024)", "(default: 0.7)",
-             "(default: 0.95)"]),
+    ("run", ["document tokens per turn (default: the model's memagent.json, else 5000)",
+             "(default: the model's, else 1024)", "(default: 0.7)", "(default: 0.95)"]),
     ("generate", ["tokens per completion (default: 256)", "1: off (default: 1.0)"]),
     ("random-model", ["qwen2.5-72b (default: tiny)"]),
 ])

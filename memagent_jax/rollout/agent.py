@@ -16,6 +16,7 @@ from typing import ClassVar, Literal, NamedTuple
 
 import jax
 
+from memagent_jax import pretrained
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models import (ModelConfig, Params, Qwen2, load_model, preset_config,
                                  random_model, split_params)
@@ -31,12 +32,13 @@ class ModelSection:
     """The `model` section of the train and eval configs (`run` and `generate` fill it from
     --model, --tokenizer, --dtype, --attention).
 
-    path: HF directory or memagent-jax checkpoint. preset: random weights of a preset shape
-    instead (smoke runs; needs `tokenizer`). tokenizer: directory with tokenizer files
-    (default: path). compute_dtype: the matmuls', the decoding engine's weights' and KV
-    cache's; None = float32 on CPU, bfloat16 on accelerators (`default_dtype`). param_dtype:
-    the dtype the weights are stored in on the devices; None = compute_dtype (inference loads
-    straight into it), float32 for training (the master weights; see rl/config.py).
+    path: HF directory, memagent-jax checkpoint, or a shipped model's name (`pretrained`).
+    preset: random weights of a preset shape instead (smoke runs; needs `tokenizer`).
+    tokenizer: directory with tokenizer files (default: path). compute_dtype: the matmuls',
+    the decoding engine's weights' and KV cache's; None = float32 on CPU, bfloat16 on
+    accelerators (`default_dtype`). param_dtype: the dtype the weights are stored in on the
+    devices; None = compute_dtype (inference loads straight into it), float32 for training
+    (the master weights; see rl/config.py).
     attention: how prompts attend in the prefill and the training forward (`qwen2.Qwen2`).
     init_seed: the preset's random weights."""
     SECTION: ClassVar[str] = "model"
@@ -49,7 +51,7 @@ class ModelSection:
     init_seed: int = 0
 
     def __post_init__(self):
-        expand = lambda p: p and os.path.expanduser(p)  # noqa: E731
+        expand = lambda p: p and pretrained.resolve(os.path.expanduser(p))  # noqa: E731
         self.path, self.tokenizer = expand(self.path), expand(self.tokenizer)
         if (self.path is None) == (self.preset is None):
             raise ConfigError("model", "give exactly one of model.path (weights) and "

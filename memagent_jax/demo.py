@@ -1,0 +1,101 @@
+"""`memagent-jax demo`: the shipped memory agent reads a document nobody has seen and answers.
+
+A fresh synthetic document (`data.synthetic`: made-up text with a few facts of the same form
+at random depths; seed drawn at random unless given) of the requested length in the model's
+tokens; the agent reads it chunk by chunk, greedily, under a progress bar; then the memory's
+history (the turns where it changed, abbreviated), where the facts were, and the answer next
+to the truth.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import sys
+import time
+
+from memagent_jax.errors import UserError
+
+_SUFFIXES = {"K": 1000, "M": 1000 ** 2}
+
+
+def parse_length(text: str) -> int:
+    """'300000', '300K', '1.5M' -> tokens; UserError otherwise."""
+    scale = _SUFFIXES.get(text[-1:].upper(), 1)
+    number = text[:-1] if scale > 1 else text
+    try:
+        tokens = float(number) * scale
+    except ValueError:
+        tokens = math.nan
+    if not math.isfinite(tokens) or tokens != int(tokens):
+        raise UserError(f"--length: expected a number of tokens such as 300000, 300K or 1M, "
+                        f"got {text!r}")
+    return int(tokens)
+
+
+def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
+             budgets: dict) -> bool:
+    """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
+    budgets: MemAgentConfig fields given on the command line (None: the model's own)."""
+    from memagent_jax import pretrained
+    from memagent_jax.data import synthetic
+    from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
+    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.memagent import MemAgentConfig
+    from memagent_jax.rollout.sampling import SamplingParams
+
+    synthetic.check_task(task)
+    section = ModelSection(path=model)
+    tokenizer = section.load_tokenizer(required=True)
+    config = MemAgentConfig(**pretrained.budgets(section.path, **budgets))
+    if length < max(config.chunk_tokens, synthetic.min_length(task)):
+        raise UserError(f"--length {length}: below one chunk of {config.chunk_tokens} tokens "
+                        f"(a {task} document needs at least "
+                        f"{max(config.chunk_tokens, synthetic.min_length(task))})")
+    seed = secrets.randbelow(10 ** 6) if seed is None else seed
+    document = synthetic.make_sample(task, length, seed, 0)
+    print(f"{task} document of {length:,} tokens (seed {seed}), read {config.chunk_tokens} "
+          f"tokens a turn by {model}")
+    print(f"question: {document.question}")
+
+    policy = load_policy(section, tokenizer)
+    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), None,
+                        policy.stop_ids)
+    sample = agent.read(document.question, document.context)
+    from tqdm import tqdm
+    start = time.perf_counter()
+    with tqdm(total=len(sample.chunks) + 1, desc="reading", unit="turn", file=sys.stderr) as bar:
+        (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0),
+                                   on_turn=lambda i, turn: bar.update(1))
+    seconds = time.perf_counter() - start
+
+    words = document.context.split()
+    for fact in document.facts:
+        chunk = _first_token(words, fact.text.split()) // config.chunk_tokens + 1
+        print(f"  fact in chunk {chunk:>5}: {fact.text}" + ("   <- needed" if fact.needed else ""))
+    print("memory, at the turns where it changed:")
+    changes = [(i, t.reply) for i, t in enumerate(trajectory.turns[:-1])
+               if i == 0 or t.reply != trajectory.turns[i - 1].reply]
+    for i, memory in changes[:show]:
+        print(f"  after chunk {i + 1:>5}: {_abbreviate(memory)}")
+    if len(changes) > show:
+        print(f"  ... {len(changes) - show} more changes; after the last chunk: "
+              f"{_abbreviate(trajectory.turns[-2].reply)}")
+    correct = trajectory.answer == document.answer
+    print(f"answer: {trajectory.answer}   truth: {document.answer}   "
+          f"({'correct' if correct else 'wrong'}; {len(trajectory.turns)} turns in "
+          f"{seconds:.0f} s, {length / seconds:,.0f} tokens/s)")
+    return correct
+
+
+def _first_token(words: list[str], needle: list[str]) -> int:
+    """Where `needle` starts in `words` (a word-level tokenizer's tokens)."""
+    for i in range(len(words) - len(needle) + 1):
+        if words[i] == needle[0] and words[i:i + len(needle)] == needle:
+            return i
+    raise AssertionError("a fact is missing from its document")
+
+
+def _abbreviate(text: str, limit: int = 100) -> str:
+    text = " / ".join(line for line in text.splitlines() if line.strip()) or "(empty)"
+    return text if len(text) <= limit else text[:limit - 3] + "..."
