@@ -247,6 +247,15 @@ def _serve(args) -> None:
     server.run()
 
 
+def _curves(args) -> None:
+    from memagent_jax.rl.curves import plot_curves
+    check_output_file(args.out)
+    if args.names and len(args.names) != len(args.runs):
+        raise UserError(f"--names: {len(args.names)} names for {len(args.runs)} runs")
+    plot_curves(args.runs, args.out, tuple(args.tags), args.names)
+    print(f"wrote {args.out}")
+
+
 def _train(args) -> None:
     from memagent_jax.rl.config import load_train_config
     config = load_train_config(args.config, args.overrides)  # every key checked, no device yet
@@ -465,6 +474,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="dotted overrides, e.g. learner.lr=1e-6 steps=10")
     p.set_defaults(func=_train)
     distributed.add_flags(p)
+
+    from memagent_jax.rl.curves import DEFAULT_TAGS  # stdlib-only at import
+    p = add("curves", help="training curves of runs (their TensorBoard scalars), one after "
+                           "another, as a PNG")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training output directories")
+    p.add_argument("--out", required=True, metavar="PNG")
+    p.add_argument("--tags", nargs="+", default=list(DEFAULT_TAGS), help="scalars to draw")
+    p.add_argument("--names", nargs="+", help="the runs' legend names (default: directories)")
+    p.set_defaults(func=_curves)
 
     p = add("eval", help="evaluate the memory agent (or the full-context baseline) over "
                          "context lengths; an interrupted eval resumes")

@@ -1,0 +1,70 @@
+"""Training curves from runs' TensorBoard event files, as one PNG (`memagent-jax curves`).
+
+Reads the scalars with TensorBoard's own reader (`EventAccumulator`), so the picture shows
+what `tensorboard --logdir` shows. Several runs (a recipe's steps: a supervised warm-up, then
+DAPO from its checkpoint) are drawn one after another on a common step axis, each from where
+the previous one ended, with a dashed line where a run starts; a tag a run does not log is
+left out of that run's stretch.
+"""
+
+from __future__ import annotations
+
+import os
+
+from memagent_jax.errors import UserError
+
+DEFAULT_TAGS = ("reward/mean", "val/accuracy", "rollout/memory_length", "dynamic/kept_fraction")
+
+
+def event_dir(run: str) -> str:
+    """The TensorBoard directory of a run's output directory (or the directory itself)."""
+    for candidate in (os.path.join(run, "logs", "tensorboard"), run):
+        if os.path.isdir(candidate) and any(n.startswith("events.out.tfevents")
+                                            for n in os.listdir(candidate)):
+            return candidate
+    raise UserError(f"{run}: no TensorBoard event files (neither in {run}/logs/tensorboard "
+                    "nor in the directory itself)")
+
+
+def read_scalars(run: str) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...] in step order} of every scalar a run logged."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    accumulator = EventAccumulator(event_dir(run), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
+            for tag in accumulator.Tags()["scalars"]}
+
+
+def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
+                names: list[str] | None = None) -> None:
+    """One panel per tag, the runs in sequence (module docstring); written to `out` (PNG)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scalars = [read_scalars(run) for run in runs]
+    names = names or [os.path.basename(os.path.normpath(run)) for run in runs]
+    columns = 2 if len(tags) > 1 else 1
+    rows = -(-len(tags) // columns)
+    figure, axes = plt.subplots(rows, columns, figsize=(6 * columns, 3.2 * rows), squeeze=False)
+    offsets, offset = [], 0
+    for values in scalars:
+        offsets.append(offset)
+        offset += max((step for series in values.values() for step, _ in series), default=0)
+    for panel, tag in zip(axes.flat, tags):
+        for values, start, name in zip(scalars, offsets, names):
+            series = values.get(tag, [])
+            if series:
+                panel.plot([start + s for s, _ in series], [v for _, v in series],
+                           marker="." if len(series) < 30 else None, label=name)
+            if start:
+                panel.axvline(start, color="grey", linestyle="--", linewidth=0.8)
+        panel.set_title(tag)
+        panel.set_xlabel("step")
+        panel.grid(alpha=0.3)
+        panel.legend(fontsize=8)
+    for panel in list(axes.flat)[len(tags):]:
+        panel.set_visible(False)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)

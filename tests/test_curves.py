@@ -1,0 +1,47 @@
+"""`memagent-jax curves`: a run's TensorBoard scalars, read back with TensorBoard's reader, as
+one PNG; runs drawn one after another; bad input is one line."""
+
+import pytest
+
+from memagent_jax.cli import main
+from memagent_jax.rl.curves import plot_curves, read_scalars
+from memagent_jax.rl.tensorboard import ScalarWriter
+
+
+def _run(path, steps, values):
+    writer = ScalarWriter(str(path / "logs" / "tensorboard"), process_index=0)
+    for step in steps:
+        writer.scalars(step, {tag: fn(step) for tag, fn in values.items()})
+    writer.close()
+    return str(path)
+
+
+def test_scalars_round_trip_and_runs_are_drawn_in_sequence(tmp_path, monkeypatch):
+    sft = _run(tmp_path / "sft", range(1, 11), {"reward/mean": lambda s: 1.0,
+                                                  "val/accuracy": lambda s: 10.0 * s})
+    rl = _run(tmp_path / "rl", range(1, 6), {"reward/mean": lambda s: s / 5,
+                                              "dynamic/kept_fraction": lambda s: 0.5})
+    scalars = read_scalars(rl)
+    assert scalars["reward/mean"] == [(s, pytest.approx(s / 5)) for s in range(1, 6)]
+    assert set(read_scalars(sft)) == {"reward/mean", "val/accuracy"}
+    out = tmp_path / "curves.png"
+    assert main(["curves", sft, rl, "--out", str(out), "--names", "sft", "sft+rl"]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    import matplotlib.pyplot as plt
+    drawn = {}
+    monkeypatch.setattr(plt, "close", lambda figure: drawn.setdefault("figure", figure))
+    plot_curves([sft, rl], str(tmp_path / "again.png"), ("reward/mean",))
+    (panel,) = [a for a in drawn["figure"].axes if a.get_visible()]
+    sft_line, rl_line = panel.get_lines()[:2]
+    assert list(sft_line.get_xdata()) == list(range(1, 11))
+    assert list(rl_line.get_xdata()) == list(range(11, 16))  # after the warm-up's 10 steps
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    assert main(["curves", str(tmp_path), "--out", str(tmp_path / "c.png")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no TensorBoard event files" in err[0]
+    run = _run(tmp_path / "run", [1], {"reward/mean": lambda s: 1.0})
+    assert main(["curves", run, "--out", str(tmp_path / "c.png"), "--names", "a", "b"]) == 2
+    assert "--names: 2 names for 1 runs" in capsys.readouterr().err
