@@ -10,8 +10,10 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
   after one untimed warm-up update (compilation); tokens/s counts every token the model runs
   (prompt and response, no padding here: rows are exactly one bucket long);
 - model FLOPs (PaLM's MFU convention): a train step costs 6 N + 12 L T H D per token, the
-  recompute forward 2 N + 4 L T H D, with N the parameters that multiply (decoder layers +
-  LM head; the embedding gather is not a matmul) and T the row length (the convention counts
+  recompute forward 2 N + 4 L T H D, with N the parameters that multiply (the decoder
+  layers' on every token, the LM head's on response tokens only, the only ones whose
+  log-probabilities the loss needs; the embedding gather is not a matmul) and T the row
+  length (the convention counts
   the whole T x T attention, though the blocked causal path skips most of the upper half;
   with --remat the recomputed forward is not counted either);
   utilisation = model FLOP/s / measured matmul FLOP/s;
@@ -24,7 +26,10 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
         [--repeats 2] [--matmul-size 4096] [--attention xla]
-        [--remat] [--no-torch]
+        [--remat] [--no-torch] [--full-logits]
+
+--full-logits runs the LM head on as many positions as a row has, as the learner did before it
+took the response window only (the before/after of that change, one run each).
 
 --layers keeps the preset's widths (and its 152K-row vocabulary) at fewer layers, so a CPU can
 run it; the per-token FLOP model accounts for whatever depth is run.
@@ -78,17 +83,22 @@ def synthetic_rows(config, rows: int, prompt_len: int, response_len: int, seed: 
     return rows_from_trajectories(trajectories, rng.standard_normal(rows))
 
 
-def flops_per_token(config, length: int) -> tuple[float, float]:
-    """(train-step FLOPs, forward FLOPs) per token of a row `length` tokens long."""
+def row_flops(config, prompt_len: int, response_len: int) -> tuple[float, float]:
+    """(train-step FLOPs, forward FLOPs) of one row: the layers on every token, the LM head
+    on the response's."""
     c = config
+    length = prompt_len + response_len
     per_layer = (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
                  + 3 * c.hidden_size * c.intermediate_size)
-    matmul_params = c.num_layers * per_layer + c.hidden_size * c.vocab_size
     attention = 4 * c.num_layers * length * c.num_heads * c.head_dim  # QK^T and PV, forward
-    return 6 * matmul_params + 3 * attention, 2 * matmul_params + attention
+    layers = length * (2 * c.num_layers * per_layer + attention)
+    head = response_len * 2 * c.hidden_size * c.vocab_size
+    return 3 * (layers + head), layers + head
 
 
 def bench_ours(config, args, rows) -> dict[str, float]:
+    if args.full_logits:
+        Learner._width = staticmethod(lambda rows, plan: plan.length)
     model = random_model(config, seed=0, dtype=args.dtype,  # stored as config.dtype
                          attention=args.attention)
     length = args.prompt_len + args.response_len
@@ -177,6 +187,9 @@ def main() -> None:
     parser.add_argument("--remat", action="store_true",
                         help="ours recomputes each layer in the backward (LearnerConfig.remat)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
+    parser.add_argument("--full-logits", action="store_true",
+                        help="the LM head on every position (the learner before its response "
+                             "window)")
     args = parser.parse_args()
 
     config = preset_config(args.preset, dtype="float32")
@@ -185,7 +198,8 @@ def main() -> None:
     length = args.prompt_len + args.response_len
     rows = synthetic_rows(config, args.rows, args.prompt_len, args.response_len)
     tokens = int(rows.lengths.sum())
-    train_flops, forward_flops = flops_per_token(config, length)
+    train_flops, forward_flops = (args.rows * f for f in row_flops(config, args.prompt_len,
+                                                                   args.response_len))
 
     device = jax.devices()[0]
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, JAX device "
@@ -204,13 +218,12 @@ def main() -> None:
     torch_seconds = None if args.no_torch else bench_torch(config, args, rows)
     ours = bench_ours(config, args, rows)
     step = ours["update"] - ours["recompute"]
-    update_flops = tokens * (train_flops + forward_flops)
+    update_flops = train_flops + forward_flops
     print(f"\nours: first update (compiles) {ours['warm_up']:.1f} s")
     print(f"{'':24}{'seconds':>9}{'tokens/s':>11}{'GFLOP/s':>10}{'of matmul':>11}")
     for name, seconds, flops in [("update (recompute+step)", ours["update"], update_flops),
-                                 ("  recompute (forward)", ours["recompute"],
-                                  tokens * forward_flops),
-                                 ("  train step", step, tokens * train_flops)]:
+                                 ("  recompute (forward)", ours["recompute"], forward_flops),
+                                 ("  train step", step, train_flops)]:
         print(f"{name:24}{seconds:9.2f}{tokens / seconds:11.1f}{flops / seconds / 1e9:10.1f}"
               f"{flops / seconds / peak:10.1%}")
 

@@ -265,10 +265,11 @@ def test_train_step_builds_no_square_score_tensor():
              "loss_mask": np.ones((1, length), np.float32),
              "advantages": np.ones(1, np.float32),
              "old_logprobs": np.zeros((1, length), np.float32),
-             "row_weights": np.full(1, 1 / length, np.float32)}
+             "row_weights": np.full(1, 1 / length, np.float32),
+             "prompt_lengths": np.ones(1, np.int32)}
     hlo = learner._train_step.lower(learner._params, learner._opt_state, learner._step,
                                     learner._zero_accumulator(), batch, np.float32(1e-3),
-                                    np.bool_(True)).compile().as_text()
+                                    np.bool_(True), width=length - 1).compile().as_text()
     assert f"{length},{length}]" not in hlo
 
 

@@ -62,3 +62,26 @@ def test_the_gradient_holds_one_chunk_of_logits_at_qwen_sizes():
     whole, chunked, smaller = temp_bytes(None), temp_bytes(1024), temp_bytes(256)
     assert whole >= 3 * logits_bytes  # the logits, their softmax and their gradient
     assert chunked <= whole / 7 and smaller <= chunked / 3  # a few copies of one chunk
+
+
+@pytest.mark.parametrize("chunk", [None, 3])
+def test_a_response_window_gives_the_whole_logits_values_there_and_0_elsewhere(chunk):
+    rng = np.random.default_rng(1)
+    hidden = jnp.asarray(rng.normal(size=(3, 20, 8)), jnp.float32)
+    head = jnp.asarray(rng.normal(size=(8, 37)), jnp.float32)
+    tokens = jnp.asarray(rng.integers(0, 37, (3, 20)), jnp.int32)
+    starts = jnp.asarray([5, 1, 17])  # the last row's window runs past the end: dropped
+    logp, entropy = token_logprobs(lambda h: h @ head / 0.7, hidden, tokens, chunk,
+                                   starts=starts, width=6)
+    want_logp, want_entropy = _reference(hidden, head, tokens)
+    positions = np.arange(20)[None, :]
+    inside = (positions >= np.asarray(starts)[:, None]) & (
+        positions < np.asarray(starts)[:, None] + 6)
+    np.testing.assert_allclose(logp, np.where(inside, want_logp, 0), atol=1e-5)
+    np.testing.assert_allclose(entropy, np.where(inside, want_entropy, 0), atol=1e-5)
+
+    weights = jnp.asarray(rng.uniform(size=(3, 20)) * inside, jnp.float32)
+    window = jax.grad(lambda h: jnp.sum(weights * token_logprobs(
+        lambda x: x @ head / 0.7, h, tokens, chunk, False, starts, 6)[0]))(hidden)
+    whole = jax.grad(lambda h: jnp.sum(weights * _reference(h, head, tokens)[0]))(hidden)
+    np.testing.assert_allclose(window, whole, atol=1e-5)

@@ -142,9 +142,10 @@ def test_two_epochs_of_mini_batch_updates_match_a_hand_written_dapo_step():
 
     learner = Learner(build_model(CONFIG, jax.tree.map(jnp.asarray, initial)),
                       LearnerConfig(**SETTINGS))
-    # The forward written here is the model's: same log-probabilities before the step.
-    inside = np.arange(rows.tokens.shape[1])[None] < rows.lengths[:, None]
-    np.testing.assert_allclose(learner.logprobs(rows)[inside], np.asarray(old)[inside],
+    # The forward written here is the model's: same log-probabilities before the step, on
+    # the responses (the learner computes nothing on the prompts).
+    response = rows.loss_mask > 0
+    np.testing.assert_allclose(learner.logprobs(rows)[response], np.asarray(old)[response],
                                atol=1e-5)
     metrics = learner.update(rows)
 

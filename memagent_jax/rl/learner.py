@@ -228,10 +228,11 @@ class Learner:
                             if config.kl_coef != 0.0 and config.loss == "dapo" else None)
 
         # Replicated: the host reads it, and on a pod no process holds every shard.
-        self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar)
+        self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar,
+                                 static_argnames="width")
         acc_shardings = (self._param_shardings, self._metric_shardings(self._metric_names()))
         self._train_step = jax.jit(
-            self._train_step_fn, donate_argnums=(0, 1, 3),
+            self._train_step_fn, donate_argnums=(0, 1, 3), static_argnames="width",
             out_shardings=(self._param_shardings, self._opt_shardings, self._scalar,
                            acc_shardings, self._metric_shardings(self._update_metric_names())))
 
@@ -288,11 +289,15 @@ class Learner:
         self._step = jax.device_put(jnp.asarray(state["step"], jnp.int32), self._scalar)
         self._train_steps = int(state["train_steps"])
 
-    def compiled(self, rows: int, length: int) -> dict[str, jax.stages.Compiled]:
+    def compiled(self, rows: int, length: int, width: int | None = None
+                 ) -> dict[str, jax.stages.Compiled]:
         """The train step (one micro-batch's gradient and the AdamW update) and the log-prob
-        pass, compiled from shapes for micro-batches of `rows` x `length` tokens on this
-        learner's shardings, for their `memory_analysis()` and `cost_analysis()` (nothing is
-        run or allocated; benchmarks/aot.py)."""
+        pass, compiled from shapes for micro-batches of `rows` x `length` tokens with
+        responses of up to `width` tokens (None: length) on this learner's shardings, for their
+        `memory_analysis()` and `cost_analysis()` (nothing is run or allocated;
+        benchmarks/aot.py)."""
+        width = width or length
+
         def like(x, sharding):
             return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
@@ -309,26 +314,42 @@ class Learner:
                                     sharding=self._batch_sharding)
         batch = {"tokens": per_token(jnp.int32), "loss_mask": per_token(jnp.float32),
                  "advantages": per_row(jnp.float32), "old_logprobs": per_token(jnp.float32),
-                 "row_weights": per_row(jnp.float32)}
+                 "row_weights": per_row(jnp.float32), "prompt_lengths": per_row(jnp.int32)}
         if self._ref_params is not None:
             batch["ref_logprobs"] = per_token(jnp.float32)
         return {"train step": self._train_step.lower(
                     params, opt_state, scalar(jnp.int32), accumulator, batch,
-                    scalar(jnp.float32), scalar(jnp.bool_)).compile(),
-                "log-probs": self._logprobs.lower(params, batch["tokens"]).compile()}
+                    scalar(jnp.float32), scalar(jnp.bool_), width=width).compile(),
+                "log-probs": self._logprobs.lower(params, batch["tokens"],
+                                                  batch["prompt_lengths"], width=width).compile()}
 
     def logprobs(self, rows: TrainingRows, params=None) -> np.ndarray:
-        """[R, T] float32: each token's log-probability (at the config's temperature) under
-        the current (or the given pure-dict) parameters, aligned with rows.tokens; 0 at
-        position 0 and beyond each row's length."""
+        """[R, T] float32: each response token's log-probability (at the config's
+        temperature) under the current (or the given pure-dict) parameters, aligned with
+        rows.tokens; 0 on the prompt and beyond each row's length."""
         params = self._params if params is None else params
         out = np.zeros(rows.tokens.shape, np.float32)
         for plan in self._plan(rows, range(len(rows))):
-            batch = gather(plan, {"tokens": rows.tokens})
-            values = self._logprobs(params, jax.device_put(batch["tokens"], self._batch_sharding))
+            batch = jax.device_put(gather(plan, self._row_arrays(rows)), self._batch_sharding)
+            values = self._logprobs(params, batch["tokens"], batch["prompt_lengths"],
+                                    width=self._width(rows, plan))
             scatter(plan, np.asarray(values), out)
-        mask = np.arange(out.shape[1])[None, :] < rows.lengths[:, None]
+        positions = np.arange(out.shape[1])[None, :]
+        mask = (positions >= rows.prompt_lengths[:, None]) & (positions < rows.lengths[:, None])
         return np.where(mask, out, 0.0).astype(np.float32)
+
+    @staticmethod
+    def _row_arrays(rows: TrainingRows) -> dict[str, np.ndarray]:
+        """What every micro-batch holds: the tokens, and where each row's response starts."""
+        return {"tokens": rows.tokens, "prompt_lengths": rows.prompt_lengths}
+
+    @staticmethod
+    def _width(rows: TrainingRows, plan) -> int:
+        """The response window of a micro-batch (static: one compile per value): its longest
+        response, rounded up to a power of two (at least 16), at most its length."""
+        index = plan.index[plan.index >= 0]
+        longest = int((rows.lengths[index] - rows.prompt_lengths[index]).max())
+        return min(plan.length, max(16, 1 << (longest - 1).bit_length()))
 
     def update(self, rows: TrainingRows) -> dict[str, float]:
         """One training step: a rollout batch of PPO updates, all at this step's learning rate;
@@ -336,7 +357,7 @@ class Learner:
         grad_norm over the applied updates, the lr, updates and skipped_updates counts, and
         tokens (response tokens trained on, all epochs)."""
         config = self.config
-        arrays = {"tokens": rows.tokens, "loss_mask": rows.loss_mask,
+        arrays = {**self._row_arrays(rows), "loss_mask": rows.loss_mask,
                   "advantages": rows.advantages,
                   "old_logprobs": (self.logprobs(rows) if config.old_logprobs == "recompute"
                                    and config.loss == "dapo" else rows.rollout_logprobs)}
@@ -397,7 +418,7 @@ class Learner:
             batch = jax.device_put(gather(plan, arrays), self._batch_sharding)
             self._params, self._opt_state, self._step, self._accumulator, out = self._train_step(
                 self._params, self._opt_state, self._step, self._accumulator, batch, lr,
-                jnp.bool_(k == len(plans) - 1))
+                jnp.bool_(k == len(plans) - 1), width=self._width(rows, plan))
         return out
 
     def _summarise(self, results, rows: TrainingRows) -> dict[str, float]:
@@ -414,10 +435,11 @@ class Learner:
 
     # ---- pure functions (jitted in __init__) --------------------------------------------
 
-    def _token_logprobs(self, params, tokens, remat=False, entropy=False):
-        """params: pure dict; tokens [B, L] right-padded -> (logp [B, L], entropy [B, L] or
-        None) at the config's temperature, the LM head applied `logit_chunk_tokens`
-        positions at a time (rl/logprobs.py).
+    def _token_logprobs(self, params, tokens, starts, width, remat=False, entropy=False):
+        """params: pure dict; tokens [B, L] right-padded, starts [B] (each row's first
+        response position) -> (logp [B, L], entropy [B, L] or None) at the config's
+        temperature on the `width` positions from starts (0 elsewhere), the LM head applied
+        `logit_chunk_tokens` positions at a time (rl/logprobs.py).
 
         No attention mask: the padding sits after every real token, so the model's causal path
         from position 0 (its configured attention: the blocked kernel, or cuDNN's on a GPU; no
@@ -428,14 +450,15 @@ class Learner:
         model = nnx.merge(self.graphdef, params)
         return token_logprobs(lambda h: model.logits(h) / self.config.temperature,
                               model.hidden(tokens, remat=remat), tokens,
-                              self.config.logit_chunk_tokens, entropy)
+                              self.config.logit_chunk_tokens, entropy, starts, width)
 
-    def _logprobs_fn(self, params, tokens):
-        return self._token_logprobs(params, tokens)[0]
+    def _logprobs_fn(self, params, tokens, starts, width):
+        return self._token_logprobs(params, tokens, starts, width)[0]
 
-    def _loss_fn(self, params, batch):
+    def _loss_fn(self, params, batch, width):
         config = self.config
-        logp, entropy = self._token_logprobs(params, batch["tokens"], config.remat, True)
+        logp, entropy = self._token_logprobs(params, batch["tokens"], batch["prompt_lengths"],
+                                             width, config.remat, True)
         if config.entropy_coef == 0.0 or config.loss == "sft":
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
         if config.loss == "sft":
@@ -446,11 +469,12 @@ class Learner:
                            kl_coef=config.kl_coef, entropy=entropy,
                            entropy_coef=config.entropy_coef, row_weights=batch["row_weights"])
 
-    def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish):
+    def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish, width):
         """One micro-batch: accumulate its gradient; if `finish`, apply the mini-batch's update
         at learning rate `lr` (or skip it when the loss or gradient norm is not finite) and
         reset the accumulator."""
-        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(params, batch)
+        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(params, batch,
+                                                                              width)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), accumulator[0], grads)
         metric_sum = {k: accumulator[1][k] + metrics[k] for k in accumulator[1]}
 

@@ -5,6 +5,11 @@ logits are 5 GB per row, and their gradient as much again. `token_logprobs` comp
 chunk of positions at a time inside a scan whose body is rematerialised: the forward keeps
 only [B, T] results, and the backward recomputes one chunk's logits at a time. Each position's
 values depend on its own logits only, so chunking changes no value.
+
+Training needs them only where the response lies (a memory turn's prompt holds a chunk of
+thousands of tokens, its reply a few hundred at most), so with `starts` and `width` the LM head
+runs on a window of `width` positions from each row's first response token only, as verl
+slices the response before its log-softmax; the values there are the same.
 """
 
 from __future__ import annotations
@@ -16,20 +21,43 @@ import jax.numpy as jnp
 
 
 def token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.Array,
-                   tokens: jax.Array, chunk_tokens: int | None = None, entropy: bool = True
+                   tokens: jax.Array, chunk_tokens: int | None = None, entropy: bool = True,
+                   starts: jax.Array | None = None, width: int | None = None
                    ) -> tuple[jax.Array, jax.Array | None]:
     """hidden [B, T, D] (the model's final-norm output), tokens [B, T];
     logits_fn: hidden [B, C, D] -> logits [B, C, V] (divided by the temperature).
     Returns (logp [B, T]: log p(tokens[:, t] | tokens[:, :t]), 0 at t = 0; entropy [B, T] of
     the distribution token t was drawn from, 0 at t = 0, or None). chunk_tokens: positions
-    per chunk (None: all at once, holding [B, T, V])."""
-    b, t, d = hidden.shape
-    length = t - 1  # position i predicts token i + 1
+    per chunk (None: all at once, holding [B, T, V]). starts [B] (>= 1), width (static): only
+    positions starts[b] .. starts[b] + width - 1 (those below T) are computed, the rest are 0."""
+    b, t, _ = hidden.shape
+    if starts is None:
+        logp, ent = _positions(logits_fn, hidden[:, :-1], tokens[:, 1:], chunk_tokens, entropy)
+
+        def place(x):
+            return jnp.pad(x, ((0, 0), (1, 0)))
+    else:
+        where = starts[:, None] + jnp.arange(width)[None, :]          # [B, W] token positions
+        before = jnp.clip(where - 1, 0, t - 1)
+        h = jnp.take_along_axis(hidden, before[..., None], axis=1)     # [B, W, D]
+        y = jnp.take_along_axis(tokens, jnp.clip(where, 0, t - 1), axis=1)
+        logp, ent = _positions(logits_fn, h, y, chunk_tokens, entropy)
+        rows = jnp.broadcast_to(jnp.arange(b)[:, None], where.shape)
+
+        def place(x):  # positions past the row's end are dropped
+            return jnp.zeros((b, t), x.dtype).at[rows, where].set(x, mode="drop")
+    return place(logp), (None if ent is None else place(ent))
+
+
+def _positions(logits_fn, h, y, chunk_tokens, entropy):
+    """h [B, N, D], y [B, N] -> (log p(y) [B, N], entropy [B, N] or None), the LM head
+    applied chunk_tokens positions at a time."""
+    b, length, d = h.shape
     chunk = length if chunk_tokens is None else min(chunk_tokens, length)
     chunks = -(-length // chunk)
     pad = chunks * chunk - length
-    h = jnp.pad(hidden[:, :-1], ((0, 0), (0, pad), (0, 0)))
-    y = jnp.pad(tokens[:, 1:], ((0, 0), (0, pad)))
+    h = jnp.pad(h, ((0, 0), (0, pad), (0, 0)))
+    y = jnp.pad(y, ((0, 0), (0, pad)))
     h = h.reshape(b, chunks, chunk, d).swapaxes(0, 1)   # [chunks, B, C, D]
     y = y.reshape(b, chunks, chunk).swapaxes(0, 1)      # [chunks, B, C]
 
@@ -49,8 +77,4 @@ def token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.Arra
         logp, ent = jax.lax.map(lambda xs: jax.checkpoint(one_chunk)(*xs), (h, y))
         logp = logp.swapaxes(0, 1).reshape(b, -1)
         ent = None if ent is None else ent.swapaxes(0, 1).reshape(b, -1)
-
-    def finish(x):
-        return jnp.pad(x[:, :length], ((0, 0), (1, 0)))
-
-    return finish(logp), (None if ent is None else finish(ent))
+    return logp[:, :length], (None if ent is None else ent[:, :length])
