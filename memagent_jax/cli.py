@@ -354,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ckpt", required=True, metavar="CKPT_DIR",
                    help="a `convert` output, a training run's output directory (its newest "
                         "step), checkpoints directory or step directory, or a shipped model's "
-                        "name (memagent-tiny)")
+                        "name (memagent_jax/pretrained)")
     p.add_argument("--out", required=True, metavar="HF_DIR", help="new (or empty) directory")
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index")
@@ -412,8 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", help="the shipped memory agent reads a fresh synthetic document of any "
                          "length and answers")
-    p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
-                   help="a shipped model's name, or a model trained on the synthetic tasks")
+    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+                   help="a model trained on the synthetic tasks (docs/synthetic.md): a "
+                        "directory or a shipped model's name")
     p.add_argument("--length", default="300K",
                    help="document tokens: 300000, 300K, 1M, ... (at least one chunk)")
     p.add_argument("--task", default="multikey", help="multikey or twohop")

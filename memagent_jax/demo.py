@@ -1,4 +1,5 @@
-"""`memagent-jax demo`: the shipped memory agent reads a document nobody has seen and answers.
+"""`memagent-jax demo`: a memory agent trained on the synthetic tasks reads a document nobody
+has seen, and answers.
 
 A fresh synthetic document (`data.synthetic`: made-up text with a few facts of the same form
 at random depths; seed drawn at random unless given) of the requested length in the model's
@@ -10,6 +11,7 @@ to the truth.
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import sys
 import time
@@ -43,8 +45,12 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.memagent import MemAgentConfig
     from memagent_jax.rollout.sampling import SamplingParams
+    from tqdm import tqdm
 
     synthetic.check_task(task)
+    if not os.path.isdir(pretrained.resolve(os.path.expanduser(model))):
+        raise UserError(f"--model {model}: neither a model directory nor a shipped model "
+                        f"(shipped: {', '.join(pretrained.names()) or 'none yet'})")
     section = ModelSection(path=model)
     tokenizer = section.load_tokenizer(required=True)
     config = MemAgentConfig(**pretrained.budgets(section.path, **budgets))
@@ -62,14 +68,13 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), None,
                         policy.stop_ids)
     sample = agent.read(document.question, document.context)
-    from tqdm import tqdm
     start = time.perf_counter()
     with tqdm(total=len(sample.chunks) + 1, desc="reading", unit="turn", file=sys.stderr) as bar:
         (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0),
                                    on_turn=lambda i, turn: bar.update(1))
     seconds = time.perf_counter() - start
 
-    words = document.context.split()
+    words = document.context.split()  # the synthetic tokenizer's tokens: one a word
     for fact in document.facts:
         chunk = _first_token(words, fact.text.split()) // config.chunk_tokens + 1
         print(f"  fact in chunk {chunk:>5}: {fact.text}" + ("   <- needed" if fact.needed else ""))
@@ -81,8 +86,9 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     if len(changes) > show:
         print(f"  ... {len(changes) - show} more changes; after the last chunk: "
               f"{_abbreviate(trajectory.turns[-2].reply)}")
-    correct = trajectory.answer == document.answer
-    print(f"answer: {trajectory.answer}   truth: {document.answer}   "
+    answer = (trajectory.answer or "").strip()  # the boxed text as the model spaced it
+    correct = answer == document.answer
+    print(f"answer: {answer}   truth: {document.answer}   "
           f"({'correct' if correct else 'wrong'}; {len(trajectory.turns)} turns in "
           f"{seconds:.0f} s, {length / seconds:,.0f} tokens/s)")
     return correct

@@ -1,6 +1,6 @@
 """Models shipped inside the package, addressable by name wherever a model path is taken:
-`--model memagent-tiny` (`run`, `generate`, `demo`), `model.path: memagent-tiny` (`eval`,
-`train`), `export --ckpt memagent-tiny`.
+`--model NAME` (`run`, `generate`, `demo`), `model.path: NAME` (`eval`, `train`),
+`export --ckpt NAME`.
 
 A shipped model is a Hugging Face directory under this package (config.json,
 model.safetensors, tokenizer files, generation_config.json: it loads in `transformers` as it
@@ -8,9 +8,8 @@ is) plus `memagent.json`, the memory loop's budgets it was trained with (MemAgen
 fields), which `run` and `demo` use unless given others. A directory on disk of the same name
 takes precedence over the shipped model.
 
-memagent-tiny: a Qwen2 of 128 hidden units and 4 layers over the synthetic tasks' word-level
-tokenizer (`data.synthetic`), trained by the recipe of README's "A memory agent trained from
-scratch" (supervised warm-up, then DAPO through the memory loop).
+The synthetic recipe (docs/synthetic.md) is to produce the first, `memagent-tiny`: a Qwen2 of
+128 hidden units and 4 layers over the synthetic tasks' word-level tokenizer; none ships yet.
 """
 
 from __future__ import annotations
@@ -18,15 +17,20 @@ from __future__ import annotations
 import json
 import os
 
-NAMES = ("memagent-tiny",)
 _ROOT = os.path.dirname(os.path.abspath(__file__))
 BUDGETS_FILE = "memagent.json"
 
 
+def names() -> list[str]:
+    """The shipped models: the model directories in this package."""
+    return sorted(n for n in os.listdir(_ROOT)
+                  if os.path.isfile(os.path.join(_ROOT, n, "config.json")))
+
+
 def resolve(path: str) -> str:
-    """The directory `path` names: a shipped model's, for one of NAMES not found on disk;
-    else `path` itself."""
-    if path in NAMES and not os.path.exists(path):
+    """The directory `path` names: a shipped model's, for one of `names()` not found on
+    disk; else `path` itself."""
+    if not os.path.exists(path) and path in names():
         return os.path.join(_ROOT, path)
     return path
 

@@ -52,11 +52,12 @@ def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
         offsets.append(offset)
         offset += max((step for series in values.values() for step, _ in series), default=0)
     for panel, tag in zip(axes.flat, tags):
-        for values, start, name in zip(scalars, offsets, names):
+        for number, (values, start, name) in enumerate(zip(scalars, offsets, names)):
             series = values.get(tag, [])
-            if series:
+            if series:  # a run keeps its colour in every panel
                 panel.plot([start + s for s, _ in series], [v for _, v in series],
-                           marker="." if len(series) < 30 else None, label=name)
+                           marker="." if len(series) < 30 else None, label=name,
+                           color=f"C{number}")
             if start:
                 panel.axvline(start, color="grey", linestyle="--", linewidth=0.8)
         panel.set_title(tag)

@@ -1,0 +1,100 @@
+"""`memagent-jax demo` and models addressed by name (`memagent_jax.pretrained`): a model
+directory shipped in the package resolves by its name for `run`, `export` and `demo`, its
+recorded budgets (`memagent.json`) are the memory loop's unless flags say otherwise; the demo
+reads a fresh synthetic document and prints the memory's changes, answer and truth; bad input
+is one line. The model is a random `small` preset over the synthetic tokenizer (what it
+answers is not the point here; docs/synthetic.md trains one)."""
+
+import json
+import os
+
+import pytest
+
+from memagent_jax import pretrained
+from memagent_jax.cli import main
+from memagent_jax.data import synthetic
+from memagent_jax.data.needle import write_tokenizer
+from memagent_jax.models import preset_config, random_model, save_hf
+
+BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
+           "max_problem_tokens": 16}
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """A package directory holding one model, `tiny-agent`, as a shipped model is laid out."""
+    root = tmp_path_factory.mktemp("pretrained")
+    tokenizer = write_tokenizer(str(tmp_path_factory.mktemp("tok")), synthetic.vocabulary())
+    config = preset_config("small", dtype="float32")
+    save_hf(random_model(config, seed=0), config, str(root / "tiny-agent"),
+            tokenizer_dir=tokenizer)
+    (root / "tiny-agent" / pretrained.BUDGETS_FILE).write_text(json.dumps(BUDGETS))
+    return root
+
+
+@pytest.fixture
+def in_package(shipped, monkeypatch, tmp_path):
+    monkeypatch.setattr(pretrained, "_ROOT", str(shipped))
+    monkeypatch.chdir(tmp_path)  # no directory of that name here
+    return "tiny-agent"
+
+
+def test_a_shipped_model_resolves_by_name_and_a_directory_on_disk_comes_first(in_package,
+                                                                              tmp_path):
+    assert pretrained.names() == ["tiny-agent"]
+    assert pretrained.resolve("tiny-agent") == os.path.join(pretrained._ROOT, "tiny-agent")
+    assert pretrained.resolve("elsewhere/model") == "elsewhere/model"
+    assert pretrained.budgets(pretrained.resolve("tiny-agent"), chunk_tokens=64) == {
+        **BUDGETS, "chunk_tokens": 64}
+    (tmp_path / "tiny-agent").mkdir()
+    assert pretrained.resolve("tiny-agent") == "tiny-agent"
+
+
+def test_export_and_run_take_the_name_and_run_its_budgets(in_package, tmp_path, capsys):
+    assert main(["export", "--ckpt", in_package, "--out", str(tmp_path / "hf")]) == 0
+    assert json.loads((tmp_path / "hf" / pretrained.BUDGETS_FILE).read_text()) == BUDGETS
+    sample = synthetic.make_sample("multikey", 300, 5, 0)
+    (tmp_path / "doc.txt").write_text(sample.context)
+    capsys.readouterr()
+    assert main(["run", "--model", in_package, "--doc", str(tmp_path / "doc.txt"),
+                 "--question", sample.question, "--temperature", "0", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    # 300 tokens in chunks of 128 (the model's budget, not run's default of 5000): 3 updates
+    updates = [t for t in record["turns"] if t["kind"] == "update"]
+    assert len(updates) == 3
+    assert all(len(t["response_ids"]) <= BUDGETS["max_memory_tokens"] for t in updates)
+
+
+def test_demo_reads_a_fresh_document_and_shows_the_memory_answer_and_truth(in_package,
+                                                                          capsys):
+    assert main(["demo", "--model", in_package, "--length", "1K", "--seed", "7"]) == 0
+    out = capsys.readouterr().out
+    document = synthetic.make_sample("multikey", 1000, 7, 0)
+    assert f"question: {document.question}" in out
+    assert f"truth: {document.answer}" in out and "answer:" in out
+    assert "memory, at the turns where it changed:" in out and "after chunk     1:" in out
+    needed = [f for f in document.facts if f.needed][0]
+    chunk = (document.context.split().index(needed.text.split()[3]) - 3) // 128 + 1
+    assert f"fact in chunk {chunk:>5}: {needed.text}   <- needed" in out
+    assert "(wrong;" in out or "(correct;" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--length", "100"], "--length 100: below one chunk of 128 tokens"),
+    (["--length", "0"], "--length 0: below one chunk"),
+    (["--length", "many"], "--length: expected a number of tokens such as 300000, 300K or "
+                           "1M, got 'many'"),
+    (["--length", "2.5"], "--length: expected a number of tokens"),
+    (["--task", "needles"], "unknown synthetic task 'needles' (known: multikey, twohop)"),
+])
+def test_demo_bad_input_is_one_line(in_package, capsys, argv, message):
+    assert main(["demo", "--model", in_package, *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memagent-jax: error: " + message), err
+
+
+def test_demo_without_a_model_says_which_are_shipped(in_package, capsys):
+    assert main(["demo", "--model", "no-such-model"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "memagent-jax: error: --model no-such-model: neither a model directory nor a shipped "
+        "model (shipped: tiny-agent)")

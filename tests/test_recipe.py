@@ -1,0 +1,65 @@
+"""The synthetic recipe's steps 2 and 3 as shipped (configs/synthetic_rl.yaml, then
+configs/eval_synthetic.yaml), a couple of steps each on small data, so that CI keeps the
+recipe runnable (step 1, the supervised warm-up, is tests/test_sft.py's). The model is the
+recipe's shape (preset `small`) with random weights in place of step 1's checkpoint."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from memagent_jax.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = os.path.join(ROOT, "configs")
+
+
+@pytest.mark.slow
+def test_the_rl_config_runs_dapo_through_the_memory_loop(tmp_path):
+    data = tmp_path / "data"
+    for task in ("multikey", "twohop"):
+        assert main(["data", "synthetic", "--task", task, "--lengths", "600", "--num-samples",
+                     "8", "--layout", "train", "--seed", "3", "--out", str(data)]) == 0
+    assert main(["data", "synthetic", "--task", "twohop", "--lengths", "700", "--num-samples",
+                 "2", "--seed", "2", "--out", str(data)]) == 0
+    out = tmp_path / "run"
+    assert main(["train", "--config", os.path.join(CONFIGS, "synthetic_rl.yaml"),
+                 "model.path=null", "model.preset=small", f"model.tokenizer={data}/tokenizer",
+                 f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
+                 f"data.val={data}/eval_twohop_700.json", "validation.size=2",
+                 "validation.every=2", "steps=2", "prompts_per_step=2", "rollout.n=4",
+                 "engine.slots=8", "dynamic_sampling.enabled=false", f"output_dir={out}",
+                 "compilation_cache_dir=null"]) == 0
+    with open(out / "logs" / "steps.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records] == [1, 2]
+    for r in records:
+        assert r["rollout/trajectories"] == 8 and r["rollout/turns"] == 4  # 3 chunks + answer
+        assert np.isfinite(r["learner/loss"]) and r["learner/clip_fraction"] >= 0
+    assert "val/accuracy" in records[1]
+    assert (out / "checkpoints" / "2").is_dir()
+    # the budgets it trained with travel with the model (run and demo default to them)
+    budgets = json.loads((out / "checkpoints" / "model" / "hf_files" / "memagent.json")
+                         .read_text())
+    assert budgets == {"chunk_tokens": 256, "max_memory_tokens": 40, "max_final_tokens": 8,
+                       "max_problem_tokens": 16}
+
+
+@pytest.mark.slow
+def test_the_eval_config_tables_a_model_over_lengths(tmp_path):
+    data = tmp_path / "data"
+    assert main(["data", "synthetic", "--task", "multikey", "--lengths", "512", "2048",
+                 "--num-samples", "4", "--seed", "9", "--out", str(data)]) == 0
+    out = tmp_path / "eval"
+    assert main(["eval", "--config", os.path.join(CONFIGS, "eval_synthetic.yaml"),
+                 "model.path=null", "model.preset=small", f"model.tokenizer={data}/tokenizer",
+                 f"data.sets=[{data}/eval_multikey_512.json, {data}/eval_multikey_2048.json]",
+                 f"output_dir={out}"]) == 0
+    table = json.loads((out / "table.json").read_text())
+    assert (out / "accuracy.png").is_file()
+    assert table["columns"] == ["512", "2K"]
+    assert [(r["model"], r["method"]) for r in table["rows"]] == [("sft+rl", "memagent")]
+    for name in ("eval_multikey_512", "eval_multikey_2048"):
+        lines = (out / "samples" / f"{name}.jsonl").read_text().splitlines()
+        assert len(lines) == 4 and all(json.loads(l)["turns"] > 1 for l in lines)
