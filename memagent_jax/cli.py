@@ -135,12 +135,13 @@ def _run(args) -> None:
 
     from tqdm import tqdm
 
+    from memagent_jax import pretrained
     from memagent_jax.rollout.memagent import MemAgentConfig, read_sample
     from memagent_jax.tokenizer import load_tokenizer
 
-    from memagent_jax import pretrained
+    model_dir = None if args.url else pretrained.resolve(os.path.expanduser(args.model))
     config = _from_flags(MemAgentConfig, **pretrained.budgets(
-        "" if args.url else pretrained.resolve(args.model), chunk_tokens=args.chunk_tokens,
+        model_dir, chunk_tokens=args.chunk_tokens,
         max_memory_tokens=args.max_memory_tokens, max_final_tokens=args.max_final_tokens))
     document = _read_document(args.doc)
     if args.url:  # --model names the served model; the tokenizer chunks the document

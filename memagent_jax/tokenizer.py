@@ -11,7 +11,7 @@ from memagent_jax.models.config import ModelConfig
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def _side_dirs(model_path: str) -> list[str]:
+def side_dirs(model_path: str) -> list[str]:
     """Where a model's tokenizer/generation files live: an HF dir, or a checkpoint's copy."""
     return [model_path, side_files_dir(model_path)]
 
@@ -22,7 +22,7 @@ def load_tokenizer(model_path: str):
     tokenizer.json is loaded as written (PreTrainedTokenizerFast); AutoTokenizer would pick
     the class from config.json's model_type instead, and rebuild it from vocab/merges files.
     """
-    for directory in _side_dirs(model_path):
+    for directory in side_dirs(model_path):
         if os.path.isfile(os.path.join(directory, "tokenizer.json")):
             from transformers import PreTrainedTokenizerFast  # heavy; only for text
             return PreTrainedTokenizerFast.from_pretrained(directory)
@@ -36,7 +36,7 @@ def stop_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:
     """EOS ids from generation_config.json (Qwen2.5-Instruct lists <|im_end|> and
     <|endoftext|> there), else from config.json."""
     eos = config.extra.get("eos_token_id")
-    for directory in _side_dirs(model_path):
+    for directory in side_dirs(model_path):
         path = os.path.join(directory, "generation_config.json")
         if os.path.isfile(path):
             with open(path) as f:

@@ -35,12 +35,13 @@ def resolve(path: str) -> str:
     return path
 
 
-def budgets(model_dir: str, **given) -> dict:
+def budgets(model_dir: str | None, **given) -> dict:
     """MemAgentConfig's fields for a model: those `given` (None: not given) over those its
-    directory records (`memagent.json`, beside the weights or in a checkpoint's side files)."""
-    from memagent_jax.models.checkpoint import side_files_dir
+    directory records (`memagent.json`, beside the weights or in a checkpoint's side files;
+    none for model_dir None, a served model)."""
+    from memagent_jax.tokenizer import side_dirs
     recorded = {}
-    for directory in (model_dir, side_files_dir(model_dir)):
+    for directory in side_dirs(model_dir) if model_dir is not None else ():
         path = os.path.join(directory, BUDGETS_FILE)
         if os.path.isfile(path):
             with open(path) as f:
