@@ -42,7 +42,7 @@ def test_the_rl_config_runs_dapo_through_the_memory_loop(tmp_path):
     # the budgets it trained with travel with the model (run and demo default to them)
     budgets = json.loads((out / "checkpoints" / "model" / "hf_files" / "memagent.json")
                          .read_text())
-    assert budgets == {"chunk_tokens": 256, "max_memory_tokens": 40, "max_final_tokens": 8,
+    assert budgets == {"chunk_tokens": 256, "max_memory_tokens": 40, "max_final_tokens": 20,
                        "max_problem_tokens": 16}
 
 

@@ -15,10 +15,11 @@ from memagent_jax.data import synthetic
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.data.pipeline import Example
 from memagent_jax.models import ModelConfig, random_model
+from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import copy_trajectories, oracle_trajectory
+from memagent_jax.rl.sft import copy_trajectories, oracle_trajectory, recall_trajectories
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -115,28 +116,77 @@ def test_copy_rows_repeat_a_seeded_span_of_task_words(agent):
     assert prompts(copy_trajectories(tokenizer, 3, 5, seed=2)) != prompts(first)
 
 
-@pytest.mark.slow
-def test_the_shipped_sft_config_trains_and_validates_through_the_memory_loop(tmp_path):
-    data = tmp_path / "data"
+def test_copy_rows_of_varying_length_and_distance(agent):
+    """copy_span_min varies the span's length, copy_gap puts other words between the span and
+    its copy: the copy is then at many distances back, not one (docs/synthetic.md)."""
+    tokenizer = agent.tokenizer
+    rows = [t.turns[0] for t in copy_trajectories(tokenizer, 40, 12, seed=3, min_span=2,
+                                                   gap=30)]
+    spans = [len(turn.response_ids) - 1 for turn in rows]
+    gaps = [len(turn.prompt_ids) - span for turn, span in zip(rows, spans)]
+    for turn, span in zip(rows, spans):
+        assert turn.prompt_ids[:span] == turn.response_ids[:-1]
+    assert min(spans) >= 2 and max(spans) <= 12 and len(set(spans)) > 5
+    assert min(gaps) >= 0 and max(gaps) <= 30 and len(set(gaps)) > 10
+
+
+def test_recall_rows_repeat_seeded_facts_in_another_order(agent):
+    tokenizer = agent.tokenizer
+    first = recall_trajectories(tokenizer, 4, 6, seed=1)
+    for trajectory in first:
+        (turn,) = trajectory.turns
+        facts = lambda ids: [f.strip() for f in tokenizer.decode(ids).split(".")]  # noqa: E731
+        prompt, reply = facts(turn.prompt_ids), facts(turn.response_ids[:-1])
+        assert turn.response_ids[-1] == tokenizer.eos_token_id
+        assert sorted(prompt) == sorted(reply) and len(prompt) == 7  # 6 facts and ""
+        assert prompt != reply or len(set(prompt)) < 7
+        for fact in prompt[:-1]:  # every fact is one of the tasks' two forms
+            *form, subject, value = fact.split()
+            assert form in (["the", "code", "of"], ["the", "city", "of"])
+    same = recall_trajectories(tokenizer, 4, 6, seed=1)
+    assert [t.turns[0].response_ids for t in same] == [t.turns[0].response_ids for t in first]
+    assert (recall_trajectories(tokenizer, 4, 6, seed=2)[0].turns[0].prompt_ids
+            != first[0].turns[0].prompt_ids)
+
+
+@pytest.fixture(scope="module")
+def recipe_data(tmp_path_factory):
+    data = tmp_path_factory.mktemp("data")
     for task in synthetic.TASKS:
         assert main(["data", "synthetic", "--task", task, "--lengths", "200", "400",
                      "--num-samples", "8", "--layout", "train", "--out", str(data)]) == 0
     assert main(["data", "synthetic", "--task", "multikey", "--lengths", "1024",
                  "--num-samples", "4", "--seed", "2", "--out", str(data)]) == 0
-    out = tmp_path / "run"
-    assert main(["train", "--config", os.path.join(ROOT, "configs", "synthetic_sft.yaml"),
-                 f"model.tokenizer={data}/tokenizer",
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["synthetic_copy", "synthetic_sft", "synthetic_sft_far"])
+def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(recipe_data, name,
+                                                                           tmp_path):
+    """The recipe's supervised steps as shipped, for two steps each; steps 1 and 2 start from
+    a random model of the recipe's shape in place of the previous step's checkpoint. (Step 0's
+    256 copy rows a step are cut to 32 here, and one config validates: time.)"""
+    data, out = recipe_data, tmp_path / "run"
+    path = os.path.join(ROOT, "configs", f"{name}.yaml")
+    config = load_train_config(path)
+    start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
+    rows = min(config.learner.copy_rows, 32)
+    validate = name == "synthetic_sft_far"
+    assert main(["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
                  f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
                  f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
-                 "validation.every=2", "steps=2", "prompts_per_step=8", f"output_dir={out}",
+                 f"validation.every={2 if validate else 0}", f"learner.copy_rows={rows}",
+                 "steps=2", "prompts_per_step=4", f"output_dir={out}",
                  "compilation_cache_dir=null"]) == 0
     with open(out / "logs" / "steps.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["reward/mean"] == 1.0 for r in records)  # the oracle answers right
-    # every oracle turn (2 or 3 a document) and the config's 64 copy rows
-    assert all(8 * 2 + 64 <= r["learner/rows"] <= 8 * 3 + 64 for r in records)
+    # every oracle turn (2 or 3 a document), the config's copy rows and recall rows
+    extra = rows + config.learner.recall_rows
+    assert extra and all(4 * 2 + extra <= r["learner/rows"] <= 4 * 3 + extra for r in records)
     assert all(np.isfinite(r["learner/loss"]) for r in records)
     assert records[0]["learner/lr"] == 0.0 < records[1]["learner/lr"]  # warm-up
-    assert "val/accuracy" in records[1]
+    assert ("val/accuracy" in records[1]) == validate
     assert (out / "checkpoints" / "2").is_dir()

@@ -56,7 +56,7 @@ def test_the_vocabulary_is_a_few_thousand_disjoint_words():
 
 def test_facts_can_open_and_close_a_document():
     w = synthetic.words()
-    facts = [synthetic.Fact(f"the code of {w.keys[i]} is {w.values[i]} .", "code", i == 0)
+    facts = [synthetic.Fact(synthetic.CODE_FACT.format(w.keys[i], w.values[i]), "code", i == 0)
              for i in range(2)]
     sample = synthetic._document(random.Random(0), w, facts, [0.0, 1.0], 500, "q ?", "a")
     assert sample.context.startswith(facts[0].text) and sample.context.endswith(facts[1].text)
@@ -84,9 +84,10 @@ def test_two_hop_facts_lie_in_different_halves_in_either_order():
         middle = len(sample.context) / 2
         positions = [sample.context.index(f.text) for f in needed]
         assert positions[0] < middle <= positions[1] + len(needed[1].text)
-        city = lives.text.split()[-2]
-        assert code.text == f"the code of {city} is {sample.answer} ."
-        assert sample.question.split()[-3] == lives.text.split()[0]
+        person, city = lives.text.split()[-3:-1]
+        assert lives.text == f"the city of {person} {city} ."
+        assert code.text == f"the code of {city} {sample.answer} ."
+        assert sample.question == f"what is the code of the city of {person} ?"
         orders.add(needed[0].kind)
     assert orders == {"lives", "code"}
 
@@ -128,7 +129,7 @@ def test_the_cli_writes_sets_eval_reads_and_rows_the_trainer_reads(tmp_path, cap
     source = ExampleSource(load_source(str(out / "train_twohop.parquet")))
     assert len(source) == 4
     example = source[3]
-    assert example.question.startswith("what is the code of the city where")
+    assert example.question.startswith("what is the code of the city of")
     assert example.context == synthetic.make_sample("twohop", 600, 0, 1).context
     with open(out / "eval_multikey_512.json") as f:
         assert json.load(f)[0]["synthetic_task"] == "multikey"

@@ -8,11 +8,16 @@ makes every word and punctuation mark one token, so a document of `length` token
 that long in the model's tokens.
 
 Tasks (the question is asked about one of several facts of the same form):
-- multikey: "the code of KEY is VALUE ." for 4 keys; "what is the code of KEY ?" -> VALUE.
-- twohop: "PERSON lives in CITY ." for 3 people and "the code of CITY is VALUE ." for 3 cities;
-  "what is the code of the city where PERSON lives ?" -> VALUE. The two facts the answer needs
+- multikey: "the code of KEY VALUE ." for 4 keys; "what is the code of KEY ?" -> VALUE.
+- twohop: "the city of PERSON CITY ." for 3 people and "the code of CITY VALUE ." for 3 cities;
+  "what is the code of the city of PERSON ?" -> VALUE. The two facts the answer needs
   lie in different halves of the document, in either order: when the city's code comes first,
   a reader must keep every city's code until it learns which city matters.
+
+A fact's value follows its key with no word between: a reader finds it as the word after the
+key, which a small model trained from scratch learns as soon as it copies; with a word between
+("the code of KEY is VALUE") the small preset wrote the value after any "is" for 1,000 steps
+(docs/synthetic.md).
 
 Each sample records its facts in document order (`facts`, each with the kind of fact and
 whether the answer needs it), from which `oracle_memories` derives what an ideal memory holds
@@ -32,8 +37,8 @@ KEYS_PER_DOCUMENT = {"multikey": 4, "twohop": 3}
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"
-_FUNCTION_WORDS = ("the", "a", "of", "in", "near", "with", "and", "by", "is", "code", "lives",
-                   "what", "where", "city", "?", ".")
+_FUNCTION_WORDS = ("the", "a", "of", "in", "near", "with", "and", "by", "is", "code", "what",
+                   "city", "?", ".")
 _PATTERNS = ("the A N V the N .", "a N V near the A N .", "the N of the N V with a N .",
              "A N and A N V by the N .", "the A A N V in the N .")
 
@@ -77,10 +82,14 @@ def vocabulary() -> list[str]:
     return base(words().all())
 
 
+CODE_FACT = "the code of {} {} ."   # a key's or a city's code
+CITY_FACT = "the city of {} {} ."   # a person's city (twohop's bridge)
+
+
 @dataclasses.dataclass(frozen=True)
 class Fact:
     text: str
-    kind: str        # "code" (the code of a key or a city) or "lives" (where a person lives)
+    kind: str        # "code" (CODE_FACT) or "lives" (CITY_FACT: where a person lives)
     needed: bool     # whether the answer needs it
 
 
@@ -100,7 +109,7 @@ def check_task(task: str) -> None:
 
 def min_length(task: str) -> int:
     """The fewest tokens a document of `task` holds: its facts and one filler sentence."""
-    return {"multikey": 4 * 7, "twohop": 3 * 5 + 3 * 7}[task] + 8
+    return {"multikey": 4 * 6, "twohop": 3 * 6 + 3 * 6}[task] + 8
 
 
 def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
@@ -112,7 +121,7 @@ def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
         keys = rng.sample(w.keys, KEYS_PER_DOCUMENT[task])
         values = rng.sample(w.values, len(keys))
         asked = rng.randrange(len(keys))
-        facts = [Fact(f"the code of {k} is {v} .", "code", i == asked)
+        facts = [Fact(CODE_FACT.format(k, v), "code", i == asked)
                  for i, (k, v) in enumerate(zip(keys, values))]
         depths = [rng.random() for _ in facts]
         question, answer = f"what is the code of {keys[asked]} ?", values[asked]
@@ -121,9 +130,9 @@ def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
         people, cities = rng.sample(w.people, n), rng.sample(w.cities, n)
         values = rng.sample(w.values, n)
         asked = rng.randrange(n)
-        lives = [Fact(f"{p} lives in {c} .", "lives", i == asked)
+        lives = [Fact(CITY_FACT.format(p, c), "lives", i == asked)
                  for i, (p, c) in enumerate(zip(people, cities))]
-        codes = [Fact(f"the code of {c} is {v} .", "code", i == asked)
+        codes = [Fact(CODE_FACT.format(c, v), "code", i == asked)
                  for i, (c, v) in enumerate(zip(cities, values))]
         facts = lives + codes
         depths = [rng.random() for _ in facts]
@@ -132,7 +141,7 @@ def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
         if rng.random() < 0.5:
             early, late = late, early
         depths[asked], depths[n + asked] = early, late
-        question = f"what is the code of the city where {people[asked]} lives ?"
+        question = f"what is the code of the city of {people[asked]} ?"
         answer = values[asked]
     return _document(rng, w, facts, depths, length, question, answer)
 

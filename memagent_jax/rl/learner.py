@@ -87,9 +87,12 @@ class LearnerConfig:
     all [rows, length, vocab] (rl/logprobs.py; null: all at once).
     loss: "dapo" (the clipped policy loss, dapo.py) or "sft" (supervised warm-up on oracle
     trajectories: the token-mean negative log-likelihood of the replies, rl/sft.py; the clip,
-    KL and old-log-prob settings are then unused). copy_rows, copy_span (sft only): each step
-    also trains on copy_rows rows that repeat a random span of copy_span words
-    (`sft.copy_trajectories`).
+    KL and old-log-prob settings are then unused). copy_rows, copy_span, copy_span_min (sft
+    only): each step also trains on copy_rows rows that repeat a random span of copy_span
+    words, or of lengths drawn from [copy_span_min, copy_span], after 0 to copy_gap other
+    words (`sft.copy_trajectories`). recall_rows, recall_facts (sft only): each step also trains
+    on recall_rows rows that list recall_facts facts and repeat them in another order
+    (`sft.recall_trajectories`).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -125,15 +128,22 @@ class LearnerConfig:
     loss: Literal["dapo", "sft"] = "dapo"
     copy_rows: int = 0
     copy_span: int = 24
+    copy_span_min: int | None = None
+    copy_gap: int = 0
+    recall_rows: int = 0
+    recall_facts: int = 8
 
     def __post_init__(self):
         def fail(name, message):
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
-        at_least(self, 0, "warmup_steps", "copy_rows")
-        at_least(self, 1, "copy_span")
-        if self.copy_rows and self.loss != "sft":
-            fail("copy_rows", "copy rows are a supervised warm-up's (learner.loss: sft)")
+        at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "recall_rows")
+        at_least(self, 1, "copy_span", "copy_span_min", "recall_facts")
+        if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
+            fail("copy_span_min", f"above copy_span {self.copy_span}")
+        for key in ("copy_rows", "recall_rows"):
+            if getattr(self, key) and self.loss != "sft":
+                fail(key, "copy and recall rows are a supervised warm-up's (learner.loss: sft)")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
                  "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
         for key in ("lr", "max_grad_norm", "temperature"):

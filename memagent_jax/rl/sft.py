@@ -5,7 +5,8 @@ oracle trajectory has the agent's own turns (the same chunks, the same prompts i
 each prompt built from the previous oracle reply as the agent builds it from its own) with the
 replies an ideal memory gives: after each chunk, the facts read so far that bear on the question
 (`data.synthetic.oracle_memories`; the initial memory's words while there are none), and in the
-final turn `\\boxed{answer}`; each reply ends with the end-of-text token that stops the engine.
+final turn those facts again and `\\boxed{answer}`; each reply ends with the end-of-text token
+that stops the engine.
 
 Its rows (one per turn, as DAPO's) are trained with the token-mean negative log-likelihood of
 the replies (`learner.loss: sft`, `sft_loss`): the same rows, micro-batches, mesh, optimiser and
@@ -15,7 +16,10 @@ A model trained from scratch must first learn to copy (a key from the question, 
 the chunk, the memory from the prompt), and the oracle's rows hold a couple of copied tokens
 in a few hundred: the small preset learns no copying from them in hundreds of steps. Rows that
 repeat a random span (`copy_trajectories`, `learner.copy_rows` a step) make every reply token a
-copy; with them it copies within about a hundred steps (docs/synthetic.md).
+copy; with them it copies within about a hundred steps (docs/synthetic.md). Copying is not yet
+looking up: to write "the code of KEY VALUE" the agent must find VALUE by its KEY, and an
+oracle row asks that once in a few hundred tokens. Rows that list facts and then the same facts
+in another order (`recall_trajectories`, `learner.recall_rows` a step) ask it for every value.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.data.pipeline import Example, take
-from memagent_jax.data.synthetic import oracle_memories, words
+from memagent_jax.data.synthetic import CITY_FACT, CODE_FACT, oracle_memories, words
 from memagent_jax.errors import UserError
 from memagent_jax.rl.collect import RolloutBatch, rollout_stats, score
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
@@ -56,11 +60,16 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     tokenizer, prompts = agent.tokenizer, agent.prompts
     sample = agent.read(example.question, example.context, strict=False)
     texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
+    facts_read = oracle_memories(texts, facts)
     memories = [tokenizer(m, add_special_tokens=False)["input_ids"] if m
-                else list(prompts.initial_memory) for m in oracle_memories(texts, facts)]
+                else list(prompts.initial_memory) for m in facts_read]
     end = tokenizer.eos_token_id if tokenizer.eos_token_id in agent.stop_ids else (
         agent.stop_ids[0])
-    answer = f"\\boxed{{{example.ground_truths[0]}}}"
+    # The final reply restates the facts it answers from before the boxed answer: the answer is
+    # then a copy of a word a few tokens back, not of one found in the prompt with nothing
+    # pointing at it (docs/synthetic.md). The verifier reads only the box.
+    answer = " ".join([facts_read[-1].replace("\n", " "),
+                       f"\\boxed{{{example.ground_truths[0]}}}"]).strip()
     replies = memories + [tokenizer(answer, add_special_tokens=False)["input_ids"]]
     trajectory = Trajectory(example.question)
     workflow = memory_turns(sample.chunks, prompts.initial_memory)
@@ -76,17 +85,48 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     return trajectory
 
 
-def copy_trajectories(tokenizer, count: int, span: int, seed: int) -> list[Trajectory]:
-    """`count` one-turn trajectories: the prompt is `span` words drawn (by `seed`) from the
-    synthetic tasks' vocabulary, the reply the same words and the end-of-text token."""
+def copy_trajectories(tokenizer, count: int, span: int, seed: int,
+                      min_span: int | None = None, gap: int = 0) -> list[Trajectory]:
+    """`count` one-turn trajectories: the prompt is a span of words drawn (by `seed`) from the
+    synthetic tasks' vocabulary, then (gap > 0) 0 to `gap` more random words, the reply the span
+    again and the end-of-text token. Spans are `span` words, or of lengths drawn from
+    [min_span, span]: with one length the copy is always the same distance back, which a model
+    can learn as a position rather than by matching words, and then it does not look anything
+    up; the gap makes the copy as far back as a memory update's (docs/synthetic.md)."""
     rng = np.random.default_rng(seed)
     ids = np.asarray(tokenizer.convert_tokens_to_ids(words().all()))
     trajectories = []
     for _ in range(count):
-        span_ids = rng.choice(ids, span).tolist()
+        length = span if min_span is None else int(rng.integers(min_span, span + 1))
+        span_ids = rng.choice(ids, length).tolist()
+        filler = rng.choice(ids, int(rng.integers(0, gap + 1))).tolist() if gap else []
         reply = [*span_ids, tokenizer.eos_token_id]
-        trajectories.append(Trajectory("", [Turn("copy", span_ids, reply, [0.0] * len(reply),
-                                                 "stop", "")]))
+        trajectories.append(Trajectory("", [Turn("copy", span_ids + filler, reply,
+                                                 [0.0] * len(reply), "stop", "")]))
+    return trajectories
+
+
+def recall_trajectories(tokenizer, count: int, facts: int, seed: int) -> list[Trajectory]:
+    """`count` one-turn trajectories: the prompt is `facts` fact sentences of the synthetic
+    tasks' forms (a key's or a city's code, a person's city) with words drawn by `seed`, the
+    reply the same sentences in another order and the end-of-text token: each fact's value is
+    found only by its key."""
+    rng = np.random.default_rng(seed)
+    w = words()
+    forms = [(CODE_FACT, w.keys, w.values), (CITY_FACT, w.people, w.cities),
+             (CODE_FACT, w.cities, w.values)]
+    trajectories = []
+    for _ in range(count):
+        sentences = []
+        for _ in range(facts):
+            form, subjects, objects = forms[rng.integers(len(forms))]
+            sentences.append(form.format(rng.choice(subjects), rng.choice(objects)))
+        prompt = tokenizer(" ".join(sentences), add_special_tokens=False)["input_ids"]
+        reordered = [sentences[i] for i in rng.permutation(facts)]
+        reply = [*tokenizer(" ".join(reordered), add_special_tokens=False)["input_ids"],
+                 tokenizer.eos_token_id]
+        trajectories.append(Trajectory("", [Turn("recall", prompt, reply,
+                                                 [0.0] * len(reply), "stop", "")]))
     return trajectories
 
 

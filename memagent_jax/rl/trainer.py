@@ -55,7 +55,7 @@ from memagent_jax.rl.collect import collect_batch, score
 from memagent_jax.rl.config import TrainConfig, check_devices
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import copy_trajectories, oracle_batch
+from memagent_jax.rl.sft import copy_trajectories, oracle_batch, recall_trajectories
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.agent import build_agent, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
@@ -224,9 +224,14 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
-                groups = groups + [[t] for t in copy_trajectories(
-                    self.agent.tokenizer, config.learner.copy_rows, config.learner.copy_span,
-                    seed=config.seed * 1_000_003 + step)]
+                seed = config.seed * 1_000_003 + step
+                groups = groups + [[t] for t in [
+                    *copy_trajectories(self.agent.tokenizer, config.learner.copy_rows,
+                                       config.learner.copy_span, seed,
+                                       config.learner.copy_span_min,
+                                       config.learner.copy_gap),
+                    *recall_trajectories(self.agent.tokenizer, config.learner.recall_rows,
+                                         config.learner.recall_facts, seed)]]
                 advantages = np.ones(sum(len(g) for g in groups))
             else:
                 advantages = self.compute_advantages(step, batch.rewards)
