@@ -90,8 +90,8 @@ class LearnerConfig:
     KL and old-log-prob settings are then unused). copy_rows, copy_span, copy_span_min,
     copy_gap (sft only): each step also trains on copy_rows rows that repeat a random span of
     copy_span words, or of lengths drawn from [copy_span_min, copy_span], after 0 to copy_gap
-    other words (`sft.copy_trajectories`). recall_rows, recall_facts (sft only): each step also trains
-    on recall_rows rows that list recall_facts facts and repeat them in another order
+    other words (`sft.copy_trajectories`). recall_rows, recall_facts (sft only): each step also
+    trains on recall_rows rows that list recall_facts facts and repeat them in another order
     (`sft.recall_trajectories`).
     """
     SECTION: ClassVar[str] = "learner"
