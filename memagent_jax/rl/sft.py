@@ -100,9 +100,7 @@ def copy_trajectories(tokenizer, count: int, span: int, seed: int,
         length = span if min_span is None else int(rng.integers(min_span, span + 1))
         span_ids = rng.choice(ids, length).tolist()
         filler = rng.choice(ids, int(rng.integers(0, gap + 1))).tolist() if gap else []
-        reply = [*span_ids, tokenizer.eos_token_id]
-        trajectories.append(Trajectory("", [Turn("copy", span_ids + filler, reply,
-                                                 [0.0] * len(reply), "stop", "")]))
+        trajectories.append(_one_turn("copy", span_ids + filler, span_ids, tokenizer))
     return trajectories
 
 
@@ -121,13 +119,17 @@ def recall_trajectories(tokenizer, count: int, facts: int, seed: int) -> list[Tr
         for _ in range(facts):
             form, subjects, objects = forms[rng.integers(len(forms))]
             sentences.append(form.format(rng.choice(subjects), rng.choice(objects)))
-        prompt = tokenizer(" ".join(sentences), add_special_tokens=False)["input_ids"]
         reordered = [sentences[i] for i in rng.permutation(facts)]
-        reply = [*tokenizer(" ".join(reordered), add_special_tokens=False)["input_ids"],
-                 tokenizer.eos_token_id]
-        trajectories.append(Trajectory("", [Turn("recall", prompt, reply,
-                                                 [0.0] * len(reply), "stop", "")]))
+        prompt, reply = (tokenizer(" ".join(text), add_special_tokens=False)["input_ids"]
+                         for text in (sentences, reordered))
+        trajectories.append(_one_turn("recall", prompt, reply, tokenizer))
     return trajectories
+
+
+def _one_turn(kind: str, prompt: list[int], reply: list[int], tokenizer) -> Trajectory:
+    """A trajectory of one turn that replies `reply` and the end-of-text token to `prompt`."""
+    reply = [*reply, tokenizer.eos_token_id]
+    return Trajectory("", [Turn(kind, prompt, reply, [0.0] * len(reply), "stop", "")])
 
 
 def oracle_batch(agent: MemoryAgent, iterator, prompts: int, reward: str) -> RolloutBatch:

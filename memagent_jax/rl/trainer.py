@@ -224,14 +224,13 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
+                learner, tokenizer = config.learner, self.agent.tokenizer
                 seed = config.seed * 1_000_003 + step
-                groups = groups + [[t] for t in [
-                    *copy_trajectories(self.agent.tokenizer, config.learner.copy_rows,
-                                       config.learner.copy_span, seed,
-                                       config.learner.copy_span_min,
-                                       config.learner.copy_gap),
-                    *recall_trajectories(self.agent.tokenizer, config.learner.recall_rows,
-                                         config.learner.recall_facts, seed)]]
+                extra = (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
+                                           learner.copy_span_min, learner.copy_gap)
+                         + recall_trajectories(tokenizer, learner.recall_rows,
+                                               learner.recall_facts, seed))
+                groups = groups + [[t] for t in extra]
                 advantages = np.ones(sum(len(g) for g in groups))
             else:
                 advantages = self.compute_advantages(step, batch.rewards)
