@@ -1,7 +1,7 @@
-"""The synthetic recipe's steps 2 and 3 as shipped (configs/synthetic_rl.yaml, then
+"""The synthetic recipe's steps 4 and 5 as shipped (configs/synthetic_rl.yaml, then
 configs/eval_synthetic.yaml), a couple of steps each on small data, so that CI keeps the
-recipe runnable (step 1, the supervised warm-up, is tests/test_sft.py's). The model is the
-recipe's shape (preset `small`) with random weights in place of step 1's checkpoint."""
+recipe runnable (steps 0-3, the supervised warm-up, are tests/test_sft.py's). The model is the
+recipe's shape (preset `small`) with random weights in place of step 3's checkpoint."""
 
 import json
 import os

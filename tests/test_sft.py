@@ -119,18 +119,28 @@ def test_copy_rows_repeat_a_seeded_span_of_task_words(agent):
     assert prompts(copy_trajectories(tokenizer, 3, 5, seed=2)) != prompts(first)
 
 
-def test_copy_rows_of_varying_length_and_distance(agent):
-    """copy_span_min varies the span's length, copy_gap puts other words between the span and
-    its copy: the copy is then at many distances back, not one (docs/synthetic.md)."""
+def test_copy_rows_of_varying_length_position_and_distance(agent):
+    """copy_span_min varies the span's length, copy_prefix puts other words before the span and
+    copy_gap between the span and its copy: the copy is then at many positions and distances
+    back, not one (docs/synthetic.md)."""
     tokenizer = agent.tokenizer
     rows = [t.turns[0] for t in copy_trajectories(tokenizer, 40, 12, seed=3, min_span=2,
-                                                   gap=30)]
-    spans = [len(turn.response_ids) - 1 for turn in rows]
-    gaps = [len(turn.prompt_ids) - span for turn, span in zip(rows, spans)]
+                                                   gap=30, prefix=20)]
+    spans = [turn.response_ids[:-1] for turn in rows]
+    starts = []
     for turn, span in zip(rows, spans):
-        assert turn.prompt_ids[:span] == turn.response_ids[:-1]
-    assert min(spans) >= 2 and max(spans) <= 12 and len(set(spans)) > 5
-    assert min(gaps) >= 0 and max(gaps) <= 30 and len(set(gaps)) > 10
+        prompt = turn.prompt_ids
+        found = [i for i in range(len(prompt) - len(span) + 1)
+                 if prompt[i:i + len(span)] == span]
+        assert found, "the reply is not a span of the prompt"
+        starts.append(found[0])
+    gaps = [len(turn.prompt_ids) - start - len(span)
+            for turn, start, span in zip(rows, starts, spans)]
+    lengths = [len(span) for span in spans]
+    assert min(lengths) >= 2 and max(lengths) <= 12 and len(set(lengths)) > 5
+    assert min(starts) >= 0 and max(starts) <= 20 and len(set(starts)) > 10
+    assert min(gaps) >= 0 and max(gaps) <= 30 and len(set(gaps)) > 8
+    assert sum(g <= 2 for g in gaps) >= 10, "short gaps (the final turn's copies) are rare"
 
 
 def test_recall_rows_repeat_seeded_facts_in_another_order(agent):
@@ -163,25 +173,32 @@ def recipe_data(tmp_path_factory):
     return data
 
 
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    """One compilation cache for the recipe's configs: they train the same shapes."""
+    return tmp_path_factory.mktemp("jax_cache")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["synthetic_copy", "synthetic_sft", "synthetic_sft_far"])
-def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(recipe_data, name,
-                                                                           tmp_path):
-    """The recipe's supervised steps as shipped, for two steps each; steps 1 and 2 start from
-    a random model of the recipe's shape in place of the previous step's checkpoint. (Step 0's
+@pytest.mark.parametrize("name", ["synthetic_copy", "synthetic_sft", "synthetic_sft_far",
+                                  "synthetic_sft_anywhere"])
+def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
+        recipe_data, compile_cache, name, tmp_path):
+    """The recipe's supervised steps as shipped, for two steps each; steps 1-3 start from a
+    random model of the recipe's shape in place of the previous step's checkpoint. (Step 0's
     256 copy rows a step are cut to 32 here, and one config validates: time.)"""
     data, out = recipe_data, tmp_path / "run"
     path = os.path.join(ROOT, "configs", f"{name}.yaml")
     config = load_train_config(path)
     start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
     rows = min(config.learner.copy_rows, 32)
-    validate = name == "synthetic_sft_far"
+    validate = name == "synthetic_sft_anywhere"
     assert main(["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
                  f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
                  f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
                  f"validation.every={2 if validate else 0}", f"learner.copy_rows={rows}",
                  "steps=2", "prompts_per_step=4", f"output_dir={out}",
-                 "compilation_cache_dir=null"]) == 0
+                 f"compilation_cache_dir={compile_cache}"]) == 0
     with open(out / "logs" / "steps.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]

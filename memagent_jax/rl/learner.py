@@ -88,9 +88,10 @@ class LearnerConfig:
     loss: "dapo" (the clipped policy loss, dapo.py) or "sft" (supervised warm-up on oracle
     trajectories: the token-mean negative log-likelihood of the replies, rl/sft.py; the clip,
     KL and old-log-prob settings are then unused). copy_rows, copy_span, copy_span_min,
-    copy_gap (sft only): each step also trains on copy_rows rows that repeat a random span of
-    copy_span words, or of lengths drawn from [copy_span_min, copy_span], after 0 to copy_gap
-    other words (`sft.copy_trajectories`). recall_rows, recall_facts (sft only): each step also
+    copy_gap, copy_prefix (sft only): each step also trains on copy_rows rows that repeat a
+    random span of copy_span words, or of lengths drawn from [copy_span_min, copy_span], that
+    follows 0 to copy_prefix random words and is followed by 0 to copy_gap (lengths and gaps
+    drawn log-uniformly; `sft.copy_trajectories`). recall_rows, recall_facts (sft only): each step also
     trains on recall_rows rows that list recall_facts facts and repeat them in another order
     (`sft.recall_trajectories`).
     """
@@ -130,6 +131,7 @@ class LearnerConfig:
     copy_span: int = 24
     copy_span_min: int | None = None
     copy_gap: int = 0
+    copy_prefix: int = 0
     recall_rows: int = 0
     recall_facts: int = 8
 
@@ -137,7 +139,8 @@ class LearnerConfig:
         def fail(name, message):
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
-        at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "recall_rows")
+        at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "copy_prefix",
+                 "recall_rows")
         at_least(self, 1, "copy_span", "copy_span_min", "recall_facts")
         if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
             fail("copy_span_min", f"above copy_span {self.copy_span}")

@@ -85,22 +85,29 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     return trajectory
 
 
-def copy_trajectories(tokenizer, count: int, span: int, seed: int,
-                      min_span: int | None = None, gap: int = 0) -> list[Trajectory]:
-    """`count` one-turn trajectories: the prompt is a span of words drawn (by `seed`) from the
-    synthetic tasks' vocabulary, then (gap > 0) 0 to `gap` more random words, the reply the span
-    again and the end-of-text token. Spans are `span` words, or of lengths drawn from
-    [min_span, span]: with one length the copy is always the same distance back, which a model
-    can learn as a position rather than by matching words, and then it does not look anything
-    up; the gap makes the copy as far back as a memory update's (docs/synthetic.md)."""
+def copy_trajectories(tokenizer, count: int, span: int, seed: int, min_span: int | None = None,
+                      gap: int = 0, prefix: int = 0) -> list[Trajectory]:
+    """`count` one-turn trajectories: the prompt is 0 to `prefix` random words of the synthetic
+    tasks' vocabulary (drawn by `seed`, uniformly many), a span of such words, then 0 to `gap`
+    more; the reply is the span again and the end-of-text token. Spans are `span` words, or of
+    lengths drawn from [min_span, span]. Lengths and gaps are drawn log-uniformly (as many of
+    0-10 words as of 10-100). Each of the three varies so that the copy is not at one place:
+    with one length the model learned to copy from a fixed distance back, with every span at
+    the row's start to copy from the sequence's start, and with uniform lengths and gaps
+    (copies less than ~12 words back rare) never to copy from that near, which is where a final
+    turn's memory lies; none of these looks anything up. The long gaps put the copy as far
+    back as a memory update's (docs/synthetic.md)."""
     rng = np.random.default_rng(seed)
     ids = np.asarray(tokenizer.convert_tokens_to_ids(words().all()))
     trajectories = []
     for _ in range(count):
-        length = span if min_span is None else int(rng.integers(min_span, span + 1))
+        length = (span if min_span is None else
+                  int(np.exp(rng.uniform(np.log(min_span), np.log(span + 1)))))
+        before = rng.choice(ids, int(rng.integers(0, prefix + 1))).tolist() if prefix else []
         span_ids = rng.choice(ids, length).tolist()
-        filler = rng.choice(ids, int(rng.integers(0, gap + 1))).tolist() if gap else []
-        trajectories.append(_one_turn("copy", span_ids + filler, span_ids, tokenizer))
+        after = (rng.choice(ids, int(np.expm1(rng.uniform(0, np.log1p(gap + 1))))).tolist()
+                 if gap else [])
+        trajectories.append(_one_turn("copy", before + span_ids + after, span_ids, tokenizer))
     return trajectories
 
 

@@ -227,7 +227,8 @@ class Trainer:
                 learner, tokenizer = config.learner, self.agent.tokenizer
                 seed = config.seed * 1_000_003 + step
                 extra = (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
-                                           learner.copy_span_min, learner.copy_gap)
+                                           learner.copy_span_min, learner.copy_gap,
+                                           learner.copy_prefix)
                          + recall_trajectories(tokenizer, learner.recall_rows,
                                                learner.recall_facts, seed))
                 groups = groups + [[t] for t in extra]
