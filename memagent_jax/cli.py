@@ -413,9 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("demo", help="the shipped memory agent reads a fresh synthetic document of any "
                          "length and answers")
-    p.add_argument("--model", required=True, metavar="NAME_OR_PATH",
+    p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
                    help="a model trained on the synthetic tasks (docs/synthetic.md): a "
-                        "directory or a shipped model's name")
+                        "directory or a shipped model's name (default: memagent-tiny)")
     p.add_argument("--length", default="300K",
                    help="document tokens: 300000, 300K, 1M, ... (at least one chunk)")
     p.add_argument("--task", default="multikey", help="multikey or twohop")
