@@ -8,8 +8,8 @@ is) plus `memagent.json`, the memory loop's budgets it was trained with (MemAgen
 fields), which `run` and `demo` use unless given others. A directory on disk of the same name
 takes precedence over the shipped model.
 
-The synthetic recipe (docs/synthetic.md) is to produce the first, `memagent-tiny`: a Qwen2 of
-128 hidden units and 4 layers over the synthetic tasks' word-level tokenizer; none ships yet.
+`memagent-tiny` is the synthetic recipe's DAPO model (docs/synthetic.md): a Qwen2 of 128
+hidden units and 4 layers over the synthetic tasks' word-level tokenizer, `demo`'s default.
 """
 
 from __future__ import annotations
