@@ -185,18 +185,19 @@ def compile_cache(tmp_path_factory):
 def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         recipe_data, compile_cache, name, tmp_path):
     """The recipe's supervised steps as shipped, for two steps each; steps 1-3 start from a
-    random model of the recipe's shape in place of the previous step's checkpoint. (Step 0's
-    256 copy rows a step are cut to 32 here, and one config validates: time.)"""
+    random model of the recipe's shape in place of the previous step's checkpoint. (Copy and
+    recall rows are cut to 8 a step here, and one config validates: time.)"""
     data, out = recipe_data, tmp_path / "run"
     path = os.path.join(ROOT, "configs", f"{name}.yaml")
     config = load_train_config(path)
     start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
-    rows = min(config.learner.copy_rows, 32)
+    copies, recalls = min(config.learner.copy_rows, 8), min(config.learner.recall_rows, 8)
     validate = name == "synthetic_sft_anywhere"
     assert main(["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
                  f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
                  f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
-                 f"validation.every={2 if validate else 0}", f"learner.copy_rows={rows}",
+                 f"validation.every={2 if validate else 0}", f"learner.copy_rows={copies}",
+                 f"learner.recall_rows={recalls}",
                  "steps=2", "prompts_per_step=4", f"output_dir={out}",
                  f"compilation_cache_dir={compile_cache}"]) == 0
     with open(out / "logs" / "steps.jsonl") as f:
@@ -204,7 +205,7 @@ def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["reward/mean"] == 1.0 for r in records)  # the oracle answers right
     # every oracle turn (2 or 3 a document), the config's copy rows and recall rows
-    extra = rows + config.learner.recall_rows
+    extra = copies + recalls
     assert extra and all(4 * 2 + extra <= r["learner/rows"] <= 4 * 3 + extra for r in records)
     assert all(np.isfinite(r["learner/loss"]) for r in records)
     assert records[0]["learner/lr"] == 0.0 < records[1]["learner/lr"]  # warm-up
