@@ -19,7 +19,7 @@ CONFIGS = os.path.join(ROOT, "configs")
 def test_the_rl_config_runs_dapo_through_the_memory_loop(tmp_path):
     data = tmp_path / "data"
     for task in ("multikey", "twohop"):
-        assert main(["data", "synthetic", "--task", task, "--lengths", "600", "--num-samples",
+        assert main(["data", "synthetic", "--task", task, "--lengths", "400", "--num-samples",
                      "8", "--layout", "train", "--seed", "3", "--out", str(data)]) == 0
     assert main(["data", "synthetic", "--task", "twohop", "--lengths", "700", "--num-samples",
                  "2", "--seed", "2", "--out", str(data)]) == 0
@@ -35,7 +35,7 @@ def test_the_rl_config_runs_dapo_through_the_memory_loop(tmp_path):
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]
     for r in records:
-        assert r["rollout/trajectories"] == 8 and r["rollout/turns"] == 4  # 3 chunks + answer
+        assert r["rollout/trajectories"] == 8 and r["rollout/turns"] == 3  # 2 chunks + answer
         assert np.isfinite(r["learner/loss"]) and r["learner/clip_fraction"] >= 0
     assert "val/accuracy" in records[1]
     assert (out / "checkpoints" / "2").is_dir()
