@@ -91,9 +91,9 @@ class LearnerConfig:
     copy_gap, copy_prefix (sft only): each step also trains on copy_rows rows that repeat a
     random span of copy_span words, or of lengths drawn from [copy_span_min, copy_span], that
     follows 0 to copy_prefix random words and is followed by 0 to copy_gap (lengths and gaps
-    drawn log-uniformly; `sft.copy_trajectories`). recall_rows, recall_facts (sft only): each step also
-    trains on recall_rows rows that list recall_facts facts and repeat them in another order
-    (`sft.recall_trajectories`).
+    drawn log-uniformly; `sft.copy_trajectories`). recall_rows, recall_facts (sft only): each
+    step also trains on recall_rows rows that list recall_facts facts and repeat them in
+    another order (`sft.recall_trajectories`).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
