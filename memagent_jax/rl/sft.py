@@ -133,6 +133,14 @@ def recall_trajectories(tokenizer, count: int, facts: int, seed: int) -> list[Tr
     return trajectories
 
 
+def warmup_trajectories(tokenizer, learner, seed: int) -> list[Trajectory]:
+    """The copy and recall rows a supervised step trains beside its oracle trajectories, drawn
+    by `seed`, as `learner` (a LearnerConfig: copy_* and recall_* settings) asks for them."""
+    return (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
+                              learner.copy_span_min, learner.copy_gap, learner.copy_prefix)
+            + recall_trajectories(tokenizer, learner.recall_rows, learner.recall_facts, seed))
+
+
 def _one_turn(kind: str, prompt: list[int], reply: list[int], tokenizer) -> Trajectory:
     """A trajectory of one turn that replies `reply` and the end-of-text token to `prompt`."""
     reply = [*reply, tokenizer.eos_token_id]

@@ -55,7 +55,7 @@ from memagent_jax.rl.collect import collect_batch, score
 from memagent_jax.rl.config import TrainConfig, check_devices
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import copy_trajectories, oracle_batch, recall_trajectories
+from memagent_jax.rl.sft import oracle_batch, warmup_trajectories
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.agent import build_agent, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
@@ -224,13 +224,8 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
-                learner, tokenizer = config.learner, self.agent.tokenizer
-                seed = config.seed * 1_000_003 + step
-                extra = (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
-                                           learner.copy_span_min, learner.copy_gap,
-                                           learner.copy_prefix)
-                         + recall_trajectories(tokenizer, learner.recall_rows,
-                                               learner.recall_facts, seed))
+                extra = warmup_trajectories(self.agent.tokenizer, config.learner,
+                                            seed=config.seed * 1_000_003 + step)
                 groups = groups + [[t] for t in extra]
                 advantages = np.ones(sum(len(g) for g in groups))
             else:
