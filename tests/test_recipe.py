@@ -1,7 +1,8 @@
 """The synthetic recipe's steps 4 and 5 as shipped (configs/synthetic_rl.yaml, then
 configs/eval_synthetic.yaml), a couple of steps each on small data, so that CI keeps the
 recipe runnable (steps 0-3, the supervised warm-up, are tests/test_sft.py's). The model is the
-recipe's shape (preset `small`) with random weights in place of step 3's checkpoint."""
+recipe's shape (preset `small`) with random weights in place of step 3's checkpoint; training
+runs on one CPU device as the recipe does, in a process of its own (this one has 8)."""
 
 import json
 import os
@@ -10,6 +11,8 @@ import numpy as np
 import pytest
 
 from memagent_jax.cli import main
+
+from tests import multiprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -24,13 +27,15 @@ def test_the_rl_config_runs_dapo_through_the_memory_loop(tmp_path):
     assert main(["data", "synthetic", "--task", "twohop", "--lengths", "700", "--num-samples",
                  "2", "--seed", "2", "--out", str(data)]) == 0
     out = tmp_path / "run"
-    assert main(["train", "--config", os.path.join(CONFIGS, "synthetic_rl.yaml"),
-                 "model.path=null", "model.preset=small", f"model.tokenizer={data}/tokenizer",
-                 f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
-                 f"data.val={data}/eval_twohop_700.json", "validation.size=2",
-                 "validation.every=2", "steps=2", "prompts_per_step=2", "rollout.n=4",
-                 "engine.slots=8", "dynamic_sampling.enabled=false", f"output_dir={out}",
-                 "compilation_cache_dir=null"]) == 0
+    (run,) = multiprocess.wait(multiprocess.start(
+        ["train", "--config", os.path.join(CONFIGS, "synthetic_rl.yaml"), "model.path=null",
+         "model.preset=small", f"model.tokenizer={data}/tokenizer",
+         f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
+         f"data.val={data}/eval_twohop_700.json", "validation.size=2", "validation.every=2",
+         "steps=2", "prompts_per_step=2", "rollout.n=4", "engine.slots=8",
+         "dynamic_sampling.enabled=false", f"output_dir={out}", "compilation_cache_dir=null"],
+        num_processes=1, devices=1), timeout_s=300)
+    assert run.returncode == 0, run.stderr[-4000:]
     with open(out / "logs" / "steps.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]

@@ -25,6 +25,8 @@ from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer
 
+from tests import multiprocess
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8)
@@ -178,22 +180,25 @@ def recipe_data(tmp_path_factory):
                                   "synthetic_sft_anywhere"])
 def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         recipe_data, name, tmp_path):
-    """The recipe's supervised steps as shipped, for two steps each; steps 1-3 start from a
-    random model of the recipe's shape in place of the previous step's checkpoint. (Copy and
-    recall rows are cut to 8 a step here, and one config validates: time.)"""
+    """The recipe's supervised steps as shipped, for two steps each, on one CPU device as the
+    recipe runs (a process of its own: this one has 8); steps 1-3 start from a random model
+    of the recipe's shape in place of the previous step's checkpoint. (Copy and recall rows
+    are cut to 8 a step here, and one config validates: time.)"""
     data, out = recipe_data, tmp_path / "run"
     path = os.path.join(ROOT, "configs", f"{name}.yaml")
     config = load_train_config(path)
     start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
     copies, recalls = min(config.learner.copy_rows, 8), min(config.learner.recall_rows, 8)
     validate = name == "synthetic_sft_anywhere"
-    assert main(["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
-                 f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
-                 f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
-                 f"validation.every={2 if validate else 0}", f"learner.copy_rows={copies}",
-                 f"learner.recall_rows={recalls}",
-                 "steps=2", "prompts_per_step=2", f"output_dir={out}",
-                 "compilation_cache_dir=null"]) == 0
+    (run,) = multiprocess.wait(multiprocess.start(
+        ["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
+         f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
+         f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
+         f"validation.every={2 if validate else 0}", f"learner.copy_rows={copies}",
+         f"learner.recall_rows={recalls}", "steps=2", "prompts_per_step=2",
+         f"output_dir={out}", "compilation_cache_dir=null"],
+        num_processes=1, devices=1), timeout_s=300)
+    assert run.returncode == 0, run.stderr[-4000:]
     with open(out / "logs" / "steps.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]
