@@ -19,7 +19,8 @@ from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import copy_trajectories, oracle_trajectory, recall_trajectories
+from memagent_jax.rl.sft import (copy_trajectories, filler_trajectories, oracle_trajectory,
+                                 recall_trajectories)
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -164,6 +165,38 @@ def test_recall_rows_repeat_seeded_facts_in_another_order(agent):
             != first[0].turns[0].prompt_ids)
 
 
+def test_filler_rows_are_update_turns_without_a_fact_that_keep_the_oracles_memory(agent):
+    tokenizer, prompts = agent.tokenizer, agent.prompts
+    rows = filler_trajectories(agent, 40, seed=3)
+    kept = 0
+    for trajectory in rows:
+        (turn,) = trajectory.turns
+        assert turn.kind == "update" and turn.response_ids[-1] == tokenizer.eos_token_id
+        memory = turn.response_ids[:-1]
+        problem = agent.read(trajectory.problem, "a", strict=False).problem_ids
+        # the prompt is the agent's update prompt around this memory and one chunk
+        without = prompts.update(problem, memory, [])
+        at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, without)) if a != b)
+        chunk = turn.prompt_ids[at:at + len(turn.prompt_ids) - len(without)]
+        assert turn.prompt_ids[:at] + turn.prompt_ids[at + len(chunk):] == without
+        assert len(chunk) == BUDGETS.chunk_tokens
+        assert not {"code", "city"} & set(tokenizer.decode(chunk).split())  # no fact in it
+        if memory == list(prompts.initial_memory):
+            continue
+        kept += 1
+        facts = [f.split() for f in tokenizer.decode(memory).split(".") if f.strip()]
+        if trajectory.problem.startswith("what is the code of") and "city" not in (
+                trajectory.problem):  # multikey: the asked key's fact and nothing else
+            key = trajectory.problem.split()[-2]
+            assert len(facts) == 1 and facts[0][:4] == ["the", "code", "of", key]
+        assert all(f[:3] in (["the", "code", "of"], ["the", "city", "of"]) for f in facts)
+    assert 10 <= kept <= 30  # empty memories and kept facts both occur
+    again = filler_trajectories(agent, 40, seed=3)
+    assert [t.turns[0].prompt_ids for t in again] == [t.turns[0].prompt_ids for t in rows]
+    other = filler_trajectories(agent, 40, seed=4)
+    assert [t.turns[0].prompt_ids for t in other] != [t.turns[0].prompt_ids for t in rows]
+
+
 @pytest.fixture(scope="module")
 def recipe_data(tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
@@ -177,11 +210,11 @@ def recipe_data(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["synthetic_copy", "synthetic_sft", "synthetic_sft_far",
-                                  "synthetic_sft_anywhere"])
+                                  "synthetic_sft_anywhere", "synthetic_sft_late"])
 def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         recipe_data, name, tmp_path):
     """The recipe's supervised steps as shipped, for two steps each, on one CPU device as the
-    recipe runs (a process of its own: this one has 8); steps 1-3 start from a random model
+    recipe runs (a process of its own: this one has 8); steps 1-4 start from a random model
     of the recipe's shape in place of the previous step's checkpoint. (Copy and recall rows
     are cut to 8 a step here, and one config validates: time.)"""
     data, out = recipe_data, tmp_path / "run"

@@ -110,8 +110,10 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.lr=-1"], "learner.lr: must be positive"),
     (["engine.prefill_rows=0"], "engine.prefill_rows: must be at least 1"),
     (["model.attention=flash"], "model.attention: must be one of"),
-    (["learner.copy_rows=8"], "learner.copy_rows: copy and recall rows are a supervised"),
-    (["learner.recall_rows=8"], "learner.recall_rows: copy and recall rows are a supervised"),
+    (["learner.copy_rows=8"], "learner.copy_rows: copy, recall and filler rows are a super"),
+    (["learner.recall_rows=8"], "learner.recall_rows: copy, recall and filler rows are a"),
+    (["learner.filler_rows=8"], "learner.filler_rows: copy, recall and filler rows are a"),
+    (["learner.filler_rows=-1"], "learner.filler_rows: must be at least 0"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):

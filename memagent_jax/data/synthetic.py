@@ -146,6 +146,13 @@ def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
     return _document(rng, w, facts, depths, length, question, answer)
 
 
+def filler_text(length: int, seed: int, index: int) -> str:
+    """Text `index` of (length, seed): `length` tokens of the documents' filler sentences and
+    no fact."""
+    return _document(random.Random(f"filler:{length}:{seed}:{index}"), words(), [], [], length,
+                     "", "").context
+
+
 def _document(rng, w: Words, facts: list[Fact], depths: list[float], length: int,
               question: str, answer: str) -> Sample:
     fact_tokens = sum(len(f.text.split()) for f in facts)

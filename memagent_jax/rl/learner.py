@@ -93,7 +93,9 @@ class LearnerConfig:
     follows 0 to copy_prefix random words and is followed by 0 to copy_gap (lengths and gaps
     drawn log-uniformly; `sft.copy_trajectories`). recall_rows, recall_facts (sft only): each
     step also trains on recall_rows rows that list recall_facts facts and repeat them in
-    another order (`sft.recall_trajectories`).
+    another order (`sft.recall_trajectories`). filler_rows (sft only): each step also trains
+    on filler_rows update turns whose chunk holds no fact, the reply the memory unchanged
+    (`sft.filler_trajectories`).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -134,19 +136,21 @@ class LearnerConfig:
     copy_prefix: int = 0
     recall_rows: int = 0
     recall_facts: int = 8
+    filler_rows: int = 0
 
     def __post_init__(self):
         def fail(name, message):
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
         at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "copy_prefix",
-                 "recall_rows")
+                 "recall_rows", "filler_rows")
         at_least(self, 1, "copy_span", "copy_span_min", "recall_facts")
         if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
             fail("copy_span_min", f"above copy_span {self.copy_span}")
-        for key in ("copy_rows", "recall_rows"):
+        for key in ("copy_rows", "recall_rows", "filler_rows"):
             if getattr(self, key) and self.loss != "sft":
-                fail(key, "copy and recall rows are a supervised warm-up's (learner.loss: sft)")
+                fail(key, "copy, recall and filler rows are a supervised warm-up's "
+                          "(learner.loss: sft)")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
                  "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
         for key in ("lr", "max_grad_norm", "temperature"):

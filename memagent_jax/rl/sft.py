@@ -24,13 +24,15 @@ in another order (`recall_trajectories`, `learner.recall_rows` a step) ask it fo
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.data.pipeline import Example, take
-from memagent_jax.data.synthetic import CITY_FACT, CODE_FACT, oracle_memories, words
+from memagent_jax.data.synthetic import (CITY_FACT, CODE_FACT, TASKS, filler_text, make_sample,
+                                         oracle_memories, words)
 from memagent_jax.errors import UserError
 from memagent_jax.rl.collect import RolloutBatch, rollout_stats, score
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
@@ -63,8 +65,7 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     facts_read = oracle_memories(texts, facts)
     memories = [tokenizer(m, add_special_tokens=False)["input_ids"] if m
                 else list(prompts.initial_memory) for m in facts_read]
-    end = tokenizer.eos_token_id if tokenizer.eos_token_id in agent.stop_ids else (
-        agent.stop_ids[0])
+    end = _end_token(agent)
     # The final reply restates the facts it answers from before the boxed answer: the answer is
     # then a copy of a word a few tokens back, not of one found in the prompt with nothing
     # pointing at it (docs/synthetic.md). The verifier reads only the box.
@@ -133,12 +134,52 @@ def recall_trajectories(tokenizer, count: int, facts: int, seed: int) -> list[Tr
     return trajectories
 
 
-def warmup_trajectories(tokenizer, learner, seed: int) -> list[Trajectory]:
-    """The copy and recall rows a supervised step trains beside its oracle trajectories, drawn
-    by `seed`, as `learner` (a LearnerConfig: copy_* and recall_* settings) asks for them."""
+def filler_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Trajectory]:
+    """`count` one-turn trajectories: an update turn of `agent` whose chunk is chunk_tokens of
+    filler text (no fact), and the oracle's reply to it, the memory it was given unchanged.
+    Each takes its question and memory from the oracle trajectory of a synthetic document
+    (either task, 1,024 tokens, drawn by `seed`): the memory after one of its chunks, chosen
+    uniformly, so that empty memories and memories holding facts both occur. Documents of one
+    or two chunks hold their four to six facts in 512 tokens at most and seldom have a chunk
+    without one, while a long document is almost nothing else; trained on short documents
+    alone, the agent wrote a made-up fact after a first chunk that held none (docs/synthetic.md)."""
+    rng = np.random.default_rng(seed)
+    tokenizer, prompts = agent.tokenizer, agent.prompts
+    trajectories = []
+    for index in range(count):
+        task = TASKS[int(rng.integers(len(TASKS)))]
+        document = make_sample(task, 1024, seed, index)
+        sample = agent.read(document.question, document.context, strict=False)
+        memories = oracle_memories([tokenizer.decode(chunk) for chunk in sample.chunks],
+                                   [dataclasses.asdict(fact) for fact in document.facts])
+        memory = memories[int(rng.integers(len(memories)))]
+        memory_ids = (tokenizer(memory, add_special_tokens=False)["input_ids"] if memory
+                      else list(prompts.initial_memory))
+        chunk = tokenizer(filler_text(agent.config.chunk_tokens, seed, index),
+                          add_special_tokens=False)["input_ids"]
+        reply = [*memory_ids, _end_token(agent)]
+        trajectories.append(Trajectory(document.question, [Turn(
+            "update", prompts.update(sample.problem_ids, memory_ids, chunk), reply,
+            [0.0] * len(reply), "stop", tokenizer.decode(memory_ids))]))
+    return trajectories
+
+
+def warmup_trajectories(agent: MemoryAgent, learner, seed: int) -> list[Trajectory]:
+    """The copy, recall and filler rows a supervised step trains beside its oracle
+    trajectories, drawn by `seed`, as `learner` (a LearnerConfig: copy_*, recall_* and
+    filler_rows settings) asks for them."""
+    tokenizer = agent.tokenizer
     return (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
                               learner.copy_span_min, learner.copy_gap, learner.copy_prefix)
-            + recall_trajectories(tokenizer, learner.recall_rows, learner.recall_facts, seed))
+            + recall_trajectories(tokenizer, learner.recall_rows, learner.recall_facts, seed)
+            + filler_trajectories(agent, learner.filler_rows, seed))
+
+
+def _end_token(agent: MemoryAgent) -> int:
+    """The token an oracle reply ends with: end-of-text where it stops the engine."""
+    tokenizer = agent.tokenizer
+    return (tokenizer.eos_token_id if tokenizer.eos_token_id in agent.stop_ids
+            else agent.stop_ids[0])
 
 
 def _one_turn(kind: str, prompt: list[int], reply: list[int], tokenizer) -> Trajectory:

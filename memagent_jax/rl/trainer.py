@@ -224,7 +224,7 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
-                extra = warmup_trajectories(self.agent.tokenizer, config.learner,
+                extra = warmup_trajectories(self.agent, config.learner,
                                             seed=config.seed * 1_000_003 + step)
                 groups = groups + [[t] for t in extra]
                 advantages = np.ones(sum(len(g) for g in groups))
