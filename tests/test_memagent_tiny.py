@@ -17,13 +17,13 @@ from memagent_jax.rollout.sampling import SamplingParams
 from tests.hf_reference import hf_logits
 
 NAME = "memagent-tiny"
-FRESH_SEED = 424242  # the recipe's data: seeds 1 and 3 train, 2 validates, 9 evaluates
+FRESH_SEED = 424242  # the recipe's data: seeds 1, 3 and 5 train, 2 validates, 9 evaluates
 DOCUMENTS = 8
-# Correct answers of the 8: the shipped model answers 5 of them (and about 70 % of multikey
+# Correct answers of the 8: the shipped model answers 7 of them (and about 66 % of multikey
 # questions at 8K, docs/synthetic.md); the recipe's step-2 model, which does not yet copy
-# from anywhere in its prompt, 0, as a random one. One below 5 leaves room for the last bits
+# from anywhere in its prompt, 0, as a random one. One below 7 leaves room for the last bits
 # of another CPU's arithmetic, not for a model that does not answer.
-AT_LEAST = 4
+AT_LEAST = 6
 
 
 def test_it_is_shipped_and_loads_in_transformers_with_our_logits():
@@ -35,7 +35,10 @@ def test_it_is_shipped_and_loads_in_transformers_with_our_logits():
     ids = np.random.RandomState(0).randint(0, config.vocab_size, (2, 96))
     ours = np.asarray(model(jnp.asarray(ids)))
     reference = hf_logits(AutoModelForCausalLM.from_pretrained(path, dtype="float32"), ids)
-    assert np.abs(ours - reference).max() <= 1e-4
+    # f32 rounding grows with the activations: a trained model's logits reach ~18 here (a
+    # tiny random model's ~1, where the project's bound is 1e-4), and the two frameworks
+    # differ by up to 1.6e-4. The bound scales with the largest logit.
+    assert np.abs(ours - reference).max() <= 2e-5 * max(1.0, np.abs(reference).max())
     assert (ours.argmax(-1) == reference.argmax(-1)).all()
 
 

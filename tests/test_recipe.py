@@ -1,7 +1,7 @@
-"""The synthetic recipe's steps 4 and 5 as shipped (configs/synthetic_rl.yaml, then
+"""The synthetic recipe's steps 5 and 6 as shipped (configs/synthetic_rl.yaml, then
 configs/eval_synthetic.yaml), a couple of steps each on small data, so that CI keeps the
-recipe runnable (steps 0-3, the supervised warm-up, are tests/test_sft.py's). The model is the
-recipe's shape (preset `small`) with random weights in place of step 3's checkpoint; training
+recipe runnable (steps 0-4, the supervised warm-up, are tests/test_sft.py's). The model is the
+recipe's shape (preset `small`) with random weights in place of step 4's checkpoint; training
 runs on one CPU device as the recipe does, in a process of its own (this one has 8)."""
 
 import json
