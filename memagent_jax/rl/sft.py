@@ -141,8 +141,8 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traje
     (either task, 1,024 tokens, drawn by `seed`): the memory after one of its chunks, chosen
     uniformly, so that empty memories and memories holding facts both occur. Documents of one
     or two chunks hold their four to six facts in 512 tokens at most and seldom have a chunk
-    without one, while a long document is almost nothing else; trained on short documents
-    alone, the agent wrote a made-up fact after a first chunk that held none (docs/synthetic.md)."""
+    without one, while a long document is almost nothing else. Tried against the made-up
+    first memory, they over-corrected it (docs/synthetic.md); the recipe does without them."""
     rng = np.random.default_rng(seed)
     tokenizer, prompts = agent.tokenizer, agent.prompts
     trajectories = []
