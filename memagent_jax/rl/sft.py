@@ -144,7 +144,7 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traje
     without one, while a long document is almost nothing else. Tried against the made-up
     first memory, they over-corrected it (docs/synthetic.md); the recipe does without them."""
     rng = np.random.default_rng(seed)
-    tokenizer, prompts = agent.tokenizer, agent.prompts
+    tokenizer, prompts, end = agent.tokenizer, agent.prompts, _end_token(agent)
     trajectories = []
     for index in range(count):
         task = TASKS[int(rng.integers(len(TASKS)))]
@@ -157,7 +157,7 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traje
                       else list(prompts.initial_memory))
         chunk = tokenizer(filler_text(agent.config.chunk_tokens, seed, index),
                           add_special_tokens=False)["input_ids"]
-        reply = [*memory_ids, _end_token(agent)]
+        reply = [*memory_ids, end]
         trajectories.append(Trajectory(document.question, [Turn(
             "update", prompts.update(sample.problem_ids, memory_ids, chunk), reply,
             [0.0] * len(reply), "stop", tokenizer.decode(memory_ids))]))
