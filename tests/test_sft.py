@@ -20,7 +20,7 @@ from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.sft import (copy_trajectories, filler_trajectories, oracle_trajectory,
-                                 recall_trajectories)
+                                 fact_trajectories, recall_trajectories)
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -197,6 +197,54 @@ def test_filler_rows_are_update_turns_without_a_fact_that_keep_the_oracles_memor
     assert [t.turns[0].prompt_ids for t in other] != [t.turns[0].prompt_ids for t in rows]
 
 
+def _facts(text):
+    """Fact sentences of a text as word lists: [["the", "code", "of", KEY, VALUE], ...]."""
+    words = text.replace(".", " . ").split()
+    return [words[i:i + 5] for i in range(len(words) - 4)
+            if words[i] == "the" and words[i + 1] in ("code", "city") and words[i + 2] == "of"
+            and words[i + 3] != "the"]
+
+
+def test_fact_rows_write_the_chunks_fact_over_a_wrong_one_or_none(agent):
+    tokenizer, prompts = agent.tokenizer, agent.prompts
+    rows = fact_trajectories(agent, 40, seed=3)
+    tasks, contradicted = set(), 0
+    for trajectory in rows:
+        (turn,) = trajectory.turns
+        assert turn.kind == "update" and turn.response_ids[-1] == tokenizer.eos_token_id
+        reply = _facts(tokenizer.decode(turn.response_ids[:-1]))
+        problem = agent.read(trajectory.problem, "a", strict=False).problem_ids
+        # the prompt is the agent's update prompt around a memory and a chunk of C tokens
+        empty = prompts.update(problem, [], [])
+        at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, empty)) if a != b)
+        memory_ids = turn.prompt_ids[at:at + len(turn.prompt_ids) - len(empty)
+                                     - BUDGETS.chunk_tokens]
+        without = prompts.update(problem, memory_ids, [])
+        chunk_at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, without)) if a != b)
+        chunk_ids = turn.prompt_ids[chunk_at:chunk_at + BUDGETS.chunk_tokens]
+        assert prompts.update(problem, memory_ids, chunk_ids) == turn.prompt_ids
+        memory, chunk = (_facts(tokenizer.decode(ids)) for ids in (memory_ids, chunk_ids))
+        # the reply takes facts of the chunk that the memory lacks, and keeps no fact that
+        # they contradict (same subject, other object)
+        new = [f for f in reply if f in chunk and f not in memory]
+        assert new
+        wrong = [m for m in memory if any(m[:4] == f[:4] and m[4] != f[4] for f in new)]
+        assert not any(w in reply for w in wrong)
+        contradicted += bool(wrong)
+        if "city" not in trajectory.problem:  # multikey: the asked key's fact only
+            tasks.add("multikey")
+            assert reply == new and new[0][3] == trajectory.problem.split()[-2]
+        else:
+            tasks.add("twohop")
+        # not a chunk of the data set `data synthetic --seed 3` writes (a step's seed is 3 here)
+        text = "".join(tokenizer.decode(chunk_ids).split())
+        assert not any(text in "".join(synthetic.make_sample(task, 1024, 3, i).context.split())
+                       for task in synthetic.TASKS for i in range(60))
+    assert tasks == {"multikey", "twohop"} and contradicted == 20  # every other row
+    again = fact_trajectories(agent, 40, seed=3)
+    assert [t.turns[0].prompt_ids for t in again] == [t.turns[0].prompt_ids for t in rows]
+
+
 @pytest.fixture(scope="module")
 def recipe_data(tmp_path_factory):
     data = tmp_path_factory.mktemp("data")
@@ -215,28 +263,30 @@ def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         recipe_data, name, tmp_path):
     """The recipe's supervised steps as shipped, for two steps each, on one CPU device as the
     recipe runs (a process of its own: this one has 8); steps 1-4 start from a random model
-    of the recipe's shape in place of the previous step's checkpoint. (Copy and recall rows
-    are cut to 8 a step here, and one config validates: time.)"""
+    of the recipe's shape in place of the previous step's checkpoint. (Copy, recall and fact
+    rows are cut to 8 a step here, and one config validates: time.)"""
     data, out = recipe_data, tmp_path / "run"
     path = os.path.join(ROOT, "configs", f"{name}.yaml")
     config = load_train_config(path)
     start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
-    copies, recalls = min(config.learner.copy_rows, 8), min(config.learner.recall_rows, 8)
+    copies, recalls, facts = (min(getattr(config.learner, f"{kind}_rows"), 8)
+                              for kind in ("copy", "recall", "fact"))
     validate = name == "synthetic_sft_anywhere"
     multiprocess.check_ok(multiprocess.run(
         ["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
          f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
          f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
          f"validation.every={2 if validate else 0}", f"learner.copy_rows={copies}",
-         f"learner.recall_rows={recalls}", "steps=2", "prompts_per_step=2",
+         f"learner.recall_rows={recalls}", f"learner.fact_rows={facts}", "steps=2",
+         "prompts_per_step=2",
          f"output_dir={out}", "compilation_cache_dir=null"],
         num_processes=1, timeout_s=300, devices=1))
     with open(out / "logs" / "steps.jsonl") as f:
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["reward/mean"] == 1.0 for r in records)  # the oracle answers right
-    # every oracle turn (2 or 3 a document), the config's copy rows and recall rows
-    extra = copies + recalls
+    # every oracle turn (2 or 3 a document), the config's copy, recall and fact rows
+    extra = copies + recalls + facts
     assert extra and all(2 * 2 + extra <= r["learner/rows"] <= 2 * 3 + extra for r in records)
     assert all(np.isfinite(r["learner/loss"]) for r in records)
     assert records[0]["learner/lr"] == 0.0 < records[1]["learner/lr"]  # warm-up

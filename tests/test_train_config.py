@@ -110,10 +110,12 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.lr=-1"], "learner.lr: must be positive"),
     (["engine.prefill_rows=0"], "engine.prefill_rows: must be at least 1"),
     (["model.attention=flash"], "model.attention: must be one of"),
-    (["learner.copy_rows=8"], "learner.copy_rows: copy, recall and filler rows are a super"),
-    (["learner.recall_rows=8"], "learner.recall_rows: copy, recall and filler rows are a"),
-    (["learner.filler_rows=8"], "learner.filler_rows: copy, recall and filler rows are a"),
+    (["learner.copy_rows=8"], "learner.copy_rows: copy, recall, filler and fact rows are a"),
+    (["learner.recall_rows=8"], "learner.recall_rows: copy, recall, filler and fact rows are"),
+    (["learner.filler_rows=8"], "learner.filler_rows: copy, recall, filler and fact rows are"),
     (["learner.filler_rows=-1"], "learner.filler_rows: must be at least 0"),
+    (["learner.fact_rows=8"], "learner.fact_rows: copy, recall, filler and fact rows"),
+    (["learner.fact_rows=-1"], "learner.fact_rows: must be at least 0"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):

@@ -95,7 +95,10 @@ class LearnerConfig:
     step also trains on recall_rows rows that list recall_facts facts and repeat them in
     another order (`sft.recall_trajectories`). filler_rows (sft only): each step also trains
     on filler_rows update turns whose chunk holds no fact, the reply the memory unchanged
-    (`sft.filler_trajectories`).
+    (`sft.filler_trajectories`). fact_rows (sft only): each step also trains on fact_rows
+    update turns at the chunk where the oracle's memory first takes a fact in a four-chunk
+    document, every other one with the fact under a wrong object in its memory, the reply the
+    oracle's memory with the chunk's fact (`sft.fact_trajectories`).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -137,19 +140,20 @@ class LearnerConfig:
     recall_rows: int = 0
     recall_facts: int = 8
     filler_rows: int = 0
+    fact_rows: int = 0
 
     def __post_init__(self):
         def fail(name, message):
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
         at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "copy_prefix",
-                 "recall_rows", "filler_rows")
+                 "recall_rows", "filler_rows", "fact_rows")
         at_least(self, 1, "copy_span", "copy_span_min", "recall_facts")
         if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
             fail("copy_span_min", f"above copy_span {self.copy_span}")
-        for key in ("copy_rows", "recall_rows", "filler_rows"):
+        for key in ("copy_rows", "recall_rows", "filler_rows", "fact_rows"):
             if getattr(self, key) and self.loss != "sft":
-                fail(key, "copy, recall and filler rows are a supervised warm-up's "
+                fail(key, "copy, recall, filler and fact rows are a supervised warm-up's "
                           "(learner.loss: sft)")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
                  "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")

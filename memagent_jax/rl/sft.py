@@ -138,41 +138,98 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traje
     """`count` one-turn trajectories: an update turn of `agent` whose chunk is chunk_tokens of
     filler text (no fact), and the oracle's reply to it, the memory it was given unchanged.
     Each takes its question and memory from the oracle trajectory of a synthetic document
-    (either task, 1,024 tokens, drawn by `seed`): the memory after one of its chunks, chosen
+    (`_document_state`, drawn by `seed`): the memory after one of its chunks, chosen
     uniformly, so that empty memories and memories holding facts both occur. Documents of one
     or two chunks hold their four to six facts in 512 tokens at most and seldom have a chunk
-    without one, while a long document is almost nothing else. Tried against the made-up
-    first memory, they over-corrected it (docs/synthetic.md); the recipe does without them."""
+    without one, while a long document is almost nothing else. Alone (32 a step) they
+    over-corrected the made-up first memory into a memory that ignores its chunk
+    (docs/synthetic.md); the recipe does without them."""
     rng = np.random.default_rng(seed)
-    tokenizer, prompts, end = agent.tokenizer, agent.prompts, _end_token(agent)
+    tokenizer, end = agent.tokenizer, _end_token(agent)
     trajectories = []
     for index in range(count):
-        task = TASKS[int(rng.integers(len(TASKS)))]
-        document = make_sample(task, 1024, seed, index)
-        sample = agent.read(document.question, document.context, strict=False)
-        memories = oracle_memories([tokenizer.decode(chunk) for chunk in sample.chunks],
-                                   [dataclasses.asdict(fact) for fact in document.facts])
-        memory = memories[int(rng.integers(len(memories)))]
-        memory_ids = (tokenizer(memory, add_special_tokens=False)["input_ids"] if memory
-                      else list(prompts.initial_memory))
+        question, problem, _, memories = _document_state(agent, rng, seed, index)
+        memory = _memory_ids(agent, memories[int(rng.integers(len(memories)))])
         chunk = tokenizer(filler_text(agent.config.chunk_tokens, seed, index),
                           add_special_tokens=False)["input_ids"]
-        reply = [*memory_ids, end]
-        trajectories.append(Trajectory(document.question, [Turn(
-            "update", prompts.update(sample.problem_ids, memory_ids, chunk), reply,
-            [0.0] * len(reply), "stop", tokenizer.decode(memory_ids))]))
+        trajectories.append(_update_turn(agent, question, problem, memory, chunk,
+                                         [*memory, end]))
     return trajectories
 
 
+def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Trajectory]:
+    """`count` one-turn trajectories: the update turn of `agent` at the chunk where the oracle's
+    memory first takes a fact in a synthetic document (`_document_state`, drawn by `seed`),
+    given the oracle's memory before that chunk, and the oracle's reply, the memory with the
+    chunk's fact. In every other one the memory also holds the same fact with a wrong object
+    ("the code of KEY WRONG ."), which the reply replaces. The supervised documents (one or two
+    chunks, four to six facts) show a needed fact mostly among others in its chunk, while in a
+    long document it stands alone among filler; and an agent that had written a made-up value
+    for the asked key kept it when the real fact came, a memory no oracle trajectory
+    contradicts (docs/synthetic.md)."""
+    rng = np.random.default_rng(seed)
+    w, end = words(), _end_token(agent)
+    trajectories, index = [], 0
+    while len(trajectories) < count:
+        question, problem, chunks, memories = _document_state(agent, rng, seed, index)
+        index += 1
+        before = [""] + memories
+        at = next(i for i, m in enumerate(memories)
+                  if set(m.splitlines()) - set(before[i].splitlines()))
+        fact = next(f for f in memories[at].splitlines() if f not in before[at].splitlines())
+        if "".join(fact.split()) not in "".join(agent.tokenizer.decode(chunks[at]).split()):
+            continue  # cut by the chunk boundary: the chunk alone does not say it
+        memory = before[at]
+        if len(trajectories) % 2:
+            *form, subject, right, stop = fact.split()
+            objects = w.cities if form[1] == "city" else w.values
+            wrong = right
+            while wrong == right:
+                wrong = objects[int(rng.integers(len(objects)))]
+            memory = "\n".join([*memory.splitlines(), " ".join([*form, subject, wrong, stop])])
+        trajectories.append(_update_turn(agent, question, problem, _memory_ids(agent, memory),
+                                         list(chunks[at]),
+                                         [*_memory_ids(agent, memories[at]), end]))
+    return trajectories
+
+
+def _document_state(agent: MemoryAgent, rng, seed: int, index: int):
+    """Document `index` of a task drawn by `rng` (1,024 tokens: four chunks of 256; seed -1 -
+    `seed`) as the agent reads it: (question, problem ids, chunks [ids], the oracle's memory
+    after each chunk [text]). The seed is negated so that no data set of a step's seed (1, 2,
+    ...), the evaluation's among them, holds these documents."""
+    task = TASKS[int(rng.integers(len(TASKS)))]
+    document = make_sample(task, 1024, -1 - seed, index)
+    sample = agent.read(document.question, document.context, strict=False)
+    memories = oracle_memories([agent.tokenizer.decode(chunk) for chunk in sample.chunks],
+                               [dataclasses.asdict(fact) for fact in document.facts])
+    return document.question, sample.problem_ids, sample.chunks, memories
+
+
+def _memory_ids(agent: MemoryAgent, memory: str) -> list[int]:
+    """A memory's ids: its text's, or the initial memory's when it is empty."""
+    return (agent.tokenizer(memory, add_special_tokens=False)["input_ids"] if memory
+            else list(agent.prompts.initial_memory))
+
+
+def _update_turn(agent: MemoryAgent, question: str, problem: list[int], memory: list[int],
+                 chunk: list[int], reply: list[int]) -> Trajectory:
+    """A trajectory of one update turn of `agent`: `reply` to (problem, memory, chunk)."""
+    return Trajectory(question, [Turn(
+        "update", agent.prompts.update(problem, memory, chunk), reply, [0.0] * len(reply),
+        "stop", agent.tokenizer.decode(reply[:-1]))])
+
+
 def warmup_trajectories(agent: MemoryAgent, learner, seed: int) -> list[Trajectory]:
-    """The copy, recall and filler rows a supervised step trains beside its oracle
-    trajectories, drawn by `seed`, as `learner` (a LearnerConfig: copy_*, recall_* and
-    filler_rows settings) asks for them."""
+    """The copy, recall, filler and fact rows a supervised step trains beside its oracle
+    trajectories, drawn by `seed`, as `learner` (a LearnerConfig: copy_*, recall_*,
+    filler_rows and fact_rows settings) asks for them."""
     tokenizer = agent.tokenizer
     return (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
                               learner.copy_span_min, learner.copy_gap, learner.copy_prefix)
             + recall_trajectories(tokenizer, learner.recall_rows, learner.recall_facts, seed)
-            + filler_trajectories(agent, learner.filler_rows, seed))
+            + filler_trajectories(agent, learner.filler_rows, seed)
+            + fact_trajectories(agent, learner.fact_rows, seed))
 
 
 def _end_token(agent: MemoryAgent) -> int:
