@@ -165,6 +165,22 @@ def test_recall_rows_repeat_seeded_facts_in_another_order(agent):
             != first[0].turns[0].prompt_ids)
 
 
+def _memory_and_chunk(agent, trajectory):
+    """(memory ids, chunk ids) of a one-turn update trajectory, asserting that its prompt is
+    the agent's update prompt around them, with a chunk of chunk_tokens."""
+    (turn,) = trajectory.turns
+    prompts = agent.prompts
+    problem = agent.read(trajectory.problem, "a", strict=False).problem_ids
+    empty = prompts.update(problem, [], [])
+    at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, empty)) if a != b)
+    memory = turn.prompt_ids[at:at + len(turn.prompt_ids) - len(empty) - BUDGETS.chunk_tokens]
+    without = prompts.update(problem, memory, [])
+    at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, without)) if a != b)
+    chunk = turn.prompt_ids[at:at + BUDGETS.chunk_tokens]
+    assert prompts.update(problem, memory, chunk) == turn.prompt_ids
+    return memory, chunk
+
+
 def test_filler_rows_are_update_turns_without_a_fact_that_keep_the_oracles_memory(agent):
     tokenizer, prompts = agent.tokenizer, agent.prompts
     rows = filler_trajectories(agent, 40, seed=3)
@@ -173,13 +189,9 @@ def test_filler_rows_are_update_turns_without_a_fact_that_keep_the_oracles_memor
         (turn,) = trajectory.turns
         assert turn.kind == "update" and turn.response_ids[-1] == tokenizer.eos_token_id
         memory = turn.response_ids[:-1]
-        problem = agent.read(trajectory.problem, "a", strict=False).problem_ids
         # the prompt is the agent's update prompt around this memory and one chunk
-        without = prompts.update(problem, memory, [])
-        at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, without)) if a != b)
-        chunk = turn.prompt_ids[at:at + len(turn.prompt_ids) - len(without)]
-        assert turn.prompt_ids[:at] + turn.prompt_ids[at + len(chunk):] == without
-        assert len(chunk) == BUDGETS.chunk_tokens
+        given, chunk = _memory_and_chunk(agent, trajectory)
+        assert given == memory
         assert not {"code", "city"} & set(tokenizer.decode(chunk).split())  # no fact in it
         if memory == list(prompts.initial_memory):
             continue
@@ -206,23 +218,18 @@ def _facts(text):
 
 
 def test_fact_rows_write_the_chunks_fact_over_a_wrong_one_or_none(agent):
-    tokenizer, prompts = agent.tokenizer, agent.prompts
+    tokenizer = agent.tokenizer
     rows = fact_trajectories(agent, 40, seed=3)
+    # the documents `data synthetic --seed 3` writes (a step's seed is 3 here), without spaces
+    seed_documents = ["".join(synthetic.make_sample(task, 1024, 3, i).context.split())
+                      for task in synthetic.TASKS for i in range(60)]
     tasks, contradicted = set(), 0
     for trajectory in rows:
         (turn,) = trajectory.turns
         assert turn.kind == "update" and turn.response_ids[-1] == tokenizer.eos_token_id
         reply = _facts(tokenizer.decode(turn.response_ids[:-1]))
-        problem = agent.read(trajectory.problem, "a", strict=False).problem_ids
         # the prompt is the agent's update prompt around a memory and a chunk of C tokens
-        empty = prompts.update(problem, [], [])
-        at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, empty)) if a != b)
-        memory_ids = turn.prompt_ids[at:at + len(turn.prompt_ids) - len(empty)
-                                     - BUDGETS.chunk_tokens]
-        without = prompts.update(problem, memory_ids, [])
-        chunk_at = next(i for i, (a, b) in enumerate(zip(turn.prompt_ids, without)) if a != b)
-        chunk_ids = turn.prompt_ids[chunk_at:chunk_at + BUDGETS.chunk_tokens]
-        assert prompts.update(problem, memory_ids, chunk_ids) == turn.prompt_ids
+        memory_ids, chunk_ids = _memory_and_chunk(agent, trajectory)
         memory, chunk = (_facts(tokenizer.decode(ids)) for ids in (memory_ids, chunk_ids))
         # the reply takes facts of the chunk that the memory lacks, and keeps no fact that
         # they contradict (same subject, other object)
@@ -236,10 +243,8 @@ def test_fact_rows_write_the_chunks_fact_over_a_wrong_one_or_none(agent):
             assert reply == new and new[0][3] == trajectory.problem.split()[-2]
         else:
             tasks.add("twohop")
-        # not a chunk of the data set `data synthetic --seed 3` writes (a step's seed is 3 here)
         text = "".join(tokenizer.decode(chunk_ids).split())
-        assert not any(text in "".join(synthetic.make_sample(task, 1024, 3, i).context.split())
-                       for task in synthetic.TASKS for i in range(60))
+        assert not any(text in document for document in seed_documents)
     assert tasks == {"multikey", "twohop"} and contradicted == 20  # every other row
     again = fact_trajectories(agent, 40, seed=3)
     assert [t.turns[0].prompt_ids for t in again] == [t.turns[0].prompt_ids for t in rows]

@@ -174,9 +174,8 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
         question, problem, chunks, memories = _document_state(agent, rng, seed, index)
         index += 1
         before = [""] + memories
-        at = next(i for i, m in enumerate(memories)
-                  if set(m.splitlines()) - set(before[i].splitlines()))
-        fact = next(f for f in memories[at].splitlines() if f not in before[at].splitlines())
+        at, fact = next((i, f) for i, m in enumerate(memories) for f in m.splitlines()
+                        if f not in before[i].splitlines())
         if "".join(fact.split()) not in "".join(agent.tokenizer.decode(chunks[at]).split()):
             continue  # cut by the chunk boundary: the chunk alone does not say it
         memory = before[at]
