@@ -212,6 +212,16 @@ def _demo(args) -> None:
               "max_final_tokens": args.max_final_tokens})
 
 
+def _trace(args) -> None:
+    from memagent_jax.demo import parse_length
+    from memagent_jax.trace import run_trace
+    length = parse_length(args.length)
+    _start(args)
+    run_trace(args.model, args.task, length, args.seed, args.num_samples,
+              {"chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
+               "max_final_tokens": args.max_final_tokens}, args.slots, args.out)
+
+
 def _serve(args) -> None:
     from memagent_jax.models import job_mesh, read_config
     from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
@@ -425,6 +435,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-memory-tokens", type=int, help="default: the model's")
     p.add_argument("--max-final-tokens", type=int, help="default: the model's")
     p.set_defaults(func=_demo)
+    distributed.add_flags(p)
+
+    p = add("trace", help="where the memory goes wrong: a memory agent reads fresh synthetic "
+                          "documents, and each needed fact is followed turn by turn")
+    p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
+                   help="as demo's")
+    p.add_argument("--length", default="8K", help="document tokens: 8192, 8K, 1M, ...")
+    p.add_argument("--task", default="multikey", help="multikey or twohop")
+    p.add_argument("--num-samples", type=int, default=32, help="documents read")
+    p.add_argument("--seed", type=int, default=777,
+                   help="the documents' seed (the training recipe's are 0-5, its evaluation's 9)")
+    p.add_argument("--slots", type=int, default=16, help="documents read together")
+    p.add_argument("--out", metavar="FILE.jsonl", help="also write the traces, one a line")
+    p.add_argument("--chunk-tokens", type=int, help="default: the model's (memagent.json)")
+    p.add_argument("--max-memory-tokens", type=int, help="default: the model's")
+    p.add_argument("--max-final-tokens", type=int, help="default: the model's")
+    p.set_defaults(func=_trace)
     distributed.add_flags(p)
 
     p = add("serve", help="an OpenAI-compatible HTTP server on the engine (/v1/chat/"

@@ -35,17 +35,16 @@ def parse_length(text: str) -> int:
     return int(tokens)
 
 
-def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
-             budgets: dict) -> bool:
-    """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
-    budgets: MemAgentConfig fields given on the command line (None: the model's own)."""
+def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1):
+    """The agent `model` (a directory or a shipped model's name) runs on synthetic documents of
+    `task` and `length` tokens: (policy, agent, its MemAgentConfig). budgets: MemAgentConfig
+    fields given on the command line (None: the model's own). UserError for an unknown task or
+    model, or a length below one chunk."""
     from memagent_jax import pretrained
     from memagent_jax.data import synthetic
     from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.memagent import MemAgentConfig
-    from memagent_jax.rollout.sampling import SamplingParams
-    from tqdm import tqdm
 
     synthetic.check_task(task)
     if not os.path.isdir(pretrained.resolve(os.path.expanduser(model))):
@@ -58,15 +57,26 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
         raise UserError(f"--length {length}: below one chunk of {config.chunk_tokens} tokens "
                         f"(a {task} document needs at least "
                         f"{max(config.chunk_tokens, synthetic.min_length(task))})")
+    policy = load_policy(section, tokenizer)
+    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=slots), None,
+                        policy.stop_ids)
+    return policy, agent, config
+
+
+def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
+             budgets: dict) -> bool:
+    """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
+    budgets: as `load_agent` takes them."""
+    from memagent_jax.data import synthetic
+    from memagent_jax.rollout.sampling import SamplingParams
+    from tqdm import tqdm
+
+    policy, agent, config = load_agent(model, task, length, budgets)
     seed = secrets.randbelow(10 ** 6) if seed is None else seed
     document = synthetic.make_sample(task, length, seed, 0)
     print(f"{task} document of {length:,} tokens (seed {seed}), read {config.chunk_tokens} "
           f"tokens a turn by {model}")
     print(f"question: {document.question}")
-
-    policy = load_policy(section, tokenizer)
-    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), None,
-                        policy.stop_ids)
     sample = agent.read(document.question, document.context)
     start = time.perf_counter()
     with tqdm(total=len(sample.chunks) + 1, desc="reading", unit="turn", file=sys.stderr) as bar:
@@ -76,16 +86,16 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
 
     words = document.context.split()  # the synthetic tokenizer's tokens: one a word
     for fact in document.facts:
-        chunk = _first_token(words, fact.text.split()) // config.chunk_tokens + 1
+        chunk = first_token(words, fact.text.split()) // config.chunk_tokens + 1
         print(f"  fact in chunk {chunk:>5}: {fact.text}" + ("   <- needed" if fact.needed else ""))
     print("memory, at the turns where it changed:")
     changes = [(i, t.reply) for i, t in enumerate(trajectory.turns[:-1])
                if i == 0 or t.reply != trajectory.turns[i - 1].reply]
     for i, memory in changes[:show]:
-        print(f"  after chunk {i + 1:>5}: {_abbreviate(memory)}")
+        print(f"  after chunk {i + 1:>5}: {abbreviate(memory)}")
     if len(changes) > show:
         print(f"  ... {len(changes) - show} more changes; after the last chunk: "
-              f"{_abbreviate(trajectory.turns[-2].reply)}")
+              f"{abbreviate(trajectory.turns[-2].reply)}")
     answer = (trajectory.answer or "").strip()  # the boxed text as the model spaced it
     correct = answer == document.answer
     print(f"answer: {answer}   truth: {document.answer}   "
@@ -94,7 +104,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     return correct
 
 
-def _first_token(words: list[str], needle: list[str]) -> int:
+def first_token(words: list[str], needle: list[str]) -> int:
     """Where `needle` starts in `words` (a word-level tokenizer's tokens)."""
     for i in range(len(words) - len(needle) + 1):
         if words[i] == needle[0] and words[i:i + len(needle)] == needle:
@@ -102,6 +112,6 @@ def _first_token(words: list[str], needle: list[str]) -> int:
     raise AssertionError("a fact is missing from its document")
 
 
-def _abbreviate(text: str, limit: int = 100) -> str:
+def abbreviate(text: str, limit: int = 100) -> str:
     text = " / ".join(line for line in text.splitlines() if line.strip()) or "(empty)"
     return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -1,7 +1,8 @@
 """`memagent-jax demo` and models addressed by name (`memagent_jax.pretrained`): a model
 directory shipped in the package resolves by its name for `run`, `export` and `demo`, its
 recorded budgets (`memagent.json`) are the memory loop's unless flags say otherwise; the demo
-reads a fresh synthetic document and prints the memory's changes, answer and truth; bad input
+reads a fresh synthetic document and prints the memory's changes, answer and truth; the trace
+follows each needed fact through the memories (hand-made ones, and a real read's); bad input
 is one line. The model is a random `small` preset over the synthetic tokenizer (what it
 answers is not the point here; docs/synthetic.md trains one)."""
 
@@ -15,6 +16,7 @@ from memagent_jax.cli import main
 from memagent_jax.data import synthetic
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models import preset_config, random_model, save_hf
+from memagent_jax.trace import OUTCOMES, follow, trace_document
 
 BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
            "max_problem_tokens": 16}
@@ -98,3 +100,76 @@ def test_demo_without_a_model_says_which_are_shipped(in_package, capsys):
     assert capsys.readouterr().err.strip() == (
         "memagent-jax: error: --model no-such-model: neither a model directory nor a shipped "
         "model (shipped: tiny-agent)")
+
+
+FACT = "the code of kasumo bedila ."
+
+
+@pytest.mark.parametrize("memories, due, expected", [
+    (["", FACT, "the code of kasumo bedila."], 1, ("kept", 1)),   # a decoder's joined stop
+    (["", "", FACT, FACT], 1, ("late", 2)),
+    (["", "the code of kasumo vigifa .", "the code of kasumo bedilaro ."], 1,
+     ("unwritten", None)),                                         # another value; a longer word
+    ([FACT, "", ""], 1, ("unwritten", None)),                      # held only before it was due
+    (["", FACT + "\nthe code of lira vuto .", "the code of bedila kasumo ."], 1, ("lost", 2)),
+])
+def test_trace_follows_a_fact_through_the_memories(memories, due, expected):
+    assert follow(memories, FACT, due) == expected
+
+
+def test_trace_expects_a_fact_cut_by_the_chunk_boundary_one_turn_later():
+    chunk = 64
+    index, document = next(
+        (i, d) for i in range(500) for d in [synthetic.make_sample("multikey", 256, 1, i)]
+        if (d.context.split().index(_needed(d).split()[3]) - 3) % chunk in (chunk - 3, chunk - 2))
+    words = document.context.split()
+    start = words.index(_needed(document).split()[3]) - 3
+    texts = [" ".join(words[i:i + chunk]) for i in range(0, len(words), chunk)]
+    memories = [""] * len(texts)
+    for turn in range(start // chunk + 1, len(texts)):  # written when the fact is whole
+        memories[turn] = _needed(document)
+    trace = trace_document(index, document, texts, memories, document.answer, chunk)
+    (fact,) = trace.facts
+    assert (fact.chunk, fact.word, fact.due) == (start // chunk, start % chunk, start // chunk + 1)
+    assert (fact.outcome, fact.turn, trace.correct, trace.outcome) == ("kept", fact.due, True, None)
+
+
+def _needed(document):
+    return next(f.text for f in document.facts if f.needed)
+
+
+def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_package, capsys,
+                                                                        tmp_path):
+    out = tmp_path / "traces.jsonl"
+    assert main(["trace", "--model", in_package, "--length", "1K", "--num-samples", "3",
+                 "--seed", "7", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0].startswith("3 multikey documents of 1,000 tokens (seed 7)")
+    assert len(records) == 3 and [r["index"] for r in records] == [0, 1, 2]
+    for record, line in zip(records, lines[1:4]):
+        document = synthetic.make_sample("multikey", 1000, 7, record["index"])
+        (fact,) = record["facts"]
+        start = document.context.split().index(fact["text"].split()[3]) - 3
+        assert fact["text"] == _needed(document) and record["truth"] == document.answer
+        assert (fact["chunk"], fact["word"]) == divmod(start, BUDGETS["chunk_tokens"])
+        assert line.split()[:3] == [str(record["index"]),
+                                    "right" if record["correct"] else "WRONG",
+                                    fact["outcome"] + ("" if fact["outcome"] == "kept" else
+                                                       ":" if fact["turn"] is None else "")]
+    counts = {o: sum(r["facts"][0]["outcome"] == o for r in records) for o in OUTCOMES}
+    right = sum(r["correct"] for r in records)
+    assert lines[4] == (", ".join(f"{o} {n}" for o, n in counts.items())
+                        + f"; answers right {right} of 3")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num-samples", "0"], "--num-samples must be at least 1, got 0"),
+    (["--length", "10"], "--length 10: below one chunk of 128 tokens"),
+    (["--task", "needles"], "unknown synthetic task 'needles'"),
+    (["--out", "no/such/dir/t.jsonl"], "no/such/dir/t.jsonl: its directory"),
+])
+def test_trace_bad_input_is_one_line(in_package, capsys, argv, message):
+    assert main(["trace", "--model", in_package, "--length", "1K", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("memagent-jax: error: " + message), err

@@ -1,0 +1,169 @@
+"""`memagent-jax trace`: where a memory agent's memory goes wrong, turn by turn, on fresh
+synthetic documents.
+
+The agent reads `num_samples` documents of (task, length, seed) greedily, as `eval` and `demo`
+read. For each fact the answer needs (multikey: the asked key's code; twohop: the person's city
+and that city's code), the trace takes the turn after which an ideal memory first holds it
+(`data.synthetic.oracle_memories`: the fact's chunk, or the next one when the chunk boundary
+cuts it) and follows the agent's memory from there (`follow`):
+
+- kept: the memory holds the fact after that turn and to the last chunk;
+- late: it first holds it after a later turn, then to the last chunk;
+- unwritten: it never holds it after that turn;
+- lost: it held it, then dropped it after a later turn.
+
+A document's outcome is its first needed fact's that was not kept (else kept). Each document
+prints one line: the outcome, where the fact began (chunk and word in the chunk), what the
+memory held after the turn that went wrong, and whether the answer was right; a summary counts
+the outcomes and lists the words at which unwritten facts began. This is how the faults of
+docs/synthetic.md were found: made-up values written before the fact came, and facts at a
+chunk's end left unwritten.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import sys
+
+OUTCOMES = ("kept", "late", "unwritten", "lost")
+
+
+def holds(memory: str, fact: str) -> bool:
+    """Whether `memory` (a reply as the tokenizer decodes it) states `fact` ("the code of KEY
+    VALUE ."): its words but the full stop, in a row. Compared word by word, since a decoder
+    may join a full stop to the word before it."""
+    want = fact.split()[:-1]
+    have = memory.replace(".", " . ").split()
+    return any(have[i:i + len(want)] == want for i in range(len(have) - len(want) + 1))
+
+
+def follow(memories: list[str], fact: str, due: int) -> tuple[str, int | None]:
+    """How `memories` (the agent's after each chunk, [turns]) treat `fact`, which an ideal
+    memory first holds after chunk `due` (0-based) -> (outcome, turn): ("kept", due), ("late",
+    the turn it first holds it), ("unwritten", None), ("lost", the turn it dropped it)."""
+    held = [holds(memory, fact) for memory in memories]
+    first = next((t for t in range(due, len(memories)) if held[t]), None)
+    if first is None:
+        return "unwritten", None
+    dropped = next((t for t in range(first, len(memories)) if not held[t]), None)
+    if dropped is not None:
+        return "lost", dropped
+    return ("kept" if first == due else "late"), first
+
+
+@dataclasses.dataclass
+class FactTrace:
+    text: str
+    chunk: int         # 0-based chunk where it begins
+    word: int          # where it begins in that chunk (the synthetic tokenizer: a token a word)
+    due: int           # the turn after which an ideal memory first holds it
+    outcome: str       # one of OUTCOMES
+    turn: int | None   # `follow`'s turn
+    memory: str        # the agent's memory after `turn` (after `due` when unwritten)
+
+
+@dataclasses.dataclass
+class DocumentTrace:
+    index: int
+    chunks: int
+    correct: bool
+    answer: str
+    truth: str
+    facts: list[FactTrace]   # the needed facts, in document order
+
+    @property
+    def outcome(self) -> FactTrace | None:
+        """The first needed fact that was not kept; None when all were."""
+        return next((f for f in self.facts if f.outcome != "kept"), None)
+
+
+def trace_document(index: int, document, chunk_texts: list[str], memories: list[str],
+                   answer: str, chunk_tokens: int) -> DocumentTrace:
+    """The trace of one read: `document` (a data.synthetic.Sample), the agent's chunks as
+    decoded text, its memory after each, and its final answer."""
+    from memagent_jax.data.synthetic import oracle_memories
+    from memagent_jax.demo import first_token
+
+    facts = [dataclasses.asdict(f) for f in document.facts]
+    ideal = oracle_memories(chunk_texts, facts)
+    words = document.context.split()
+    traced = []
+    for fact in document.facts:
+        if not fact.needed:
+            continue
+        start = first_token(words, fact.text.split())
+        due = next(t for t, memory in enumerate(ideal) if fact.text in memory.splitlines())
+        outcome, turn = follow(memories, fact.text, due)
+        traced.append(FactTrace(fact.text, start // chunk_tokens, start % chunk_tokens, due,
+                                outcome, turn, memories[due if turn is None else turn]))
+    return DocumentTrace(index, len(memories), answer == document.answer, answer,
+                         document.answer, traced)
+
+
+def describe(trace: DocumentTrace) -> str:
+    """One line: right or wrong, the outcome, where the fact was, the memory then."""
+    from memagent_jax.demo import abbreviate
+
+    fact = trace.outcome or trace.facts[0]
+    where = (f"'{fact.text}' in chunk {fact.chunk + 1}/{trace.chunks} at word {fact.word}")
+    turn = "" if fact.turn is None or fact.outcome == "kept" else f" after chunk {fact.turn + 1}"
+    memory = ("" if fact.outcome == "kept" else
+              f"; memory after chunk {(fact.due if fact.turn is None else fact.turn) + 1}: "
+              f"{abbreviate(fact.memory, 60)}")
+    return (f"{trace.index:>4} {'right' if trace.correct else 'WRONG'}  {fact.outcome}{turn}: "
+            f"{where}{memory}" + ("" if trace.correct else f"; answered {trace.answer!r}"))
+
+
+def summarize(traces: list[DocumentTrace], chunk_tokens: int) -> list[str]:
+    """The summary lines: outcomes counted, answers right, where unwritten facts began."""
+    counts = collections.Counter(t.outcome.outcome if t.outcome else "kept" for t in traces)
+    right = sum(t.correct for t in traces)
+    lines = [", ".join(f"{o} {counts[o]}" for o in OUTCOMES)
+             + f"; answers right {right} of {len(traces)}"]
+    starts = sorted(f.word for t in traces for f in t.facts if f.outcome == "unwritten")
+    if starts:
+        lines.append(f"unwritten facts began at words {', '.join(map(str, starts))} of "
+                     f"{chunk_tokens}")
+    return lines
+
+
+def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
+              budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
+    """Reads the documents, prints a line each and the summary (progress on stderr); writes
+    the traces as JSON lines to `out` when given."""
+    from tqdm import tqdm
+
+    from memagent_jax.data import synthetic
+    from memagent_jax.demo import load_agent
+    from memagent_jax.errors import UserError
+    from memagent_jax.fileutil import check_output_file
+    from memagent_jax.rollout.sampling import SamplingParams
+
+    if num_samples < 1:
+        raise UserError(f"--num-samples must be at least 1, got {num_samples}")
+    if out:
+        check_output_file(out)
+    policy, agent, config = load_agent(model, task, length, budgets, slots)
+    documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
+    samples = [agent.read(d.question, d.context) for d in documents]
+    print(f"{num_samples} {task} documents of {length:,} tokens (seed {seed}), read "
+          f"{config.chunk_tokens} tokens a turn by {model}")
+    with tqdm(total=sum(len(s.chunks) + 1 for s in samples), desc="reading", unit="turn",
+              file=sys.stderr) as bar:
+        groups = agent.run(policy.params, samples, SamplingParams(0.0),
+                           on_turn=lambda i, turn: bar.update(1))
+    traces = []
+    for index, ((trajectory,), document, sample) in enumerate(zip(groups, documents, samples)):
+        traces.append(trace_document(
+            index, document, [agent.tokenizer.decode(c) for c in sample.chunks],
+            [turn.reply for turn in trajectory.turns[:-1]], (trajectory.answer or "").strip(),
+            config.chunk_tokens))
+        print(describe(traces[-1]))
+    for line in summarize(traces, config.chunk_tokens):
+        print(line)
+    if out:
+        with open(out, "w") as f:
+            f.writelines(json.dumps(dataclasses.asdict(t)) + "\n" for t in traces)
+    return traces
