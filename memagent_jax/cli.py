@@ -440,12 +440,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("trace", help="where the memory goes wrong: a memory agent reads fresh synthetic "
                           "documents, and each needed fact is followed turn by turn")
     p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
-                   help="as demo's")
-    p.add_argument("--length", default="8K", help="document tokens: 8192, 8K, 1M, ...")
+                   help="a model trained on the synthetic tasks: a directory or a shipped "
+                        "model's name")
+    p.add_argument("--length", default="8K",
+                   help="document tokens: 8192, 8K (8000), 1M, ...")
     p.add_argument("--task", default="multikey", help="multikey or twohop")
     p.add_argument("--num-samples", type=int, default=32, help="documents read")
     p.add_argument("--seed", type=int, default=777,
-                   help="the documents' seed (the training recipe's are 0-5, its evaluation's 9)")
+                   help="the documents' seed (the recipe's data: seeds 1-5; its evaluation: 9)")
     p.add_argument("--slots", type=int, default=16, help="documents read together")
     p.add_argument("--out", metavar="FILE.jsonl", help="also write the traces, one a line")
     p.add_argument("--chunk-tokens", type=int, help="default: the model's (memagent.json)")

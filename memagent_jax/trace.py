@@ -132,9 +132,10 @@ def summarize(traces: list[DocumentTrace], chunk_tokens: int) -> list[str]:
 def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
               budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
     """Reads the documents, prints a line each and the summary (progress on stderr); writes
-    the traces as JSON lines to `out` when given."""
+    the traces as JSON lines to `out` when given (process 0 of a multi-process job)."""
     from tqdm import tqdm
 
+    from memagent_jax import distributed
     from memagent_jax.data import synthetic
     from memagent_jax.demo import load_agent
     from memagent_jax.errors import UserError
@@ -163,7 +164,7 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
         print(describe(traces[-1]))
     for line in summarize(traces, config.chunk_tokens):
         print(line)
-    if out:
+    if out and distributed.is_main():  # every process of a job reads the same documents
         with open(out, "w") as f:
             f.writelines(json.dumps(dataclasses.asdict(t)) + "\n" for t in traces)
     return traces
