@@ -146,6 +146,24 @@ def test_copy_rows_of_varying_length_position_and_distance(agent):
     assert sum(g <= 2 for g in gaps) >= 10, "short gaps (the final turn's copies) are rare"
 
 
+def test_uniform_copy_rows_are_the_rows_steps_0_to_2_were_trained_on(agent):
+    """copy_draw "uniform" draws what the code the recipe's steps 0-2 ran with drew (commit
+    abc1437: span lengths and gaps uniform); the default, log-uniform, draws other rows, with
+    which step 0 did not learn to copy in its 300 steps (docs/synthetic.md)."""
+    def lengths_and_gaps(rows):
+        return [(len(r.turns[0].response_ids) - 1,
+                 len(r.turns[0].prompt_ids) - len(r.turns[0].response_ids) + 1) for r in rows]
+
+    as_run = [(44, 338), (10, 96), (8, 263), (57, 187), (14, 367), (46, 16), (50, 277),
+              (38, 263)]   # abc1437's copy_trajectories(tokenizer, 8, 64, 5, 4, 384)
+    uniform = copy_trajectories(agent.tokenizer, 8, 64, 5, 4, 384, draw="uniform")
+    assert lengths_and_gaps(uniform) == as_run
+    assert uniform[0].turns[0].prompt_ids[:3] == [3205, 143, 3217]
+    assert lengths_and_gaps(copy_trajectories(agent.tokenizer, 8, 64, 5, 4, 384)) != as_run
+    with pytest.raises(ValueError, match="draw must be one of"):
+        copy_trajectories(agent.tokenizer, 1, 64, 5, 4, 384, draw="normal")
+
+
 def test_recall_rows_repeat_seeded_facts_in_another_order(agent):
     tokenizer = agent.tokenizer
     first = recall_trajectories(tokenizer, 4, 6, seed=1)

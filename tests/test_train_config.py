@@ -116,6 +116,7 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.filler_rows=-1"], "learner.filler_rows: must be at least 0"),
     (["learner.fact_rows=8"], "learner.fact_rows: copy, recall, filler and fact rows"),
     (["learner.fact_rows=-1"], "learner.fact_rows: must be at least 0"),
+    (["learner.copy_draw=normal"], "learner.copy_draw"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):

@@ -91,7 +91,7 @@ class LearnerConfig:
     copy_gap, copy_prefix (sft only): each step also trains on copy_rows rows that repeat a
     random span of copy_span words, or of lengths drawn from [copy_span_min, copy_span], that
     follows 0 to copy_prefix random words and is followed by 0 to copy_gap (lengths and gaps
-    drawn log-uniformly; `sft.copy_trajectories`). recall_rows, recall_facts (sft only): each
+    drawn log-uniformly, or uniformly with copy_draw "uniform"; `sft.copy_trajectories`). recall_rows, recall_facts (sft only): each
     step also trains on recall_rows rows that list recall_facts facts and repeat them in
     another order (`sft.recall_trajectories`). filler_rows (sft only): each step also trains
     on filler_rows update turns whose chunk holds no fact, the reply the memory unchanged
@@ -137,6 +137,7 @@ class LearnerConfig:
     copy_span_min: int | None = None
     copy_gap: int = 0
     copy_prefix: int = 0
+    copy_draw: Literal["log_uniform", "uniform"] = "log_uniform"
     recall_rows: int = 0
     recall_facts: int = 8
     filler_rows: int = 0

@@ -37,6 +37,8 @@ from memagent_jax.errors import UserError
 from memagent_jax.rl.collect import RolloutBatch, rollout_stats, score
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
 
+COPY_DRAWS = ("log_uniform", "uniform")  # how copy rows draw span lengths and gaps
+
 
 def sft_loss(logp, mask, row_weights, entropy=None):
     """logp, mask [rows, T] (mask 1 on reply tokens), row_weights [rows] as `dapo.policy_loss`
@@ -87,7 +89,8 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
 
 
 def copy_trajectories(tokenizer, count: int, span: int, seed: int, min_span: int | None = None,
-                      gap: int = 0, prefix: int = 0) -> list[Trajectory]:
+                      gap: int = 0, prefix: int = 0, draw: str = "log_uniform"
+                      ) -> list[Trajectory]:
     """`count` one-turn trajectories: the prompt is 0 to `prefix` random words of the synthetic
     tasks' vocabulary (drawn by `seed`, uniformly many), a span of such words, then 0 to `gap`
     more; the reply is the span again and the end-of-text token. Spans are `span` words, or of
@@ -97,17 +100,29 @@ def copy_trajectories(tokenizer, count: int, span: int, seed: int, min_span: int
     the row's start to copy from the sequence's start, and with uniform lengths and gaps
     (copies less than ~12 words back rare) never to copy from that near, which is where a final
     turn's memory lies; none of these looks anything up. The long gaps put the copy as far
-    back as a memory update's (docs/synthetic.md)."""
+    back as a memory update's (docs/synthetic.md). draw "uniform" draws lengths and gaps
+    uniformly instead, as the recipe's steps 0-2 were run: from random weights, the
+    log-uniform draw's short spans left step 0 without copying after its 300 steps."""
+    if draw not in COPY_DRAWS:
+        raise ValueError(f"draw must be one of {COPY_DRAWS}, got {draw!r}")
+    uniform = draw == "uniform"
     rng = np.random.default_rng(seed)
     ids = np.asarray(tokenizer.convert_tokens_to_ids(words().all()))
     trajectories = []
     for _ in range(count):
-        length = (span if min_span is None else
-                  int(np.exp(rng.uniform(np.log(min_span), np.log(span + 1)))))
+        if min_span is None:
+            length = span
+        elif uniform:
+            length = int(rng.integers(min_span, span + 1))
+        else:
+            length = int(np.exp(rng.uniform(np.log(min_span), np.log(span + 1))))
         before = rng.choice(ids, int(rng.integers(0, prefix + 1))).tolist() if prefix else []
         span_ids = rng.choice(ids, length).tolist()
-        after = (rng.choice(ids, int(np.expm1(rng.uniform(0, np.log1p(gap + 1))))).tolist()
-                 if gap else [])
+        after = []
+        if gap:
+            between = (int(rng.integers(0, gap + 1)) if uniform else
+                       int(np.expm1(rng.uniform(0, np.log1p(gap + 1)))))
+            after = rng.choice(ids, between).tolist()
         trajectories.append(_one_turn("copy", before + span_ids + after, span_ids, tokenizer))
     return trajectories
 
@@ -225,7 +240,8 @@ def warmup_trajectories(agent: MemoryAgent, learner, seed: int) -> list[Trajecto
     filler_rows and fact_rows settings) asks for them."""
     tokenizer = agent.tokenizer
     return (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
-                              learner.copy_span_min, learner.copy_gap, learner.copy_prefix)
+                              learner.copy_span_min, learner.copy_gap, learner.copy_prefix,
+                              learner.copy_draw)
             + recall_trajectories(tokenizer, learner.recall_rows, learner.recall_facts, seed)
             + filler_trajectories(agent, learner.filler_rows, seed)
             + fact_trajectories(agent, learner.fact_rows, seed))
