@@ -214,12 +214,19 @@ def _demo(args) -> None:
 
 def _trace(args) -> None:
     from memagent_jax.demo import parse_length
-    from memagent_jax.trace import run_trace
     length = parse_length(args.length)
+    budgets = {"chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
+               "max_final_tokens": args.max_final_tokens}
+    if args.carries:
+        from memagent_jax.carries import run_carries
+        if args.out:
+            raise UserError("--out: trace --carries prints its scores and writes no file")
+        run_carries(args.model, args.task, length, args.seed, args.num_samples, budgets)
+        return
+    from memagent_jax.trace import run_trace
     _start(args)
-    run_trace(args.model, args.task, length, args.seed, args.num_samples,
-              {"chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
-               "max_final_tokens": args.max_final_tokens}, args.slots, args.out)
+    run_trace(args.model, args.task, length, args.seed, args.num_samples, budgets, args.slots,
+              args.out)
 
 
 def _serve(args) -> None:
@@ -450,6 +457,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the documents' seed (the recipe's data: seeds 1-5; its evaluation: 9)")
     p.add_argument("--slots", type=int, default=16, help="documents read together")
     p.add_argument("--out", metavar="FILE.jsonl", help="also write the traces, one a line")
+    p.add_argument("--carries", action="store_true",
+                   help="instead of reading: score every turn that should keep the memory as "
+                        "it is, teacher-forced, and count those the model would rewrite "
+                        "(one process)")
     p.add_argument("--chunk-tokens", type=int, help="default: the model's (memagent.json)")
     p.add_argument("--max-memory-tokens", type=int, help="default: the model's")
     p.add_argument("--max-final-tokens", type=int, help="default: the model's")

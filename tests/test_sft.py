@@ -19,8 +19,8 @@ from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import (copy_trajectories, filler_trajectories, oracle_trajectory,
-                                 fact_trajectories, recall_trajectories)
+from memagent_jax.rl.sft import (carry_trajectories, copy_trajectories, fact_trajectories,
+                                 filler_trajectories, oracle_trajectory, recall_trajectories)
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -227,6 +227,48 @@ def test_filler_rows_are_update_turns_without_a_fact_that_keep_the_oracles_memor
     assert [t.turns[0].prompt_ids for t in other] != [t.turns[0].prompt_ids for t in rows]
 
 
+def test_held_filler_rows_carry_the_facts_the_question_needs(agent):
+    tokenizer = agent.tokenizer
+    rows = filler_trajectories(agent, 24, seed=3, held=True)
+    for trajectory in rows:
+        (turn,) = trajectory.turns
+        given, chunk = _memory_and_chunk(agent, trajectory)
+        assert given == turn.response_ids[:-1]  # kept as it was
+        assert not {"code", "city"} & set(tokenizer.decode(chunk).split())
+        facts = _facts(tokenizer.decode(given))
+        question = trajectory.problem.split()
+        if "city" not in question:  # multikey: the asked key's fact alone
+            assert len(facts) == 1 and facts[0][3] == question[-2]
+        else:  # twohop: the person's city and that city's code, both read by the last chunk
+            (city,) = [f[4] for f in facts if f[1] == "city" and f[3] == question[-2]]
+            assert any(f[1] == "code" and f[3] == city for f in facts)
+    assert {"city" in t.problem for t in rows} == {False, True}
+
+
+def test_carry_rows_are_the_candidates_whose_weakest_reply_token_is_least_likely(agent):
+    pool = filler_trajectories(agent, 12, seed=5, held=True)
+    rows = rows_from_trajectories([[t] for t in pool], np.ones(len(pool)))
+    seen = []
+
+    def logprobs(given):  # each row's reply tokens: all -1.0, or all 0 but one at -weak
+        assert [list(r) for r in given.tokens] == [list(r) for r in rows.tokens]
+        seen.append(len(given))
+        out = np.full(given.tokens.shape, -50.0, np.float32)  # prompt positions: ignored
+        for i, (start, end) in enumerate(zip(given.prompt_lengths, given.lengths)):
+            out[i, start:end] = -1.0 if i % 3 == 0 else 0.0
+            if i % 3:
+                out[i, start + i % (end - start)] = -0.5 * i
+        return out
+
+    chosen = carry_trajectories(agent, 4, 3, seed=5, logprobs=logprobs)
+    assert seen == [12]
+    # weakest tokens: -1 for rows 0, 3, 6, 9; -0.5 i for the others (-5.5 for 11 ...); a
+    # mean over the reply would choose the rows all at -1, which no single token marks
+    assert [t.turns[0].prompt_ids for t in chosen] == [
+        pool[i].turns[0].prompt_ids for i in (11, 10, 8, 7)]
+    assert {len(carry_trajectories(agent, 4, 3, seed=5, logprobs=logprobs))} == {4}
+
+
 def _facts(text):
     """Fact sentences of a text as word lists: [["the", "code", "of", KEY, VALUE], ...]."""
     words = text.replace(".", " . ").split()
@@ -281,26 +323,29 @@ def recipe_data(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["synthetic_copy", "synthetic_sft", "synthetic_sft_far",
-                                  "synthetic_sft_anywhere", "synthetic_sft_late"])
+                                  "synthetic_sft_anywhere", "synthetic_sft_late",
+                                  "synthetic_sft_carry"])
 def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         recipe_data, name, tmp_path):
     """The recipe's supervised steps as shipped, for two steps each, on one CPU device as the
     recipe runs (a process of its own: this one has 8); steps 1-4 start from a random model
     of the recipe's shape in place of the previous step's checkpoint. (Copy, recall and fact
-    rows are cut to 8 a step here, and one config validates: time.)"""
+    rows are cut to 8 a step here, carry rows to 4 of 16, and one config validates: time.)"""
     data, out = recipe_data, tmp_path / "run"
     path = os.path.join(ROOT, "configs", f"{name}.yaml")
     config = load_train_config(path)
     start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
     copies, recalls, facts = (min(getattr(config.learner, f"{kind}_rows"), 8)
                               for kind in ("copy", "recall", "fact"))
+    carries = min(config.learner.carry_rows, 4)
     validate = name == "synthetic_sft_anywhere"
     multiprocess.check_ok(multiprocess.run(
         ["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
          f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
          f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
          f"validation.every={2 if validate else 0}", f"learner.copy_rows={copies}",
-         f"learner.recall_rows={recalls}", f"learner.fact_rows={facts}", "steps=2",
+         f"learner.recall_rows={recalls}", f"learner.fact_rows={facts}",
+         f"learner.carry_rows={carries}", "learner.carry_pool=4", "steps=2",
          "prompts_per_step=2",
          f"output_dir={out}", "compilation_cache_dir=null"],
         num_processes=1, timeout_s=300, devices=1))
@@ -308,8 +353,8 @@ def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         records = [json.loads(line) for line in f]
     assert [r["step"] for r in records] == [1, 2]
     assert all(r["reward/mean"] == 1.0 for r in records)  # the oracle answers right
-    # every oracle turn (2 or 3 a document), the config's copy, recall and fact rows
-    extra = copies + recalls + facts
+    # every oracle turn (2 or 3 a document), the config's copy, recall, fact and carry rows
+    extra = copies + recalls + facts + carries
     assert extra and all(2 * 2 + extra <= r["learner/rows"] <= 2 * 3 + extra for r in records)
     assert all(np.isfinite(r["learner/loss"]) for r in records)
     assert records[0]["learner/lr"] == 0.0 < records[1]["learner/lr"]  # warm-up

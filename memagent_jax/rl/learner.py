@@ -98,7 +98,11 @@ class LearnerConfig:
     (`sft.filler_trajectories`). fact_rows (sft only): each step also trains on fact_rows
     update turns at the chunk where the oracle's memory first takes a fact in a four-chunk
     document, every other one with the fact under a wrong object in its memory, the reply the
-    oracle's memory with the chunk's fact (`sft.fact_trajectories`).
+    oracle's memory with the chunk's fact (`sft.fact_trajectories`). carry_rows, carry_pool
+    (sft only): each step also trains on the carry_rows hardest of carry_rows * carry_pool
+    update turns whose memory holds the question's facts and whose chunk holds none, the
+    reply the memory unchanged: those whose least likely reply token is least likely under
+    the current parameters (`sft.carry_trajectories`).
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -142,19 +146,21 @@ class LearnerConfig:
     recall_facts: int = 8
     filler_rows: int = 0
     fact_rows: int = 0
+    carry_rows: int = 0
+    carry_pool: int = 16
 
     def __post_init__(self):
         def fail(name, message):
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
         at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "copy_prefix",
-                 "recall_rows", "filler_rows", "fact_rows")
-        at_least(self, 1, "copy_span", "copy_span_min", "recall_facts")
+                 "recall_rows", "filler_rows", "fact_rows", "carry_rows")
+        at_least(self, 1, "copy_span", "copy_span_min", "recall_facts", "carry_pool")
         if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
             fail("copy_span_min", f"above copy_span {self.copy_span}")
-        for key in ("copy_rows", "recall_rows", "filler_rows", "fact_rows"):
+        for key in ("copy_rows", "recall_rows", "filler_rows", "fact_rows", "carry_rows"):
             if getattr(self, key) and self.loss != "sft":
-                fail(key, "copy, recall, filler and fact rows are a supervised warm-up's "
+                fail(key, "copy, recall, filler, fact and carry rows are a supervised warm-up's "
                           "(learner.loss: sft)")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
                  "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")

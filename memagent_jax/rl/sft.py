@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Callable
 
 import jax.numpy as jnp
 import numpy as np
@@ -35,6 +36,7 @@ from memagent_jax.data.synthetic import (CITY_FACT, CODE_FACT, TASKS, filler_tex
                                          oracle_memories, words)
 from memagent_jax.errors import UserError
 from memagent_jax.rl.collect import RolloutBatch, rollout_stats, score
+from memagent_jax.rl.rows import TrainingRows, rows_from_trajectories
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
 
 COPY_DRAWS = ("log_uniform", "uniform")  # how copy rows draw span lengths and gaps
@@ -67,7 +69,7 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     facts_read = oracle_memories(texts, facts)
     memories = [tokenizer(m, add_special_tokens=False)["input_ids"] if m
                 else list(prompts.initial_memory) for m in facts_read]
-    end = _end_token(agent)
+    end = end_token(agent)
     # The final reply restates the facts it answers from before the boxed answer: the answer is
     # then a copy of a word a few tokens back, not of one found in the prompt with nothing
     # pointing at it (docs/synthetic.md). The verifier reads only the box.
@@ -149,27 +151,48 @@ def recall_trajectories(tokenizer, count: int, facts: int, seed: int) -> list[Tr
     return trajectories
 
 
-def filler_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Trajectory]:
+def filler_trajectories(agent: MemoryAgent, count: int, seed: int, held: bool = False
+                        ) -> list[Trajectory]:
     """`count` one-turn trajectories: an update turn of `agent` whose chunk is chunk_tokens of
     filler text (no fact), and the oracle's reply to it, the memory it was given unchanged.
     Each takes its question and memory from the oracle trajectory of a synthetic document
     (`_document_state`, drawn by `seed`): the memory after one of its chunks, chosen
-    uniformly, so that empty memories and memories holding facts both occur. Documents of one
-    or two chunks hold their four to six facts in 512 tokens at most and seldom have a chunk
-    without one, while a long document is almost nothing else. Alone (32 a step) they
-    over-corrected the made-up first memory into a memory that ignores its chunk
-    (docs/synthetic.md); the recipe does without them."""
+    uniformly, so that empty memories and memories holding facts both occur; with `held`, the
+    memory after its last chunk, which holds every fact the question needs (a carry: what a
+    long document asks of the agent thousands of times). Documents of one or two chunks hold
+    their four to six facts in 512 tokens at most and seldom have a chunk without one, while a
+    long document is almost nothing else. Alone (32 a step) filler rows over-corrected the
+    made-up first memory into a memory that ignores its chunk (docs/synthetic.md); the recipe
+    does without them."""
     rng = np.random.default_rng(seed)
-    tokenizer, end = agent.tokenizer, _end_token(agent)
+    tokenizer, end = agent.tokenizer, end_token(agent)
     trajectories = []
     for index in range(count):
         question, problem, _, memories = _document_state(agent, rng, seed, index)
-        memory = _memory_ids(agent, memories[int(rng.integers(len(memories)))])
+        memory = _memory_ids(agent, memories[-1 if held else int(rng.integers(len(memories)))])
         chunk = tokenizer(filler_text(agent.config.chunk_tokens, seed, index),
                           add_special_tokens=False)["input_ids"]
         trajectories.append(_update_turn(agent, question, problem, memory, chunk,
                                          [*memory, end]))
     return trajectories
+
+
+def carry_trajectories(agent: MemoryAgent, count: int, pool: int, seed: int,
+                       logprobs: Callable[[TrainingRows], np.ndarray]) -> list[Trajectory]:
+    """The `count` hardest of `count * pool` carries (`filler_trajectories` with `held`, drawn
+    by `seed`): those whose least likely reply token has the lowest log-probability under
+    `logprobs` (rows -> [R, T] log-probs of the reply tokens, 0 elsewhere: the learner's,
+    under the current parameters). At 1M tokens the agent loses a fact it has written once in
+    a few thousand carries, at carries whose teacher-forced reply already ranks another word
+    first (`memagent-jax trace --carries`, docs/synthetic.md); carries drawn at random are
+    almost all easy, so the step trains on those the model now finds hardest."""
+    candidates = filler_trajectories(agent, count * pool, seed, held=True)
+    rows = rows_from_trajectories([[t] for t in candidates], np.ones(len(candidates)))
+    values = np.asarray(logprobs(rows))
+    positions = np.arange(values.shape[1])[None, :]
+    reply = (positions >= rows.prompt_lengths[:, None]) & (positions < rows.lengths[:, None])
+    weakest = np.where(reply, values, np.inf).min(axis=1)
+    return [candidates[i] for i in np.argsort(weakest, kind="stable")[:count]]
 
 
 def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Trajectory]:
@@ -183,7 +206,7 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
     for the asked key kept it when the real fact came, a memory no oracle trajectory
     contradicts (docs/synthetic.md)."""
     rng = np.random.default_rng(seed)
-    w, end = words(), _end_token(agent)
+    w, end = words(), end_token(agent)
     trajectories, index = [], 0
     while len(trajectories) < count:
         question, problem, chunks, memories = _document_state(agent, rng, seed, index)
@@ -234,20 +257,25 @@ def _update_turn(agent: MemoryAgent, question: str, problem: list[int], memory: 
         "stop", agent.tokenizer.decode(reply[:-1]))])
 
 
-def warmup_trajectories(agent: MemoryAgent, learner, seed: int) -> list[Trajectory]:
-    """The copy, recall, filler and fact rows a supervised step trains beside its oracle
-    trajectories, drawn by `seed`, as `learner` (a LearnerConfig: copy_*, recall_*,
-    filler_rows and fact_rows settings) asks for them."""
+def warmup_trajectories(agent: MemoryAgent, learner, seed: int,
+                        logprobs: Callable[[TrainingRows], np.ndarray] | None = None
+                        ) -> list[Trajectory]:
+    """The copy, recall, filler, fact and carry rows a supervised step trains beside its
+    oracle trajectories, drawn by `seed`, as `learner` (a LearnerConfig: copy_*, recall_*,
+    filler_rows, fact_rows, carry_rows and carry_pool settings) asks for them; carry rows
+    are chosen by `logprobs` (`carry_trajectories`), which they need."""
     tokenizer = agent.tokenizer
     return (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
                               learner.copy_span_min, learner.copy_gap, learner.copy_prefix,
                               learner.copy_draw)
             + recall_trajectories(tokenizer, learner.recall_rows, learner.recall_facts, seed)
             + filler_trajectories(agent, learner.filler_rows, seed)
-            + fact_trajectories(agent, learner.fact_rows, seed))
+            + fact_trajectories(agent, learner.fact_rows, seed)
+            + (carry_trajectories(agent, learner.carry_rows, learner.carry_pool, seed, logprobs)
+               if learner.carry_rows else []))
 
 
-def _end_token(agent: MemoryAgent) -> int:
+def end_token(agent: MemoryAgent) -> int:
     """The token an oracle reply ends with: end-of-text where it stops the engine."""
     tokenizer = agent.tokenizer
     return (tokenizer.eos_token_id if tokenizer.eos_token_id in agent.stop_ids

@@ -225,7 +225,8 @@ class Trainer:
             groups = batch.groups
             if config.learner.loss == "sft":
                 extra = warmup_trajectories(self.agent, config.learner,
-                                            seed=config.seed * 1_000_003 + step)
+                                            seed=config.seed * 1_000_003 + step,
+                                            logprobs=self.learner.logprobs)
                 groups = groups + [[t] for t in extra]
                 advantages = np.ones(sum(len(g) for g in groups))
             else:
