@@ -171,21 +171,28 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
     parameters; `run` and `eval` read it directly."""
     import torch
     from flax import nnx
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from memagent_jax.cli import main
     from memagent_jax.eval.config import EvalConfig
     from memagent_jax.eval.runner import run_eval
     from memagent_jax.models.checkpoint import training_step_dir
     from memagent_jax.runconfig import load_config
+    from memagent_jax.tokenizer import load_tokenizer
 
     step = three_steps.out / "checkpoints" / "3"
     assert training_step_dir(str(three_steps.out)) == str(step)
     exported = tmp_path / "hf"
     assert main(["export", "--ckpt", str(three_steps.out), "--out", str(exported)]) == 0
     hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(exported)
-    ids = np.array([tokenizer("the secret code is", add_special_tokens=False)["input_ids"]
+    # tokenizer.json as written (README): AutoTokenizer would take Qwen2's tokenizer class
+    # from config.json and split the word-level vocabulary otherwise
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(exported)
+    text = "the secret code is"
+    assert (tokenizer(text, add_special_tokens=False)["input_ids"]
+            == load_tokenizer(str(step))(text, add_special_tokens=False)["input_ids"]
+            == [load_tokenizer(str(step)).convert_tokens_to_ids(w) for w in text.split()])
+    ids = np.array([tokenizer(text, add_special_tokens=False)["input_ids"]
                     + list(range(10, 30))])
     learner = three_steps.trainer.learner
     ours = np.asarray(nnx.merge(learner.graphdef, learner.params)(ids))
