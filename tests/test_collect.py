@@ -126,6 +126,27 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_round():
     assert batch.stats["dynamic/kept_fraction"] == 1.0
 
 
+def test_carry_starts_take_the_place_of_drawn_prompts_in_the_first_round_only():
+    """2 groups wanted and one prompt of the step's own (a carry start asking q3, an
+    informative group): round 1 runs it with one drawn prompt, q0 (dropped); round 2 draws
+    the one still missing, q1, and calls for no more starts."""
+    agent, calls = ScriptedAgent(), []
+
+    def starts():
+        calls.append(1)
+        return [Example(-1, "hotpotqa", "q3", "", ("paris",))], ["q3"]
+
+    batch = collect_batch(agent, None, _examples(list(SCRIPT)), _config(2, dynamic=True),
+                          seed_for_try=lambda k: 100 + k, starts=starts)
+    assert agent.runs == [(["q0", "q3"], 100), (["q1"], 101)] and calls == [1]
+    assert [e.index for e in batch.examples] == [-1, 1] and batch.drawn == [0, 1]
+    np.testing.assert_array_equal(batch.rewards, [[0, 1], [1, 0]])
+    assert batch.stats["reward/carry_start_mean"] == 0.5  # q3's alone
+    plain = collect_batch(ScriptedAgent(), None, _examples(list(SCRIPT)),
+                          _config(2, dynamic=True), seed_for_try=lambda k: k)
+    assert "reward/carry_start_mean" not in plain.stats
+
+
 def test_dynamic_sampling_judges_the_shaped_rewards():
     """q0's answers are both right, but its second final answer is at the final cap (4 tokens,
     penalty -1): shaped rewards 1, 0 differ, so the group is kept (docs/algorithm.md: the

@@ -119,6 +119,25 @@ def test_conversations_are_exactly_the_originals(tokenizer, length):
     assert trajectory.memories == [t.reply for t in turns[:-1]]
 
 
+def test_a_sample_can_start_from_a_memory_of_its_own(tokenizer):
+    """A rollout that starts inside a document (rl.carry_starts): the first prompt is the
+    original's update prompt with the given memory in place of "No previous memory"."""
+    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), tokenizer,
+                        MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
+                                       max_problem_tokens=16), stop_ids=(EOS,))
+    sample = agent.read("what is it", _document(tokenizer, 2 * C))
+    memory = tuple(tokenizer("the answer is memory", add_special_tokens=False)["input_ids"])
+    started = dataclasses.replace(sample, initial_memory=memory)
+    (trajectory,), = agent.run(None, [started], SamplingParams(0.0))
+    chunk = tokenizer.decode(list(sample.chunks[0]))
+    assert trajectory.turns[0].prompt_ids == chat_prompt_ids(
+        tokenizer, update_prompt("what is it", "the answer is memory", chunk))
+    (plain,), = agent.run(None, [sample], SamplingParams(0.0))
+    assert plain.turns[0].prompt_ids == chat_prompt_ids(
+        tokenizer, update_prompt("what is it", "No previous memory", chunk))
+    assert [t.prompt_ids for t in trajectory.turns[1:]] == [t.prompt_ids for t in plain.turns[1:]]
+
+
 def test_a_reply_cut_at_the_cap_is_kept_as_is(tokenizer):
     engine = ScriptedEngine(tokenizer, repeat=10)  # 20 words, cap 5
     agent = MemoryAgent(Scheduler(engine), tokenizer,

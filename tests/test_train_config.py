@@ -119,6 +119,12 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.carry_rows=8"], "learner.carry_rows: copy, recall, filler, fact and carry rows"),
     (["learner.carry_pool=0"], "learner.carry_pool: must be at least 1"),
     (["learner.copy_draw=normal"], "learner.copy_draw"),
+    (["rollout.carry_starts=9", "prompts_per_step=8"],
+     "rollout.carry_starts: 9 is more than prompts_per_step 8"),
+    (["rollout.carry_starts=1", "learner.loss=sft"],
+     "rollout.carry_starts: carry starts are rollouts"),
+    (["rollout.carry_starts=-1"], "rollout.carry_starts: must be at least 0"),
+    (["rollout.carry_chunks=0"], "rollout.carry_chunks: must be at least 1"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):

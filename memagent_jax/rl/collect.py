@@ -4,9 +4,10 @@
 (every chunk's memory update and the final answer), scores each trajectory's final reply with
 its verifier, adds DAPO's overlong penalty, and, with dynamic sampling on, keeps only groups
 whose rewards are not all equal, drawing more prompts until `prompts` groups are kept or the
-tries run out (docs/algorithm.md section 3). It returns the kept groups, their shaped rewards
-[G, n], the indices of every example drawn (the data order, logged per step), and rollout
-statistics over every trajectory sampled.
+tries run out (docs/algorithm.md section 3); prompts the caller makes itself (carry starts,
+rl/carry_starts.py) take the place of drawn ones in the first round. It returns the kept
+groups, their shaped rewards [G, n], the indices of every example drawn (the data order,
+logged per step), and rollout statistics over every trajectory sampled.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from memagent_jax.data.pipeline import Example, take
 from memagent_jax.rl import dapo, rewards
-from memagent_jax.rollout.memagent import MemoryAgent, Trajectory
+from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
 from memagent_jax.rollout.sampling import SamplingParams
 
 
@@ -80,27 +81,33 @@ def overlong_penalties(groups: list[list[Trajectory]], memory_cap: int, final_ca
 
 
 def collect_batch(agent: MemoryAgent, params, iterator, config,
-                  seed_for_try: Callable[[int], int], on_turn: Callable | None = None
+                  seed_for_try: Callable[[int], int], on_turn: Callable | None = None,
+                  starts: Callable[[], tuple[list[Example], list[Sample]]] | None = None
                   ) -> RolloutBatch:
     """One step's batch (module docstring), sampled with `params`. config: the TrainConfig;
     seed_for_try(k): the sampling seed of rollout round k; on_turn(sample, turn): called as
-    each turn finishes."""
+    each turn finishes. starts(): prompts that come with their own samples (carry starts:
+    `rl.carry_starts`), run in the first round in place of as many drawn from `iterator`;
+    later rounds draw from `iterator` only."""
     rollout, budgets, wanted = config.rollout, config.memagent, config.prompts_per_step
     dynamic = config.dynamic_sampling.enabled
     kept_examples, kept_groups, kept_rewards, drawn = [], [], [], []
-    all_groups, all_raw, all_shaped = [], [], []
+    all_groups, all_raw, all_shaped, started = [], [], [], []
     tries, start = 0, time.perf_counter()
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):
         need = wanted - len(kept_groups)
-        examples = take(iterator, need)
+        own_examples, own_samples = starts() if starts and not tries else ([], [])
+        examples = take(iterator, need - len(own_examples))
         drawn.extend(e.index for e in examples)
+        samples = [agent.read(e.question, e.context, strict=False) for e in examples]
+        examples, samples = examples + own_examples, samples + own_samples
         sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k,
                                   seed=seed_for_try(tries))
-        groups = agent.run(params, [agent.read(e.question, e.context, strict=False)
-                                    for e in examples],
-                           sampling, n=rollout.n, on_turn=on_turn)
+        groups = agent.run(params, samples, sampling, n=rollout.n, on_turn=on_turn)
         raw = score(examples, groups, config.data.reward)
+        if own_examples:
+            started = raw[len(raw) - len(own_examples):]
         shaped = raw.copy()
         if config.overlong.enabled:
             shaped += overlong_penalties(groups, budgets.max_memory_tokens,
@@ -116,6 +123,8 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
         all_shaped.append(shaped)
         tries += 1
     stats = rollout_stats(all_groups, np.concatenate(all_raw), np.concatenate(all_shaped))
+    if len(started):
+        stats["reward/carry_start_mean"] = float(started.mean())
     stats.update({"dynamic/kept_fraction": len(kept_groups) / max(len(all_groups), 1),
                   "dynamic/tries": float(tries), "dynamic/kept_groups": float(len(kept_groups)),
                   "time/rollout_s": time.perf_counter() - start})

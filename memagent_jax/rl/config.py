@@ -64,16 +64,22 @@ class DataSection:
 
 @dataclasses.dataclass
 class RolloutSection:
-    """n: trajectories per prompt (a group), sampled at temperature, top_p, top_k."""
+    """n: trajectories per prompt (a group), sampled at temperature, top_p, top_k.
+    carry_starts: of each step's prompts_per_step, how many start inside a long document
+    with the question's facts in the memory and read carry_chunks filler chunks, the hardest
+    of carry_chunks x carry_pool by the current parameters (`rl.carry_starts`; DAPO only)."""
     n: int = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    carry_starts: int = 0
+    carry_chunks: int = 8
+    carry_pool: int = 16
     SECTION: ClassVar[str] = "rollout"
 
     def __post_init__(self):
-        at_least(self, 1, "n")
-        at_least(self, 0, "top_k")
+        at_least(self, 1, "n", "carry_chunks", "carry_pool")
+        at_least(self, 0, "top_k", "carry_starts")
         if not self.temperature > 0:
             raise ConfigError("rollout.temperature", f"must be > 0 for training samples, got "
                                                      f"{self.temperature}")
@@ -187,6 +193,14 @@ class TrainConfig:
                                   f"rollout.temperature ({self.rollout.temperature}): the "
                                   "learner scores tokens under the distribution they were "
                                   "sampled from")
+        if self.rollout.carry_starts > self.prompts_per_step:
+            raise ConfigError("rollout.carry_starts", f"{self.rollout.carry_starts} is more "
+                                                      f"than prompts_per_step "
+                                                      f"{self.prompts_per_step}")
+        if self.rollout.carry_starts and self.learner.loss != "dapo":
+            raise ConfigError("rollout.carry_starts", "carry starts are rollouts, and a "
+                                                      "supervised step (learner.loss: sft) "
+                                                      "samples none; use learner.carry_rows")
         if self.overlong.enabled:
             cap = min(self.memagent.max_memory_tokens, self.memagent.max_final_tokens)
             if not 1 <= self.overlong.buffer <= cap:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax.numpy as jnp
 import numpy as np
@@ -156,7 +156,7 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int, held: bool = 
     """`count` one-turn trajectories: an update turn of `agent` whose chunk is chunk_tokens of
     filler text (no fact), and the oracle's reply to it, the memory it was given unchanged.
     Each takes its question and memory from the oracle trajectory of a synthetic document
-    (`_document_state`, drawn by `seed`): the memory after one of its chunks, chosen
+    (`document_state`, drawn by `seed`): the memory after one of its chunks, chosen
     uniformly, so that empty memories and memories holding facts both occur; with `held`, the
     memory after its last chunk, which holds every fact the question needs (a carry: what a
     long document asks of the agent thousands of times). Documents of one or two chunks hold
@@ -168,12 +168,13 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int, held: bool = 
     tokenizer, end = agent.tokenizer, end_token(agent)
     trajectories = []
     for index in range(count):
-        question, problem, _, memories = _document_state(agent, rng, seed, index)
-        memory = _memory_ids(agent, memories[-1 if held else int(rng.integers(len(memories)))])
+        state = document_state(agent, rng, seed, index)
+        memories = state.memories
+        memory = memory_ids(agent, memories[-1 if held else int(rng.integers(len(memories)))])
         chunk = tokenizer(filler_text(agent.config.chunk_tokens, seed, index),
                           add_special_tokens=False)["input_ids"]
-        trajectories.append(_update_turn(agent, question, problem, memory, chunk,
-                                         [*memory, end]))
+        trajectories.append(update_turn(agent, state.question, state.problem, memory, chunk,
+                                        [*memory, end]))
     return trajectories
 
 
@@ -187,17 +188,25 @@ def carry_trajectories(agent: MemoryAgent, count: int, pool: int, seed: int,
     first (`memagent-jax trace --carries`, docs/synthetic.md); carries drawn at random are
     almost all easy, so the step trains on those the model now finds hardest."""
     candidates = filler_trajectories(agent, count * pool, seed, held=True)
-    rows = rows_from_trajectories([[t] for t in candidates], np.ones(len(candidates)))
+    weakest = weakest_reply_token(candidates, logprobs)
+    return [candidates[i] for i in np.argsort(weakest, kind="stable")[:count]]
+
+
+def weakest_reply_token(trajectories: list[Trajectory],
+                        logprobs: Callable[[TrainingRows], np.ndarray]) -> np.ndarray:
+    """[N] the lowest log-probability under `logprobs` of any reply token of each one-turn
+    trajectory (its turn teacher-forced: a carry whose value is low is one the policy may
+    rewrite)."""
+    rows = rows_from_trajectories([[t] for t in trajectories], np.ones(len(trajectories)))
     values = np.asarray(logprobs(rows))
     positions = np.arange(values.shape[1])[None, :]
     reply = (positions >= rows.prompt_lengths[:, None]) & (positions < rows.lengths[:, None])
-    weakest = np.where(reply, values, np.inf).min(axis=1)
-    return [candidates[i] for i in np.argsort(weakest, kind="stable")[:count]]
+    return np.where(reply, values, np.inf).min(axis=1)
 
 
 def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Trajectory]:
     """`count` one-turn trajectories: the update turn of `agent` at the chunk where the oracle's
-    memory first takes a fact in a synthetic document (`_document_state`, drawn by `seed`),
+    memory first takes a fact in a synthetic document (`document_state`, drawn by `seed`),
     given the oracle's memory before that chunk, and the oracle's reply, the memory with the
     chunk's fact. In every other one the memory also holds the same fact with a wrong object
     ("the code of KEY WRONG ."), which the reply replaces. The supervised documents (one or two
@@ -209,7 +218,9 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
     w, end = words(), end_token(agent)
     trajectories, index = [], 0
     while len(trajectories) < count:
-        question, problem, chunks, memories = _document_state(agent, rng, seed, index)
+        state = document_state(agent, rng, seed, index)
+        question, problem, chunks, memories = (state.question, state.problem, state.chunks,
+                                               state.memories)
         index += 1
         before = [""] + memories
         at, fact = next((i, f) for i, m in enumerate(memories) for f in m.splitlines()
@@ -224,33 +235,44 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
             while wrong == right:
                 wrong = objects[int(rng.integers(len(objects)))]
             memory = "\n".join([*memory.splitlines(), " ".join([*form, subject, wrong, stop])])
-        trajectories.append(_update_turn(agent, question, problem, _memory_ids(agent, memory),
-                                         list(chunks[at]),
-                                         [*_memory_ids(agent, memories[at]), end]))
+        trajectories.append(update_turn(agent, question, problem, memory_ids(agent, memory),
+                                        list(chunks[at]),
+                                        [*memory_ids(agent, memories[at]), end]))
     return trajectories
 
 
-def _document_state(agent: MemoryAgent, rng, seed: int, index: int):
+class DocumentState(NamedTuple):
+    """A synthetic document as the agent reads it: its task, question and answer, the
+    question's ids, its chunks' ids, and the oracle's memory after each chunk (text)."""
+    task: str
+    question: str
+    answer: str
+    problem: tuple[int, ...]
+    chunks: tuple[tuple[int, ...], ...]
+    memories: list[str]
+
+
+def document_state(agent: MemoryAgent, rng, seed: int, index: int) -> DocumentState:
     """Document `index` of a task drawn by `rng` (1,024 tokens: four chunks of 256; seed -1 -
-    `seed`) as the agent reads it: (question, problem ids, chunks [ids], the oracle's memory
-    after each chunk [text]). The seed is negated so that no data set of a step's seed (1, 2,
-    ...), the evaluation's among them, holds these documents."""
+    `seed`). The seed is negated so that no data set of a step's seed (1, 2, ...), the
+    evaluation's among them, holds these documents."""
     task = TASKS[int(rng.integers(len(TASKS)))]
     document = make_sample(task, 1024, -1 - seed, index)
     sample = agent.read(document.question, document.context, strict=False)
     memories = oracle_memories([agent.tokenizer.decode(chunk) for chunk in sample.chunks],
                                [dataclasses.asdict(fact) for fact in document.facts])
-    return document.question, sample.problem_ids, sample.chunks, memories
+    return DocumentState(task, document.question, document.answer, sample.problem_ids,
+                         sample.chunks, memories)
 
 
-def _memory_ids(agent: MemoryAgent, memory: str) -> list[int]:
+def memory_ids(agent: MemoryAgent, memory: str) -> list[int]:
     """A memory's ids: its text's, or the initial memory's when it is empty."""
     return (agent.tokenizer(memory, add_special_tokens=False)["input_ids"] if memory
             else list(agent.prompts.initial_memory))
 
 
-def _update_turn(agent: MemoryAgent, question: str, problem: list[int], memory: list[int],
-                 chunk: list[int], reply: list[int]) -> Trajectory:
+def update_turn(agent: MemoryAgent, question: str, problem, memory: list[int], chunk,
+                reply: list[int]) -> Trajectory:
     """A trajectory of one update turn of `agent`: `reply` to (problem, memory, chunk)."""
     return Trajectory(question, [Turn(
         "update", agent.prompts.update(problem, memory, chunk), reply, [0.0] * len(reply),

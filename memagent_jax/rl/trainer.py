@@ -50,6 +50,7 @@ from memagent_jax.errors import Interrupted
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl.advantages import group_advantages
+from memagent_jax.rl.carry_starts import carry_starts
 from memagent_jax.rl.checkpointing import Checkpointer
 from memagent_jax.rl.collect import collect_batch, score
 from memagent_jax.rl.config import TrainConfig, check_devices
@@ -210,8 +211,13 @@ class Trainer:
                 batch = oracle_batch(self.agent, self.iterator, config.prompts_per_step,
                                      config.data.reward)
             else:
+                r = config.rollout
+                starts = (lambda: carry_starts(
+                    self.agent, r.carry_starts, r.carry_chunks, r.carry_pool,
+                    seed=config.seed * 1_000_003 + step, logprobs=self.learner.logprobs)
+                    ) if r.carry_starts else None
                 batch = collect_batch(self.agent, self.learner.compute_params(),
-                                      self.iterator, config, seed_for_try, on_turn)
+                                      self.iterator, config, seed_for_try, on_turn, starts)
         except _Preempted:
             self.rng = at_start[0]
             self.iterator.set_state(at_start[1])

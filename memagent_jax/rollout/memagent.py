@@ -53,11 +53,15 @@ class MemAgentConfig:
 @dataclasses.dataclass(frozen=True)
 class Sample:
     """A question and its document as the workflow reads it, in the policy's tokens: the
-    question's ids, the chunks' ids, and the document's length (before any max_chunks cut)."""
+    question's ids, the chunks' ids, and the document's length (before any max_chunks cut).
+    initial_memory: the memory's ids before the first chunk (None: the template's "No
+    previous memory"); a rollout that starts inside a long document starts from the memory
+    held there (`rl.carry_starts`)."""
     problem: str
     problem_ids: tuple[int, ...]
     chunks: tuple[tuple[int, ...], ...]
     document_tokens: int
+    initial_memory: tuple[int, ...] | None = None
 
 
 @dataclasses.dataclass
@@ -200,7 +204,8 @@ class _Run:
                  trajectory, seed, on_turn):
         self.agent, self.sample, self.index = agent, sample_index, index
         self.problem_ids = sample.problem_ids
-        self.turns = memory_turns(sample.chunks, agent.prompts.initial_memory)
+        self.turns = memory_turns(sample.chunks, agent.prompts.initial_memory
+                                  if sample.initial_memory is None else sample.initial_memory)
         self.trajectory, self.seed, self.on_turn = trajectory, seed, on_turn
         self.kind, self.prompt_ids = "", []
 

@@ -1,0 +1,101 @@
+"""Carry starts (rl/carry_starts.py): rollouts that begin inside a long document with the
+question's facts in the memory, over the filler chunks the current model finds hardest to keep
+it through; checked against the synthetic documents' own facts and the original's verifier, and
+run through the agent."""
+
+import numpy as np
+import pytest
+
+from memagent_jax.data import synthetic
+from memagent_jax.data.needle import write_tokenizer
+from memagent_jax.models import ModelConfig, random_model, split_params
+from memagent_jax.rl.carry_starts import carry_starts
+from memagent_jax.rl.rewards import strict_reward
+from memagent_jax.rollout.agent import build_agent
+from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.templates import TokenPrompts
+from memagent_jax.tokenizer import load_tokenizer
+
+MODEL = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=8)
+BUDGETS = MemAgentConfig(chunk_tokens=64, max_memory_tokens=40, max_final_tokens=8,
+                         max_problem_tokens=16)
+FACT_WORDS = ("code", "city")
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(MODEL, seed=0)
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory, model):
+    tokenizer = load_tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok")),
+                                               synthetic.vocabulary()))
+    return build_agent(model, tokenizer, BUDGETS, EngineConfig(slots=8), None,
+                       (tokenizer.eos_token_id,))
+
+
+def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent):
+    tokenizer, end, seen = agent.tokenizer, agent.tokenizer.eos_token_id, []
+
+    def logprobs(rows):  # a chunk's weakness: minus the number of times "the" occurs in it
+        seen.append(len(rows))
+        out = np.zeros(rows.tokens.shape, np.float32)
+        the = tokenizer.convert_tokens_to_ids("the")
+        for i, (start, stop) in enumerate(zip(rows.prompt_lengths, rows.lengths)):
+            # the reply is the memory unchanged and the end-of-text token
+            assert rows.tokens[i, stop - 1] == end
+            out[i, start] = -float(np.sum(rows.tokens[i, :start] == the))
+        return out
+
+    examples, samples = carry_starts(agent, 3, chunks=2, pool=4, seed=7, logprobs=logprobs)
+    assert seen == [8, 8, 8]  # 2 x 4 candidates scored for each start
+    assert [e.index for e in examples] == [-1, -2, -3] and {e.context for e in examples} == {""}
+    tasks = set()
+    for example, sample in zip(examples, samples):
+        (answer,) = example.ground_truths
+        tasks.add(example.data_source)
+        assert sample.problem == example.question
+        assert sample.problem_ids == tuple(tokenizer(example.question,
+                                                     add_special_tokens=False)["input_ids"])
+        memory = tokenizer.decode(list(sample.initial_memory))
+        # the memory holds the answer's facts: the oracle's final reply from it is right
+        assert answer in memory.replace(".", " . ").split()
+        assert strict_reward(f"{memory} \\boxed{{{answer}}}", [answer]) == 1.0
+        assert len(sample.chunks) == 2 and {len(c) for c in sample.chunks} == {64}
+        for chunk in sample.chunks:  # filler: no fact sentence
+            words = tokenizer.decode(list(chunk)).split()
+            assert not any(w == "the" and words[i + 1] in FACT_WORDS and words[i + 2] == "of"
+                           for i, w in enumerate(words[:-2]))
+    assert tasks <= {"synthetic_multikey", "synthetic_twohop"}
+    # the chosen chunks are the two with the most "the" of each start's eight candidates
+    first = samples[0]
+    again_examples, again = carry_starts(agent, 3, chunks=2, pool=4, seed=7, logprobs=logprobs)
+    assert again == samples and again_examples == examples
+    counts = [sum(t == tokenizer.convert_tokens_to_ids("the") for t in chunk)
+              for chunk in first.chunks]
+    candidates = [tokenizer(synthetic.filler_text(64, 7, k), add_special_tokens=False)
+                  ["input_ids"] for k in range(8)]
+    all_counts = sorted((sum(t == tokenizer.convert_tokens_to_ids("the") for t in c)
+                         for c in candidates), reverse=True)
+    assert sorted(counts, reverse=True) == all_counts[:2]
+    assert all(tuple(c) in {tuple(x) for x in candidates} for c in first.chunks)
+    other, _ = carry_starts(agent, 3, chunks=2, pool=4, seed=8, logprobs=logprobs)
+    assert [e.question for e in other] != [e.question for e in examples]
+
+
+def test_a_carry_start_runs_through_the_agent_from_its_memory(agent, model):
+    def logprobs(rows):
+        return np.zeros(rows.tokens.shape, np.float32)
+
+    _, samples = carry_starts(agent, 2, chunks=3, pool=1, seed=1, logprobs=logprobs)
+    prompts = TokenPrompts(agent.tokenizer)
+    groups = agent.run(split_params(model)[1], samples, SamplingParams(1.0, seed=0), n=2)
+    for sample, group in zip(samples, groups):
+        for trajectory in group:
+            assert [t.kind for t in trajectory.turns] == ["update"] * 3 + ["final"]
+            assert trajectory.turns[0].prompt_ids == prompts.update(
+                sample.problem_ids, sample.initial_memory, sample.chunks[0])
