@@ -218,9 +218,7 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
     w, end = words(), end_token(agent)
     trajectories, index = [], 0
     while len(trajectories) < count:
-        state = document_state(agent, rng, seed, index)
-        question, problem, chunks, memories = (state.question, state.problem, state.chunks,
-                                               state.memories)
+        _, question, _, problem, chunks, memories = document_state(agent, rng, seed, index)
         index += 1
         before = [""] + memories
         at, fact = next((i, f) for i, m in enumerate(memories) for f in m.splitlines()
