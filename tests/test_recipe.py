@@ -1,8 +1,9 @@
 """The synthetic recipe's steps 5 and 6 as shipped (configs/synthetic_rl.yaml and its variant
 synthetic_rl_starts.yaml, then configs/eval_synthetic.yaml), a couple of steps each on small
-data, so that CI keeps the recipe runnable (steps 0-4, the supervised warm-up, are tests/test_sft.py's). The model is the
-recipe's shape (preset `small`) with random weights in place of step 4's checkpoint; training
-runs on one CPU device as the recipe does, in a process of its own (this one has 8)."""
+data, so that CI keeps the recipe runnable (steps 0-4, the supervised warm-up, are
+tests/test_sft.py's). The model is the recipe's shape (preset `small`) with random weights in
+place of step 4's checkpoint; training runs on one CPU device as the recipe does, in a process
+of its own (this one has 8)."""
 
 import json
 import os
