@@ -32,6 +32,7 @@ last completed step is checkpointed and the command exits 0; rerunning it resume
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -206,16 +207,18 @@ class Trainer:
             seeds.append(self._seed_for_try(_try))
             return seeds[-1]
 
+        # Seeds the rows a step makes itself (warm-up rows, carry starts): a function of the
+        # step alone, so that a resumed run makes the same ones.
+        rows_seed = config.seed * 1_000_003 + step
         try:
             if config.learner.loss == "sft":  # no sampling: the oracle's replies
                 batch = oracle_batch(self.agent, self.iterator, config.prompts_per_step,
                                      config.data.reward)
             else:
                 r = config.rollout
-                starts = (lambda: carry_starts(
-                    self.agent, r.carry_starts, r.carry_chunks, r.carry_pool,
-                    seed=config.seed * 1_000_003 + step, logprobs=self.learner.logprobs)
-                    ) if r.carry_starts else None
+                starts = functools.partial(
+                    carry_starts, self.agent, r.carry_starts, r.carry_chunks, r.carry_pool,
+                    seed=rows_seed, logprobs=self.learner.logprobs) if r.carry_starts else None
                 batch = collect_batch(self.agent, self.learner.compute_params(),
                                       self.iterator, config, seed_for_try, on_turn, starts)
         except _Preempted:
@@ -230,8 +233,7 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
-                extra = warmup_trajectories(self.agent, config.learner,
-                                            seed=config.seed * 1_000_003 + step,
+                extra = warmup_trajectories(self.agent, config.learner, seed=rows_seed,
                                             logprobs=self.learner.logprobs)
                 groups = groups + [[t] for t in extra]
                 advantages = np.ones(sum(len(g) for g in groups))
