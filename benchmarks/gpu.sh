@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmarks, in the groups a 10-minute device call can hold:
-#   benchmarks/gpu.sh decode7b   # tests/test_gpu.py (cuDNN attention), decode on the 7B shape
+# The GPU checks and benchmarks, in groups sized (BENCHMARKS.md, 2026-11-26) so that each fits
+# one 10-minute device call and about two fit a session's 15 minutes of device time:
+#   benchmarks/gpu.sh train      # tests/test_gpu.py (cuDNN attention); learner update: 0.5B
+#                                # (XLA, then cuDNN attention), 1.5B with remat
+#   benchmarks/gpu.sh decode7b   # decode on the 7B shape
 #   benchmarks/gpu.sh small      # decode on the 0.5B shape, the memory loop
-#   benchmarks/gpu.sh train      # learner update: 0.5B (XLA, then cuDNN attention), 1.5B with remat
+# A session runs `train` first (the correctness tests), then the group the last GPU session in
+# BENCHMARKS.md did not reach.
 # Runs from the repository root with the machine's python3 (jax with CUDA, flax, optax, orbax,
 # transformers, torch; no install: the package is put on PYTHONPATH). Each step's log goes to
 # $LOGS (default: $OUT where the device tool sets it, else ./gpu_logs); each step has its own
@@ -30,13 +34,14 @@ optax.__version__, 'torch', torch.__version__, 'transformers', t.__version__)"
 
 case "${1:-}" in
 decode7b)
-    step test_gpu 120 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/test_gpu.py
-    step decode_7b 440 python3 benchmarks/decode.py --preset qwen2.5-7b --dtype bfloat16 \
-        --batch-sizes 1,8,16,32,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
+    # Writing the random 15 GB checkpoint takes ~100 s and each batch size's warm-up compiles
+    # the prefill at every row count up to it (13-47 s), so three batch sizes, not five.
+    step decode_7b 500 python3 benchmarks/decode.py --preset qwen2.5-7b --dtype bfloat16 \
+        --batch-sizes 1,16,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
     ;;
 small)
-    step decode_0.5b 120 python3 benchmarks/decode.py --preset qwen2.5-0.5b --dtype bfloat16 \
-        --batch-sizes 1,8,32,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
+    step decode_0.5b 200 python3 benchmarks/decode.py --preset qwen2.5-0.5b --dtype bfloat16 \
+        --batch-sizes 1,8,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
     step memory_loop 170 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
         --heads 14 --kv-heads 2 --lengths 16384,65536 --batch-sizes 1,8,32 --max-batch-tokens 524288 \
         --peer-lengths 16384 --peer-batch-sizes 1,8,32 --prefill-rows 8
@@ -45,6 +50,7 @@ small)
         --peer-batch-sizes "" --prefill-rows 8 --attention dot_product --profile
     ;;
 train)
+    step test_gpu 120 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/test_gpu.py
     step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
         --dtype bfloat16 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192
@@ -57,7 +63,7 @@ train)
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat
     ;;
 *)
-    echo "usage: benchmarks/gpu.sh decode7b|small|train" >&2
+    echo "usage: benchmarks/gpu.sh train|decode7b|small" >&2
     exit 2
     ;;
 esac
