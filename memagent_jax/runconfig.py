@@ -1,12 +1,13 @@
 """YAML run configs: typed dataclass schemas, `key=value` overrides, errors that name the key.
 
-A schema is a (nested) dataclass whose fields carry defaults; a YAML file and command-line
-overrides (`learner.lr=1e-6`, dotted keys into nested sections, values parsed as YAML) fill it.
-Everything is checked before any device work: an unknown key, or a value of the wrong type, is a
-`UserError` naming the file, the key and the value. A section's own checks (its `__post_init__`,
-raising `ConfigError` through `at_least`, `probability` or with `config_key`)
-run as it is built, and again, with every other section's, in `check` (after a config was
-changed in code). A section class names itself in `SECTION` (its key in the YAML files).
+A schema is a (nested) dataclass whose fields carry defaults; a YAML file (over the file its
+`base` key names, if any) and command-line overrides (`learner.lr=1e-6`, dotted keys into
+nested sections, values parsed as YAML) fill it. Everything is checked before any device work:
+an unknown key, or a value of the wrong type, is a `UserError` naming the file, the key and the
+value. A section's own checks (its `__post_init__`, raising `ConfigError` through `at_least`,
+`probability` or with `config_key`) run as it is built, and again, with every other
+section's, in `check` (after a config was changed in code). A section class names itself in
+`SECTION` (its key in the YAML files).
 """
 
 from __future__ import annotations
@@ -22,23 +23,12 @@ import yaml
 from memagent_jax.errors import ConfigError, UserError
 
 T = TypeVar("T")
+BASE_KEY = "base"  # a config file's key naming the file it changes (`_read`)
 
 
 def load_config(schema: type[T], path: str | None = None, overrides: list[str] = ()) -> T:
     """The schema's instance from the YAML file at `path` (None: defaults) and overrides."""
-    values: dict = {}
-    if path is not None:
-        if os.path.isdir(path):
-            raise UserError(f"{path}: is a directory, expected a YAML config file")
-        try:
-            with open(path, encoding="utf-8") as f:
-                values = yaml.safe_load(f) or {}
-        except FileNotFoundError:
-            raise UserError(f"{path}: config file not found") from None
-        except yaml.YAMLError as e:
-            raise UserError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
-        if not isinstance(values, dict):
-            raise UserError(f"{path}: expected a mapping of keys at the top level")
+    values, files = _read(path, ()) if path is not None else ({}, [])
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
@@ -49,7 +39,52 @@ def load_config(schema: type[T], path: str | None = None, overrides: list[str] =
             value = text
         _check_override(schema, key.strip(), value, item)
         _set_dotted(values, key.strip(), value, item)
-    return _build(schema, values, path or "command line", "")
+    source = path or "command line"
+    if len(files) > 1:  # a bad key may be in any of them
+        source += f" (over {', '.join(files[1:])})"
+    return _build(schema, values, source, "")
+
+
+def _read(path: str, chain: tuple[str, ...]) -> tuple[dict, list[str]]:
+    """The YAML file's keys over those of the file its `base` key names (a path relative to
+    this file's directory; bases may have bases): a step of a recipe states only what differs
+    from the step it continues. Returns the keys and the files read, this one first. chain:
+    the files that named this one, to refuse a loop."""
+    if os.path.isdir(path):
+        raise UserError(f"{path}: is a directory, expected a YAML config file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            values = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        named = f" (the base of {chain[-1]})" if chain else ""
+        raise UserError(f"{path}: config file not found{named}") from None
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
+    if not isinstance(values, dict):
+        raise UserError(f"{path}: expected a mapping of keys at the top level")
+    base = values.pop(BASE_KEY, None)
+    if base is None:
+        return values, [path]
+    if not isinstance(base, str):
+        raise UserError(f"{path}: key '{BASE_KEY}' must be a config file's path, got {base!r}")
+    base_path = os.path.normpath(os.path.join(os.path.dirname(path), base))
+    if base_path in (*chain, os.path.normpath(path)):
+        raise UserError(f"{path}: key '{BASE_KEY}': {base!r} is a loop of bases "
+                        f"({' -> '.join([*chain, path, base_path])})")
+    base_values, files = _read(base_path, (*chain, os.path.normpath(path)))
+    return _merged(base_values, values), [path, *files]
+
+
+def _merged(base: dict, values: dict) -> dict:
+    """values over base, section by section (a section given in both keeps base's other
+    keys); a list or a scalar replaces base's."""
+    out = dict(base)
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def to_dict(config) -> dict:

@@ -90,3 +90,37 @@ def test_a_directory_given_as_the_config(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="config file not found"):
         load_config(Run, str(tmp_path / "nope.yaml"))
+
+
+def test_a_file_changes_the_file_its_base_names(tmp_path):
+    """A recipe step states what differs from the step it continues: its keys over its base's
+    (a base's base too, paths relative to the file naming them), a section key by key."""
+    (tmp_path / "steps").mkdir()
+    (tmp_path / "first.yaml").write_text(
+        "name: first\nlengths: [1, 2]\noptim:\n  lr: 1e-5\n  schedule: cosine\n")
+    (tmp_path / "steps" / "second.yaml").write_text(
+        "base: ../first.yaml\noptim:\n  lr: 3e-6\nmax_chunks: 8\n")
+    (tmp_path / "steps" / "third.yaml").write_text("base: second.yaml\nlengths: [5]\n")
+    second = load_config(Run, str(tmp_path / "steps" / "second.yaml"))
+    assert second == Run("first", (1, 2), 8, Optim(3e-6, "cosine", 20))
+    third = load_config(Run, str(tmp_path / "steps" / "third.yaml"), ["optim.warmup_steps=3"])
+    assert third == Run("first", (5,), 8, Optim(3e-6, "cosine", 3))
+    assert load_config(Run, str(tmp_path / "first.yaml")).max_chunks is None
+
+
+@pytest.mark.parametrize("files, words", [
+    ({"c.yaml": "base: gone.yaml\n"}, ["gone.yaml: config file not found (the base of",
+                                        "c.yaml)"]),
+    ({"c.yaml": "base: d.yaml\n", "d.yaml": "base: c.yaml\n"}, ["d.yaml: key 'base'",
+                                                                "loop of bases"]),
+    ({"c.yaml": "base: [d.yaml]\n"}, ["c.yaml: key 'base'", "a config file's path"]),
+    ({"c.yaml": "base: d.yaml\n", "d.yaml": "optim:\n  lrr: 1\n"},
+     ["c.yaml (over ", "d.yaml): unknown key 'optim.lrr'"]),
+])
+def test_a_bad_base_is_one_line_naming_it(tmp_path, files, words):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    with pytest.raises(UserError) as e:
+        load_config(Run, str(tmp_path / "c.yaml"))
+    assert "\n" not in str(e.value)
+    assert all(word in str(e.value) for word in words), str(e.value)
