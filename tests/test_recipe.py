@@ -1,9 +1,10 @@
-"""The synthetic recipe's steps 5 and 6 as shipped (configs/synthetic_rl.yaml and its variant
-synthetic_rl_starts.yaml, then configs/eval_synthetic.yaml), a couple of steps each on small
-data, so that CI keeps the recipe runnable (steps 0-4, the supervised warm-up, are
-tests/test_sft.py's). The model is the recipe's shape (preset `small`) with random weights in
-place of step 4's checkpoint; training runs on one CPU device as the recipe does, in a process
-of its own (this one has 8)."""
+"""The synthetic recipe's steps 5 and 6 as shipped (configs/synthetic_rl_carry_pool.yaml, the
+shipped model's DAPO, and its variants synthetic_rl.yaml and synthetic_rl_starts.yaml, then
+configs/eval_synthetic.yaml), a couple of steps each on small data, so that CI keeps the
+recipe runnable (steps 0-4c, the supervised warm-up, are tests/test_sft.py's). The model is
+the recipe's shape (preset `small`) with random weights in place of step 4's or 4c's
+checkpoint; training runs on one CPU device as the recipe does, in a process of its own (this
+one has 8)."""
 
 import json
 import os
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 
 from memagent_jax.cli import main
+from memagent_jax.rl.config import load_train_config
 
 from tests import multiprocess
 
@@ -20,10 +22,13 @@ CONFIGS = os.path.join(ROOT, "configs")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["synthetic_rl", "synthetic_rl_starts"])
+@pytest.mark.parametrize("name", ["synthetic_rl", "synthetic_rl_starts",
+                                  "synthetic_rl_carry_pool"])
 def test_the_rl_configs_run_dapo_through_the_memory_loop(name, tmp_path):
-    """synthetic_rl_starts: one of the two prompts a step a carry start (2 chunks of the 4
-    hardest; rl/carry_starts.py)."""
+    """The configs with carry starts: one of the two prompts a step a carry start (2 chunks of
+    the 4 hardest; rl/carry_starts.py)."""
+    path = os.path.join(CONFIGS, f"{name}.yaml")
+    starts = load_train_config(path).rollout.carry_starts > 0
     data = tmp_path / "data"
     for task in ("multikey", "twohop"):
         assert main(["data", "synthetic", "--task", task, "--lengths", "400", "--num-samples",
@@ -32,14 +37,14 @@ def test_the_rl_configs_run_dapo_through_the_memory_loop(name, tmp_path):
                  "2", "--seed", "2", "--out", str(data)]) == 0
     out = tmp_path / "run"
     multiprocess.check_ok(multiprocess.run(
-        ["train", "--config", os.path.join(CONFIGS, f"{name}.yaml"), "model.path=null",
+        ["train", "--config", path, "model.path=null",
          "model.preset=small", f"model.tokenizer={data}/tokenizer",
          f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
          f"data.val={data}/eval_twohop_700.json", "validation.size=2", "validation.every=2",
          "steps=2", "prompts_per_step=2", "rollout.n=4", "engine.slots=8",
          "dynamic_sampling.enabled=false", f"output_dir={out}", "compilation_cache_dir=null",
          *(["rollout.carry_starts=1", "rollout.carry_chunks=2", "rollout.carry_pool=2"]
-           if name == "synthetic_rl_starts" else [])],
+           if starts else [])],
         num_processes=1, timeout_s=300, devices=1))
     with open(out / "logs" / "steps.jsonl") as f:
         records = [json.loads(line) for line in f]
@@ -47,8 +52,8 @@ def test_the_rl_configs_run_dapo_through_the_memory_loop(name, tmp_path):
     for r in records:
         assert r["rollout/trajectories"] == 8 and r["rollout/turns"] == 3  # 2 chunks + answer
         assert np.isfinite(r["learner/loss"]) and r["learner/clip_fraction"] >= 0
-        assert ("reward/carry_start_mean" in r) == (name == "synthetic_rl_starts")
-        assert len(r["examples"]) == (1 if name == "synthetic_rl_starts" else 2)
+        assert ("reward/carry_start_mean" in r) == starts
+        assert len(r["examples"]) == (1 if starts else 2)
     assert "val/accuracy" in records[1]
     assert (out / "checkpoints" / "2").is_dir()
     # the budgets it trained with travel with the model (run and demo default to them)

@@ -324,7 +324,7 @@ def recipe_data(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["synthetic_copy", "synthetic_sft", "synthetic_sft_far",
                                   "synthetic_sft_anywhere", "synthetic_sft_late",
-                                  "synthetic_sft_carry"])
+                                  "synthetic_sft_carry", "synthetic_sft_carry_pool"])
 def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         recipe_data, name, tmp_path):
     """The recipe's supervised steps as shipped, for two steps each, on one CPU device as the
