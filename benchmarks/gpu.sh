@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU checks and benchmarks, in groups sized (BENCHMARKS.md, 2026-11-26) so that each fits
-# one 10-minute device call and about two fit a session's 15 minutes of device time:
+# one 10-minute device call and two fit a session's 15 minutes of device time:
 #   benchmarks/gpu.sh train      # tests/test_gpu.py (cuDNN attention); learner update: 0.5B
 #                                # (XLA, then cuDNN attention), 1.5B with remat
 #   benchmarks/gpu.sh decode7b   # decode on the 7B shape
@@ -42,9 +42,11 @@ decode7b)
 small)
     step decode_0.5b 200 python3 benchmarks/decode.py --preset qwen2.5-0.5b --dtype bfloat16 \
         --batch-sizes 1,8,64 --bandwidth-gb 4 --repeats 3 --large-batch 64
-    step memory_loop 170 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
-        --heads 14 --kv-heads 2 --lengths 16384,65536 --batch-sizes 1,8,32 --max-batch-tokens 524288 \
-        --peer-lengths 16384 --peer-batch-sizes 1,8,32 --prefill-rows 8
+    # Batch 8's warm-up alone takes ~80 s (the prefill at 1-8 rows for each length bucket), so
+    # batch 32 does not fit beside it.
+    step memory_loop 230 python3 benchmarks/memory_loop.py --hidden 896 --layers 24 \
+        --heads 14 --kv-heads 2 --lengths 16384,65536 --batch-sizes 1,8 --max-batch-tokens 524288 \
+        --peer-lengths 16384 --peer-batch-sizes 1,8 --prefill-rows 8
     step memory_loop_dot_product 120 python3 benchmarks/memory_loop.py --hidden 896 \
         --layers 24 --heads 14 --kv-heads 2 --lengths 16384 --batch-sizes 8 \
         --peer-batch-sizes "" --prefill-rows 8 --attention dot_product --profile
