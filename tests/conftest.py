@@ -1,9 +1,21 @@
 """Test set-up: 8 simulated CPU devices (set before JAX is imported) and small shared fixtures."""
 
+import atexit
 import contextlib
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# XLA's compiled programs, shared by every test and every process a test starts (they inherit
+# the environment): the tests build the same small models again and again, each time with new
+# jitted functions, and a job started as a process compiles what the jobs before it compiled.
+# Compiling is most of many tests' time; a test that counts compilations counts these
+# retrievals too (`compilations`).
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="memagent-jax-tests-xla-")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
                            + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -25,7 +37,8 @@ class _CompileCounter:
         self.count = 0
 
     def __call__(self, event, duration, **kwargs):
-        self.count += event == "/jax/core/compile/backend_compile_duration"
+        self.count += event in ("/jax/core/compile/backend_compile_duration",
+                                "/jax/compilation_cache/cache_retrieval_time_sec")
 
 
 @contextlib.contextmanager
@@ -42,5 +55,5 @@ def _counting_compilations():
 @pytest.fixture
 def compilations():
     """`with compilations() as counter: ...` counts XLA compilations inside the block in
-    `counter.count`."""
+    `counter.count`, those found in the persistent cache included."""
     return _counting_compilations
