@@ -61,8 +61,8 @@ def _train_config(task, path, mesh: dict, steps: int, every: int = 1) -> str:
         "validation": {"every": 0},
         "checkpoint": {"every": every, "keep": 5, "async_save": False},
         "steps": steps, "prompts_per_step": 4, "seed": 5,
-        # Shared by the runs on 1 process x 8 devices (the reference, the resumed run).
-        "compilation_cache_dir": str(task["root"] / "jax_cache"),
+        # The session's cache (conftest), given as the config key: every run shares it.
+        "compilation_cache_dir": os.environ["JAX_COMPILATION_CACHE_DIR"],
     }
     with open(path, "w") as f:
         yaml.safe_dump(config, f)

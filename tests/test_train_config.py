@@ -35,7 +35,7 @@ def config_file(tmp_path_factory):
               "rollout": {"n": 2},
               "learner": {"micro_batch_tokens": 2048, "bucket_lengths": [256]},
               "steps": 1, "prompts_per_step": 2, "output_dir": str(root / "run"),
-              "compilation_cache_dir": str(root / "jax_cache")}
+              "compilation_cache_dir": os.environ["JAX_COMPILATION_CACHE_DIR"]}
     path = root / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)

@@ -28,11 +28,11 @@ EXPECTED_TAGS = {
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    """The needle task (32 training rows, 4 validation rows, its tokenizer) and a shared JAX
-    compilation cache for the subprocess runs."""
+    """The needle task (32 training rows, 4 validation rows, its tokenizer) and the session's
+    JAX compilation cache (conftest) for the subprocess runs, given as the config key."""
     root = tmp_path_factory.mktemp("needle")
     paths = write_task(str(root / "task"), train_size=32, val_size=4, seed=3)
-    paths["cache"] = str(root / "jax_cache")
+    paths["cache"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
     return paths
 
 
