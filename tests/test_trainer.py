@@ -28,12 +28,9 @@ EXPECTED_TAGS = {
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory):
-    """The needle task (32 training rows, 4 validation rows, its tokenizer) and the session's
-    JAX compilation cache (conftest) for the subprocess runs, given as the config key."""
+    """The needle task (32 training rows, 4 validation rows, its tokenizer)."""
     root = tmp_path_factory.mktemp("needle")
-    paths = write_task(str(root / "task"), train_size=32, val_size=4, seed=3)
-    paths["cache"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
-    return paths
+    return write_task(str(root / "task"), train_size=32, val_size=4, seed=3)
 
 
 def _write_config(task, path, **top) -> str:
@@ -52,6 +49,8 @@ def _write_config(task, path, **top) -> str:
         "validation": {"every": 2, "size": 4, "n": 2},
         "checkpoint": {"every": 2, "keep": 3},
         "steps": 3, "prompts_per_step": 4, "seed": 5,
+        # The session's cache (conftest), given as the config key: every run shares it.
+        "compilation_cache_dir": os.environ["JAX_COMPILATION_CACHE_DIR"],
     }
     for key, value in top.items():
         node = config
@@ -217,12 +216,12 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
     assert summary["columns"][0]["samples"] == 1
 
 
-def _cli(config_path, output_dir, cache, *overrides):
+def _cli(config_path, output_dir, *overrides):
     """`memagent-jax train` in a fresh process on one CPU device."""
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
     return subprocess.Popen(
         [sys.executable, "-m", "memagent_jax.cli", "train", "--config", config_path,
-         f"output_dir={output_dir}", f"compilation_cache_dir={cache}", *overrides],
+         f"output_dir={output_dir}", *overrides],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -234,11 +233,11 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
 
     config = _write_config(task, tmp_path / "c.yaml", steps=4, validation__every=0)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run = _cli(config, straight, task["cache"])
+    run = _cli(config, straight)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-2000:]
 
-    run = _cli(config, killed, task["cache"])
+    run = _cli(config, killed)
     committed = killed / "checkpoints" / "2"  # Orbax renames the step in only once complete
     deadline = time.monotonic() + 300
     while not committed.exists() and run.poll() is None and time.monotonic() < deadline:
@@ -249,7 +248,7 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
     steps_on_disk = sorted(int(p) for p in os.listdir(killed / "checkpoints") if p.isdigit())
     assert steps_on_disk == [2], steps_on_disk
 
-    run = _cli(config, killed, task["cache"])
+    run = _cli(config, killed)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-2000:]
     assert "step 3/4" in err and "step 1/4" not in err  # it resumed, it did not start over
@@ -276,11 +275,11 @@ class _NaNAtStep(Trainer):
         return np.full_like(advantages, np.nan) if step == 2 else advantages
 
 
-def nan_run(config_path: str, output_dir: str, cache: str) -> None:
+def nan_run(config_path: str, output_dir: str) -> None:
     """(Run in a subprocess by the test below.) Two steps, the second poisoned; then tries to
     checkpoint deliberately non-finite parameters."""
     config = load_train_config(config_path, [
-        f"output_dir={output_dir}", f"compilation_cache_dir={cache}", "steps=2",
+        f"output_dir={output_dir}", "steps=2",
         "checkpoint.every=1", "validation.every=0", "dynamic_sampling.enabled=false"])
     trainer = _NaNAtStep(config)
     trainer.run()
@@ -299,8 +298,7 @@ def test_a_nan_update_is_skipped_logged_and_never_checkpointed(task, tmp_path):
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (f"from tests.test_trainer import nan_run; "
-            f"nan_run({_write_config(task, tmp_path / 'c.yaml')!r}, {str(out)!r}, "
-            f"{task['cache']!r})")
+            f"nan_run({_write_config(task, tmp_path / 'c.yaml')!r}, {str(out)!r})")
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
