@@ -20,7 +20,8 @@ from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.sft import (carry_trajectories, copy_trajectories, fact_trajectories,
-                                 filler_trajectories, oracle_trajectory, recall_trajectories)
+                                 filler_trajectories, oracle_trajectory, recall_trajectories,
+                                 warmup_trajectories)
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -243,6 +244,34 @@ def test_held_filler_rows_carry_the_facts_the_question_needs(agent):
             (city,) = [f[4] for f in facts if f[1] == "city" and f[3] == question[-2]]
             assert any(f[1] == "code" and f[3] == city for f in facts)
     assert {"city" in t.problem for t in rows} == {False, True}
+
+
+def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sentence(agent):
+    # A long document's chunks are cut every chunk_tokens tokens, mostly inside sentences;
+    # uncut rows are whole sentences, the last one's full stop ending the chunk.
+    size = agent.config.chunk_tokens
+    whole = filler_trajectories(agent, 24, seed=3, held=True)
+    cut = filler_trajectories(agent, 24, seed=3, held=True, cut=True)
+    ends, starts = 0, set()
+    for index, (a, b) in enumerate(zip(whole, cut)):
+        memory, chunk = _memory_and_chunk(agent, b)
+        assert (memory, b.problem) == (_memory_and_chunk(agent, a)[0], a.problem)
+        assert _memory_and_chunk(agent, a)[1][-1] == agent.tokenizer.convert_tokens_to_ids(".")
+        assert len(chunk) == size
+        source = synthetic.filler_text(4 * size, 3, index).split()
+        words = agent.tokenizer.convert_ids_to_tokens(chunk)
+        (start,) = [i for i in range(len(source) - size + 1) if source[i:i + size] == words]
+        starts.add(start)
+        ends += words[-1] == "."
+    assert ends <= 8 and len(starts) > 12  # a full stop ends a chunk about once in eight
+    assert [t.turns[0].prompt_ids for t in
+            filler_trajectories(agent, 24, seed=3, held=True, cut=True)] == [
+        t.turns[0].prompt_ids for t in cut]
+    # learner.carry_cut reaches the rows a supervised step trains on
+    learner = LearnerConfig(loss="sft", carry_rows=3, carry_pool=2, carry_cut=True)
+    zeros = lambda rows: np.zeros(rows.tokens.shape, np.float32)  # noqa: E731 - all ties
+    rows = warmup_trajectories(agent, learner, seed=3, logprobs=zeros)
+    assert [t.turns[0].prompt_ids for t in rows] == [t.turns[0].prompt_ids for t in cut[:3]]
 
 
 def test_carry_rows_are_the_candidates_whose_weakest_reply_token_is_least_likely(agent):

@@ -118,6 +118,8 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.fact_rows=-1"], "learner.fact_rows: must be at least 0"),
     (["learner.carry_rows=8"], "learner.carry_rows: copy, recall, filler, fact and carry rows"),
     (["learner.carry_pool=0"], "learner.carry_pool: must be at least 1"),
+    (["learner.carry_cut=true"], "learner.carry_cut: cuts the carry rows' chunks"),
+    (["learner.carry_cut=sometimes"], "learner.carry_cut"),
     (["learner.copy_draw=normal"], "learner.copy_draw"),
     (["rollout.carry_starts=9", "prompts_per_step=8"],
      "rollout.carry_starts: 9 is more than prompts_per_step 8"),

@@ -102,7 +102,9 @@ class LearnerConfig:
     (sft only): each step also trains on the carry_rows hardest of carry_rows * carry_pool
     update turns whose memory holds the question's facts and whose chunk holds none, the
     reply the memory unchanged: those whose least likely reply token is least likely under
-    the current parameters (`sft.carry_trajectories`).
+    the current parameters (`sft.carry_trajectories`). carry_cut (sft only): carry rows'
+    chunks are cut from longer filler text at a random token, so that they start and end
+    mid-sentence as a long document's chunks do, instead of being whole sentences.
     """
     SECTION: ClassVar[str] = "learner"
     lr: float = 1e-6
@@ -148,6 +150,7 @@ class LearnerConfig:
     fact_rows: int = 0
     carry_rows: int = 0
     carry_pool: int = 16
+    carry_cut: bool = False
 
     def __post_init__(self):
         def fail(name, message):
@@ -162,6 +165,8 @@ class LearnerConfig:
             if getattr(self, key) and self.loss != "sft":
                 fail(key, "copy, recall, filler, fact and carry rows are a supervised warm-up's "
                           "(learner.loss: sft)")
+        if self.carry_cut and not self.carry_rows:
+            fail("carry_cut", "cuts the carry rows' chunks: set learner.carry_rows too")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
                  "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
         for key in ("lr", "max_grad_norm", "temperature"):
