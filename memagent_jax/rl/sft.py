@@ -174,14 +174,12 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int, held: bool = 
         memories = state.memories
         memory = memory_ids(agent, memories[-1 if held else int(rng.integers(len(memories)))])
         size = agent.config.chunk_tokens
-        if cut:  # its own generator: the documents drawn stay those of the uncut rows
-            text = tokenizer(filler_text(4 * size, seed, index),
-                             add_special_tokens=False)["input_ids"]
-            start = int(np.random.default_rng((seed, index)).integers(len(text) - size + 1))
-            chunk = text[start:start + size]
-        else:
-            chunk = tokenizer(filler_text(size, seed, index),
-                              add_special_tokens=False)["input_ids"]
+        text = tokenizer(filler_text(4 * size if cut else size, seed, index),
+                         add_special_tokens=False)["input_ids"]
+        # its own generator: the documents drawn stay those of the uncut rows
+        start = int(np.random.default_rng((seed, index)).integers(len(text) - size + 1)) \
+            if cut else 0
+        chunk = text[start:start + size]
         trajectories.append(update_turn(agent, state.question, state.problem, memory, chunk,
                                         [*memory, end]))
     return trajectories
