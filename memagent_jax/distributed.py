@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import os
 import pickle
+import re
 import sys
 import threading
 import time
@@ -84,6 +85,7 @@ def launch_from_flags(args, auto: bool = False) -> Launch:
 def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
     """Joins this process to its job (module docstring); a no-op for a single process or when
     already joined. fingerprint: what every process must agree on (the command line)."""
+    reserve_cpu_threads()
     import jax
     from jax._src import distributed as jax_distributed
 
@@ -121,6 +123,26 @@ def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
                         f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
     finally:
         done.set()
+
+
+def reserve_cpu_threads() -> None:
+    """Sizes XLA's CPU thread pool so that simulated devices' collectives cannot deadlock.
+
+    With N simulated CPU devices (`--xla_force_host_platform_device_count=N` in XLA_FLAGS, or
+    JAX_NUM_CPU_DEVICES) XLA runs every device's share of a program on one pool of
+    max(cores, N) threads, where the environment variable NPROC, if set, stands for the core
+    count. A collective holds its thread until every device has reached it, and XLA may start a
+    device's next collective, when independent of the first, before the first ends; with N
+    threads one device can then hold two while another device's turn never gets a thread, and
+    all of them wait until XLA aborts the process. 2N threads leave that room. Sets NPROC unless
+    it is set or the machine has the cores; effective only before JAX creates its CPU backend.
+    """
+    counts = re.findall(r"--xla_force_host_platform_device_count=(\d+)",
+                        os.environ.get("XLA_FLAGS", ""))
+    counts += re.findall(r"^\s*(\d+)\s*$", os.environ.get("JAX_NUM_CPU_DEVICES", ""))
+    devices = max([int(n) for n in counts], default=1)
+    if devices > 1 and "NPROC" not in os.environ and (os.cpu_count() or 1) < 2 * devices:
+        os.environ["NPROC"] = str(2 * devices)
 
 
 def _coordinates(launch: Launch) -> tuple[str | None, int | None, int | None]:

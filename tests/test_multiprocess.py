@@ -361,3 +361,39 @@ def test_host_collectives_and_the_lockstep_check(tmp_path):
         assert "collectives ok" in r.stdout and r.returncode == 1, r.stderr[-2000:]
         assert ("RuntimeError: the processes are out of step: the drawn examples differs on "
                 "process(es) [1] from process 0") in r.stderr
+
+
+_INDEPENDENT_COLLECTIVES = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from memagent_jax import distributed
+distributed.start()
+mesh = jax.make_mesh((jax.device_count(),), ("d",))
+count = 8
+def sums(*xs):  # none waits for another, so XLA may start a device's sums together
+    return tuple(jax.lax.psum(jnp.tanh(x) * (i + 1.0), "d") for i, x in enumerate(xs))
+f = jax.jit(jax.shard_map(sums, mesh=mesh, in_specs=(P("d"),) * count,
+                          out_specs=(P(),) * count))
+whole = np.ones((64 * jax.device_count(), 256), np.float32)
+xs = [jax.make_array_from_callback(whole.shape, NamedSharding(mesh, P("d")),
+                                   lambda index: whole[index]) for _ in range(count)]
+for _ in range(100):
+    out = f(*xs)
+jax.block_until_ready(out)
+print("sums ok", flush=True)
+"""
+
+
+@pytest.mark.parametrize("processes, devices", [(1, 8), (2, 4)])
+def test_independent_collectives_on_simulated_devices_finish(processes, devices):
+    """XLA's CPU client runs all simulated devices on one thread pool, as many threads as
+    devices on this 2-core machine; without `distributed.reserve_cpu_threads` a device that
+    starts two collectives at once leaves another without a thread, and all of them wait."""
+    def unreserved(i, env):
+        env.pop("NPROC", None)  # conftest's reservation: the job must make its own
+        env["XLA_FLAGS"] += " --xla_cpu_collective_call_terminate_timeout_seconds=30"
+
+    results = multiprocess.run(["-c", _INDEPENDENT_COLLECTIVES], processes, timeout_s=120,
+                               devices=devices, env_for=unreserved)
+    multiprocess.check_ok(results)
+    assert all("sums ok" in r.stdout for r in results)
