@@ -13,7 +13,8 @@ Start-up is bounded by `timeout_s`: a coordinator that never answers, or a proce
 joins, ends every process with one line (`UserError`) instead of JAX's abort after its own
 deadline. Once up, the processes compare what each was told (process count, and a fingerprint
 of the command line), so a job started with mismatched flags stops at once, on every process.
-On CPU the collectives go through gloo.
+On CPU the collectives go through gloo, and simulated CPU devices get twice their number of
+threads (`reserve_cpu_threads`).
 
 After `start()`, `jax.process_index()`/`process_count()` say who is who. The helpers below are
 what keeps hosts in agreement: `to_host` (a global array, whole, on every host), `gather` and
@@ -126,7 +127,7 @@ def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
 
 
 def reserve_cpu_threads() -> None:
-    """Sizes XLA's CPU thread pool so that simulated devices' collectives cannot deadlock.
+    """Sizes XLA's CPU thread pool so that simulated devices' collectives find threads to run on.
 
     With N simulated CPU devices (`--xla_force_host_platform_device_count=N` in XLA_FLAGS, or
     JAX_NUM_CPU_DEVICES) XLA runs every device's share of a program on one pool of
@@ -134,8 +135,9 @@ def reserve_cpu_threads() -> None:
     count. A collective holds its thread until every device has reached it, and XLA may start a
     device's next collective, when independent of the first, before the first ends; with N
     threads one device can then hold two while another device's turn never gets a thread, and
-    all of them wait until XLA aborts the process. 2N threads leave that room. Sets NPROC unless
-    it is set or the machine has the cores; effective only before JAX creates its CPU backend.
+    all of them wait until XLA aborts the process. With 2N threads the programs that deadlocked
+    with N run (tests/test_multiprocess.py). Sets NPROC to 2N unless it is set or the machine
+    has the cores; effective only before JAX creates its CPU backend.
     """
     counts = re.findall(r"--xla_force_host_platform_device_count=(\d+)",
                         os.environ.get("XLA_FLAGS", ""))

@@ -397,3 +397,20 @@ def test_independent_collectives_on_simulated_devices_finish(processes, devices)
                                devices=devices, env_for=unreserved)
     multiprocess.check_ok(results)
     assert all("sums ok" in r.stdout for r in results)
+
+
+@pytest.mark.parametrize("env, cores, nproc", [
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, 2, "16"),
+    ({"XLA_FLAGS": "--xla_dump_to=/tmp/x --xla_force_host_platform_device_count=4"}, 2, "8"),
+    ({"JAX_NUM_CPU_DEVICES": "4"}, 2, "8"),
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "NPROC": "3"}, 2, "3"),  # theirs
+    ({"XLA_FLAGS": "--xla_force_host_platform_device_count=8"}, 64, None),  # the cores suffice
+    ({}, 2, None)])
+def test_the_thread_reservation_follows_the_simulated_device_count(monkeypatch, env, cores, nproc):
+    for name in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES", "NPROC"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(os, "cpu_count", lambda: cores)
+    distributed.reserve_cpu_threads()
+    assert os.environ.get("NPROC") == nproc
