@@ -72,9 +72,10 @@ def test_margins_are_transformers_logit_margins(shipped):
 
 
 # Document 0 of the evaluation's 1M set (seed 9), which the shipped model gets wrong: its fact
-# comes in chunk 1296, and of its 2,799 carries the model rewrites 12, most surely the one
-# after chunk 2541 (margin -8.6, `lero` for the value; the others are >= 0.5 from 2538 to
-# 2540). A new shipped model may differ: then find such a chunk again (`trace --carries`).
+# comes in chunk 1296 (0-based, as here; `trace` prints chunks from 1), and the model rewrites
+# the carry of chunk 2541 (margin -3.4, `lero` for the value; the model shipped before it,
+# -8.6) and keeps those of 2538-2540. A new shipped model may differ: then find such a chunk
+# again (`trace --carries`).
 FACT_CHUNK, REWRITE_CHUNK = 1296, 2541
 
 

@@ -1,8 +1,9 @@
-"""The synthetic recipe's steps 5 and 6 as shipped (configs/synthetic_rl_carry_pool.yaml, the
-shipped model's DAPO, and its variants synthetic_rl.yaml and synthetic_rl_starts.yaml, then
+"""The synthetic recipe's DAPO steps and step 6 as shipped (configs/synthetic_rl_carry_cut.yaml,
+the shipped model's DAPO, step 5d, which is step 5's synthetic_rl_carry_pool.yaml from another
+checkpoint, and the variants synthetic_rl.yaml and synthetic_rl_starts.yaml, then
 configs/eval_synthetic.yaml), a couple of steps each on small data, so that CI keeps the
-recipe runnable (steps 0-4c, the supervised warm-up, are tests/test_sft.py's). The model is
-the recipe's shape (preset `small`) with random weights in place of step 4's or 4c's
+recipe runnable (steps 0-4d, the supervised warm-up, are tests/test_sft.py's). The model is
+the recipe's shape (preset `small`) with random weights in place of step 4's or 4d's
 checkpoint; training runs on one CPU device as the recipe does, in a process of its own (this
 one has 8)."""
 
@@ -23,7 +24,7 @@ CONFIGS = os.path.join(ROOT, "configs")
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["synthetic_rl", "synthetic_rl_starts",
-                                  "synthetic_rl_carry_pool"])
+                                  "synthetic_rl_carry_cut"])
 def test_the_rl_configs_run_dapo_through_the_memory_loop(name, tmp_path):
     """The configs with carry starts: one of the two prompts a step a carry start (2 chunks of
     the 4 hardest; rl/carry_starts.py)."""

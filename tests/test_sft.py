@@ -353,13 +353,15 @@ def recipe_data(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["synthetic_copy", "synthetic_sft", "synthetic_sft_far",
                                   "synthetic_sft_anywhere", "synthetic_sft_late",
-                                  "synthetic_sft_carry", "synthetic_sft_carry_pool"])
+                                  "synthetic_sft_carry", "synthetic_sft_carry_cut"])
 def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         recipe_data, name, tmp_path):
     """The recipe's supervised steps as shipped, for two steps each, on one CPU device as the
     recipe runs (a process of its own: this one has 8); steps 1-4 start from a random model
     of the recipe's shape in place of the previous step's checkpoint. (Copy, recall and fact
-    rows are cut to 8 a step here, carry rows to 4 of 16, and one config validates: time.)"""
+    rows are cut to 8 a step here, carry rows to 4 of 16, and one config validates: time.
+    Step 4c's config runs as the base of step 4d's, whose own keys are its learning rate,
+    carry rows and cut chunks: with carry rows cut to 4 of 16, 4c alone would run as 4b.)"""
     data, out = recipe_data, tmp_path / "run"
     path = os.path.join(ROOT, "configs", f"{name}.yaml")
     config = load_train_config(path)
