@@ -176,9 +176,9 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int, held: bool = 
         size = agent.config.chunk_tokens
         text = tokenizer(filler_text(4 * size if cut else size, seed, index),
                          add_special_tokens=False)["input_ids"]
-        # its own generator: the documents drawn stay those of the uncut rows
-        start = int(np.random.default_rng((seed, index)).integers(len(text) - size + 1)) \
-            if cut else 0
+        start = 0
+        if cut:  # its own generator: the documents drawn stay those of the uncut rows
+            start = int(np.random.default_rng((seed, index)).integers(len(text) - size + 1))
         chunk = text[start:start + size]
         trajectories.append(update_turn(agent, state.question, state.problem, memory, chunk,
                                         [*memory, end]))
