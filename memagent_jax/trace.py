@@ -34,9 +34,23 @@ def holds(memory: str, fact: str) -> bool:
     """Whether `memory` (a reply as the tokenizer decodes it) states `fact` ("the code of KEY
     VALUE ."): its words but the full stop, in a row. Compared word by word, since a decoder
     may join a full stop to the word before it."""
-    want = fact.split()[:-1]
+    return _says(memory, fact.split()[:-1])
+
+
+def made_up(memories: list[str], fact: str, due: int) -> int | None:
+    """The first turn before `due` (0-based) after which `memories` state something of
+    `fact`'s subject ("the code of KEY"), a value made up before the fact was read; None when
+    none does. An agent that writes one seldom replaces it when the fact comes
+    (docs/synthetic.md)."""
+    subject = fact.split()[:4]
+    return next((t for t in range(due) if _says(memories[t], subject)), None)
+
+
+def _says(memory: str, words: list[str]) -> bool:
+    """Whether `memory` holds `words` in a row, compared word by word, since a decoder may join
+    a full stop to the word before it."""
     have = memory.replace(".", " . ").split()
-    return any(have[i:i + len(want)] == want for i in range(len(have) - len(want) + 1))
+    return any(have[i:i + len(words)] == words for i in range(len(have) - len(words) + 1))
 
 
 def follow(memories: list[str], fact: str, due: int) -> tuple[str, int | None]:
@@ -62,6 +76,7 @@ class FactTrace:
     outcome: str       # one of OUTCOMES
     turn: int | None   # `follow`'s turn
     memory: str        # the agent's memory after `turn` (after `due` when unwritten)
+    made_up: int | None  # `made_up`'s turn: a value for its subject before it was read
 
 
 @dataclasses.dataclass
@@ -97,7 +112,8 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
         due = next(t for t, memory in enumerate(ideal) if fact.text in memory.splitlines())
         outcome, turn = follow(memories, fact.text, due)
         traced.append(FactTrace(fact.text, start // chunk_tokens, start % chunk_tokens, due,
-                                outcome, turn, memories[due if turn is None else turn]))
+                                outcome, turn, memories[due if turn is None else turn],
+                                made_up(memories, fact.text, due)))
     return DocumentTrace(index, len(memories), answer == document.answer, answer,
                          document.answer, traced)
 
@@ -117,11 +133,15 @@ def describe(trace: DocumentTrace) -> str:
 
 
 def summarize(traces: list[DocumentTrace], chunk_tokens: int) -> list[str]:
-    """The summary lines: outcomes counted, answers right, where unwritten facts began."""
+    """The summary lines: outcomes counted, answers right, documents with a made-up value,
+    where unwritten facts began."""
     counts = collections.Counter(t.outcome.outcome if t.outcome else "kept" for t in traces)
     right = sum(t.correct for t in traces)
     lines = [", ".join(f"{o} {counts[o]}" for o in OUTCOMES)
              + f"; answers right {right} of {len(traces)}"]
+    invented = [t for t in traces if any(f.made_up is not None for f in t.facts)]
+    lines.append(f"a value made up before its fact was read: {len(invented)} of {len(traces)} "
+                 f"documents, {sum(not t.correct for t in invented)} of them answered wrong")
     starts = sorted(f.word for t in traces for f in t.facts if f.outcome == "unwritten")
     if starts:
         lines.append(f"unwritten facts began at words {', '.join(map(str, starts))} of "

@@ -16,7 +16,7 @@ from memagent_jax.cli import main
 from memagent_jax.data import synthetic
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models import preset_config, random_model, save_hf
-from memagent_jax.trace import OUTCOMES, follow, trace_document
+from memagent_jax.trace import OUTCOMES, follow, made_up, trace_document
 
 BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
            "max_problem_tokens": 16}
@@ -117,6 +117,17 @@ def test_trace_follows_a_fact_through_the_memories(memories, due, expected):
     assert follow(memories, FACT, due) == expected
 
 
+@pytest.mark.parametrize("memories, due, expected", [
+    (["No previous memory", "", FACT], 2, None),
+    (["No previous memory", "the code of kasumo vigifa .", FACT], 2, 1),   # made up after 2
+    (["the code of kasumo bedila.", FACT], 1, 0),                 # the right value, unread
+    (["the code of lira bedila .", "the city of kasumo vuto ."], 2, None),  # other subjects
+    ([FACT, "the code of kasumo vigifa ."], 0, None),             # after its chunk: a rewrite
+])
+def test_trace_finds_a_value_made_up_before_its_fact_was_read(memories, due, expected):
+    assert made_up(memories, FACT, due) == expected
+
+
 def test_trace_expects_a_fact_cut_by_the_chunk_boundary_one_turn_later():
     chunk = 64
     index, document = next(
@@ -161,6 +172,10 @@ def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_packag
     right = sum(r["correct"] for r in records)
     assert lines[4] == (", ".join(f"{o} {n}" for o, n in counts.items())
                         + f"; answers right {right} of 3")
+    invented = [r for r in records if r["facts"][0]["made_up"] is not None]
+    assert lines[5] == (f"a value made up before its fact was read: {len(invented)} of 3 "
+                        f"documents, {sum(not r['correct'] for r in invented)} of them "
+                        "answered wrong")
 
 
 @pytest.mark.parametrize("argv, message", [
