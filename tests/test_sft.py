@@ -14,6 +14,7 @@ from memagent_jax.cli import main
 from memagent_jax.data import synthetic
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.data.pipeline import Example
+from memagent_jax.errors import ConfigError
 from memagent_jax.models import ModelConfig, random_model
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.learner import Learner, LearnerConfig
@@ -230,7 +231,7 @@ def test_filler_rows_are_update_turns_without_a_fact_that_keep_the_oracles_memor
 
 def test_held_filler_rows_carry_the_facts_the_question_needs(agent):
     tokenizer = agent.tokenizer
-    rows = filler_trajectories(agent, 24, seed=3, held=True)
+    rows = filler_trajectories(agent, 24, seed=3, memory="held")
     for trajectory in rows:
         (turn,) = trajectory.turns
         given, chunk = _memory_and_chunk(agent, trajectory)
@@ -250,8 +251,8 @@ def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sente
     # A long document's chunks are cut every chunk_tokens tokens, mostly inside sentences;
     # uncut rows are whole sentences, the last one's full stop ending the chunk.
     size = agent.config.chunk_tokens
-    whole = filler_trajectories(agent, 24, seed=3, held=True)
-    cut = filler_trajectories(agent, 24, seed=3, held=True, cut=True)
+    whole = filler_trajectories(agent, 24, seed=3, memory="held")
+    cut = filler_trajectories(agent, 24, seed=3, memory="held", cut=True)
     ends, starts = 0, set()
     for index, (a, b) in enumerate(zip(whole, cut)):
         memory, chunk = _memory_and_chunk(agent, b)
@@ -265,7 +266,7 @@ def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sente
         ends += words[-1] == "."
     assert ends <= 8 and len(starts) > 12  # a full stop ends a chunk about once in eight
     assert [t.turns[0].prompt_ids for t in
-            filler_trajectories(agent, 24, seed=3, held=True, cut=True)] == [
+            filler_trajectories(agent, 24, seed=3, memory="held", cut=True)] == [
         t.turns[0].prompt_ids for t in cut]
     # learner.carry_cut reaches the rows a supervised step trains on
     learner = LearnerConfig(loss="sft", carry_rows=3, carry_pool=2, carry_cut=True)
@@ -274,8 +275,54 @@ def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sente
     assert [t.turns[0].prompt_ids for t in rows] == [t.turns[0].prompt_ids for t in cut[:3]]
 
 
+def test_blank_rows_keep_the_initial_memory_at_a_cut_chunk_without_a_fact(agent):
+    # A long document's turns before its first fact: the memory is still the initial one, the
+    # chunk is cut mid-text, and the reply must not make up a fact for the asked key.
+    tokenizer, size = agent.tokenizer, agent.config.chunk_tokens
+    learner = LearnerConfig(loss="sft", blank_rows=24)
+    rows = warmup_trajectories(agent, learner, seed=3)
+    held = filler_trajectories(agent, 24, seed=3, memory="held", cut=True)
+    assert len(rows) == 24
+    for index, (trajectory, carry) in enumerate(zip(rows, held)):
+        (turn,) = trajectory.turns
+        given, chunk = _memory_and_chunk(agent, trajectory)
+        assert given == list(agent.prompts.initial_memory)
+        assert turn.response_ids == [*given, tokenizer.eos_token_id]
+        assert len(chunk) == size and not {"code", "city"} & set(tokenizer.decode(chunk).split())
+        # the same question and chunk as the held carry of the same draw, its memory not read
+        assert (chunk, trajectory.problem) == (_memory_and_chunk(agent, carry)[1], carry.problem)
+    assert {"city" in t.problem for t in rows} == {False, True}
+    with pytest.raises(ValueError, match="memory must be one of"):
+        filler_trajectories(agent, 1, seed=3, memory="empty")
+    with pytest.raises(ConfigError, match="learner.blank_rows"):
+        LearnerConfig(blank_rows=4)  # a supervised warm-up's rows, not DAPO's
+
+
+def test_fact_rows_from_a_pool_are_the_hardest_candidates(agent):
+    candidates = fact_trajectories(agent, 12, seed=5)
+    weak = {7: -9.0, 2: -4.0, 10: -6.0}  # the weakest reply token of these rows
+
+    def logprobs(rows):  # every reply token -0.5, one token of the rows above lower
+        assert len(rows) == 12
+        out = np.zeros(rows.tokens.shape, np.float32)
+        for i, (start, end) in enumerate(zip(rows.prompt_lengths, rows.lengths)):
+            out[i, start:end] = -0.5
+            out[i, end - 1] = weak.get(i, -0.5)
+        return out
+
+    learner = LearnerConfig(loss="sft", fact_rows=3, fact_pool=4)
+    rows = warmup_trajectories(agent, learner, seed=5, logprobs=logprobs)
+    assert [t.turns[0].prompt_ids for t in rows] == [
+        candidates[i].turns[0].prompt_ids for i in (7, 10, 2)]
+    plain = warmup_trajectories(agent, LearnerConfig(loss="sft", fact_rows=3), seed=5)
+    assert [t.turns[0].prompt_ids for t in plain] == [
+        t.turns[0].prompt_ids for t in candidates[:3]]  # without a pool: the first drawn
+    with pytest.raises(ConfigError, match="learner.fact_pool"):
+        LearnerConfig(loss="sft", fact_pool=4)
+
+
 def test_carry_rows_are_the_candidates_whose_weakest_reply_token_is_least_likely(agent):
-    pool = filler_trajectories(agent, 12, seed=5, held=True)
+    pool = filler_trajectories(agent, 12, seed=5, memory="held")
     rows = rows_from_trajectories([[t] for t in pool], np.ones(len(pool)))
     seen = []
 

@@ -95,10 +95,15 @@ class LearnerConfig:
     step also trains on recall_rows rows that list recall_facts facts and repeat them in
     another order (`sft.recall_trajectories`). filler_rows (sft only): each step also trains
     on filler_rows update turns whose chunk holds no fact, the reply the memory unchanged
-    (`sft.filler_trajectories`). fact_rows (sft only): each step also trains on fact_rows
+    (`sft.filler_trajectories`). blank_rows (sft only): each step also trains on blank_rows
+    update turns whose memory is the initial one and whose chunk, cut from filler text at a
+    random token, holds no fact, the reply the initial memory unchanged (a long document's
+    turns before its first fact). fact_rows (sft only): each step also trains on fact_rows
     update turns at the chunk where the oracle's memory first takes a fact in a four-chunk
     document, every other one with the fact under a wrong object in its memory, the reply the
-    oracle's memory with the chunk's fact (`sft.fact_trajectories`). carry_rows, carry_pool
+    oracle's memory with the chunk's fact (`sft.fact_trajectories`); with fact_pool above 1,
+    the fact_rows hardest of fact_rows * fact_pool such turns, chosen as carry rows are (a
+    wrong value the current model keeps is the fault that remains at 8K). carry_rows, carry_pool
     (sft only): each step also trains on the carry_rows hardest of carry_rows * carry_pool
     update turns whose memory holds the question's facts and whose chunk holds none, the
     reply the memory unchanged: those whose least likely reply token is least likely under
@@ -147,7 +152,9 @@ class LearnerConfig:
     recall_rows: int = 0
     recall_facts: int = 8
     filler_rows: int = 0
+    blank_rows: int = 0
     fact_rows: int = 0
+    fact_pool: int = 1
     carry_rows: int = 0
     carry_pool: int = 16
     carry_cut: bool = False
@@ -157,14 +164,16 @@ class LearnerConfig:
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
         at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "copy_prefix",
-                 "recall_rows", "filler_rows", "fact_rows", "carry_rows")
-        at_least(self, 1, "copy_span", "copy_span_min", "recall_facts", "carry_pool")
+                 "recall_rows", "filler_rows", "blank_rows", "fact_rows", "carry_rows")
+        at_least(self, 1, "copy_span", "copy_span_min", "recall_facts", "fact_pool", "carry_pool")
         if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
             fail("copy_span_min", f"above copy_span {self.copy_span}")
-        for key in ("copy_rows", "recall_rows", "filler_rows", "fact_rows", "carry_rows"):
+        for key in ("copy_rows", "recall_rows", "filler_rows", "blank_rows", "fact_rows",
+                    "carry_rows"):
             if getattr(self, key) and self.loss != "sft":
-                fail(key, "copy, recall, filler, fact and carry rows are a supervised warm-up's "
-                          "(learner.loss: sft)")
+                fail(key, "these rows are a supervised warm-up's (learner.loss: sft)")
+        if self.fact_pool > 1 and not self.fact_rows:
+            fail("fact_pool", "chooses the fact rows: set learner.fact_rows too")
         if self.carry_cut and not self.carry_rows:
             fail("carry_cut", "cuts the carry rows' chunks: set learner.carry_rows too")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",

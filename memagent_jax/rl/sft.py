@@ -40,6 +40,7 @@ from memagent_jax.rl.rows import TrainingRows, rows_from_trajectories
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
 
 COPY_DRAWS = ("log_uniform", "uniform")  # how copy rows draw span lengths and gaps
+FILLER_MEMORIES = ("any", "held", "initial")  # the memory a filler row is given
 
 
 def sft_loss(logp, mask, row_weights, entropy=None):
@@ -151,28 +152,36 @@ def recall_trajectories(tokenizer, count: int, facts: int, seed: int) -> list[Tr
     return trajectories
 
 
-def filler_trajectories(agent: MemoryAgent, count: int, seed: int, held: bool = False,
+def filler_trajectories(agent: MemoryAgent, count: int, seed: int, memory: str = "any",
                         cut: bool = False) -> list[Trajectory]:
     """`count` one-turn trajectories: an update turn of `agent` whose chunk is chunk_tokens of
     filler text (no fact), and the oracle's reply to it, the memory it was given unchanged.
     Each takes its question and memory from the oracle trajectory of a synthetic document
-    (`document_state`, drawn by `seed`): the memory after one of its chunks, chosen
-    uniformly, so that empty memories and memories holding facts both occur; with `held`, the
-    memory after its last chunk, which holds every fact the question needs (a carry: what a
-    long document asks of the agent thousands of times). The chunk is whole filler sentences,
+    (`document_state`, drawn by `seed`), as `memory` says: "any", the memory after one of its
+    chunks, chosen uniformly, so that empty memories and memories holding facts both occur;
+    "held", the memory after its last chunk, which holds every fact the question needs (a
+    carry: what a long document asks of the agent thousands of times); "initial", the initial
+    memory (a long document's turns before its first fact, where an agent that makes up a
+    value for the asked key begins to go wrong). The chunk is whole filler sentences,
     the first opening it; with `cut`, chunk_tokens cut from four chunks' filler at a random
     token, starting and ending mid-sentence as a long document's chunks do. Documents of one
     or two chunks hold their four to six facts in 512 tokens at most and seldom have a chunk
     without one, while a long document is almost nothing else. Alone (32 a step) filler rows
     over-corrected the made-up first memory into a memory that ignores its chunk
     (docs/synthetic.md); the recipe does without them."""
+    if memory not in FILLER_MEMORIES:
+        raise ValueError(f"memory must be one of {FILLER_MEMORIES}, got {memory!r}")
     rng = np.random.default_rng(seed)
     tokenizer, end = agent.tokenizer, end_token(agent)
     trajectories = []
     for index in range(count):
         state = document_state(agent, rng, seed, index)
         memories = state.memories
-        memory = memory_ids(agent, memories[-1 if held else int(rng.integers(len(memories)))])
+        if memory == "any":
+            memory_text = memories[int(rng.integers(len(memories)))]
+        else:
+            memory_text = memories[-1] if memory == "held" else ""
+        given = memory_ids(agent, memory_text)
         size = agent.config.chunk_tokens
         text = tokenizer(filler_text(4 * size if cut else size, seed, index),
                          add_special_tokens=False)["input_ids"]
@@ -180,23 +189,29 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int, held: bool = 
         if cut:  # its own generator: the documents drawn stay those of the uncut rows
             start = int(np.random.default_rng((seed, index)).integers(len(text) - size + 1))
         chunk = text[start:start + size]
-        trajectories.append(update_turn(agent, state.question, state.problem, memory, chunk,
-                                        [*memory, end]))
+        trajectories.append(update_turn(agent, state.question, state.problem, given, chunk,
+                                        [*given, end]))
     return trajectories
 
 
 def carry_trajectories(agent: MemoryAgent, count: int, pool: int, seed: int,
                        logprobs: Callable[[TrainingRows], np.ndarray],
                        cut: bool = False) -> list[Trajectory]:
-    """The `count` hardest of `count * pool` carries (`filler_trajectories` with `held` and
-    `cut`, drawn by `seed`): those whose least likely reply token has the lowest
+    """The `count` hardest of `count * pool` carries (`filler_trajectories` of the "held"
+    memory, `cut` or not, drawn by `seed`): those whose least likely reply token has the lowest
     log-probability under `logprobs` (rows -> [R, T] log-probs of the reply tokens, 0
     elsewhere: the learner's, under the current parameters). At 1M tokens the agent loses a
     fact it has written once in a few thousand carries, at carries whose teacher-forced reply
     already ranks another word first (`memagent-jax trace --carries`, docs/synthetic.md);
     carries drawn at random are almost all easy, so the step trains on those the model now
     finds hardest."""
-    candidates = filler_trajectories(agent, count * pool, seed, held=True, cut=cut)
+    return hardest(filler_trajectories(agent, count * pool, seed, "held", cut), count, logprobs)
+
+
+def hardest(candidates: list[Trajectory], count: int,
+            logprobs: Callable[[TrainingRows], np.ndarray]) -> list[Trajectory]:
+    """The `count` one-turn `candidates` whose least likely reply token has the lowest
+    log-probability under `logprobs` (`weakest_reply_token`), hardest first."""
     weakest = weakest_reply_token(candidates, logprobs)
     return [candidates[i] for i in np.argsort(weakest, kind="stable")[:count]]
 
@@ -289,17 +304,20 @@ def update_turn(agent: MemoryAgent, question: str, problem, memory: list[int], c
 def warmup_trajectories(agent: MemoryAgent, learner, seed: int,
                         logprobs: Callable[[TrainingRows], np.ndarray] | None = None
                         ) -> list[Trajectory]:
-    """The copy, recall, filler, fact and carry rows a supervised step trains beside its
+    """The copy, recall, filler, blank, fact and carry rows a supervised step trains beside its
     oracle trajectories, drawn by `seed`, as `learner` (a LearnerConfig: copy_*, recall_*,
-    filler_rows, fact_rows and carry_* settings) asks for them; carry rows are chosen by
-    `logprobs` (`carry_trajectories`), which they need."""
+    filler_rows, blank_rows, fact_* and carry_* settings) asks for them; carry rows, and fact
+    rows from a pool, are chosen by `logprobs` (`hardest`), which they need."""
     tokenizer = agent.tokenizer
     return (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
                               learner.copy_span_min, learner.copy_gap, learner.copy_prefix,
                               learner.copy_draw)
             + recall_trajectories(tokenizer, learner.recall_rows, learner.recall_facts, seed)
             + filler_trajectories(agent, learner.filler_rows, seed)
-            + fact_trajectories(agent, learner.fact_rows, seed)
+            + filler_trajectories(agent, learner.blank_rows, seed, "initial", cut=True)
+            + (hardest(fact_trajectories(agent, learner.fact_rows * learner.fact_pool, seed),
+                       learner.fact_rows, logprobs) if learner.fact_pool > 1
+               else fact_trajectories(agent, learner.fact_rows, seed))
             + (carry_trajectories(agent, learner.carry_rows, learner.carry_pool, seed, logprobs,
                                   learner.carry_cut)
                if learner.carry_rows else []))
