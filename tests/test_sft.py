@@ -25,7 +25,7 @@ from memagent_jax.rl.sft import (carry_trajectories, copy_trajectories, fact_tra
                                  warmup_trajectories)
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
 from memagent_jax.tokenizer import load_tokenizer
 
 from tests import multiprocess
@@ -319,6 +319,43 @@ def test_fact_rows_from_a_pool_are_the_hardest_candidates(agent):
         t.turns[0].prompt_ids for t in candidates[:3]]  # without a pool: the first drawn
     with pytest.raises(ConfigError, match="learner.fact_pool"):
         LearnerConfig(loss="sft", fact_pool=4)
+
+
+def test_own_fact_rows_bring_the_models_own_first_memory_to_the_facts_chunk(agent):
+    tokenizer = agent.tokenizer
+    read = []
+
+    def made_up(sample):  # the model's first memory: a made-up value for the asked key
+        return tokenizer(f"the code of {sample.problem.split()[-2]} tumoba .",
+                         add_special_tokens=False)["input_ids"]
+
+    def greedy(samples):
+        read.extend(samples)
+        return [[Trajectory(s.problem, [Turn("update", [], made_up(s) + [tokenizer.eos_token_id],
+                                             [], "stop", "")])] for s in samples]
+
+    learner = LearnerConfig(loss="sft", own_fact_rows=12)
+    rows = warmup_trajectories(agent, learner, seed=5, greedy=greedy)
+    assert len(rows) == len(read) == 12
+    for trajectory, sample in zip(rows, read):
+        (turn,) = trajectory.turns
+        memory, chunk = _memory_and_chunk(agent, trajectory)
+        # greedy read the row's question over one fact-free chunk from the initial memory
+        assert sample.problem == trajectory.problem and sample.initial_memory is None
+        assert sample.problem_ids == tuple(tokenizer(trajectory.problem,
+                                                     add_special_tokens=False)["input_ids"])
+        (filler,) = sample.chunks
+        assert len(filler) == BUDGETS.chunk_tokens
+        assert not {"code", "city"} & set(tokenizer.decode(filler).split())
+        # the row: that memory at the chunk of the first fact, the reply the fact alone
+        assert memory == made_up(sample)
+        facts = _facts(tokenizer.decode(turn.response_ids[:-1]))
+        assert facts and all(f[4] != "tumoba" and " ".join(f) in tokenizer.decode(chunk)
+                             for f in facts)
+        assert turn.response_ids[-1] == tokenizer.eos_token_id
+    assert {"city" in t.problem for t in rows} == {False, True}
+    with pytest.raises(ConfigError, match="learner.own_fact_rows"):
+        LearnerConfig(own_fact_rows=4)
 
 
 def test_carry_rows_are_the_candidates_whose_weakest_reply_token_is_least_likely(agent):

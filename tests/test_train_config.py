@@ -118,6 +118,7 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.fact_rows=-1"], "learner.fact_rows: must be at least 0"),
     (["learner.carry_rows=8"], "learner.carry_rows: these rows are a supervised warm-up's"),
     (["learner.blank_rows=8"], "learner.blank_rows: these rows are a supervised warm-up's"),
+    (["learner.own_fact_rows=8"], "learner.own_fact_rows: these rows are a supervised warm-up's"),
     (["learner.fact_pool=0"], "learner.fact_pool: must be at least 1"),
     (["learner.loss=sft", "learner.fact_pool=4"], "learner.fact_pool: chooses the fact rows"),
     (["learner.carry_pool=0"], "learner.carry_pool: must be at least 1"),

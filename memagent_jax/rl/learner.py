@@ -103,7 +103,11 @@ class LearnerConfig:
     document, every other one with the fact under a wrong object in its memory, the reply the
     oracle's memory with the chunk's fact (`sft.fact_trajectories`); with fact_pool above 1,
     the fact_rows hardest of fact_rows * fact_pool such turns, chosen as carry rows are (a
-    wrong value the current model keeps is the fault that remains at 8K). carry_rows, carry_pool
+    wrong value the current model keeps is the fault that remains at 8K). own_fact_rows (sft
+    only): each step also trains on own_fact_rows update turns at a document's first fact,
+    whose memory is the current model's own greedy reply to the initial memory and a fact-free
+    chunk (a made-up value, mostly), the reply the oracle's memory with the chunk's fact
+    (`sft.own_fact_trajectories`). carry_rows, carry_pool
     (sft only): each step also trains on the carry_rows hardest of carry_rows * carry_pool
     update turns whose memory holds the question's facts and whose chunk holds none, the
     reply the memory unchanged: those whose least likely reply token is least likely under
@@ -155,6 +159,7 @@ class LearnerConfig:
     blank_rows: int = 0
     fact_rows: int = 0
     fact_pool: int = 1
+    own_fact_rows: int = 0
     carry_rows: int = 0
     carry_pool: int = 16
     carry_cut: bool = False
@@ -164,12 +169,13 @@ class LearnerConfig:
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
         at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "copy_prefix",
-                 "recall_rows", "filler_rows", "blank_rows", "fact_rows", "carry_rows")
+                 "recall_rows", "filler_rows", "blank_rows", "fact_rows", "own_fact_rows",
+                 "carry_rows")
         at_least(self, 1, "copy_span", "copy_span_min", "recall_facts", "fact_pool", "carry_pool")
         if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
             fail("copy_span_min", f"above copy_span {self.copy_span}")
         for key in ("copy_rows", "recall_rows", "filler_rows", "blank_rows", "fact_rows",
-                    "carry_rows"):
+                    "own_fact_rows", "carry_rows"):
             if getattr(self, key) and self.loss != "sft":
                 fail(key, "these rows are a supervised warm-up's (learner.loss: sft)")
         if self.fact_pool > 1 and not self.fact_rows:

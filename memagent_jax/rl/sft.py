@@ -37,7 +37,7 @@ from memagent_jax.data.synthetic import (CITY_FACT, CODE_FACT, TASKS, filler_tex
 from memagent_jax.errors import UserError
 from memagent_jax.rl.collect import RolloutBatch, rollout_stats, score
 from memagent_jax.rl.rows import TrainingRows, rows_from_trajectories
-from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
+from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory, Turn, memory_turns
 
 COPY_DRAWS = ("log_uniform", "uniform")  # how copy rows draw span lengths and gaps
 FILLER_MEMORIES = ("any", "held", "initial")  # the memory a filler row is given
@@ -172,7 +172,7 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int, memory: str =
     if memory not in FILLER_MEMORIES:
         raise ValueError(f"memory must be one of {FILLER_MEMORIES}, got {memory!r}")
     rng = np.random.default_rng(seed)
-    tokenizer, end = agent.tokenizer, end_token(agent)
+    end = end_token(agent)
     trajectories = []
     for index in range(count):
         state = document_state(agent, rng, seed, index)
@@ -182,16 +182,21 @@ def filler_trajectories(agent: MemoryAgent, count: int, seed: int, memory: str =
         else:
             memory_text = memories[-1] if memory == "held" else ""
         given = memory_ids(agent, memory_text)
-        size = agent.config.chunk_tokens
-        text = tokenizer(filler_text(4 * size if cut else size, seed, index),
-                         add_special_tokens=False)["input_ids"]
-        start = 0
-        if cut:  # its own generator: the documents drawn stay those of the uncut rows
-            start = int(np.random.default_rng((seed, index)).integers(len(text) - size + 1))
-        chunk = text[start:start + size]
-        trajectories.append(update_turn(agent, state.question, state.problem, given, chunk,
-                                        [*given, end]))
+        trajectories.append(update_turn(agent, state.question, state.problem, given,
+                                        filler_chunk(agent, seed, index, cut), [*given, end]))
     return trajectories
+
+
+def filler_chunk(agent: MemoryAgent, seed: int, index: int, cut: bool) -> list[int]:
+    """Chunk `index` of filler text drawn by `seed`, chunk_tokens of ids: whole sentences, or
+    with `cut` cut from four chunks' filler at a random token (`filler_trajectories`)."""
+    size = agent.config.chunk_tokens
+    text = agent.tokenizer(filler_text(4 * size if cut else size, seed, index),
+                           add_special_tokens=False)["input_ids"]
+    start = 0
+    if cut:  # its own generator: the documents drawn stay those of the uncut rows
+        start = int(np.random.default_rng((seed, index)).integers(len(text) - size + 1))
+    return text[start:start + size]
 
 
 def carry_trajectories(agent: MemoryAgent, count: int, pool: int, seed: int,
@@ -240,16 +245,13 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
     contradicts (docs/synthetic.md)."""
     rng = np.random.default_rng(seed)
     w, end = words(), end_token(agent)
-    trajectories, index = [], 0
-    while len(trajectories) < count:
-        _, question, _, problem, chunks, memories = document_state(agent, rng, seed, index)
-        index += 1
-        before = [""] + memories
-        at, fact = next((i, f) for i, m in enumerate(memories) for f in m.splitlines()
-                        if f not in before[i].splitlines())
-        if "".join(fact.split()) not in "".join(agent.tokenizer.decode(chunks[at]).split()):
-            continue  # cut by the chunk boundary: the chunk alone does not say it
-        memory = before[at]
+    trajectories = []
+    for _, state, at, fact in first_facts(agent, rng, seed):
+        if len(trajectories) == count:
+            break
+        question, problem, chunks, memories = (state.question, state.problem, state.chunks,
+                                               state.memories)
+        memory = ([""] + memories)[at]
         if len(trajectories) % 2:
             *form, subject, right, stop = fact.split()
             objects = w.cities if form[1] == "city" else w.values
@@ -260,6 +262,51 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
         trajectories.append(update_turn(agent, question, problem, memory_ids(agent, memory),
                                         list(chunks[at]),
                                         [*memory_ids(agent, memories[at]), end]))
+    return trajectories
+
+
+def first_facts(agent: MemoryAgent, rng, seed: int):
+    """Yields (index, DocumentState, at, fact) for documents 0, 1, ... drawn by `rng` and
+    `seed` (`document_state`; a caller may draw from `rng` between documents): the chunk `at`
+    where the oracle's memory first takes a fact, and that fact; documents whose first fact is
+    cut by the chunk boundary (the chunk alone does not say it) are skipped."""
+    index = 0
+    while True:
+        state = document_state(agent, rng, seed, index)
+        before = [""] + state.memories
+        at, fact = next((i, f) for i, m in enumerate(state.memories) for f in m.splitlines()
+                        if f not in before[i].splitlines())
+        if "".join(fact.split()) in "".join(agent.tokenizer.decode(state.chunks[at]).split()):
+            yield index, state, at, fact
+        index += 1
+
+
+def own_fact_trajectories(agent: MemoryAgent, count: int, seed: int,
+                          greedy: Callable[[list[Sample]], list[list[Trajectory]]]
+                          ) -> list[Trajectory]:
+    """`count` one-turn trajectories: the update turn at the chunk of a document's first fact
+    (`first_facts`, drawn by `seed`, documents whose memory before it is the initial one),
+    given the memory the current model itself writes before any fact, and the oracle's reply,
+    the memory with the chunk's fact. That memory is the model's reply to the initial memory
+    and a fact-free chunk of filler cut as a long document's (`greedy`: samples -> their
+    trajectories read greedily under the current parameters): nearly always a made-up value
+    for the asked key, one of a few words the model favours, which the fact's chunk must
+    replace (docs/synthetic.md); fact rows' wrong values are drawn uniformly instead."""
+    end, drawn = end_token(agent), []
+    for index, state, at, _ in first_facts(agent, np.random.default_rng(seed), seed):
+        if len(drawn) == count:
+            break
+        if at == 0 or not state.memories[at - 1]:
+            drawn.append((index, state, at))
+    groups = greedy([Sample(state.question, state.problem,
+                            (tuple(filler_chunk(agent, seed, index, cut=True)),), 0)
+                     for index, state, _ in drawn])
+    trajectories = []
+    for (_, state, at), (trajectory, *_) in zip(drawn, groups):
+        own = [t for t in trajectory.turns[0].response_ids if t not in agent.not_memory]
+        trajectories.append(update_turn(agent, state.question, state.problem, own,
+                                        list(state.chunks[at]),
+                                        [*memory_ids(agent, state.memories[at]), end]))
     return trajectories
 
 
@@ -302,12 +349,14 @@ def update_turn(agent: MemoryAgent, question: str, problem, memory: list[int], c
 
 
 def warmup_trajectories(agent: MemoryAgent, learner, seed: int,
-                        logprobs: Callable[[TrainingRows], np.ndarray] | None = None
+                        logprobs: Callable[[TrainingRows], np.ndarray] | None = None,
+                        greedy: Callable[[list[Sample]], list[list[Trajectory]]] | None = None
                         ) -> list[Trajectory]:
     """The copy, recall, filler, blank, fact and carry rows a supervised step trains beside its
     oracle trajectories, drawn by `seed`, as `learner` (a LearnerConfig: copy_*, recall_*,
-    filler_rows, blank_rows, fact_* and carry_* settings) asks for them; carry rows, and fact
-    rows from a pool, are chosen by `logprobs` (`hardest`), which they need."""
+    filler_rows, blank_rows, fact_*, own_fact_rows and carry_* settings) asks for them; carry
+    rows, and fact rows from a pool, are chosen by `logprobs` (`hardest`), and own-fact rows
+    take their memories from `greedy` (`own_fact_trajectories`), which they need."""
     tokenizer = agent.tokenizer
     return (copy_trajectories(tokenizer, learner.copy_rows, learner.copy_span, seed,
                               learner.copy_span_min, learner.copy_gap, learner.copy_prefix,
@@ -318,6 +367,8 @@ def warmup_trajectories(agent: MemoryAgent, learner, seed: int,
             + (hardest(fact_trajectories(agent, learner.fact_rows * learner.fact_pool, seed),
                        learner.fact_rows, logprobs) if learner.fact_pool > 1
                else fact_trajectories(agent, learner.fact_rows, seed))
+            + (own_fact_trajectories(agent, learner.own_fact_rows, seed, greedy)
+               if learner.own_fact_rows else [])
             + (carry_trajectories(agent, learner.carry_rows, learner.carry_pool, seed, logprobs,
                                   learner.carry_cut)
                if learner.carry_rows else []))

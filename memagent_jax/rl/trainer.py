@@ -233,8 +233,10 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
-                extra = warmup_trajectories(self.agent, config.learner, seed=rows_seed,
-                                            logprobs=self.learner.logprobs)
+                extra = warmup_trajectories(
+                    self.agent, config.learner, seed=rows_seed, logprobs=self.learner.logprobs,
+                    greedy=lambda samples: self.agent.run(self.learner.compute_params(), samples,
+                                                          SamplingParams(0.0, seed=0)))
                 groups = groups + [[t] for t in extra]
                 advantages = np.ones(sum(len(g) for g in groups))
             else:
