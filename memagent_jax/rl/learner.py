@@ -107,11 +107,11 @@ class LearnerConfig:
     only): each step also trains on own_fact_rows update turns at a document's first fact,
     whose memory is the current model's own greedy reply to the initial memory and a fact-free
     chunk (a made-up value, mostly), the reply the oracle's memory with the chunk's fact
-    (`sft.own_fact_trajectories`). carry_rows, carry_pool
-    (sft only): each step also trains on the carry_rows hardest of carry_rows * carry_pool
-    update turns whose memory holds the question's facts and whose chunk holds none, the
-    reply the memory unchanged: those whose least likely reply token is least likely under
-    the current parameters (`sft.carry_trajectories`). carry_cut (sft only): carry rows'
+    (`sft.own_fact_trajectories`). carry_rows, carry_pool (sft only): each step also trains
+    on the carry_rows hardest of carry_rows * carry_pool update turns whose memory holds the
+    question's facts and whose chunk holds none, the reply the memory unchanged: those whose
+    least likely reply token is least likely under the current parameters
+    (`sft.carry_trajectories`). carry_cut (sft only): carry rows'
     chunks are cut from longer filler text at a random token, so that they start and end
     mid-sentence as a long document's chunks do, instead of being whole sentences.
     """
