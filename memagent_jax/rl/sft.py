@@ -246,12 +246,9 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
     rng = np.random.default_rng(seed)
     w, end = words(), end_token(agent)
     trajectories = []
-    for _, state, at, fact in first_facts(agent, rng, seed):
+    for _, state, at, fact, memory in first_facts(agent, rng, seed):
         if len(trajectories) == count:
             break
-        question, problem, chunks, memories = (state.question, state.problem, state.chunks,
-                                               state.memories)
-        memory = ([""] + memories)[at]
         if len(trajectories) % 2:
             *form, subject, right, stop = fact.split()
             objects = w.cities if form[1] == "city" else w.values
@@ -259,17 +256,18 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
             while wrong == right:
                 wrong = objects[int(rng.integers(len(objects)))]
             memory = "\n".join([*memory.splitlines(), " ".join([*form, subject, wrong, stop])])
-        trajectories.append(update_turn(agent, question, problem, memory_ids(agent, memory),
-                                        list(chunks[at]),
-                                        [*memory_ids(agent, memories[at]), end]))
+        trajectories.append(update_turn(agent, state.question, state.problem,
+                                        memory_ids(agent, memory), list(state.chunks[at]),
+                                        [*memory_ids(agent, state.memories[at]), end]))
     return trajectories
 
 
 def first_facts(agent: MemoryAgent, rng, seed: int):
-    """Yields (index, DocumentState, at, fact) for documents 0, 1, ... drawn by `rng` and
-    `seed` (`document_state`; a caller may draw from `rng` between documents): the chunk `at`
-    where the oracle's memory first takes a fact, and that fact; documents whose first fact is
-    cut by the chunk boundary (the chunk alone does not say it) are skipped."""
+    """Yields (index, DocumentState, at, fact, before) for documents 0, 1, ... drawn by `rng`
+    and `seed` (`document_state`; a caller may draw from `rng` between documents): the chunk
+    `at` where the oracle's memory first takes a fact, that fact, and the oracle's memory
+    before that chunk (text, "" for the initial one); documents whose first fact is cut by the
+    chunk boundary (the chunk alone does not say it) are skipped."""
     index = 0
     while True:
         state = document_state(agent, rng, seed, index)
@@ -277,7 +275,7 @@ def first_facts(agent: MemoryAgent, rng, seed: int):
         at, fact = next((i, f) for i, m in enumerate(state.memories) for f in m.splitlines()
                         if f not in before[i].splitlines())
         if "".join(fact.split()) in "".join(agent.tokenizer.decode(state.chunks[at]).split()):
-            yield index, state, at, fact
+            yield index, state, at, fact, before[at]
         index += 1
 
 
@@ -293,14 +291,14 @@ def own_fact_trajectories(agent: MemoryAgent, count: int, seed: int,
     for the asked key, one of a few words the model favours, which the fact's chunk must
     replace (docs/synthetic.md); fact rows' wrong values are drawn uniformly instead."""
     end, drawn = end_token(agent), []
-    for index, state, at, _ in first_facts(agent, np.random.default_rng(seed), seed):
+    for index, state, at, _, before in first_facts(agent, np.random.default_rng(seed), seed):
         if len(drawn) == count:
             break
-        if at == 0 or not state.memories[at - 1]:
+        if not before:
             drawn.append((index, state, at))
-    groups = greedy([Sample(state.question, state.problem,
-                            (tuple(filler_chunk(agent, seed, index, cut=True)),), 0)
-                     for index, state, _ in drawn])
+    chunks = [tuple(filler_chunk(agent, seed, index, cut=True)) for index, _, _ in drawn]
+    groups = greedy([Sample(state.question, state.problem, (chunk,), len(chunk))
+                     for (_, state, _), chunk in zip(drawn, chunks)])
     trajectories = []
     for (_, state, at), (trajectory, *_) in zip(drawn, groups):
         own = [t for t in trajectory.turns[0].response_ids if t not in agent.not_memory]
