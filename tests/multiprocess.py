@@ -34,7 +34,11 @@ def free_port() -> int:
 def environment(process_id: int, num_processes: int, port: int, devices: int = 4) -> dict:
     env = dict(os.environ)
     env.update(JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
-               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               # XLA:CPU aborts a collective that waits 40 s for a device's thread; beside
+               # another test worker on 2 cores one came late (CI, 2026-11-27): let it wait,
+               # within every job's bound.
+               XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"
+                         " --xla_cpu_collective_call_terminate_timeout_seconds=240",
                PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""))
     if num_processes > 1:
         env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
