@@ -204,7 +204,7 @@ def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
 
 
 def _demo(args) -> None:
-    from memagent_jax.demo import parse_length, run_demo
+    from memagent_jax.synthetic.demo import parse_length, run_demo
     length = parse_length(args.length)
     _start(args)
     run_demo(args.model, args.task, length, args.seed, args.show,
@@ -213,17 +213,17 @@ def _demo(args) -> None:
 
 
 def _trace(args) -> None:
-    from memagent_jax.demo import parse_length
+    from memagent_jax.synthetic.demo import parse_length
     length = parse_length(args.length)
     budgets = {"chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
                "max_final_tokens": args.max_final_tokens}
     if args.carries:
-        from memagent_jax.carries import run_carries
+        from memagent_jax.synthetic.carries import run_carries
         if args.out:
             raise UserError("--out: trace --carries prints its scores and writes no file")
         run_carries(args.model, args.task, length, args.seed, args.num_samples, budgets)
         return
-    from memagent_jax.trace import run_trace
+    from memagent_jax.synthetic.trace import run_trace
     _start(args)
     run_trace(args.model, args.task, length, args.seed, args.num_samples, budgets, args.slots,
               args.out)

@@ -154,7 +154,8 @@ def _build(schema: type, values: dict, source: str, prefix: str, base=None):
     for key in values:
         if key not in fields:
             known = ", ".join(sorted(fields))
-            raise UserError(f"{source}: unknown key '{prefix}{key}' (known keys here: {known})")
+            raise UserError(f"{_at(source)}unknown key '{prefix}{key}' (known keys here: "
+                            f"{known})")
     kwargs = {}
     for name, value in values.items():
         if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
@@ -165,7 +166,24 @@ def _build(schema: type, values: dict, source: str, prefix: str, base=None):
     try:
         return schema(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
     except ConfigError as e:  # the section's own check
-        raise UserError(f"{source}: {e}") from None
+        raise UserError(f"{_at(source)}{e}") from None
+
+
+def build_section(schema: type[T], values: dict, key: str) -> T:
+    """A section that a plugin owns (held as a plain mapping by the config that names the
+    plugin, e.g. `warmup`) from its keys, checked as `load_config` checks a schema's: a
+    `ConfigError` naming `key.FIELD` (the enclosing file is named by the config's own check)."""
+    try:
+        return _build(schema, values, "", f"{key}.")
+    except ConfigError:
+        raise
+    except UserError as e:
+        raise ConfigError("", str(e)) from None
+
+
+def _at(source: str) -> str:
+    """The message's prefix naming where the values came from ("" in `build_section`)."""
+    return f"{source}: " if source else ""
 
 
 def _custom_default(field: dataclasses.Field, schema: type):
@@ -224,7 +242,7 @@ def _convert(kind, value, source: str, key: str) -> Any:
                 for k, v in value.items()}
     if origin is typing.Literal:
         if value not in args:
-            raise UserError(f"{source}: key '{key}' must be one of "
+            raise UserError(f"{_at(source)}key '{key}' must be one of "
                             f"{', '.join(map(repr, args))}, got {value!r}")
         return value
     if kind is Any:
@@ -244,7 +262,7 @@ def _convert(kind, value, source: str, key: str) -> Any:
 
 
 def _type_error(source: str, key: str, value, expected: str) -> UserError:
-    return UserError(f"{source}: key '{key}' must be {expected}, got {value!r} "
+    return UserError(f"{_at(source)}key '{key}' must be {expected}, got {value!r} "
                      f"({type(value).__name__})")
 
 

@@ -89,7 +89,7 @@ def _synthetic_parser(kinds) -> None:
 def _synthetic(args) -> None:
     from tqdm import tqdm
 
-    from memagent_jax.data import synthetic
+    from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.data.io import write_parquet, write_set
     from memagent_jax.data.needle import write_tokenizer
     from memagent_jax.errors import UserError

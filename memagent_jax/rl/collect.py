@@ -4,10 +4,11 @@
 (every chunk's memory update and the final answer), scores each trajectory's final reply with
 its verifier, adds DAPO's overlong penalty, and, with dynamic sampling on, keeps only groups
 whose rewards are not all equal, drawing more prompts until `prompts` groups are kept or the
-tries run out (docs/algorithm.md section 3); prompts the caller makes itself (carry starts,
-rl/carry_starts.py) take the place of drawn ones in the first round. It returns the kept
-groups, their shaped rewards [G, n], the indices of every example drawn (the data order,
-logged per step), and rollout statistics over every trajectory sampled.
+tries run out (docs/algorithm.md section 3); prompts the caller makes itself (a warmup
+plugin's starts, rl/warmup.py) take the place of drawn ones in the first round. It returns the
+kept groups, their shaped rewards [G, n], the indices of every example drawn (the data order,
+logged per step), and rollout statistics over every trajectory sampled. `supervised_batch` is
+its counterpart for a supervised step: one given target trajectory per drawn example.
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
                   ) -> RolloutBatch:
     """One step's batch (module docstring), sampled with `params`. config: the TrainConfig;
     seed_for_try(k): the sampling seed of rollout round k; on_turn(sample, turn): called as
-    each turn finishes. starts(): prompts that come with their own samples (carry starts:
-    `rl.carry_starts`), run in the first round in place of as many drawn from `iterator`;
-    later rounds draw from `iterator` only."""
+    each turn finishes. starts(): prompts that come with their own samples (`Warmup.starts`),
+    run in the first round in place of as many drawn from `iterator`; later rounds draw from
+    `iterator` only."""
     rollout, budgets, wanted = config.rollout, config.memagent, config.prompts_per_step
     dynamic = config.dynamic_sampling.enabled
     kept_examples, kept_groups, kept_rewards, drawn = [], [], [], []
@@ -124,7 +125,7 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
         tries += 1
     stats = rollout_stats(all_groups, np.concatenate(all_raw), np.concatenate(all_shaped))
     if len(started):
-        stats["reward/carry_start_mean"] = float(started.mean())
+        stats["reward/starts_mean"] = float(started.mean())
     stats.update({"dynamic/kept_fraction": len(kept_groups) / max(len(all_groups), 1),
                   "dynamic/tries": float(tries), "dynamic/kept_groups": float(len(kept_groups)),
                   "time/rollout_s": time.perf_counter() - start})
@@ -132,6 +133,20 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
     rewards_array = (np.stack(kept_rewards) if kept_rewards
                      else np.zeros((0, rollout.n), np.float32))
     return RolloutBatch(kept_examples, kept_groups, rewards_array, drawn, tries, stats)
+
+
+def supervised_batch(iterator, prompts: int, reward: str,
+                     target: Callable[[Example], Trajectory]) -> RolloutBatch:
+    """`collect_batch`'s result for a supervised step: the next `prompts` examples, one
+    `target` trajectory each (groups of 1), and their final replies' rewards by the verifier
+    `reward` names (data.reward): 1 where the target's answer is one the verifier accepts."""
+    start = time.perf_counter()
+    examples = take(iterator, prompts)
+    groups = [[target(e)] for e in examples]
+    rewards = score(examples, groups, reward)
+    stats = rollout_stats(groups, rewards, rewards)
+    stats["time/rollout_s"] = time.perf_counter() - start
+    return RolloutBatch(examples, groups, rewards, [e.index for e in examples], 1, stats)
 
 
 def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.ndarray

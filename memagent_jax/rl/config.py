@@ -13,6 +13,7 @@ errors naming the key), each checking its own values as it is built:
     learner     `rl.learner.LearnerConfig` (optimizer, PPO clipping, KL, micro-batches)
     validation  every N steps, on the first `size` rows of data.val, lenient metrics
     checkpoint  Orbax directory, every N steps, keep the last N
+    warmup      an experiment's plugin and its own keys (rl/warmup.py; {}: none)
 plus steps, prompts_per_step, seed, output_dir, log_dir, distributed, compilation_cache_dir.
 
 `TrainConfig`'s own check covers what spans sections; `check_devices(config, devices)` checks
@@ -24,10 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
+from memagent_jax.rl import warmup
 from memagent_jax.rl.learner import LearnerConfig
 from memagent_jax.rollout.agent import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
@@ -64,22 +66,16 @@ class DataSection:
 
 @dataclasses.dataclass
 class RolloutSection:
-    """n: trajectories per prompt (a group), sampled at temperature, top_p, top_k.
-    carry_starts: of each step's prompts_per_step, how many start inside a long document
-    with the question's facts in the memory and read carry_chunks filler chunks, the hardest
-    of carry_chunks x carry_pool by the current parameters (`rl.carry_starts`; DAPO only)."""
-    n: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    carry_starts: int = 0
-    carry_chunks: int = 8
-    carry_pool: int = 16
+    """How training rollouts are sampled."""
+    n: int = 16                 # trajectories per prompt (a group)
+    temperature: float = 1.0    # sampling temperature (> 0; learner.temperature must equal it)
+    top_p: float = 1.0          # nucleus sampling (1: off)
+    top_k: int = 0              # top-k sampling (0: off)
     SECTION: ClassVar[str] = "rollout"
 
     def __post_init__(self):
-        at_least(self, 1, "n", "carry_chunks", "carry_pool")
-        at_least(self, 0, "top_k", "carry_starts")
+        at_least(self, 1, "n")
+        at_least(self, 0, "top_k")
         if not self.temperature > 0:
             raise ConfigError("rollout.temperature", f"must be > 0 for training samples, got "
                                                      f"{self.temperature}")
@@ -173,6 +169,7 @@ class TrainConfig:
     # JAX's persistent compilation cache: a restarted or resumed run (a preempted pod slice)
     # loads its compiled programs instead of compiling them again. None: off.
     compilation_cache_dir: str | None = None
+    warmup: dict[str, Any] = dataclasses.field(default_factory=dict)  # rl/warmup.py
 
     def __post_init__(self):
         """The checks that span sections (each section checked its own values already)."""
@@ -193,14 +190,7 @@ class TrainConfig:
                                   f"rollout.temperature ({self.rollout.temperature}): the "
                                   "learner scores tokens under the distribution they were "
                                   "sampled from")
-        if self.rollout.carry_starts > self.prompts_per_step:
-            raise ConfigError("rollout.carry_starts", f"{self.rollout.carry_starts} is more "
-                                                      f"than prompts_per_step "
-                                                      f"{self.prompts_per_step}")
-        if self.rollout.carry_starts and self.learner.loss != "dapo":
-            raise ConfigError("rollout.carry_starts", "carry starts are rollouts, and a "
-                                                      "supervised step (learner.loss: sft) "
-                                                      "samples none; use learner.carry_rows")
+        warmup.load(self)  # builds the plugin once: its section's keys checked
         if self.overlong.enabled:
             cap = min(self.memagent.max_memory_tokens, self.memagent.max_final_tokens)
             if not 1 <= self.overlong.buffer <= cap:

@@ -52,136 +52,55 @@ from memagent_jax.rl.dapo import policy_loss
 from memagent_jax.rl.logprobs import token_logprobs
 from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather,
                                   plan_micro_batches, scatter)
-from memagent_jax.rl.sft import sft_loss
+from memagent_jax.rl.supervised import sft_loss
 from memagent_jax.runconfig import at_least
 
 
 @dataclasses.dataclass(frozen=True)
 class LearnerConfig:
-    """Optimisation settings (the `learner` section of the train config). The defaults are the
-    original's (docs/algorithm.md section 3; DAPO's clip-higher is eps_high 0.28) except
-    mini_batches 1 (the original's mini-batch is 8 prompts: 16 at 128 prompts per step, as
-    the shipped 7B configs set) and loss_agg (see below).
-
-    lr_schedule: "constant" or "cosine" after `warmup_steps` linear warm-up steps, counted in
-    training steps as verl's scheduler: training step k (0-based) runs at lr * k / warmup_steps
-    during the warm-up, so the first step runs at lr 0 (warmup_steps 0: no warm-up, full lr
-    from the first step); cosine decays to lr * min_lr_ratio at training step `total_steps`.
-    mini_batches: optimiser updates per rollout batch (per epoch). Micro-batches hold
-    `micro_batch_rows` rows when it is set, else `micro_batch_tokens` padded tokens.
-    loss_agg: "global_token_mean" (default: every response token of a mini-batch weighs the
-    same, whatever the mesh) or "per_rank_token_mean" (verl's: a token-mean per data-parallel
-    rank, averaged over ranks; `loss_agg_ranks` ranks, default the mesh's data x fsdp);
-    docs/algorithm.md section 3 explains the difference. credit, train_final_turn: how a
-    trajectory's advantage reaches its rows (`rows.rows_from_trajectories`; read by the
-    trainer, like normalize_std).
-    old_logprobs: "recompute" (with the parameters before this batch's first update) or
-    "rollout" (the sampler's). temperature: the rollout's sampling temperature (log-probs are
-    those of logits / temperature). bucket_lengths: row lengths micro-batches are padded to
-    (default: powers of two from 64, up to what the rows need). normalize_std: read by the
-    trainer when it computes advantages (dividing by the group std), kept here with the other
-    algorithm settings. remat: keep only each decoder layer's input for the backward and
-    recompute the rest of the layer (activation memory one [rows, length, hidden] per layer,
-    for rerunning each layer's forward in the backward). logit_chunk_tokens: positions whose
-    logits exist at once in the log-prob pass and the loss (forward and backward), instead of
-    all [rows, length, vocab] (rl/logprobs.py; null: all at once).
-    loss: "dapo" (the clipped policy loss, dapo.py) or "sft" (supervised warm-up on oracle
-    trajectories: the token-mean negative log-likelihood of the replies, rl/sft.py; the clip,
-    KL and old-log-prob settings are then unused). copy_rows, copy_span, copy_span_min,
-    copy_gap, copy_prefix (sft only): each step also trains on copy_rows rows that repeat a
-    random span of copy_span words, or of lengths drawn from [copy_span_min, copy_span], that
-    follows 0 to copy_prefix random words and is followed by 0 to copy_gap (lengths and gaps
-    drawn log-uniformly, or uniformly with copy_draw "uniform"; `sft.copy_trajectories`). recall_rows, recall_facts (sft only): each
-    step also trains on recall_rows rows that list recall_facts facts and repeat them in
-    another order (`sft.recall_trajectories`). filler_rows (sft only): each step also trains
-    on filler_rows update turns whose chunk holds no fact, the reply the memory unchanged
-    (`sft.filler_trajectories`). blank_rows (sft only): each step also trains on blank_rows
-    update turns whose memory is the initial one and whose chunk, cut from filler text at a
-    random token, holds no fact, the reply the initial memory unchanged (a long document's
-    turns before its first fact). fact_rows (sft only): each step also trains on fact_rows
-    update turns at the chunk where the oracle's memory first takes a fact in a four-chunk
-    document, every other one with the fact under a wrong object in its memory, the reply the
-    oracle's memory with the chunk's fact (`sft.fact_trajectories`); with fact_pool above 1,
-    the fact_rows hardest of fact_rows * fact_pool such turns, chosen as carry rows are (a
-    wrong value the current model keeps is the fault that remains at 8K). own_fact_rows (sft
-    only): each step also trains on own_fact_rows update turns at a document's first fact,
-    whose memory is the current model's own greedy reply to the initial memory and a fact-free
-    chunk (a made-up value, mostly), the reply the oracle's memory with the chunk's fact
-    (`sft.own_fact_trajectories`). carry_rows, carry_pool (sft only): each step also trains
-    on the carry_rows hardest of carry_rows * carry_pool update turns whose memory holds the
-    question's facts and whose chunk holds none, the reply the memory unchanged: those whose
-    least likely reply token is least likely under the current parameters
-    (`sft.carry_trajectories`). carry_cut (sft only): carry rows'
-    chunks are cut from longer filler text at a random token, so that they start and end
-    mid-sentence as a long document's chunks do, instead of being whole sentences.
-    """
+    """The `learner` section of the train config. Defaults are the original's
+    (docs/algorithm.md section 3) except mini_batches and loss_agg."""
     SECTION: ClassVar[str] = "learner"
-    lr: float = 1e-6
-    warmup_steps: int = 20
-    lr_schedule: str = "constant"
-    total_steps: int | None = None
-    min_lr_ratio: float = 0.0
-    weight_decay: float = 0.01
-    adam_b1: float = 0.9
-    adam_b2: float = 0.999
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 1.0
-    eps_low: float = 0.2
-    eps_high: float = 0.2
-    dual_clip: float | None = 3.0
-    kl_coef: float = 0.001
-    entropy_coef: float = 0.0
-    temperature: float = 1.0
-    mini_batches: int = 1
-    micro_batch_rows: int | None = None
-    micro_batch_tokens: int | None = 8192
-    ppo_epochs: int = 1
-    remat: bool = False
-    logit_chunk_tokens: int | None = 1024
-    old_logprobs: str = "recompute"
-    normalize_std: bool = False
-    loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"
-    loss_agg_ranks: int | None = None
-    credit: Literal["broadcast", "amortise"] = "broadcast"
-    train_final_turn: bool = True
-    bucket_lengths: tuple[int, ...] | None = None
-    seed: int = 0
-    loss: Literal["dapo", "sft"] = "dapo"
-    copy_rows: int = 0
-    copy_span: int = 24
-    copy_span_min: int | None = None
-    copy_gap: int = 0
-    copy_prefix: int = 0
-    copy_draw: Literal["log_uniform", "uniform"] = "log_uniform"
-    recall_rows: int = 0
-    recall_facts: int = 8
-    filler_rows: int = 0
-    blank_rows: int = 0
-    fact_rows: int = 0
-    fact_pool: int = 1
-    own_fact_rows: int = 0
-    carry_rows: int = 0
-    carry_pool: int = 16
-    carry_cut: bool = False
+    lr: float = 1e-6                    # peak learning rate (AdamW)
+    warmup_steps: int = 20              # linear warm-up in training steps; step 0 runs at lr 0
+    lr_schedule: str = "constant"       # after the warm-up: "constant" or "cosine"
+    total_steps: int | None = None      # where cosine reaches lr * min_lr_ratio (then stays)
+    min_lr_ratio: float = 0.0           # cosine's floor, a fraction of lr
+    weight_decay: float = 0.01          # AdamW's decoupled weight decay
+    adam_b1: float = 0.9                # AdamW's first-moment decay
+    adam_b2: float = 0.999              # AdamW's second-moment decay
+    adam_eps: float = 1e-8              # AdamW's denominator epsilon
+    max_grad_norm: float = 1.0          # global gradient-norm clip
+    eps_low: float = 0.2                # PPO ratio clip below: 1 - eps_low
+    eps_high: float = 0.2               # PPO ratio clip above: 1 + eps_high (DAPO's: 0.28)
+    dual_clip: float | None = 3.0       # dual-clip bound for negative advantages (null: off)
+    kl_coef: float = 0.001              # low_var_kl to the initial policy (0: no reference)
+    entropy_coef: float = 0.0           # entropy bonus (0: entropy is a metric only)
+    temperature: float = 1.0            # log-probs of logits / temperature: the rollout's
+    mini_batches: int = 1               # optimiser updates per rollout batch and epoch
+    micro_batch_rows: int | None = None     # rows per micro-batch (set: overrides tokens)
+    micro_batch_tokens: int | None = 8192   # padded tokens per micro-batch
+    ppo_epochs: int = 1                 # passes over the rollout batch
+    remat: bool = False                 # recompute each layer in the backward
+    logit_chunk_tokens: int | None = 1024   # LM-head positions at once (null: all; logprobs.py)
+    old_logprobs: str = "recompute"     # "recompute" before the first update, or "rollout"
+    normalize_std: bool = False         # divide advantages by the group's std (the trainer)
+    loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"  # (1)
+    loss_agg_ranks: int | None = None   # ranks for per_rank_token_mean (null: data x fsdp)
+    credit: Literal["broadcast", "amortise"] = "broadcast"  # advantage to turns (rows.py)
+    train_final_turn: bool = True       # train on the final-answer turn's row (rows.py)
+    bucket_lengths: tuple[int, ...] | None = None  # padded row lengths (null: powers of two)
+    seed: int = 0                       # seeds the mini-batch shuffle with the optimiser step
+    loss: Literal["dapo", "sft"] = "dapo"   # clipped policy loss, or supervised NLL (rl/warmup.py)
+    # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
+    # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
+    # ranks (docs/algorithm.md section 3).
 
     def __post_init__(self):
         def fail(name, message):
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
-        at_least(self, 0, "warmup_steps", "copy_rows", "copy_gap", "copy_prefix",
-                 "recall_rows", "filler_rows", "blank_rows", "fact_rows", "own_fact_rows",
-                 "carry_rows")
-        at_least(self, 1, "copy_span", "copy_span_min", "recall_facts", "fact_pool", "carry_pool")
-        if self.copy_span_min is not None and self.copy_span_min > self.copy_span:
-            fail("copy_span_min", f"above copy_span {self.copy_span}")
-        for key in ("copy_rows", "recall_rows", "filler_rows", "blank_rows", "fact_rows",
-                    "own_fact_rows", "carry_rows"):
-            if getattr(self, key) and self.loss != "sft":
-                fail(key, "these rows are a supervised warm-up's (learner.loss: sft)")
-        if self.fact_pool > 1 and not self.fact_rows:
-            fail("fact_pool", "chooses the fact rows: set learner.fact_rows too")
-        if self.carry_cut and not self.carry_rows:
-            fail("carry_cut", "cuts the carry rows' chunks: set learner.carry_rows too")
+        at_least(self, 0, "warmup_steps")
         at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
                  "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
         for key in ("lr", "max_grad_norm", "temperature"):

@@ -4,9 +4,10 @@ Per step: draw prompts (grain iterator) -> n MemoryAgent trajectories per prompt
 engine, with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
 (collect.py) -> group advantages -> training rows (one per turn) -> `Learner.update` (PPO
 mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
-TensorBoard scalars and one JSON line per step. With `learner.loss: sft` the rollouts are the
-oracle's trajectories instead (rl/sft.py: a supervised warm-up, no sampling), trained on the
-same way. Rollouts decode with `learner.compute_params()`:
+TensorBoard scalars and one JSON line per step. A `warmup` section's plugin (rl/warmup.py) may
+add to a step: with `learner.loss: sft` the rollouts are its target trajectories instead (a
+supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out its
+starts beside the drawn prompts. Rollouts decode with `learner.compute_params()`:
 the learner's own arrays when they are stored in the compute dtype (float32 on CPU), else a
 device copy in it (bf16 from float32 master weights), made on the same mesh after each update
 and dropped before the next one, so it never sits beside the update's gradients.
@@ -50,14 +51,13 @@ from memagent_jax.data import pipeline
 from memagent_jax.errors import Interrupted
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.models import checkpoint, make_mesh
+from memagent_jax.rl import warmup
 from memagent_jax.rl.advantages import group_advantages
-from memagent_jax.rl.carry_starts import carry_starts
 from memagent_jax.rl.checkpointing import Checkpointer
-from memagent_jax.rl.collect import collect_batch, score
+from memagent_jax.rl.collect import collect_batch, score, supervised_batch
 from memagent_jax.rl.config import TrainConfig, check_devices
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.sft import oracle_batch, warmup_trajectories
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.agent import build_agent, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
@@ -120,6 +120,7 @@ class Trainer:
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
                                    self.process_index)
         self.preemption = distributed.PreemptionNotice()
+        self.warmup = warmup.load(config)
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
@@ -207,18 +208,18 @@ class Trainer:
             seeds.append(self._seed_for_try(_try))
             return seeds[-1]
 
-        # Seeds the rows a step makes itself (warm-up rows, carry starts): a function of the
-        # step alone, so that a resumed run makes the same ones.
-        rows_seed = config.seed * 1_000_003 + step
+        # Seeds the rows a step makes itself (a warmup plugin's): a function of the step alone,
+        # so that a resumed run makes the same ones.
+        context = warmup.StepContext(self.agent, config.seed * 1_000_003 + step,
+                                     self.learner.logprobs)
         try:
-            if config.learner.loss == "sft":  # no sampling: the oracle's replies
-                batch = oracle_batch(self.agent, self.iterator, config.prompts_per_step,
-                                     config.data.reward)
+            if config.learner.loss == "sft":  # no sampling: the plugin's target trajectories
+                batch = supervised_batch(self.iterator, config.prompts_per_step,
+                                         config.data.reward,
+                                         functools.partial(self.warmup.target, self.agent))
             else:
-                r = config.rollout
-                starts = functools.partial(
-                    carry_starts, self.agent, r.carry_starts, r.carry_chunks, r.carry_pool,
-                    seed=rows_seed, logprobs=self.learner.logprobs) if r.carry_starts else None
+                starts = (functools.partial(self.warmup.starts, context) if self.warmup
+                          else None)
                 batch = collect_batch(self.agent, self.learner.compute_params(),
                                       self.iterator, config, seed_for_try, on_turn, starts)
         except _Preempted:
@@ -233,11 +234,7 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
-                extra = warmup_trajectories(
-                    self.agent, config.learner, seed=rows_seed, logprobs=self.learner.logprobs,
-                    greedy=lambda samples: self.agent.run(self.learner.compute_params(), samples,
-                                                          SamplingParams(0.0, seed=0)))
-                groups = groups + [[t] for t in extra]
+                groups = groups + [[t] for t in self.warmup.extra_trajectories(context)]
                 advantages = np.ones(sum(len(g) for g in groups))
             else:
                 advantages = self.compute_advantages(step, batch.rewards)

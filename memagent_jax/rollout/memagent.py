@@ -55,8 +55,8 @@ class Sample:
     """A question and its document as the workflow reads it, in the policy's tokens: the
     question's ids, the chunks' ids, and the document's length (before any max_chunks cut).
     initial_memory: the memory's ids before the first chunk (None: the template's "No
-    previous memory"); a rollout that starts inside a long document starts from the memory
-    held there (`rl.carry_starts`)."""
+    previous memory"; given: a read that starts inside a document, from the memory held
+    there)."""
     problem: str
     problem_ids: tuple[int, ...]
     chunks: tuple[tuple[int, ...], ...]

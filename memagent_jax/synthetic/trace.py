@@ -98,8 +98,8 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
                    answer: str, chunk_tokens: int) -> DocumentTrace:
     """The trace of one read: `document` (a data.synthetic.Sample), the agent's chunks as
     decoded text, its memory after each, and its final answer."""
-    from memagent_jax.data.synthetic import oracle_memories
-    from memagent_jax.demo import first_token
+    from memagent_jax.synthetic.tasks import oracle_memories
+    from memagent_jax.synthetic.demo import first_token
 
     facts = [dataclasses.asdict(f) for f in document.facts]
     ideal = oracle_memories(chunk_texts, facts)
@@ -120,7 +120,7 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
 
 def describe(trace: DocumentTrace) -> str:
     """One line: right or wrong, the outcome, where the fact was, the memory then."""
-    from memagent_jax.demo import abbreviate
+    from memagent_jax.synthetic.demo import abbreviate
 
     fact = trace.outcome or trace.facts[0]
     where = (f"'{fact.text}' in chunk {fact.chunk + 1}/{trace.chunks} at word {fact.word}")
@@ -156,8 +156,8 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     from tqdm import tqdm
 
     from memagent_jax import distributed
-    from memagent_jax.data import synthetic
-    from memagent_jax.demo import load_agent
+    from memagent_jax.synthetic import tasks as synthetic
+    from memagent_jax.synthetic.demo import load_agent
     from memagent_jax.errors import UserError
     from memagent_jax.fileutil import check_output_file
     from memagent_jax.rollout.sampling import SamplingParams

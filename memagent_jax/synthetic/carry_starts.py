@@ -1,16 +1,12 @@
-"""Rollouts that start inside a long document, at the carries the policy finds hardest.
+"""Carry starts: DAPO rollouts that begin inside a long document, at the carries the policy
+finds hardest.
 
-A long document is almost all carries: turns whose memory already holds the question's facts
-and whose chunk adds none, so that the right reply is the memory unchanged. The greedy agent
-loses a written fact at about one carry in a few thousand, at particular chunks (`memagent-jax
-trace --carries`, docs/synthetic.md), and DAPO on documents of a few chunks sees a few carries
-per trajectory, almost all easy: its rollouts hardly ever lose a fact, so the reward never
-says that losing one is wrong. A carry start is a prompt whose rollout begins with the
-oracle's memory of a synthetic document (after its last chunk: every fact the question needs)
-and then reads `chunks` filler chunks, the hardest of chunks x pool drawn for it: those at
-which the memory's least likely token, teacher-forced, is least likely under the current
-parameters (`sft.weakest_reply_token`). Its reward is its final answer's, as for any rollout;
-the rollout itself samples like the others (`collect.collect_batch`, `rollout.carry_starts`).
+A carry start is a prompt whose rollout begins with the oracle's memory of a synthetic document
+(after its last chunk: every fact the question needs) and then reads `chunks` filler chunks,
+the hardest of chunks x pool drawn for it: those at which the memory's least likely token,
+teacher-forced, is least likely under the current parameters (`rows.weakest_reply_token`). Its
+reward is its final answer's, as for any rollout; the rollout samples like the others
+(`rl.collect.collect_batch`, through the warmup plugin's `starts`).
 """
 
 from __future__ import annotations
@@ -20,11 +16,11 @@ from typing import Callable
 import numpy as np
 
 from memagent_jax.data.pipeline import Example
-from memagent_jax.data.synthetic import filler_text
 from memagent_jax.rl.rows import TrainingRows
-from memagent_jax.rl.sft import (document_state, end_token, memory_ids, update_turn,
-                                 weakest_reply_token)
 from memagent_jax.rollout.memagent import MemoryAgent, Sample
+from memagent_jax.synthetic.oracle import document_state, end_token, memory_ids, update_turn
+from memagent_jax.synthetic.rows import weakest_reply_token
+from memagent_jax.synthetic.tasks import filler_text
 
 
 def carry_starts(agent: MemoryAgent, count: int, chunks: int, pool: int, seed: int,

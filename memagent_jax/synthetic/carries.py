@@ -41,8 +41,8 @@ class Score:
 def carry_turns(agent, document, index: int) -> list[Carry]:
     """The carries of `document` (a data.synthetic.Sample, number `index`) as `agent` reads it:
     the turns whose ideal memory is not empty and is the same after the turn as before."""
-    from memagent_jax.data.synthetic import oracle_memories
-    from memagent_jax.rl.sft import end_token
+    from memagent_jax.synthetic.tasks import oracle_memories
+    from memagent_jax.synthetic.oracle import end_token
 
     sample = agent.read(document.question, document.context)
     tokenizer = agent.tokenizer
@@ -111,8 +111,8 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
     (progress on stderr)."""
     from tqdm import tqdm
 
-    from memagent_jax.data import synthetic
-    from memagent_jax.demo import load_agent
+    from memagent_jax.synthetic import tasks as synthetic
+    from memagent_jax.synthetic.demo import load_agent
     from memagent_jax.errors import UserError
 
     if num_samples < 1:

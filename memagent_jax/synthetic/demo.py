@@ -41,7 +41,7 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     fields given on the command line (None: the model's own). UserError for an unknown task or
     model, or a length below one chunk."""
     from memagent_jax import pretrained
-    from memagent_jax.data import synthetic
+    from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.memagent import MemAgentConfig
@@ -67,7 +67,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
              budgets: dict) -> bool:
     """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
     budgets: as `load_agent` takes them."""
-    from memagent_jax.data import synthetic
+    from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.rollout.sampling import SamplingParams
     from tqdm import tqdm
 

@@ -1,0 +1,78 @@
+"""What an experiment may add to training steps, declared once: the `warmup` config section.
+
+The core trainer knows no task. A run whose config has a `warmup` section names a module in
+`warmup.plugin`; the module's `build(settings, config)` parses the section's other keys (its
+own schema, checked against the rest of the TrainConfig; errors are `ConfigError`s naming
+`warmup.KEY`) and returns a `Warmup`. The trainer
+then asks it, each step, for what the experiment adds:
+- a supervised step (`learner.loss: sft`) trains on `target(agent, example)`, one trajectory
+  per drawn example, instead of sampled rollouts, and on `extra_trajectories(step)` beside
+  them;
+- a DAPO step rolls out `starts(step)`'s prompts, which come with their own samples (a read
+  that begins inside a document, from a given memory: `Sample.initial_memory`), in place of as
+  many drawn ones.
+The synthetic tasks' warm-up (`memagent_jax.synthetic.warmup`) is the one plugin shipped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable, Protocol
+
+import numpy as np
+
+from memagent_jax.data.pipeline import Example
+from memagent_jax.errors import ConfigError
+from memagent_jax.rl.rows import TrainingRows
+from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
+
+SECTION = "warmup"
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What a plugin may use in one step. seed: a function of (run seed, step) only, so that a
+    resumed run draws the same rows; logprobs: rows -> [R, T] float32 log-probabilities of
+    their response tokens under the current parameters (0 elsewhere)."""
+    agent: MemoryAgent
+    seed: int
+    logprobs: Callable[[TrainingRows], np.ndarray]
+
+
+class Warmup(Protocol):
+    """An experiment's additions to a training step (module docstring)."""
+
+    def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
+        """The trajectory a supervised step trains on for `example` (its turns' prompts as
+        `agent` builds them, the replies the ones to learn)."""
+
+    def extra_trajectories(self, step: StepContext) -> list[Trajectory]:
+        """Trajectories a supervised step trains on beside its examples' targets."""
+
+    def starts(self, step: StepContext) -> tuple[list[Example], list[Sample]]:
+        """Prompts a DAPO step rolls out in its first round in place of as many drawn ones:
+        their examples (to score the answers against) and samples."""
+
+
+def load(config) -> Warmup | None:
+    """The plugin the TrainConfig's `warmup` section names, built from the section's other keys
+    (None: no section)."""
+    section = config.warmup
+    if not section:
+        if config.learner.loss == "sft":
+            raise ConfigError("learner.loss", "a supervised step trains on the trajectories a "
+                                              "warmup plugin makes: set warmup.plugin (e.g. "
+                                              "memagent_jax.synthetic.warmup)")
+        return None
+    name = section.get("plugin")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{SECTION}.plugin", f"must name a module with build(settings, config), "
+                                               f"e.g. memagent_jax.synthetic.warmup; got {name!r}")
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(f"{SECTION}.plugin", f"cannot import {name!r} ({e})") from None
+    if not callable(getattr(module, "build", None)):
+        raise ConfigError(f"{SECTION}.plugin", f"module {name!r} has no build(settings, config)")
+    return module.build({k: v for k, v in section.items() if k != "plugin"}, config)

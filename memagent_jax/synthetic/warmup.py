@@ -1,0 +1,99 @@
+"""The synthetic tasks' warmup plugin (`warmup.plugin: memagent_jax.synthetic.warmup`).
+
+It implements `rl.warmup.Warmup`: a supervised step trains on each drawn row's oracle
+trajectory (oracle.py) and on the extra rows its section asks for (rows.py); a DAPO step rolls
+out `carry_starts` prompts that start inside a long document (carry_starts.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar, Literal
+
+from memagent_jax.data.pipeline import Example
+from memagent_jax.errors import ConfigError
+from memagent_jax.rl.warmup import StepContext
+from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
+from memagent_jax.runconfig import at_least, build_section
+from memagent_jax.synthetic import rows
+from memagent_jax.synthetic.carry_starts import carry_starts
+from memagent_jax.synthetic.oracle import oracle_trajectory
+
+_SUPERVISED = ("copy_rows", "recall_rows", "fact_rows", "carry_rows")
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupSection:
+    """The `warmup` section's keys besides `plugin` (rows: per supervised step)."""
+    SECTION: ClassVar[str] = "warmup"
+    copy_rows: int = 0          # rows repeating a random span of words (`rows.copy_trajectories`)
+    copy_span: int = 24         # a copied span's longest length, in words
+    copy_span_min: int = 1      # a copied span's shortest length
+    copy_gap: int = 0           # at most this many random words between a span and its copy
+    copy_prefix: int = 0        # at most this many random words before the span
+    copy_draw: Literal["log_uniform", "uniform"] = "log_uniform"  # how lengths, gaps are drawn
+    recall_rows: int = 0        # rows listing facts and repeating them in another order
+    recall_facts: int = 8       # facts per recall row
+    fact_rows: int = 0          # update turns at a document's first fact (`rows.fact_trajectories`)
+    carry_rows: int = 0         # the hardest carries (`rows.carry_trajectories`)
+    carry_pool: int = 16        # candidates drawn per carry row
+    carry_cut: bool = False     # carries' chunks cut mid-sentence, as a long document's are
+    carry_starts: int = 0       # DAPO prompts per step that start inside a long document
+    start_chunks: int = 8       # filler chunks a carry start reads
+    start_pool: int = 16        # candidate chunks drawn per chunk read
+
+    def __post_init__(self):
+        at_least(self, 0, "copy_rows", "copy_gap", "copy_prefix", "recall_rows", "fact_rows",
+                 "carry_rows", "carry_starts")
+        at_least(self, 1, "copy_span", "copy_span_min", "recall_facts", "carry_pool",
+                 "start_chunks", "start_pool")
+        if self.copy_span_min > self.copy_span:
+            raise ConfigError("warmup.copy_span_min", f"{self.copy_span_min} is above "
+                                                      f"copy_span {self.copy_span}")
+        if self.carry_cut and not self.carry_rows:
+            raise ConfigError("warmup.carry_cut", "cuts the carry rows' chunks: set "
+                                                  "warmup.carry_rows too")
+
+
+class SyntheticWarmup:
+    """`rl.warmup.Warmup` for the synthetic tasks, as `section` asks."""
+
+    def __init__(self, section: WarmupSection):
+        self.section = section
+
+    def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
+        return oracle_trajectory(agent, example)
+
+    def extra_trajectories(self, step: StepContext) -> list[Trajectory]:
+        s, agent, seed = self.section, step.agent, step.seed
+        return (rows.copy_trajectories(agent.tokenizer, s.copy_rows, s.copy_span, seed,
+                                       s.copy_span_min, s.copy_gap, s.copy_prefix, s.copy_draw)
+                + rows.recall_trajectories(agent.tokenizer, s.recall_rows, s.recall_facts, seed)
+                + rows.fact_trajectories(agent, s.fact_rows, seed)
+                + (rows.carry_trajectories(agent, s.carry_rows, s.carry_pool, seed,
+                                           step.logprobs, s.carry_cut) if s.carry_rows else []))
+
+    def starts(self, step: StepContext) -> tuple[list[Example], list[Sample]]:
+        s = self.section
+        if not s.carry_starts:
+            return [], []
+        return carry_starts(step.agent, s.carry_starts, s.start_chunks, s.start_pool,
+                            seed=step.seed, logprobs=step.logprobs)
+
+
+def build(settings: dict, config) -> SyntheticWarmup:
+    """The plugin from the `warmup` section's keys (`rl.warmup.load`), checked against the
+    TrainConfig: supervised rows only with learner.loss sft, carry starts only with dapo."""
+    section = build_section(WarmupSection, settings, "warmup")
+    loss = config.learner.loss
+    for key in _SUPERVISED:
+        if getattr(section, key) and loss != "sft":
+            raise ConfigError(f"warmup.{key}", "these rows are a supervised step's "
+                                               "(learner.loss: sft)")
+    if section.carry_starts and loss != "dapo":
+        raise ConfigError("warmup.carry_starts", "carry starts are rollouts, and a supervised "
+                                                 "step samples none; use warmup.carry_rows")
+    if section.carry_starts > config.prompts_per_step:
+        raise ConfigError("warmup.carry_starts", f"{section.carry_starts} is more than "
+                                                 f"prompts_per_step {config.prompts_per_step}")
+    return SyntheticWarmup(section)
