@@ -15,8 +15,8 @@ decode step over `engine.slots`, and the prefill of each bucket. Between them th
 holds what the table's rows do not share (the engine's KV cache and bf16 copy sit beside the
 learner's state between updates; the config comments count them).
 
-    python benchmarks/aot.py --config configs/qwen2.5-7b_tpu_v5p.yaml --topology v5p:2x4x4
-    python benchmarks/aot.py --config configs/qwen2.5-7b_gpu8.yaml --hbm-gb 80
+    python benchmarks/aot.py --config configs/train/qwen2.5-7b_tpu_v5p.yaml --topology v5p:2x4x4
+    python benchmarks/aot.py --config configs/train/qwen2.5-7b_gpu8.yaml --hbm-gb 80
     (key=value overrides as `train` takes them; --preset picks the model shape when the
     config's model.path is not on this machine; --programs learner|engine compiles half)
 """

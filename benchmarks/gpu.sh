@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The GPU checks and benchmarks, in groups sized (BENCHMARKS.md, 2026-11-26) so that each fits
+# The GPU checks and benchmarks, in groups sized (docs/log/benchmarks.md, 2026-11-26) so that each fits
 # one 10-minute device call and two fit a session's 15 minutes of device time:
-#   benchmarks/gpu.sh train      # tests/test_gpu.py (cuDNN attention); learner update: 0.5B
+#   benchmarks/gpu.sh train      # tests/models/test_gpu.py (cuDNN attention); learner update: 0.5B
 #                                # (XLA, then cuDNN attention), 1.5B with remat
 #   benchmarks/gpu.sh decode7b   # decode on the 7B shape
 #   benchmarks/gpu.sh small      # decode on the 0.5B shape, the memory loop
@@ -52,7 +52,7 @@ small)
         --peer-batch-sizes "" --prefill-rows 8 --attention dot_product --profile
     ;;
 train)
-    step test_gpu 120 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/test_gpu.py
+    step test_gpu 120 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/models/test_gpu.py
     step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
         --dtype bfloat16 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192

@@ -136,7 +136,7 @@ def reserve_cpu_threads() -> None:
     device's next collective, when independent of the first, before the first ends; with N
     threads one device can then hold two while another device's turn never gets a thread, and
     all of them wait until XLA aborts the process. With 2N threads the programs that deadlocked
-    with N run (tests/test_multiprocess.py). Sets NPROC to 2N unless it is set or the machine
+    with N run (tests/e2e/test_multiprocess.py). Sets NPROC to 2N unless it is set or the machine
     has the cores; effective only before JAX creates its CPU backend.
     """
     counts = re.findall(r"--xla_force_host_platform_device_count=(\d+)",

@@ -13,8 +13,9 @@ import os
 import sys
 
 
-def add_parser(sub) -> None:
-    """Registers `data` and its subcommands on the CLI's subparsers."""
+def add_parsers(sub):
+    """Registers `data` and its subcommands on the CLI's subparsers; returns the `data` group's
+    subparsers, where other packages register theirs (`data synthetic`)."""
     data = sub.add_parser("data", help="build evaluation and training sets (RULER-HQA, RULER)")
     kinds = data.add_subparsers(dest="data_command", required=True)
 
@@ -56,7 +57,7 @@ def add_parser(sub) -> None:
 
     p = kinds.add_parser("needle", help="the synthetic needle task for CPU smoke runs "
                                         "(train.parquet, val.parquet, tokenizer/; "
-                                        "configs/tiny_cpu.yaml trains on it)",
+                                        "configs/train/tiny_cpu.yaml trains on it)",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--train-size", type=int, default=64, help="training questions")
@@ -64,62 +65,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="the documents' random seed")
     p.set_defaults(func=_needle)
 
-    _synthetic_parser(kinds)
-
-
-def _synthetic_parser(kinds) -> None:
-    p = kinds.add_parser("synthetic", help="synthetic long-document tasks over a made-up "
-                                           "vocabulary (multikey, twohop), lengths exact in "
-                                           "the tokenizer written beside them",
-                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--task", required=True, help="multikey or twohop")
-    p.add_argument("--lengths", type=int, nargs="+", required=True, metavar="TOKENS",
-                   help="document lengths in tokens, e.g. 1024 8192 1048576")
-    p.add_argument("--num-samples", type=int, default=64, help="samples per length")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layout", choices=("eval", "train"), default="eval",
-                   help="eval: eval_TASK_LENGTH.json per length (what `memagent-jax eval` "
-                        "reads); train: train_TASK.parquet with every length (what `train` "
-                        "reads)")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help="also gets tokenizer/, the word-level tokenizer of the vocabulary")
-    p.set_defaults(func=_synthetic)
-
-
-def _synthetic(args) -> None:
-    from tqdm import tqdm
-
-    from memagent_jax.synthetic import tasks as synthetic
-    from memagent_jax.data.io import write_parquet, write_set
-    from memagent_jax.data.needle import write_tokenizer
-    from memagent_jax.errors import UserError
-    synthetic.check_task(args.task)
-    shortest = synthetic.min_length(args.task)
-    for length in args.lengths:
-        if length < shortest:
-            raise UserError(f"--lengths {length}: a {args.task} document needs at least "
-                            f"{shortest} tokens")
-    if args.num_samples <= 0:
-        raise UserError(f"--num-samples must be positive, got {args.num_samples}")
-    tokenizer = os.path.join(args.out, "tokenizer")
-    if not os.path.isdir(tokenizer):
-        write_tokenizer(tokenizer, synthetic.vocabulary())
-
-    def samples(length, make):
-        return (make(synthetic.make_sample(args.task, length, args.seed, i), args.task, length,
-                     i) for i in tqdm(range(args.num_samples), desc=f"{args.task} {length}",
-                                     unit="sample", file=sys.stderr))
-
-    if args.layout == "train":
-        path = os.path.join(args.out, f"train_{args.task}.parquet")
-        rows = [row for length in args.lengths for row in samples(length, synthetic.train_row)]
-        write_parquet(path, rows)
-        print(f"wrote {len(rows)} {args.task} training samples to {path}")
-        return
-    for length in args.lengths:
-        path = os.path.join(args.out, f"eval_{args.task}_{length}.json")
-        count = write_set(path, samples(length, synthetic.eval_record))
-        print(f"wrote {count} {args.task} samples of {length} tokens to {path}")
+    return kinds
 
 
 def _needle(args) -> None:

@@ -1,8 +1,9 @@
 """A tiny synthetic needle task in the training layout, with a word-level tokenizer for it.
 
-For training runs that must finish on a CPU in minutes (configs/tiny_cpu.yaml, the tests): each
-document is a few sentences of filler words with one needle sentence, "the secret code is
-<word> .", at a random place; the question asks for the code; the ground truth is the word.
+For training runs that must finish on a CPU in minutes (configs/train/tiny_cpu.yaml, the
+tests): each document is a few sentences of filler words with one needle sentence, "the secret
+code is <word> .", at a random place; the question asks for the code; the ground truth is the
+word.
 Rows follow the layout of `BytedTsinghua-SIA/hotpotqa` (see data/pipeline.py) with data_source
 "needle", so the trainer reads them exactly as it reads the real data set.
 

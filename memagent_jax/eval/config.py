@@ -49,11 +49,11 @@ class FullContextSection:
 
 @dataclasses.dataclass
 class SamplingSection:
-    temperature: float = 0.7
-    top_p: float = 0.95
-    top_k: int = 0
-    n: int = 1       # answers per question; a question's score is their mean
-    seed: int = 0
+    temperature: float = 0.7    # 0 is greedy
+    top_p: float = 0.95         # nucleus sampling (1: off)
+    top_k: int = 0              # top-k sampling (0: off)
+    n: int = 1                  # answers per question; a question's score is their mean
+    seed: int = 0               # with the set and row, seeds each question's sampling
     SECTION: ClassVar[str] = "sampling"
 
     def __post_init__(self):

@@ -1,14 +1,25 @@
-"""Qwen2.5 in Flax NNX and its Hugging Face / Orbax files."""
+"""Qwen2.5 in Flax NNX and its Hugging Face / Orbax files.
 
-from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.loading import (build_model, load_model, random_model, read_config,
-                                         save_checkpoint, save_hf)
-from memagent_jax.models.presets import PRESETS, preset_config
-from memagent_jax.models.qwen2 import KVCache, Params, Qwen2, split_params
-from memagent_jax.models.sharding import job_mesh, make_mesh, param_shardings
+The names below load their module on first use (PEP 562 `__getattr__`): the CLI imports
+`models.command` to build its parser, and importing a submodule runs this file first, so it must
+not import JAX itself.
+"""
 
-__all__ = [
-    "KVCache", "ModelConfig", "PRESETS", "Params", "Qwen2", "build_model", "load_model",
-    "job_mesh", "make_mesh", "param_shardings", "preset_config", "random_model", "read_config",
-    "save_checkpoint", "save_hf", "split_params",
-]
+import importlib
+
+_MODULE_OF = {
+    "ModelConfig": "config",
+    "build_model": "loading", "load_model": "loading", "random_model": "loading",
+    "read_config": "loading", "save_checkpoint": "loading", "save_hf": "loading",
+    "PRESETS": "presets", "preset_config": "presets",
+    "KVCache": "qwen2", "Params": "qwen2", "Qwen2": "qwen2", "split_params": "qwen2",
+    "job_mesh": "sharding", "make_mesh": "sharding", "param_shardings": "sharding",
+}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_MODULE_OF[name]}"), name)

@@ -66,8 +66,8 @@ def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
 def default_block(group: int) -> int:
     """Rows and keys per tile for `group` query heads per KV head: a tile's product has group x
     block query rows, and below about 512 of them the per-tile overhead of the loop dominates
-    (BENCHMARKS.md, "Prefill attention block size"). Every Qwen2.5 model has 5 to 8 query heads
-    per KV head (128-blocks); small test models often 2."""
+    (docs/log/benchmarks.md, "Prefill attention block size"). Every Qwen2.5 model has 5 to 8
+    query heads per KV head (128-blocks); small test models often 2."""
     return 256 if group <= 4 else 128
 
 
@@ -176,7 +176,7 @@ def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
     Each (row, KV head) holds its keys as one contiguous [D, S] block and its values as one
     [S, D] block, and its G x T queries form one [G * T, D] block, so both products are plain
     batched matmuls over the cache as it lies, neither with a transposed right operand (which
-    XLA:CPU runs with a slower kernel; BENCHMARKS.md, "decode attention layout"). Returns
+    XLA:CPU runs with a slower kernel; docs/log/benchmarks.md, "decode attention layout"). Returns
     [B, T, Hq, D]."""
     b, t, hq, d = q.shape
     hkv = k_cache.shape[1]

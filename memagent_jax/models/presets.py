@@ -21,7 +21,7 @@ _SHAPES = {
     "qwen2.5-72b": (8192, 80, 64, 8, 29568, 152064, False),
     # Not a real model: small enough for tests and the README's demo on a laptop CPU.
     "tiny": (64, 2, 4, 2, 128, 512, False),
-    # Not a real model: the synthetic tasks' agent (data/synthetic.py's ~4K-word vocabulary).
+    # Not a real model: the synthetic tasks' agent (synthetic/tasks.py's ~4K-word vocabulary).
     "small": (128, 4, 4, 2, 384, 4096, True),
 }
 PRESETS = tuple(_SHAPES)

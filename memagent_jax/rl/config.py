@@ -39,21 +39,19 @@ from memagent_jax.runconfig import at_least, load_config, probability
 
 @dataclasses.dataclass
 class DataSection:
-    """train: sources whose rows are concatenated (files, directories, hf:// paths, hub ids).
-    reward: 'by_source' looks the verifier up by each row's data_source (rl.rewards); 'strict'
-    forces the original's verifier; 'lenient_boxed' this port's earlier, more forgiving one;
-    'exact_match' / 'f1' score the boxed answer with EM / F1 (docs/algorithm.md section 2);
-    'contains' scores 1 when a gold answer appears as a phrase in the final reply (a gentler
-    signal for smoke runs with untrained tiny models).
-    shuffle: draw training rows in a seeded random order, reshuffled every epoch (off: in file
-    order, as the published scripts' `data.shuffle=False`)."""
+    """Training and validation data. reward: 'by_source' looks the verifier up by each row's
+    data_source (rl.rewards); 'strict' forces the original's verifier; 'lenient_boxed' this
+    port's earlier, more forgiving one; 'exact_match' / 'f1' score the boxed answer with EM /
+    F1 (docs/algorithm.md section 2); 'contains' scores 1 when a gold answer appears as a phrase
+    in the final reply (for smoke runs with untrained tiny models)."""
+    # Sources whose rows are concatenated: files, directories, hf:// paths, hub ids.
     train: list[str] = dataclasses.field(default_factory=list)
-    train_split: str = "train"
-    val: str | None = None
-    val_split: str = "train"
-    shuffle: bool = False
+    train_split: str = "train"  # the split read from a hub source
+    val: str | None = None      # the validation source (None: no validation)
+    val_split: str = "train"    # its split
+    shuffle: bool = False       # seeded order, reshuffled each epoch (off: the file's order)
     reward: Literal["by_source", "strict", "lenient_boxed", "exact_match", "f1",
-                    "contains"] = "by_source"
+                    "contains"] = "by_source"  # the verifier (above)
     SECTION: ClassVar[str] = "data"
 
     def __post_init__(self):
@@ -84,12 +82,11 @@ class RolloutSection:
 
 @dataclasses.dataclass
 class DynamicSamplingSection:
-    """DAPO: drop groups whose rewards are all equal and sample more prompts until
-    prompts_per_step groups are kept, at most max_tries rollout rounds per step (then train on
-    what was kept; a step that kept nothing makes no update). Off by default, as in the
-    published runs (their `filter_groups` was off; when on, it only drops, as max_tries 1)."""
-    enabled: bool = False
-    max_tries: int = 4
+    """DAPO's filter: drop groups whose rewards are all equal and sample more prompts until
+    prompts_per_step groups are kept (then train on what was kept; a step that kept nothing
+    makes no update). Off by default, as in the published runs."""
+    enabled: bool = False       # the published runs' `filter_groups` was off
+    max_tries: int = 4          # rollout rounds per step at most
     SECTION: ClassVar[str] = "dynamic_sampling"
 
     def __post_init__(self):
@@ -100,24 +97,22 @@ class DynamicSamplingSection:
 class OverlongSection:
     """DAPO's soft overlong penalty, added to the trajectory's reward: each turn is judged
     against its own cap (memory or final tokens); the trajectory gets its worst one."""
-    enabled: bool = False
-    buffer: int = 256
-    penalty_factor: float = 1.0
+    enabled: bool = False       # off in the original's scripts
+    buffer: int = 256           # tokens below the cap where the penalty starts
+    penalty_factor: float = 1.0  # the penalty at the cap
 
 
 @dataclasses.dataclass
 class ValidationSection:
-    """every: steps between validations (0: never); size: first rows of data.val used, read
-    as training reads its documents (centre-truncated to memagent.max_chunks); n samples each,
-    at temperature and top_p: the published training scripts' validation (n 4, temperature
-    1.0, top_p 0.7). The paper's RULER-HQA table was sampled at temperature 0.7, top_p 0.95
-    (`memagent-jax eval`)."""
-    every: int = 0
-    size: int = 128
-    n: int = 4
-    temperature: float = 1.0
+    """Validation through the memory loop, its documents read as training reads them
+    (centre-truncated to memagent.max_chunks); defaults are the published training scripts'.
+    (The paper's RULER-HQA table was sampled at temperature 0.7, top_p 0.95: `eval`.)"""
+    every: int = 0              # steps between validations (0: never)
+    size: int = 128             # the first rows of data.val used
+    n: int = 4                  # samples per question
+    temperature: float = 1.0    # 0 is greedy
     top_p: float = 0.7
-    at_start: bool = False
+    at_start: bool = False      # also validate before the first step
     SECTION: ClassVar[str] = "validation"
 
     def __post_init__(self):
@@ -130,12 +125,11 @@ class ValidationSection:
 
 @dataclasses.dataclass
 class CheckpointSection:
-    """dir: None = {output_dir}/checkpoints; every: steps between saves (0: only the last
-    step); keep: newest checkpoints kept; async_save: write in the background."""
-    dir: str | None = None
-    every: int = 10
-    keep: int = 3
-    async_save: bool = True
+    """Orbax checkpoints of the whole training state."""
+    dir: str | None = None      # None: {output_dir}/checkpoints (gs:// works)
+    every: int = 10             # steps between saves (0: only the last step)
+    keep: int = 3               # newest checkpoints kept
+    async_save: bool = True     # write in the background
     SECTION: ClassVar[str] = "checkpoint"
 
     def __post_init__(self):
@@ -160,16 +154,17 @@ class TrainConfig:
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     validation: ValidationSection = dataclasses.field(default_factory=ValidationSection)
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
-    steps: int = 200
-    prompts_per_step: int = 128
-    seed: int = 0
+    steps: int = 200            # training steps
+    prompts_per_step: int = 128  # groups trained on per step
+    seed: int = 0               # data order, rollout seeds, the plugin's rows
     output_dir: str = "runs/memagent"
     log_dir: str | None = None  # None: {output_dir}/logs (TensorBoard events, steps.jsonl)
     distributed: bool = False   # jax.distributed.initialize() (multi-host) before anything
-    # JAX's persistent compilation cache: a restarted or resumed run (a preempted pod slice)
-    # loads its compiled programs instead of compiling them again. None: off.
+    # JAX's persistent compilation cache: a restarted run (a preempted pod slice) loads its
+    # compiled programs instead of compiling them again. None: off.
     compilation_cache_dir: str | None = None
-    warmup: dict[str, Any] = dataclasses.field(default_factory=dict)  # rl/warmup.py
+    # An experiment's plugin and its own keys (rl/warmup.py); {}: none.
+    warmup: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         """The checks that span sections (each section checked its own values already)."""

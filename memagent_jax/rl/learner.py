@@ -50,8 +50,8 @@ from memagent_jax.models.qwen2 import Params, Qwen2, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl.dapo import policy_loss
 from memagent_jax.rl.logprobs import token_logprobs
-from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather,
-                                  plan_micro_batches, scatter)
+from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather, plan_micro_batches,
+                                  scatter)
 from memagent_jax.rl.supervised import sft_loss
 from memagent_jax.runconfig import at_least
 

@@ -30,25 +30,18 @@ from memagent_jax.tokenizer import load_tokenizer, stop_token_ids
 @dataclasses.dataclass
 class ModelSection:
     """The `model` section of the train and eval configs (`run` and `generate` fill it from
-    --model, --tokenizer, --dtype, --attention).
-
-    path: HF directory, memagent-jax checkpoint, or a shipped model's name (`pretrained`).
-    preset: random weights of a preset shape instead (smoke runs; needs `tokenizer`).
-    tokenizer: directory with tokenizer files (default: path). compute_dtype: the matmuls',
-    the decoding engine's weights' and KV cache's; None = float32 on CPU, bfloat16 on
-    accelerators (`default_dtype`). param_dtype: the dtype the weights are stored in on the
-    devices; None = compute_dtype (inference loads straight into it), float32 for training
-    (the master weights; see rl/config.py).
-    attention: how prompts attend in the prefill and the training forward (`qwen2.Qwen2`).
-    init_seed: the preset's random weights."""
+    --model, --tokenizer, --dtype, --attention)."""
     SECTION: ClassVar[str] = "model"
-    path: str | None = None
-    preset: str | None = None
-    tokenizer: str | None = None
+    path: str | None = None       # HF dir, memagent-jax checkpoint, or a shipped model's name
+    preset: str | None = None     # random weights of a preset shape instead (needs tokenizer)
+    tokenizer: str | None = None  # directory with tokenizer files (None: path)
+    # The matmuls', the engine's weights' and KV cache's dtype (None: `default_dtype`,
+    # float32 on CPU, bfloat16 on accelerators).
     compute_dtype: Literal["float32", "bfloat16"] | None = None
+    # The weights' stored dtype (None: compute_dtype; training: float32 master weights).
     param_dtype: Literal["float32", "bfloat16"] | None = None
-    attention: str = "xla"
-    init_seed: int = 0
+    attention: str = "xla"        # prefill and training-forward attention (`qwen2.Qwen2`)
+    init_seed: int = 0            # the preset's random weights
 
     def __post_init__(self):
         expand = lambda p: p and pretrained.resolve(os.path.expanduser(p))  # noqa: E731
@@ -99,7 +92,7 @@ class Policy(NamedTuple):
 
 def default_dtype() -> str:
     """float32 on CPU (XLA:CPU's bf16 matmuls at decode shapes are several times slower than
-    its f32 ones; BENCHMARKS.md), bfloat16 on GPU/TPU."""
+    its f32 ones; docs/log/benchmarks.md), bfloat16 on GPU/TPU."""
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 

@@ -38,23 +38,15 @@ from memagent_jax.runconfig import at_least
 @dataclasses.dataclass(frozen=True)
 class EngineConfig:
     """The `engine` section of the train and eval configs (and the flags of `generate`/`run`).
-
-    slots: sequences decoded together. max_len: KV entries per slot, prompt + reply (None:
-    `kv_length` of what the caller needs: the longest MemAgent turn, the longest prompt plus
-    its reply). prefill_buckets: prompt lengths compiled for (None: `default_prefill_buckets`;
-    max_len is always one). prefill_rows: the most prompts prefilled in one call (compiled for
-    1, 2, 4, ... rows up to it, for every bucket: fewer, larger prefill calls, more to
-    compile). top_logprobs: k > 0 makes every insert and step also return the k most likely
-    tokens of each slot and their log-probabilities (`StepLogprobs`; the OpenAI API's
-    `top_logprobs`, for `memagent-jax serve`); a step computes them (a top-k over the
-    vocabulary) only when some slot's request asked (`SamplingParams.top_logprobs`), else
+    With top_logprobs k > 0 a step computes the alternatives (a top-k over the vocabulary,
+    `StepLogprobs`) only when some slot's request asked (`SamplingParams.top_logprobs`), else
     returns zeros."""
     SECTION: ClassVar[str] = "engine"
-    slots: int = 8
-    max_len: int | None = None
-    prefill_buckets: tuple[int, ...] | None = None
-    prefill_rows: int = 1
-    top_logprobs: int = 0
+    slots: int = 8              # sequences decoded together
+    max_len: int | None = None  # KV entries per slot, prompt + reply (None: `kv_length` of need)
+    prefill_buckets: tuple[int, ...] | None = None  # prompt lengths compiled (max_len always)
+    prefill_rows: int = 1       # most prompts per prefill call (compiled for 1, 2, 4, ...)
+    top_logprobs: int = 0       # alternatives per token returned (OpenAI's top_logprobs)
 
     def __post_init__(self):
         at_least(self, 1, "slots", "prefill_rows")

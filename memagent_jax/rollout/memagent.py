@@ -36,14 +36,13 @@ from memagent_jax.runconfig import at_least
 @dataclasses.dataclass(frozen=True)
 class MemAgentConfig:
     """The `memagent` section of the train and eval configs (and `run`'s flags): the token
-    budgets of docs/algorithm.md section 1. max_chunks: keep at most max_chunks x chunk_tokens
-    tokens of a document, its first and last halves (training; None: all)."""
+    budgets of docs/algorithm.md section 1."""
     SECTION: ClassVar[str] = "memagent"
-    chunk_tokens: int = 5000
-    max_memory_tokens: int = 1024
-    max_final_tokens: int = 1024
-    max_problem_tokens: int = 1024
-    max_chunks: int | None = None
+    chunk_tokens: int = 5000        # document tokens read per turn
+    max_memory_tokens: int = 1024   # the longest memory an update turn may write
+    max_final_tokens: int = 1024    # the longest final answer
+    max_problem_tokens: int = 1024  # the question's tokens kept
+    max_chunks: int | None = None   # keep the first and last halves of N chunks (None: all)
 
     def __post_init__(self):
         at_least(self, 1, "chunk_tokens", "max_memory_tokens", "max_final_tokens",

@@ -1,8 +1,10 @@
-"""`memagent-jax serve`: the engine behind uvicorn, and how the server stops.
+"""`memagent-jax serve`: its flags, the engine behind uvicorn, and how the server stops.
 
-The CLI loads the model and builds the engine with the factories every command uses
+The command loads the model and builds the engine with the factories every command uses
 (`rollout.agent.load_policy`, `build_engine`); `OpenAIServer` puts the worker, the app and
-uvicorn together on a socket bound before anything is served (port 0: any free one).
+uvicorn together on a socket bound before anything is served (port 0: any free one). Standard
+library only at import (the CLI builds its parser from this module): JAX, the engine and the
+HTTP stack load when the command runs.
 
 Shutdown, on SIGTERM or SIGINT (or `shutdown()` from another thread): uvicorn stops accepting
 connections and /health answers 503; requests in flight get `shutdown_timeout` seconds to
@@ -17,18 +19,88 @@ each step's requests; that is not built yet.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import os
 import signal
 import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
+from memagent_jax.commandline import add_command, add_model_flags, from_flags
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.agent import Policy
-from memagent_jax.rollout.engine import Engine
+
+if TYPE_CHECKING:  # annotations only: importing them imports JAX
+    from memagent_jax.rollout.agent import Policy
+    from memagent_jax.rollout.engine import Engine
+
+
+def add_parsers(sub) -> None:
+    """Registers `serve` on the CLI's subparsers."""
+    p = add_command(sub, "serve", help="an OpenAI-compatible HTTP server on the engine (/v1/"
+                                       "chat/completions, /v1/completions, /v1/models)")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="HF, checkpoint or training run directory")
+    p.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names requests use (default: --model as given, and its last "
+                        "path component)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=8000, help="0: any free port")
+    p.add_argument("--api-key", help="required of clients (Authorization: Bearer KEY); "
+                                     "default: env MEMAGENT_API_KEY, else none")
+    p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
+    p.add_argument("--max-len", type=int,
+                   help="the longest prompt + reply served, the KV cache length of every "
+                        "slot (default: the model's context window)")
+    p.add_argument("--prefill-rows", type=int, default=1,
+                   help="prompts prefilled together in one call")
+    p.add_argument("--max-logprobs", type=int, default=20,
+                   help="the most top_logprobs a request may ask (0: no alternatives)")
+    p.add_argument("--max-requests", type=int, default=1024,
+                   help="requests in flight (decoding or waiting for a slot); more get 429")
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM/SIGINT")
+    p.add_argument("--mesh", metavar="AXIS=SIZE,...",
+                   help="spread the model over this host's devices, e.g. fsdp=-1,tensor=4 "
+                        "(default: one device)")
+    p.add_argument("--log-level", default="info",
+                   choices=("critical", "error", "warning", "info", "debug"))
+    add_model_flags(p)
+    p.set_defaults(func=_serve)
+
+
+def _serve(args) -> None:
+    from memagent_jax.models import job_mesh, read_config
+    from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
+    from memagent_jax.rollout.engine import EngineConfig
+
+    check_single_host()
+    require_http_stack()
+    for flag, value, low in (("--max-logprobs", args.max_logprobs, 0),
+                             ("--max-requests", args.max_requests, 1),
+                             ("--shutdown-timeout", args.shutdown_timeout, 0)):
+        if value < low:
+            raise UserError(f"{flag} must be at least {low}, got {value}")
+    model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
+                       compute_dtype=args.dtype, attention=args.attention)
+    tokenizer = from_flags(model.load_tokenizer, required=True)
+    model_config = read_config(model.path)
+    max_len = args.max_len or model_config.context_window
+    engine_config = from_flags(EngineConfig, slots=args.slots, max_len=args.max_len,
+                               prefill_rows=args.prefill_rows,
+                               top_logprobs=min(args.max_logprobs, model_config.vocab_size))
+    mesh = job_mesh(parse_mesh(args.mesh), source="--mesh")
+    policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
+    engine = build_engine(policy.model, engine_config, mesh, max_len)
+    names = served_names(args.model, args.served_model_name)
+    server = OpenAIServer(policy, engine, names=names, max_len=max_len, host=args.host,
+                          port=args.port,
+                          api_key=args.api_key or os.environ.get("MEMAGENT_API_KEY"),
+                          max_requests=args.max_requests,
+                          shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
+    print(f"memagent-jax serve: {server.url} ({', '.join(names)}; "
+          f"{args.slots} slots, {max_len} tokens per request)", file=sys.stderr, flush=True)
+    server.run()
 
 
 def check_single_host() -> None:
@@ -85,6 +157,10 @@ class OpenAIServer:
                  max_len: int, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, max_requests: int = 1024,
                  shutdown_timeout: float = 30.0, log_level: str = "info"):
+        # Here, not at the top: asyncio alone would double the CLI's start-up time.
+        import asyncio
+        import concurrent.futures
+
         import uvicorn
 
         from memagent_jax.serve.app import build_app

@@ -1,16 +1,15 @@
 """`memagent-jax trace --carries`: how near a memory agent is to losing what its memory holds,
 scored turn by turn without running the agent.
 
-Traced at 1M tokens, the agent's wrong answers were facts it had written and lost hundreds of
-turns later, to a rewrite that put another word in the memory (docs/synthetic.md). The turns
-that can do this are carries: the ideal memory holds facts (`data.synthetic.oracle_memories`)
-and the chunk adds none, so the right reply is the memory unchanged. One forward pass scores a
+A fact the agent has written can be lost turns later, to a rewrite that puts another word in
+the memory. The turns that can do this are carries: the ideal memory holds facts
+(`tasks.oracle_memories`) and the chunk adds none, so the right reply is the memory
+unchanged. One forward pass scores a
 carry teacher-forced: for each reply token, its logit's margin over the best other token. A
 carry whose weakest margin is negative is one the greedy agent, given the ideal memory, would
 rewrite: its first negative token is where the greedy reply leaves the memory, and the rival
 token is what it writes there. Scoring a document's carries costs a forward pass a turn, not a
-read, and counts near misses (small positive margins) as well as rewrites: at 64K tokens the
-rewrites it finds were the documents the evaluation got wrong (docs/synthetic.md).
+read, and counts near misses (small positive margins) as well as rewrites.
 """
 
 from __future__ import annotations
@@ -39,10 +38,10 @@ class Score:
 
 
 def carry_turns(agent, document, index: int) -> list[Carry]:
-    """The carries of `document` (a data.synthetic.Sample, number `index`) as `agent` reads it:
+    """The carries of `document` (a tasks.Sample, number `index`) as `agent` reads it:
     the turns whose ideal memory is not empty and is the same after the turn as before."""
-    from memagent_jax.synthetic.tasks import oracle_memories
     from memagent_jax.synthetic.oracle import end_token
+    from memagent_jax.synthetic.tasks import oracle_memories
 
     sample = agent.read(document.question, document.context)
     tokenizer = agent.tokenizer
@@ -111,9 +110,9 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
     (progress on stderr)."""
     from tqdm import tqdm
 
+    from memagent_jax.errors import UserError
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.synthetic.demo import load_agent
-    from memagent_jax.errors import UserError
 
     if num_samples < 1:
         raise UserError(f"--num-samples must be at least 1, got {num_samples}")

@@ -1,7 +1,7 @@
 """`memagent-jax demo`: a memory agent trained on the synthetic tasks reads a document nobody
 has seen, and answers.
 
-A fresh synthetic document (`data.synthetic`: made-up text with a few facts of the same form
+A fresh synthetic document (`tasks`: made-up text with a few facts of the same form
 at random depths; seed drawn at random unless given) of the requested length in the model's
 tokens; the agent reads it chunk by chunk, greedily, under a progress bar; then the memory's
 history (the turns where it changed, abbreviated), where the facts were, and the answer next
@@ -41,10 +41,10 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     fields given on the command line (None: the model's own). UserError for an unknown task or
     model, or a length below one chunk."""
     from memagent_jax import pretrained
-    from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.memagent import MemAgentConfig
+    from memagent_jax.synthetic import tasks as synthetic
 
     synthetic.check_task(task)
     if not os.path.isdir(pretrained.resolve(os.path.expanduser(model))):
@@ -67,9 +67,10 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
              budgets: dict) -> bool:
     """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
     budgets: as `load_agent` takes them."""
-    from memagent_jax.synthetic import tasks as synthetic
-    from memagent_jax.rollout.sampling import SamplingParams
     from tqdm import tqdm
+
+    from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.synthetic import tasks as synthetic
 
     policy, agent, config = load_agent(model, task, length, budgets)
     seed = secrets.randbelow(10 ** 6) if seed is None else seed

@@ -105,19 +105,25 @@ def carry_trajectories(agent: MemoryAgent, count: int, pool: int, seed: int,
                        logprobs: Callable[[TrainingRows], np.ndarray],
                        cut: bool = False) -> list[Trajectory]:
     """The `count` hardest (`hardest`, by `logprobs`: rows -> [R, T] reply-token log-probs
-    under the current parameters) of `count * pool` carries drawn by `seed`: update turns of
-    `agent` whose memory is the oracle's after the last chunk of a synthetic document
-    (`oracle.document_state`: every fact its question needs) and whose chunk is chunk_tokens of
-    filler (`filler_chunk`, `cut` or not), the reply the memory unchanged."""
+    under the current parameters) of the `count * pool` `carry_candidates` drawn by `seed`."""
+    return hardest(carry_candidates(agent, count * pool, seed, cut), count, logprobs)
+
+
+def carry_candidates(agent: MemoryAgent, count: int, seed: int, cut: bool = False
+                     ) -> list[Trajectory]:
+    """`count` carries drawn by `seed`: update turns of `agent` whose memory is the oracle's
+    after the last chunk of a synthetic document (`oracle.document_state`: every fact its
+    question needs) and whose chunk is chunk_tokens of filler (`filler_chunk`, `cut` or not),
+    the reply the memory unchanged."""
     rng = np.random.default_rng(seed)
     end = end_token(agent)
     candidates = []
-    for index in range(count * pool):
+    for index in range(count):
         state = document_state(agent, rng, seed, index)
         held = memory_ids(agent, state.memories[-1])
         candidates.append(update_turn(agent, state.question, state.problem, held,
                                       filler_chunk(agent, seed, index, cut), [*held, end]))
-    return hardest(candidates, count, logprobs)
+    return candidates
 
 
 def filler_chunk(agent: MemoryAgent, seed: int, index: int, cut: bool) -> list[int]:

@@ -15,9 +15,7 @@ Tasks (the question is asked about one of several facts of the same form):
   a reader must keep every city's code until it learns which city matters.
 
 A fact's value follows its key with no word between: a reader finds it as the word after the
-key, the lookup a model that copies by matching words makes first; with a word between
-("the code of KEY is VALUE") the small preset wrote the value after any "is" for 1,000 steps
-(docs/synthetic.md).
+key, the lookup a model that copies by matching words makes first.
 
 Each sample records its facts in document order (`facts`, each with the kind of fact and
 whether the answer needs it), from which `oracle_memories` derives what an ideal memory holds

@@ -4,7 +4,7 @@ synthetic documents.
 The agent reads `num_samples` documents of (task, length, seed) greedily, as `eval` and `demo`
 read. For each fact the answer needs (multikey: the asked key's code; twohop: the person's city
 and that city's code), the trace takes the turn after which an ideal memory first holds it
-(`data.synthetic.oracle_memories`: the fact's chunk, or the next one when the chunk boundary
+(`tasks.oracle_memories`: the fact's chunk, or the next one when the chunk boundary
 cuts it) and follows the agent's memory from there (`follow`):
 
 - kept: the memory holds the fact after that turn and to the last chunk;
@@ -15,9 +15,7 @@ cuts it) and follows the agent's memory from there (`follow`):
 A document's outcome is its first needed fact's that was not kept (else kept). Each document
 prints one line: the outcome, where the fact began (chunk and word in the chunk), what the
 memory held after the turn that went wrong, and whether the answer was right; a summary counts
-the outcomes and lists the words at which unwritten facts began. This is how the faults of
-docs/synthetic.md were found: made-up values written before the fact came, and facts at a
-chunk's end left unwritten.
+the outcomes and lists the words at which unwritten facts began.
 """
 
 from __future__ import annotations
@@ -40,8 +38,7 @@ def holds(memory: str, fact: str) -> bool:
 def made_up(memories: list[str], fact: str, due: int) -> int | None:
     """The first turn before `due` (0-based) after which `memories` state something of
     `fact`'s subject ("the code of KEY"), a value made up before the fact was read; None when
-    none does. An agent that writes one seldom replaces it when the fact comes
-    (docs/synthetic.md)."""
+    none does."""
     subject = fact.split()[:4]
     return next((t for t in range(due) if _says(memories[t], subject)), None)
 
@@ -96,10 +93,10 @@ class DocumentTrace:
 
 def trace_document(index: int, document, chunk_texts: list[str], memories: list[str],
                    answer: str, chunk_tokens: int) -> DocumentTrace:
-    """The trace of one read: `document` (a data.synthetic.Sample), the agent's chunks as
+    """The trace of one read: `document` (a tasks.Sample), the agent's chunks as
     decoded text, its memory after each, and its final answer."""
-    from memagent_jax.synthetic.tasks import oracle_memories
     from memagent_jax.synthetic.demo import first_token
+    from memagent_jax.synthetic.tasks import oracle_memories
 
     facts = [dataclasses.asdict(f) for f in document.facts]
     ideal = oracle_memories(chunk_texts, facts)
@@ -156,11 +153,11 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     from tqdm import tqdm
 
     from memagent_jax import distributed
-    from memagent_jax.synthetic import tasks as synthetic
-    from memagent_jax.synthetic.demo import load_agent
     from memagent_jax.errors import UserError
     from memagent_jax.fileutil import check_output_file
     from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.synthetic import tasks as synthetic
+    from memagent_jax.synthetic.demo import load_agent
 
     if num_samples < 1:
         raise UserError(f"--num-samples must be at least 1, got {num_samples}")

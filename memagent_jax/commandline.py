@@ -1,0 +1,69 @@
+"""What the packages' command modules (`<package>/command.py`) share: how a subcommand is
+declared, the flags several take, how a command joins its job, and how flags' errors and
+results are reported.
+
+Standard library only at import, like every command module: `cli.py` imports them all to build
+its parser, and `memagent-jax --help` or `memagent-jax data ...` must start without JAX.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from memagent_jax import distributed  # stdlib-only at import
+from memagent_jax.errors import ConfigError, UserError
+
+
+class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows every option's default (those that have one)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def add_command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    """Registers subcommand `name` on `sub` (an `add_subparsers()` result); its --help shows
+    every option's default."""
+    return sub.add_parser(name, formatter_class=_HelpWithDefaults, **kwargs)
+
+
+def add_model_flags(p: argparse.ArgumentParser) -> None:
+    """The `model` section's flags besides --model (see rollout.agent.ModelSection)."""
+    p.add_argument("--tokenizer", metavar="DIR",
+                   help="tokenizer directory (default: the model's; with `run --url`, the "
+                        "one that chunks the document)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"),
+                   help="the weights' and compute dtype (default: float32 on CPU, bfloat16 "
+                        "on GPU/TPU)")
+    p.add_argument("--attention", default="xla",
+                   help="how prompts attend: xla, dot_product, cudnn (GPU), splash (TPU)")
+
+
+def start(args, auto: bool = False) -> None:
+    """Joins this process to its multi-process job, if it is one (memagent_jax.distributed);
+    every process must run the same command line, bar the start-up flags."""
+    launch = distributed.launch_from_flags(args, auto)
+    skip = {"func", *(f.name for f in dataclasses.fields(launch)), "local_device_ids",
+            "start_timeout", "distributed"}
+    fingerprint = repr(sorted((k, v) for k, v in vars(args).items() if k not in skip))
+    distributed.start(launch, fingerprint)
+
+
+def from_flags(build, **flags):
+    """build(**flags) (a config section, or a section's method), its ConfigErrors named by the
+    command's flags: engine.max_len -> --max-len, model.path -> --model."""
+    try:
+        return build(**flags)
+    except ConfigError as e:
+        name = e.key.rsplit(".", 1)[-1]
+        flag = "--model" if name == "path" else "--" + name.replace("_", "-")
+        raise UserError(f"{flag} {e.message}") from None
+
+
+def print_once(line: str) -> None:
+    """A result line on stdout, from process 0 only (every process of a job computes it)."""
+    if distributed.is_main():
+        print(line)

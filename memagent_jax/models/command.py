@@ -1,0 +1,109 @@
+"""`memagent-jax convert | export | random-model`: model files in, model files out.
+
+Standard library only at import (the CLI builds its parser from this module): JAX and the
+model code load inside each command.
+"""
+
+from __future__ import annotations
+
+from memagent_jax import distributed  # stdlib-only at import
+from memagent_jax.commandline import add_command, print_once, start
+from memagent_jax.errors import UserError
+from memagent_jax.fileutil import check_new_output
+
+
+def add_parsers(sub) -> None:
+    """Registers `convert`, `export` and `random-model` on the CLI's subparsers."""
+    p = add_command(sub, "convert", help="HF safetensors directory -> memagent-jax checkpoint")
+    p.add_argument("--hf", required=True, metavar="HF_DIR", help="config.json + *.safetensors")
+    p.add_argument("--out", required=True, metavar="CKPT_DIR", help="new checkpoint directory")
+    p.set_defaults(func=_convert)
+    distributed.add_flags(p)
+
+    p = add_command(sub, "export", help="memagent-jax checkpoint -> HF safetensors directory")
+    p.add_argument("--ckpt", required=True, metavar="CKPT_DIR",
+                   help="a `convert` output, a training run's output directory (its newest "
+                        "step), checkpoints directory or step directory, or a shipped model's "
+                        "name (memagent_jax/pretrained)")
+    p.add_argument("--out", required=True, metavar="HF_DIR", help="new (or empty) directory")
+    p.add_argument("--max-shard-size", default="5GB",
+                   help="split weights into files of at most this size, with an index")
+    p.set_defaults(func=_export)
+    distributed.add_flags(p)
+
+    p = add_command(sub, "random-model", help="write an HF directory with random weights in a "
+                                              "Qwen2.5 shape, and a word-level tokenizer")
+    p.add_argument("--preset", default="tiny", help="tiny, qwen2.5-0.5b, ..., qwen2.5-72b")
+    p.add_argument("--out", required=True, metavar="HF_DIR")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                   help="the stored weights' dtype")
+    p.add_argument("--seed", type=int, default=0, help="the weights' random seed")
+    p.add_argument("--max-shard-size", default="5GB",
+                   help="split weights into files of at most this size, with an index")
+    p.set_defaults(func=_random_model)
+
+
+def _convert(args) -> None:
+    from memagent_jax.models import job_mesh, load_model, save_checkpoint
+    check_new_output(args.out)
+    start(args)
+    model, config = load_model(args.hf, dtype=None, mesh=job_mesh(None))
+    save_checkpoint(model, config, args.out, side_files_dir=args.hf)
+    print_once(f"converted {args.hf} -> {args.out} ({config.num_layers} layers, {config.dtype})")
+
+
+def _export(args) -> None:
+    from memagent_jax import pretrained
+    from memagent_jax.models import job_mesh, load_model, save_hf
+    from memagent_jax.models.checkpoint import is_checkpoint_directory, side_files_dir
+    max_shard_bytes = _parse_size(args.max_shard_size)
+    check_new_output(args.out)
+    source = pretrained.resolve(args.ckpt)
+    if is_checkpoint_directory(source):
+        side_files = side_files_dir(source)
+    elif source != args.ckpt:  # a shipped model: an HF directory, re-exported (resharded)
+        side_files = source
+    else:
+        raise UserError(f"{args.ckpt}: not a memagent-jax checkpoint (a `memagent-jax convert` "
+                        "output, or a training run's output, checkpoints or step directory)")
+    start(args)
+    model, config = load_model(source, dtype=None, mesh=job_mesh(None))
+    save_hf(model, config, args.out, tokenizer_dir=side_files, max_shard_bytes=max_shard_bytes)
+    print_once(f"exported {args.ckpt} -> {args.out}")
+
+
+def _random_model(args) -> None:
+    import tempfile
+
+    from memagent_jax.data.needle import write_tokenizer
+    from memagent_jax.models import preset_config, random_model, save_hf
+    max_shard_bytes = _parse_size(args.max_shard_size)
+    check_new_output(args.out)
+    config = preset_config(args.preset, dtype=args.dtype)
+    with tempfile.TemporaryDirectory() as tokenizer_dir:
+        # A word-level tokenizer with a chat template, so that `run` and text prompts work on
+        # the model as they would on a real one (its few hundred ids fit every preset).
+        write_tokenizer(tokenizer_dir)
+        save_hf(random_model(config, seed=args.seed), config, args.out,
+                tokenizer_dir=tokenizer_dir, max_shard_bytes=max_shard_bytes)
+    print(f"wrote a random-weight {args.preset} model ({args.dtype}) with a word-level "
+          f"tokenizer to {args.out}")
+
+
+def _parse_size(text: str) -> int:
+    """--max-shard-size: "5GB", "500MB", "20KB", "1024" (bytes) -> bytes; UserError unless
+    positive."""
+    units = {"KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "B": 1}
+    for unit, scale in units.items():
+        if text.upper().endswith(unit):
+            number = text[: -len(unit)]
+            break
+    else:
+        number, scale = text, 1
+    try:
+        size = int(float(number) * scale)
+    except (ValueError, OverflowError):  # not a number; inf
+        size = 0
+    if size <= 0:
+        raise UserError(f"--max-shard-size: expected a size such as 5GB or 500MB, got {text!r}")
+    return size

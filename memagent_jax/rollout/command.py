@@ -1,0 +1,210 @@
+"""`memagent-jax generate | run`: the engine on a file of prompts, and the memory agent on one
+long document (the quickstart).
+
+Standard library only at import (the CLI builds its parser from this module): JAX, the model
+and the tokenizer load inside each command, after its flags and files are checked.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from memagent_jax import distributed  # stdlib-only at import
+from memagent_jax.commandline import add_command, add_model_flags, from_flags, print_once, start
+from memagent_jax.errors import Interrupted, UserError
+from memagent_jax.fileutil import check_input_file, check_output_file
+
+
+def add_parsers(sub) -> None:
+    """Registers `generate` and `run` on the CLI's subparsers."""
+    p = add_command(sub, "generate", help="complete prompts from a JSONL file with the engine")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="HF, checkpoint or training run directory")
+    p.add_argument("--input", required=True, metavar="IN.jsonl",
+                   help='lines {"prompt": str} or {"prompt_ids": [int]}')
+    p.add_argument("--output", required=True, metavar="OUT.jsonl")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per completion")
+    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
+    p.add_argument("--top-k", type=int, default=0, help="0: off")
+    p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i")
+    p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
+    p.add_argument("--prefill-rows", type=int, default=1,
+                   help="prompts prefilled together in one call (compiled for 1, 2, 4, ... up "
+                        "to it)")
+    p.add_argument("--max-len", type=int,
+                   help="KV cache length per slot (default: longest prompt + max-new-tokens, "
+                        "rounded up: powers of two to 256, then multiples of 256)")
+    add_model_flags(p)
+    p.set_defaults(func=_generate)
+    distributed.add_flags(p)
+
+    p = add_command(sub, "run", help="answer a question about a long document with the memory "
+                                     "agent (the quickstart)")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="HF, checkpoint or training run directory (with --url: the served "
+                        "model's name)")
+    p.add_argument("--doc", required=True, metavar="FILE", help="UTF-8 text of any length")
+    p.add_argument("--question", required=True)
+    p.add_argument("--chunk-tokens", type=int,
+                   help="document tokens per turn (default: the model's memagent.json, else "
+                        "5000)")
+    p.add_argument("--max-memory-tokens", type=int,
+                   help="the longest memory a turn may write (default: the model's, else 1024)")
+    p.add_argument("--max-final-tokens", type=int,
+                   help="the longest final answer (default: the model's, else 1024)")
+    p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
+    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    p.add_argument("--json", action="store_true",
+                   help="print the whole record (every turn) as one JSON document")
+    p.add_argument("--verbose", action="store_true", help="print every turn's memory")
+    p.add_argument("--url", help="OpenAI-compatible API base URL (key in env API_KEY) "
+                                 "instead of the local engine")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
+    add_model_flags(p)
+    p.set_defaults(func=_run)
+    distributed.add_flags(p)
+
+
+def _generate(args) -> None:
+    from tqdm import tqdm
+
+    from memagent_jax.models import job_mesh, read_config
+    from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
+    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.jsonl import read_prompts, write_completions
+    from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.rollout.scheduler import Request, complete
+
+    if args.max_new_tokens <= 0:
+        raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        raise UserError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    engine_config = from_flags(EngineConfig, slots=args.slots, max_len=args.max_len,
+                               prefill_rows=args.prefill_rows)
+    check_output_file(args.output)
+    model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
+                       compute_dtype=args.dtype, attention=args.attention)
+    tokenizer = from_flags(model.load_tokenizer, required=False)
+    model_config = read_config(model.path)
+    prompts = read_prompts(args.input, tokenizer, model_config.vocab_size)
+    limit, what = ((args.max_len, "--max-len") if args.max_len else
+                   (model_config.context_window, "the model's context window of"))
+    for number, prompt in enumerate(prompts, start=1):
+        if len(prompt) + args.max_new_tokens > limit:
+            raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
+                            f"{what} {limit} with --max-new-tokens {args.max_new_tokens} "
+                            "(prompt + new tokens)")
+    start(args)
+    mesh = job_mesh(None)
+    policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
+    engine = build_engine(policy.model, engine_config, mesh,
+                          max(len(p) for p in prompts) + args.max_new_tokens)
+    requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
+        args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
+        for i, p in enumerate(prompts)]
+    try:
+        with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr,
+                  disable=not distributed.is_main()) as bar:
+            results = complete(engine, policy.params, requests,
+                               on_done=lambda i, c: bar.update(1))
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted; nothing was written ({args.output} is written once "
+                          "every prompt has finished)") from None
+    rows = []
+    for (completion,) in results:
+        text = (tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+                if tokenizer is not None else "")
+        rows.append({"completion_ids": completion.token_ids, "text": text,
+                     "logprobs": completion.logprobs,
+                     "finish_reason": completion.finish_reason})
+    distributed.on_main(write_completions, args.output, rows)
+    print_once(f"wrote {len(rows)} completions to {args.output}")
+
+
+def _run(args) -> None:
+    import json
+
+    from tqdm import tqdm
+
+    from memagent_jax import pretrained
+    from memagent_jax.rollout.memagent import MemAgentConfig, read_sample
+    from memagent_jax.tokenizer import load_tokenizer
+
+    model_dir = None if args.url else pretrained.resolve(os.path.expanduser(args.model))
+    config = from_flags(MemAgentConfig, **pretrained.budgets(
+        model_dir, chunk_tokens=args.chunk_tokens,
+        max_memory_tokens=args.max_memory_tokens, max_final_tokens=args.max_final_tokens))
+    document = _read_document(args.doc)
+    if args.url:  # --model names the served model; the tokenizer chunks the document
+        tokenizer_dir = args.tokenizer or args.model
+        tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
+        if tokenizer is None:
+            raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk "
+                            "the document with; pass --tokenizer DIR")
+    else:
+        from memagent_jax.rollout.agent import ModelSection
+        model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
+                           compute_dtype=args.dtype, attention=args.attention)
+        tokenizer = from_flags(model.load_tokenizer, required=True)
+    sample = read_sample(tokenizer, args.question, document, config)
+    if not args.url:
+        start(args)
+    with tqdm(total=len(sample.chunks) + 1, desc="chunks", unit="turn", file=sys.stderr,
+              disable=not distributed.is_main()) as bar:
+
+        def show(kind: str, reply: str) -> None:
+            bar.update(1)
+            if args.verbose:
+                tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
+
+        if args.url:
+            from memagent_jax.rollout.server import run_on_server
+            record = run_on_server(args.url, args.model, sample, tokenizer,
+                                   max_memory_tokens=config.max_memory_tokens,
+                                   max_final_tokens=config.max_final_tokens,
+                                   temperature=args.temperature, top_p=args.top_p,
+                                   api_key=os.environ.get("API_KEY"), timeout=args.timeout,
+                                   on_turn=lambda n, kind, reply: show(kind, reply))
+        else:
+            record = _run_locally(args, model, config, tokenizer, sample, show)
+    if args.json:  # one JSON document on stdout, the answer in it
+        print_once(json.dumps(record, ensure_ascii=False, indent=2))
+    else:
+        answer = record["answer"]
+        print_once(answer if answer is not None else record["final_reply"].strip())
+
+
+def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
+    import dataclasses
+
+    from memagent_jax.models import job_mesh
+    from memagent_jax.rollout.agent import build_agent, load_policy
+    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.sampling import SamplingParams
+
+    mesh = job_mesh(None)
+    policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
+    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), mesh,
+                        policy.stop_ids)
+    sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
+    (trajectory,) = agent.run(policy.params, [sample], sampling,
+                              on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
+    record = dataclasses.asdict(trajectory)
+    record.update(memories=trajectory.memories, final_reply=trajectory.final_reply)
+    return record
+
+
+def _read_document(path: str) -> str:
+    """`run --doc`'s text; UserError for a missing, non-UTF-8 or empty file."""
+    check_input_file(path)
+    data = open(path, "rb").read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (invalid byte at offset {e.start})") from None
+    if not text.strip():
+        raise UserError(f"{path}: the document is empty")
+    return text

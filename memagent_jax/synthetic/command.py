@@ -1,0 +1,145 @@
+"""`memagent-jax demo | trace | data synthetic`: the synthetic experiment's commands.
+
+The core packages import nothing from here; `cli.py` registers these beside theirs, `data
+synthetic` in the `data` group (`add_data_parsers`). Standard library only at import (the CLI
+builds its parser from this module): JAX, the model and the tokenizer load inside each command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from memagent_jax import distributed  # stdlib-only at import
+from memagent_jax.commandline import add_command, start
+from memagent_jax.errors import UserError
+
+
+def add_parsers(sub) -> None:
+    """Registers `demo` and `trace` on the CLI's subparsers."""
+    p = add_command(sub, "demo", help="the shipped memory agent reads a fresh synthetic "
+                                      "document of any length and answers")
+    p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
+                   help="a model trained on the synthetic tasks (docs/synthetic.md): a "
+                        "directory or a shipped model's name (default: memagent-tiny)")
+    p.add_argument("--length", default="300K",
+                   help="document tokens: 300000, 300K, 1M, ... (at least one chunk)")
+    p.add_argument("--task", default="multikey", help="multikey or twohop")
+    p.add_argument("--seed", type=int, help="the document's seed (default: a random one)")
+    p.add_argument("--show", type=int, default=6, help="memory changes to print")
+    _add_budget_flags(p)
+    p.set_defaults(func=_demo)
+    distributed.add_flags(p)
+
+    p = add_command(sub, "trace", help="where the memory goes wrong: a memory agent reads "
+                                       "fresh synthetic documents, and each needed fact is "
+                                       "followed turn by turn")
+    p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
+                   help="a model trained on the synthetic tasks: a directory or a shipped "
+                        "model's name")
+    p.add_argument("--length", default="8K",
+                   help="document tokens: 8192, 8K (8000), 1M, ...")
+    p.add_argument("--task", default="multikey", help="multikey or twohop")
+    p.add_argument("--num-samples", type=int, default=32, help="documents read")
+    p.add_argument("--seed", type=int, default=777,
+                   help="the documents' seed (the recipe's data: seeds 1-5; its evaluation: 9)")
+    p.add_argument("--slots", type=int, default=16, help="documents read together")
+    p.add_argument("--out", metavar="FILE.jsonl", help="also write the traces, one a line")
+    p.add_argument("--carries", action="store_true",
+                   help="instead of reading: score every turn that should keep the memory as "
+                        "it is, teacher-forced, and count those the model would rewrite "
+                        "(one process)")
+    _add_budget_flags(p)
+    p.set_defaults(func=_trace)
+    distributed.add_flags(p)
+
+
+def add_data_parsers(kinds) -> None:
+    """Registers `data synthetic` on the `data` group's subparsers (`data.command.add_parsers`
+    returns them)."""
+    p = kinds.add_parser("synthetic", help="synthetic long-document tasks over a made-up "
+                                           "vocabulary (multikey, twohop), lengths exact in "
+                                           "the tokenizer written beside them",
+                         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", required=True, help="multikey or twohop")
+    p.add_argument("--lengths", type=int, nargs="+", required=True, metavar="TOKENS",
+                   help="document lengths in tokens, e.g. 1024 8192 1048576")
+    p.add_argument("--num-samples", type=int, default=64, help="samples per length")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layout", choices=("eval", "train"), default="eval",
+                   help="eval: eval_TASK_LENGTH.json per length (what `memagent-jax eval` "
+                        "reads); train: train_TASK.parquet with every length (what `train` "
+                        "reads)")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="also gets tokenizer/, the word-level tokenizer of the vocabulary")
+    p.set_defaults(func=_synthetic)
+
+
+def _add_budget_flags(p: argparse.ArgumentParser) -> None:
+    """The memory loop's budgets, each the model's own (its memagent.json) unless given."""
+    p.add_argument("--chunk-tokens", type=int, help="default: the model's (memagent.json)")
+    p.add_argument("--max-memory-tokens", type=int, help="default: the model's")
+    p.add_argument("--max-final-tokens", type=int, help="default: the model's")
+
+
+def _budgets(args) -> dict:
+    return {"chunk_tokens": args.chunk_tokens, "max_memory_tokens": args.max_memory_tokens,
+            "max_final_tokens": args.max_final_tokens}
+
+
+def _demo(args) -> None:
+    from memagent_jax.synthetic.demo import parse_length, run_demo
+    length = parse_length(args.length)
+    start(args)
+    run_demo(args.model, args.task, length, args.seed, args.show, _budgets(args))
+
+
+def _trace(args) -> None:
+    from memagent_jax.synthetic.demo import parse_length
+    length = parse_length(args.length)
+    if args.carries:
+        from memagent_jax.synthetic.carries import run_carries
+        if args.out:
+            raise UserError("--out: trace --carries prints its scores and writes no file")
+        run_carries(args.model, args.task, length, args.seed, args.num_samples, _budgets(args))
+        return
+    from memagent_jax.synthetic.trace import run_trace
+    start(args)
+    run_trace(args.model, args.task, length, args.seed, args.num_samples, _budgets(args),
+              args.slots, args.out)
+
+
+def _synthetic(args) -> None:
+    from tqdm import tqdm
+
+    from memagent_jax.data.io import write_parquet, write_set
+    from memagent_jax.data.needle import write_tokenizer
+    from memagent_jax.synthetic import tasks as synthetic
+    synthetic.check_task(args.task)
+    shortest = synthetic.min_length(args.task)
+    for length in args.lengths:
+        if length < shortest:
+            raise UserError(f"--lengths {length}: a {args.task} document needs at least "
+                            f"{shortest} tokens")
+    if args.num_samples <= 0:
+        raise UserError(f"--num-samples must be positive, got {args.num_samples}")
+    tokenizer = os.path.join(args.out, "tokenizer")
+    if not os.path.isdir(tokenizer):
+        write_tokenizer(tokenizer, synthetic.vocabulary())
+
+    def samples(length, make):
+        return (make(synthetic.make_sample(args.task, length, args.seed, i), args.task, length,
+                     i) for i in tqdm(range(args.num_samples), desc=f"{args.task} {length}",
+                                     unit="sample", file=sys.stderr))
+
+    if args.layout == "train":
+        path = os.path.join(args.out, f"train_{args.task}.parquet")
+        rows = [row for length in args.lengths for row in samples(length, synthetic.train_row)]
+        write_parquet(path, rows)
+        print(f"wrote {len(rows)} {args.task} training samples to {path}")
+        return
+    for length in args.lengths:
+        path = os.path.join(args.out, f"eval_{args.task}_{length}.json")
+        count = write_set(path, samples(length, synthetic.eval_record))
+        print(f"wrote {count} {args.task} samples of {length} tokens to {path}")

@@ -1,0 +1,108 @@
+"""Builders shared by test modules in more than one file: small inputs and models that several
+tests build alike. (Fixtures are in conftest.py; the transformers reference in hf_reference.py;
+jobs of several processes in multiprocess.py; the served tiny model in serve_helpers.py.)"""
+
+import numpy as np
+
+from memagent_jax.data.needle import write_tokenizer
+from memagent_jax.models import ModelConfig, random_model
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.agent import build_agent
+from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
+from memagent_jax.synthetic import tasks as synthetic
+from memagent_jax.tokenizer import load_tokenizer
+
+# ---- HotpotQA: data, eval and serve tests
+
+# Hand-written HotpotQA rows (official layout): two gold paragraphs each, then distractors.
+GOLD = [
+    ("Which country is the Eiffel Tower's architect's firm based in?", "France",
+     [["Eiffel Tower", ["The Eiffel Tower is a lattice tower in Paris. ",
+                        "It was built by the company of Gustave Eiffel."]],
+      ["Gustave Eiffel", ["Gustave Eiffel was a French civil engineer. ",
+                          "His firm was based in France."]]]),
+    ("Were Ada Lovelace and Charles Babbage both English?", "yes",
+     [["Ada Lovelace", ["Ada Lovelace was an English mathematician."]],
+      ["Charles Babbage", ["Charles Babbage was an English polymath. ",
+                           "He designed the Analytical Engine."]]]),
+    ("In what year was the river crossed by the Golden Gate Bridge's strait named?", "1846",
+     [["Golden Gate Bridge", ["The Golden Gate Bridge spans the Golden Gate strait."]],
+      ["Golden Gate", ["The Golden Gate strait was named in 1846 by John C. Fremont."]]]),
+    ("Who wrote the novel that the film Blade Runner is based on?", "Philip K. Dick",
+     [["Blade Runner", ["Blade Runner is a 1982 film. ",
+                        "It is based on Do Androids Dream of Electric Sheep?"]],
+      ["Do Androids Dream of Electric Sheep?", ["The novel was written by Philip K. Dick."]]]),
+    ("Which instrument did the founder of the band Queen's guitarist build?", "Red Special",
+     [["Queen (band)", ["Queen were a British rock band. ", "Brian May was its guitarist."]],
+      ["Brian May", ["Brian May built the Red Special guitar with his father."]]]),
+]
+TOPICS = ["Harbor", "Mountain", "Library", "Orchestra", "Comet", "Glacier", "Vineyard",
+          "Lighthouse", "Desert", "Monastery", "Railway", "Volcano", "Canal", "Observatory"]
+
+
+def _distractor(k: int) -> list:
+    topic = TOPICS[k % len(TOPICS)]
+    return [f"{topic} {k}", [f"The {topic.lower()} number {k} is a well known place. ",
+                             f"Visitors describe it as remarkable in season {k % 4}."]]
+
+
+def hotpot_rows() -> list[dict]:
+    """Each question: its 2 gold paragraphs + 8 distractors (shared between questions, as
+    HotpotQA dev paragraphs sometimes are)."""
+    rows = []
+    for i, (question, answer, gold) in enumerate(GOLD):
+        distractors = [_distractor(3 * i + j) for j in range(8)]
+        rows.append({"_id": f"q{i}", "question": question, "answer": answer,
+                     "type": "bridge", "level": "easy", "context": gold + distractors})
+    return rows
+
+
+# ---- Replies: answer extraction (rollout) and rewards (rl) against the original
+
+def random_replies(count: int, seed: int = 0) -> list[str]:
+    """Replies glued from the pieces the extraction rules look at, for comparisons with the
+    original beyond the hand-picked probes."""
+    import random
+    pieces = ["\\boxed", "\\boxed ", "\\boxed{", "\\fbox{", "{", "}", "$", " ", "\n", "Paris",
+              "x", "</think>", ".", "\\%", "\\frac", "=", "0.5", "1/2"]
+    rng = random.Random(seed)
+    return ["".join(rng.choices(pieces, k=rng.randrange(12))) for _ in range(count)]
+
+
+# ---- The learner tests' model and rows (rl)
+
+# tests/hf_reference.TINY's shape; vocab 64 so that the tensor axis divides it too
+LEARNER_MODEL = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+                            num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+def random_rows(seed=0, trajectories=12):
+    """Multi-conversation trajectories (1 to 3 turns) with random tokens and advantages."""
+    rng = np.random.RandomState(seed)
+    flat = []
+    for _ in range(trajectories):
+        turns = []
+        for _ in range(1 + rng.randint(3)):
+            p, n = 4 + rng.randint(8), 2 + rng.randint(6)
+            turns.append(Turn("update", list(rng.randint(3, 64, p)), list(rng.randint(3, 64, n)),
+                              list(-rng.uniform(2, 5, n)), "length", ""))
+        flat.append(Trajectory("", turns))
+    return rows_from_trajectories(flat, rng.randn(trajectories))
+
+
+# ---- The supervised warm-up's agent (synthetic oracle and rows)
+
+SFT_MODEL = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=2,
+                        num_heads=4, num_kv_heads=2, head_dim=8)
+SFT_BUDGETS = MemAgentConfig(chunk_tokens=64, max_memory_tokens=40, max_final_tokens=8,
+                             max_problem_tokens=16)
+
+
+def sft_agent(tmp_path_factory):
+    """A random SFT_MODEL agent with SFT_BUDGETS and the synthetic tasks' word tokenizer."""
+    tokenizer = load_tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok")),
+                                               synthetic.vocabulary()))
+    model = random_model(SFT_MODEL, seed=0)
+    return build_agent(model, tokenizer, SFT_BUDGETS, EngineConfig(slots=4), None,
+                       (tokenizer.eos_token_id,))

@@ -1,0 +1,53 @@
+"""Every file under configs/ loads against its schema (no device, no data read): train/ and
+synthetic/ as training configs, with the synthetic steps' warmup plugin built; eval/ as
+evaluation configs. A file added to configs/ is loaded here without being listed."""
+
+import glob
+import os
+
+import pytest
+
+from memagent_jax.eval.config import EvalConfig
+from memagent_jax.rl.config import load_train_config
+from memagent_jax.rl.warmup import load as load_warmup
+from memagent_jax.runconfig import load_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFIGS = os.path.join(ROOT, "configs")
+FILES = sorted(os.path.relpath(p, CONFIGS)
+               for p in glob.glob(os.path.join(CONFIGS, "**", "*.yaml"), recursive=True))
+
+
+def test_every_config_is_in_a_purpose_folder():
+    assert FILES and {f.split(os.sep)[0] for f in FILES} == {"train", "eval", "synthetic"}
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_the_config_loads(name):
+    path = os.path.join(CONFIGS, name)
+    if name.startswith("eval"):
+        config = load_config(EvalConfig, path)
+        assert config.data.sets and config.output_dir
+        return
+    config = load_train_config(path)
+    plugin = load_warmup(config)
+    if name.startswith("synthetic"):
+        assert plugin is not None, "a recipe step without its warmup plugin"
+        assert config.output_dir == f"runs/synthetic/{os.path.basename(name)[:-5]}"
+    else:  # the product's training configs need no experiment
+        assert plugin is None and not config.warmup
+
+
+def test_the_recipe_is_a_chain_of_numbered_steps():
+    """Each step starts from the previous step's last checkpoint, and names at most the
+    previous step as its base."""
+    import yaml
+    steps = sorted(f for f in FILES if f.startswith("synthetic"))
+    assert [os.path.basename(f)[:2] for f in steps] == [f"{i:02d}" for i in range(len(steps))]
+    for previous, step in zip(steps, steps[1:]):
+        with open(os.path.join(CONFIGS, step)) as f:
+            raw = yaml.safe_load(f)
+        assert raw.get("base") in (None, os.path.basename(previous)), step
+        before = load_train_config(os.path.join(CONFIGS, previous))
+        after = load_train_config(os.path.join(CONFIGS, step))
+        assert after.model.path == f"{before.checkpoint_dir}/{before.steps}", step

@@ -1,0 +1,93 @@
+"""The synthetic recipe's supervised warm-up as shipped (configs/synthetic/00-07):
+training steps through the trainer, in a process of its own. (The DAPO step and the
+memagent-tiny eval config are tests/e2e/test_recipe.py's.)"""
+
+import json
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memagent_jax.cli import main
+from memagent_jax.data.needle import write_tokenizer
+from memagent_jax.data.pipeline import Example
+from memagent_jax.models import ModelConfig, random_model
+from memagent_jax.rl.config import load_train_config
+from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.rewards import strict_reward
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rl.warmup import StepContext
+from memagent_jax.rollout.agent import build_agent
+from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.synthetic import tasks as synthetic
+from memagent_jax.synthetic.oracle import oracle_trajectory
+from memagent_jax.synthetic.rows import (
+    carry_candidates,
+    carry_trajectories,
+    copy_trajectories,
+    fact_trajectories,
+    recall_trajectories,
+)
+from memagent_jax.synthetic.warmup import SyntheticWarmup, WarmupSection
+from memagent_jax.tokenizer import load_tokenizer
+from tests import multiprocess
+
+
+ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@pytest.fixture(scope="module")
+def recipe_data(tmp_path_factory):
+    data = tmp_path_factory.mktemp("data")
+    for task in synthetic.TASKS:
+        assert main(["data", "synthetic", "--task", task, "--lengths", "200", "400",
+                     "--num-samples", "8", "--layout", "train", "--out", str(data)]) == 0
+    assert main(["data", "synthetic", "--task", "multikey", "--lengths", "1024",
+                 "--num-samples", "4", "--seed", "2", "--out", str(data)]) == 0
+    return data
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["00_copy", "01_oracle", "02_copy_far", "03_copy_anywhere",
+                                  "04_facts", "05_carry", "07_carry_cut"])
+def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
+        recipe_data, name, tmp_path):
+    """The recipe's supervised steps as shipped, for two steps each, on one CPU device as the
+    recipe runs (a process of its own: this one has 8); steps 01-07 start from a random model
+    of the recipe's shape in place of the previous step's checkpoint. (Copy, recall and fact
+    rows are cut to 8 a step here, carry rows to 4 of 16, and one config validates: time.
+    Step 06's config runs as the base of step 07's, whose own keys are its learning rate,
+    carry rows and cut chunks: with carry rows cut to 4 of 16, 06 alone would run as 05.)"""
+    data, out = recipe_data, tmp_path / "run"
+    path = os.path.join(ROOT, "configs", "synthetic", f"{name}.yaml")
+    config = load_train_config(path)
+    start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
+    copies, recalls, facts, carries = (min(config.warmup.get(f"{kind}_rows", 0), most)
+                                       for kind, most in (("copy", 8), ("recall", 8),
+                                                          ("fact", 8), ("carry", 4)))
+    validate = name == "03_copy_anywhere"
+    multiprocess.check_ok(multiprocess.run(
+        ["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
+         f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
+         f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
+         f"validation.every={2 if validate else 0}", f"warmup.copy_rows={copies}",
+         f"warmup.recall_rows={recalls}", f"warmup.fact_rows={facts}",
+         f"warmup.carry_rows={carries}", "warmup.carry_pool=4", "steps=2",
+         "prompts_per_step=2",
+         f"output_dir={out}", "compilation_cache_dir=null"],
+        num_processes=1, timeout_s=300, devices=1))
+    with open(out / "logs" / "steps.jsonl") as f:
+        records = [json.loads(line) for line in f]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(r["reward/mean"] == 1.0 for r in records)  # the oracle answers right
+    # every oracle turn (2 or 3 a document), the config's copy, recall, fact and carry rows
+    extra = copies + recalls + facts + carries
+    assert extra and all(2 * 2 + extra <= r["learner/rows"] <= 2 * 3 + extra for r in records)
+    assert all(np.isfinite(r["learner/loss"]) for r in records)
+    assert records[0]["learner/lr"] == 0.0 < records[1]["learner/lr"]  # warm-up
+    assert ("val/accuracy" in records[1]) == validate
+    assert (out / "checkpoints" / "2").is_dir()
