@@ -11,9 +11,9 @@ import openai
 import torch
 
 from memagent_jax.cli import main
+from memagent_jax.models import job_mesh
 from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
 from memagent_jax.rollout.engine import EngineConfig
-from memagent_jax.models import job_mesh
 from memagent_jax.serve.command import OpenAIServer, parse_mesh
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import hf_model, write_hf_model, write_tiny_tokenizer

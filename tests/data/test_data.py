@@ -15,51 +15,9 @@ from memagent_jax.data.io import load_source, read_set
 from memagent_jax.data.ruler import NIAH, TASKS, ruler_records
 from memagent_jax.errors import UserError
 from memagent_jax.tokenizer import load_tokenizer
+from tests.builders import hotpot_rows
 
 PREFIX = "memagent-jax: error: "
-
-# Hand-written HotpotQA rows (official layout): two gold paragraphs each, then distractors.
-GOLD = [
-    ("Which country is the Eiffel Tower's architect's firm based in?", "France",
-     [["Eiffel Tower", ["The Eiffel Tower is a lattice tower in Paris. ",
-                        "It was built by the company of Gustave Eiffel."]],
-      ["Gustave Eiffel", ["Gustave Eiffel was a French civil engineer. ",
-                          "His firm was based in France."]]]),
-    ("Were Ada Lovelace and Charles Babbage both English?", "yes",
-     [["Ada Lovelace", ["Ada Lovelace was an English mathematician."]],
-      ["Charles Babbage", ["Charles Babbage was an English polymath. ",
-                           "He designed the Analytical Engine."]]]),
-    ("In what year was the river crossed by the Golden Gate Bridge's strait named?", "1846",
-     [["Golden Gate Bridge", ["The Golden Gate Bridge spans the Golden Gate strait."]],
-      ["Golden Gate", ["The Golden Gate strait was named in 1846 by John C. Fremont."]]]),
-    ("Who wrote the novel that the film Blade Runner is based on?", "Philip K. Dick",
-     [["Blade Runner", ["Blade Runner is a 1982 film. ",
-                        "It is based on Do Androids Dream of Electric Sheep?"]],
-      ["Do Androids Dream of Electric Sheep?", ["The novel was written by Philip K. Dick."]]]),
-    ("Which instrument did the founder of the band Queen's guitarist build?", "Red Special",
-     [["Queen (band)", ["Queen were a British rock band. ", "Brian May was its guitarist."]],
-      ["Brian May", ["Brian May built the Red Special guitar with his father."]]]),
-]
-TOPICS = ["Harbor", "Mountain", "Library", "Orchestra", "Comet", "Glacier", "Vineyard",
-          "Lighthouse", "Desert", "Monastery", "Railway", "Volcano", "Canal", "Observatory"]
-
-
-def _distractor(k: int) -> list:
-    topic = TOPICS[k % len(TOPICS)]
-    return [f"{topic} {k}", [f"The {topic.lower()} number {k} is a well known place. ",
-                             f"Visitors describe it as remarkable in season {k % 4}."]]
-
-
-def hotpot_rows() -> list[dict]:
-    """Each question: its 2 gold paragraphs + 8 distractors (shared between questions, as
-    HotpotQA dev paragraphs sometimes are)."""
-    rows = []
-    for i, (question, answer, gold) in enumerate(GOLD):
-        distractors = [_distractor(3 * i + j) for j in range(8)]
-        rows.append({"_id": f"q{i}", "question": question, "answer": answer,
-                     "type": "bridge", "level": "easy", "context": gold + distractors})
-    return rows
-
 
 def _documents(rows):
     return sorted({f"{t}\n{''.join(s)}" for r in rows for t, s in r["context"]})

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from memagent_jax import pretrained
-from memagent_jax.data import synthetic
 from memagent_jax.models import load_model
 from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.synthetic import tasks as synthetic
 from tests.hf_reference import hf_logits
 
 NAME = "memagent-tiny"

@@ -183,7 +183,7 @@ ckpt, sets, out = sys.argv[1:4]
 for argv in (["export", "--ckpt", ckpt, "--out", out + "/hf", "--max-shard-size", "40KB"],
              ["generate", "--model", out + "/hf", "--input", out + "/../prompts.jsonl",
               "--output", out + "/completions.jsonl", "--max-new-tokens", "6", "--slots", "4"],
-             ["eval", "--config", "configs/eval_tiny_cpu.yaml", "model.path=" + out + "/hf",
+             ["eval", "--config", "configs/eval/tiny_cpu.yaml", "model.path=" + out + "/hf",
               "data.sets=" + json.dumps([sets]), "output_dir=" + out + "/eval",
               "engine.slots=8"]):
     code = main(argv)

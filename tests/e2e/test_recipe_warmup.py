@@ -6,36 +6,13 @@ import json
 import os
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from memagent_jax.cli import main
-from memagent_jax.data.needle import write_tokenizer
-from memagent_jax.data.pipeline import Example
-from memagent_jax.models import ModelConfig, random_model
 from memagent_jax.rl.config import load_train_config
-from memagent_jax.rl.learner import Learner, LearnerConfig
-from memagent_jax.rl.rewards import strict_reward
-from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.warmup import StepContext
-from memagent_jax.rollout.agent import build_agent
-from memagent_jax.rollout.engine import EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.synthetic.oracle import oracle_trajectory
-from memagent_jax.synthetic.rows import (
-    carry_candidates,
-    carry_trajectories,
-    copy_trajectories,
-    fact_trajectories,
-    recall_trajectories,
-)
-from memagent_jax.synthetic.warmup import SyntheticWarmup, WarmupSection
-from memagent_jax.tokenizer import load_tokenizer
 from tests import multiprocess
-
 
 ROOT = str(Path(__file__).resolve().parents[2])
 

@@ -23,10 +23,10 @@ from memagent_jax.eval.runner import run_eval
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.runconfig import load_config
 from memagent_jax.tokenizer import load_tokenizer
+from tests.builders import hotpot_rows
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
-from tests.test_data import hotpot_rows
 
-CONFIG = str(Path(__file__).resolve().parent.parent / "configs" / "eval_tiny_cpu.yaml")
+CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml")
 PREFIX = "memagent-jax: error: "
 
 

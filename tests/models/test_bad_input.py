@@ -294,6 +294,7 @@ def test_checkpoint_tree_differs_from_its_config(capsys, good_ckpt, tmp_path, la
     else:
         import numpy as np
         import orbax.checkpoint as ocp
+
         from memagent_jax.models.mapping import flatten
         params = ocp.StandardCheckpointer().restore(os.path.join(ckpt, "params"))
         layers = [flatten(params["layers"][i]) for i in sorted(params["layers"], key=int)]

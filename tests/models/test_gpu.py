@@ -3,10 +3,11 @@ cuDNN flash-attention path (`attention="cudnn"`: the prefill, and the training f
 gradient) against the XLA reference, and that the compiled programs really call cuDNN's fused
 attention.
 
-Run on a GPU machine with `JAX_PLATFORMS=cuda python -m pytest tests/test_gpu.py` (conftest.py
-pins the rest of the suite to simulated CPU devices unless JAX_PLATFORMS is set). Weights are
-random bf16 at the Qwen2.5-0.5B widths (head_dim 64, 14 query / 2 key-value heads) with 2 layers; bf16 results of
-two attention kernels differ by rounding, so the bounds are relative norms, not equality.
+Run on a GPU machine with `JAX_PLATFORMS=cuda python -m pytest tests/models/test_gpu.py`
+(conftest.py pins the rest of the suite to simulated CPU devices unless JAX_PLATFORMS is set).
+Weights are random bf16 at the Qwen2.5-0.5B widths (head_dim 64, 14 query / 2 key-value heads)
+with 2 layers; bf16 results of two attention kernels differ by rounding, so the bounds are
+relative norms, not equality.
 """
 
 from __future__ import annotations

@@ -141,10 +141,10 @@ def test_carry_starts_take_the_place_of_drawn_prompts_in_the_first_round_only():
     assert agent.runs == [(["q0", "q3"], 100), (["q1"], 101)] and calls == [1]
     assert [e.index for e in batch.examples] == [-1, 1] and batch.drawn == [0, 1]
     np.testing.assert_array_equal(batch.rewards, [[0, 1], [1, 0]])
-    assert batch.stats["reward/carry_start_mean"] == 0.5  # q3's alone
+    assert batch.stats["reward/starts_mean"] == 0.5  # q3's alone
     plain = collect_batch(ScriptedAgent(), None, _examples(list(SCRIPT)),
                           _config(2, dynamic=True), seed_for_try=lambda k: k)
-    assert "reward/carry_start_mean" not in plain.stats
+    assert "reward/starts_mean" not in plain.stats
 
 
 def test_dynamic_sampling_judges_the_shaped_rewards():

@@ -9,7 +9,7 @@ import pytest
 
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups, overlong_penalty, policy_loss
-from memagent_jax.rl.rows import (gather, plan_micro_batches, rows_from_trajectories, scatter)
+from memagent_jax.rl.rows import gather, plan_micro_batches, rows_from_trajectories, scatter
 from memagent_jax.rollout.memagent import Trajectory, Turn
 
 

@@ -9,8 +9,7 @@ import pytest
 from flax import nnx
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import (ModelConfig, build_model, make_mesh, param_shardings,
-                                 random_model, split_params)
+from memagent_jax.models import build_model, make_mesh, param_shardings, random_model, split_params
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups
 from memagent_jax.rl.learner import Learner, LearnerConfig
@@ -19,10 +18,7 @@ from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import Trajectory, Turn
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
-
-# tests/hf_reference.TINY's shape; vocab 64 so that the tensor axis divides it too
-CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
-                     num_heads=4, num_kv_heads=2, head_dim=8)
+from tests.builders import LEARNER_MODEL, random_rows
 
 
 def _rollouts(engine, params, prompts, n, max_new_tokens, seed, temperature=1.0):
@@ -36,20 +32,6 @@ def _rollouts(engine, params, prompts, n, max_new_tokens, seed, temperature=1.0)
                                     c.finish_reason, "")]) for c in completions]
               for p, completions in zip(prompts, results)]
     return groups, results
-
-
-def _random_rows(seed=0, trajectories=12):
-    """Multi-conversation trajectories (1 to 3 turns) with random tokens and advantages."""
-    rng = np.random.RandomState(seed)
-    flat = []
-    for _ in range(trajectories):
-        turns = []
-        for _ in range(1 + rng.randint(3)):
-            p, n = 4 + rng.randint(8), 2 + rng.randint(6)
-            turns.append(Turn("update", list(rng.randint(3, 64, p)), list(rng.randint(3, 64, n)),
-                              list(-rng.uniform(2, 5, n)), "length", ""))
-        flat.append(Trajectory("", turns))
-    return rows_from_trajectories(flat, rng.randn(trajectories))
 
 
 def _host(tree):
@@ -68,7 +50,7 @@ def test_learns_a_rewarded_task_from_engine_rollouts():
     replies; DAPO (group advantages, dynamic sampling, clipped loss; no supervised loss) on the
     engine's own temperature-1 samples must lift the mean reward to >= 0.8."""
     target, vocab = 7, 32
-    model = random_model(CONFIG.replace(vocab_size=vocab), seed=0)
+    model = random_model(LEARNER_MODEL.replace(vocab_size=vocab), seed=0)
     engine = Engine(model, EngineConfig(slots=16, max_len=16, prefill_buckets=(8,)))
     learner = Learner(model, LearnerConfig(lr=2e-2, warmup_steps=0, micro_batch_rows=8,
                                            bucket_lengths=(16,), ppo_epochs=2))
@@ -96,7 +78,7 @@ def test_learns_a_rewarded_task_from_engine_rollouts():
 
 def test_engine_decodes_with_the_updated_arrays_without_reshard(compilations):
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
-    model = _sharded_copy(random_model(CONFIG, seed=1), mesh)
+    model = _sharded_copy(random_model(LEARNER_MODEL, seed=1), mesh)
     engine = Engine(model, EngineConfig(slots=8, max_len=32, prefill_buckets=(16,)), mesh=mesh)
     learner = Learner(model, LearnerConfig(lr=5e-2, warmup_steps=0, micro_batch_rows=8,
                                            bucket_lengths=(32,)), mesh=mesh)
@@ -144,10 +126,10 @@ def test_sharded_micro_batched_update_equals_unsharded_single_batch():
     """One update with 4-row micro-batches on fsdp=4 x tensor=2 equals it on one device as a
     single 32-row micro-batch: sharding and gradient accumulation change nothing (the loss is
     the token-mean over the whole mini-batch either way)."""
-    rows = _random_rows()
+    rows = random_rows()
     config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=4, adam_eps=1e-3,
                            bucket_lengths=(16, 32))
-    base = random_model(CONFIG, seed=2)
+    base = random_model(LEARNER_MODEL, seed=2)
     start = _host(split_params(base)[1])
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
     sharded = Learner(_sharded_copy(base, mesh), config, mesh=mesh)
@@ -171,15 +153,15 @@ def test_sharded_micro_batched_update_equals_unsharded_single_batch():
 
 
 def test_non_finite_loss_skips_the_update():
-    rows = _random_rows(seed=3)
-    learner = Learner(random_model(CONFIG, seed=4),
+    rows = random_rows(seed=3)
+    learner = Learner(random_model(LEARNER_MODEL, seed=4),
                       LearnerConfig(lr=1e-2, warmup_steps=0, micro_batch_rows=8,
                                     bucket_lengths=(32,), mini_batches=1))
     learner.update(rows)  # one real update, so the optimiser state is not all zeros
     params, opt_state, step = _host(learner.state()["params"]), \
         _host(learner.state()["opt_state"]), learner.step
 
-    poisoned = _random_rows(seed=3)
+    poisoned = random_rows(seed=3)
     poisoned.advantages[0] = np.nan
     metrics = learner.update(poisoned)
     assert metrics["skipped_updates"] == 1 and metrics["updates"] == 0
@@ -199,8 +181,8 @@ def test_non_finite_loss_skips_the_update():
 
 
 def test_state_restore_round_trip_and_no_recompilation(compilations):
-    rows = _random_rows(seed=5)
-    learner = Learner(random_model(CONFIG, seed=6),
+    rows = random_rows(seed=5)
+    learner = Learner(random_model(LEARNER_MODEL, seed=6),
                       LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
                                     bucket_lengths=(32,), mini_batches=2))
     learner.update(rows)
@@ -223,7 +205,7 @@ def test_recomputed_old_logprobs_match_the_rollout():
     """Sampled at temperature 1 and 0.7, the engine's logprobs (prefill + cached decode) equal
     the learner's full-forward recompute at the same temperature, its LM head applied to all
     positions at once or 10 at a time (rl/logprobs.py)."""
-    model = random_model(CONFIG, seed=7)
+    model = random_model(LEARNER_MODEL, seed=7)
     engine = Engine(model, EngineConfig(slots=8, max_len=48, prefill_buckets=(16, 32)))
     rng = np.random.RandomState(8)
     prompts = [tuple(int(t) for t in rng.randint(3, 64, 5 + 6 * i)) for i in range(4)]
@@ -243,11 +225,11 @@ def test_recomputed_old_logprobs_match_the_rollout():
 
 
 def test_kl_reference_is_only_built_when_used():
-    rows = _random_rows(seed=9)
+    rows = random_rows(seed=9)
     config = dict(lr=1e-2, warmup_steps=0, micro_batch_rows=8, bucket_lengths=(32,))
-    plain = Learner(random_model(CONFIG, seed=10), LearnerConfig(kl_coef=0.0, **config))
+    plain = Learner(random_model(LEARNER_MODEL, seed=10), LearnerConfig(kl_coef=0.0, **config))
     assert plain._ref_params is None
-    learner = Learner(random_model(CONFIG, seed=10), LearnerConfig(kl_coef=0.5, **config))
+    learner = Learner(random_model(LEARNER_MODEL, seed=10), LearnerConfig(kl_coef=0.5, **config))
     first = learner.update(rows)
     assert first["kl"] == pytest.approx(0.0, abs=1e-7)  # policy == reference before updating
     second = learner.update(rows)
@@ -259,7 +241,7 @@ def test_train_step_builds_no_square_score_tensor():
     bucket length 1024 the compiled train step (forward and gradient) holds no
     [.., 1024, 1024] buffer."""
     length = 1024
-    learner = Learner(random_model(CONFIG, seed=11),
+    learner = Learner(random_model(LEARNER_MODEL, seed=11),
                       LearnerConfig(micro_batch_rows=1, bucket_lengths=(length,)))
     batch = {"tokens": np.zeros((1, length), np.int32),
              "loss_mask": np.ones((1, length), np.float32),
@@ -304,8 +286,8 @@ def test_schedules_count_training_steps_as_verl():
 def test_every_update_of_a_training_step_uses_its_learning_rate():
     """16 mini-batches in one step all run at that step's lr (verl steps its scheduler once
     per update_actor call); with warm-up the first step changes nothing."""
-    rows = _random_rows(seed=12, trajectories=16)
-    learner = Learner(random_model(CONFIG, seed=13),
+    rows = random_rows(seed=12, trajectories=16)
+    learner = Learner(random_model(LEARNER_MODEL, seed=13),
                       LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
                                     bucket_lengths=(32,), mini_batches=4))
     before = _host(learner.params)

@@ -7,6 +7,7 @@ same split here, end to end through both shipped 7B configs with the tiny preset
 
 import json
 import os
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ from memagent_jax.rollout.memagent import Trajectory, Turn
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8)
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _rows(seed=0, trajectories=8):
@@ -140,7 +141,7 @@ def test_shipped_7b_configs_train_in_bf16_compute(name, mesh, task, tmp_path):
     """The shipped 7B configs, tiny preset substituted, run two steps end to end: master
     weights and checkpoints in float32, the engine decoding a bf16 copy, the first training
     step at lr 0 (warm-up counted in training steps), the second at lr / 20."""
-    config = load_train_config(os.path.join(ROOT, "configs", name),
+    config = load_train_config(os.path.join(ROOT, "configs", "train", name),
                                _small(task, tmp_path, mesh))
     assert (config.model.param_dtype, config.model.compute_dtype) == ("float32", "bfloat16")
     trainer = Trainer(config)
@@ -169,5 +170,5 @@ def _records(output_dir):
 
 def test_training_refuses_bf16_master_weights_in_one_line(task):
     with pytest.raises(UserError, match="model.param_dtype.*float32 master weights"):
-        load_train_config(os.path.join(ROOT, "configs", "tiny_cpu.yaml"),
+        load_train_config(os.path.join(ROOT, "configs", "train", "tiny_cpu.yaml"),
                           ["model.param_dtype=bfloat16", f"model.tokenizer={task['tokenizer']}"])

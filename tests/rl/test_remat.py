@@ -13,8 +13,7 @@ from flax import nnx
 from memagent_jax.models import random_model
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.logprobs import token_logprobs
-from tests.test_learner import CONFIG, _random_rows
-
+from tests.builders import LEARNER_MODEL, random_rows
 
 
 def _mean_logprob_grad(model, tokens, remat):
@@ -31,7 +30,7 @@ def _mean_logprob_grad(model, tokens, remat):
 
 
 def test_model_gradient_is_the_same_with_remat():
-    model = random_model(CONFIG, seed=0)
+    model = random_model(LEARNER_MODEL, seed=0)
     tokens = jnp.asarray(np.random.RandomState(0).randint(0, 64, (2, 37)))
     plain, state = _mean_logprob_grad(model, tokens, remat=False)
     remat, _ = _mean_logprob_grad(model, tokens, remat=True)
@@ -42,7 +41,7 @@ def test_model_gradient_is_the_same_with_remat():
 def test_remat_shrinks_the_gradients_temporary_memory():
     """Four layers over 512 tokens: without remat the backward keeps every layer's activations
     (the [T, intermediate] MLP projections above all); with it, each layer's input."""
-    config = dataclasses.replace(CONFIG, hidden_size=64, intermediate_size=256, num_layers=4)
+    config = dataclasses.replace(LEARNER_MODEL, hidden_size=64, intermediate_size=256, num_layers=4)
     model = random_model(config, seed=0)
     tokens = jnp.zeros((2, 512), jnp.int32)
     temp = {}
@@ -54,10 +53,10 @@ def test_remat_shrinks_the_gradients_temporary_memory():
 
 def test_learner_update_is_the_same_with_remat():
     """Two mini-batches of 8-row micro-batches: same metrics and same new parameters."""
-    rows = _random_rows()
+    rows = random_rows()
     config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=8, adam_eps=1e-3,
                            bucket_lengths=(32,), mini_batches=2)
-    learners = {remat: Learner(random_model(CONFIG, seed=1),
+    learners = {remat: Learner(random_model(LEARNER_MODEL, seed=1),
                                dataclasses.replace(config, remat=remat))
                 for remat in (False, True)}
     metrics = {remat: learner.update(rows) for remat, learner in learners.items()}
@@ -66,7 +65,7 @@ def test_learner_update_is_the_same_with_remat():
         assert metrics[True][key] == pytest.approx(metrics[False][key], rel=1e-5, abs=1e-8)
     params = {remat: jax.tree.leaves(jax.device_get(learner.state()["params"]))
               for remat, learner in learners.items()}
-    start = jax.tree.leaves(nnx.to_pure_dict(nnx.state(random_model(CONFIG, seed=1))))
+    start = jax.tree.leaves(nnx.to_pure_dict(nnx.state(random_model(LEARNER_MODEL, seed=1))))
     moved = max(float(np.abs(a - np.asarray(b)).max()) for a, b in zip(params[False], start))
     assert moved > 5e-4  # lr 1e-3: the updates are well above the tolerance
     for a, b in zip(params[True], params[False]):

@@ -13,7 +13,7 @@ from memagent_jax.rl.rewards import (exact_match_reward, f1_reward, lenient_boxe
                                      math_strip_string, reward_function, strict_reward,
                                      strip_string)
 from tests import original_hotpotqa_reward as original
-from tests.test_answers import random_replies
+from tests.builders import random_replies
 
 # (final reply, ground truths); each is scored by ours and by the original's compute_score.
 PROBES = [

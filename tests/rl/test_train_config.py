@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,11 +15,11 @@ from memagent_jax.cli import main
 from memagent_jax.data.needle import write_task
 from memagent_jax.errors import UserError
 from memagent_jax.rl.config import check_devices, load_train_config
-from memagent_jax.runconfig import check
 from memagent_jax.rl.learner import LearnerConfig
 from memagent_jax.rl.trainer import Trainer
+from memagent_jax.runconfig import check
 
-CONFIGS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+CONFIGS = os.path.join(Path(__file__).resolve().parents[2], "configs")
 PREFIX = "memagent-jax: error: "
 
 
@@ -52,7 +53,7 @@ def no_device_work(monkeypatch):
 @pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen2.5-7b_gpu8.yaml",
                                   "qwen2.5-7b_tpu_v5p.yaml"])
 def test_shipped_configs_load_and_validate(name):
-    config = load_train_config(os.path.join(CONFIGS, name))
+    config = load_train_config(os.path.join(CONFIGS, "train", name))
     if name.startswith("qwen2.5-7b"):  # the original's (docs/algorithm.md section 3)
         assert (config.prompts_per_step, config.rollout.n) == (128, 16)
         assert config.learner.mini_batches == 16 and config.learner.ppo_epochs == 1
@@ -110,27 +111,30 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.lr=-1"], "learner.lr: must be positive"),
     (["engine.prefill_rows=0"], "engine.prefill_rows: must be at least 1"),
     (["model.attention=flash"], "model.attention: must be one of"),
-    (["learner.copy_rows=8"], "learner.copy_rows: these rows are a supervised warm-up's"),
-    (["learner.recall_rows=8"], "learner.recall_rows: these rows are a supervised warm-up's"),
-    (["learner.filler_rows=8"], "learner.filler_rows: these rows are a supervised warm-up's"),
-    (["learner.filler_rows=-1"], "learner.filler_rows: must be at least 0"),
-    (["learner.fact_rows=8"], "learner.fact_rows: these rows are a supervised warm-up's"),
-    (["learner.fact_rows=-1"], "learner.fact_rows: must be at least 0"),
-    (["learner.carry_rows=8"], "learner.carry_rows: these rows are a supervised warm-up's"),
-    (["learner.blank_rows=8"], "learner.blank_rows: these rows are a supervised warm-up's"),
-    (["learner.own_fact_rows=8"], "learner.own_fact_rows: these rows are a supervised warm-up's"),
-    (["learner.fact_pool=0"], "learner.fact_pool: must be at least 1"),
-    (["learner.loss=sft", "learner.fact_pool=4"], "learner.fact_pool: chooses the fact rows"),
-    (["learner.carry_pool=0"], "learner.carry_pool: must be at least 1"),
-    (["learner.carry_cut=true"], "learner.carry_cut: cuts the carry rows' chunks"),
-    (["learner.carry_cut=sometimes"], "learner.carry_cut"),
-    (["learner.copy_draw=normal"], "learner.copy_draw"),
-    (["rollout.carry_starts=9", "prompts_per_step=8"],
-     "rollout.carry_starts: 9 is more than prompts_per_step 8"),
-    (["rollout.carry_starts=1", "learner.loss=sft"],
-     "rollout.carry_starts: carry starts are rollouts"),
-    (["rollout.carry_starts=-1"], "rollout.carry_starts: must be at least 0"),
-    (["rollout.carry_chunks=0"], "rollout.carry_chunks: must be at least 1"),
+    (["learner.copy_rows=8"], "unknown key 'learner.copy_rows'"),
+    (["learner.loss=sft"], "learner.loss: a supervised step trains on the trajectories a "
+                           "warmup plugin makes"),
+    (["warmup.copy_rows=8"], "warmup.plugin: must name a module with build(settings, config)"),
+    (["warmup.plugin=no_such_module_xyz"], "warmup.plugin: cannot import 'no_such_module_xyz'"),
+    (["warmup.plugin=json"], "warmup.plugin: module 'json' has no build(settings, config)"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.copy_rowz=8"], "unknown key 'warmup.copy_rowz'"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.copy_rows=8"], "warmup.copy_rows: these rows are a supervised step's"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.recall_rows=8"], "warmup.recall_rows: these rows are a supervised step's"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.fact_rows=8"], "warmup.fact_rows: these rows are a supervised step's"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.fact_rows=-1"], "warmup.fact_rows: must be at least 0"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_rows=8"], "warmup.carry_rows: these rows are a supervised step's"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_pool=0"], "warmup.carry_pool: must be at least 1"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_cut=true"], "warmup.carry_cut: cuts the carry rows' chunks"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_cut=sometimes"], "key 'warmup.carry_cut' must be bool"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.copy_draw=normal"], "key 'warmup.copy_draw' must be one of"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "learner.loss=sft", "warmup.copy_span=4", "warmup.copy_span_min=5"],
+     "warmup.copy_span_min: 5 is above copy_span 4"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_starts=9", "prompts_per_step=8"],
+     "warmup.carry_starts: 9 is more than prompts_per_step 8"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_starts=1", "learner.loss=sft"],
+     "warmup.carry_starts: carry starts are rollouts"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_starts=-1"], "warmup.carry_starts: must be at least 0"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.start_chunks=0"], "warmup.start_chunks: must be at least 1"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):
@@ -265,3 +269,16 @@ def test_training_defaults_are_the_published_scripts():
     assert config.model.param_dtype == "float32"
     assert (config.learner.credit, config.learner.train_final_turn) == ("broadcast", True)
     assert (config.learner.eps_high, config.learner.kl_coef) == (0.2, 0.001)
+
+
+def test_a_bad_warmup_key_in_a_file_names_the_file(config_file, tmp_path, capsys,
+                                                   no_device_work):
+    from memagent_jax.synthetic.warmup import WarmupSection
+    path = tmp_path / "step.yaml"
+    path.write_text(yaml.safe_dump({"base": config_file, "warmup": {
+        "plugin": "memagent_jax.synthetic.warmup", "carry_startz": 1}}))
+    assert main(["train", "--config", str(path)]) == 2
+    known = ", ".join(sorted(f.name for f in dataclasses.fields(WarmupSection)))
+    assert capsys.readouterr().err == (
+        f"{PREFIX}{path} (over {config_file}): unknown key 'warmup.carry_startz' (known keys "
+        f"here: {known})\n")

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -296,8 +297,8 @@ def nan_run(config_path: str, output_dir: str) -> None:
 def test_a_nan_update_is_skipped_logged_and_never_checkpointed(task, tmp_path):
     out = tmp_path / "run"
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = (f"from tests.test_trainer import nan_run; "
+    root = str(Path(__file__).resolve().parents[2])
+    code = (f"from {__name__} import nan_run; "
             f"nan_run({_write_config(task, tmp_path / 'c.yaml')!r}, {str(out)!r})")
     run = subprocess.run([sys.executable, "-c", code], env=env, cwd=root, capture_output=True,
                          text=True, timeout=300)

@@ -6,6 +6,7 @@ import pytest
 
 from memagent_jax.rollout.answers import extract_boxed, extract_boxed_lenient, final_answer
 from tests import original_hotpotqa_reward as original
+from tests.builders import random_replies
 
 # Final replies; each test below runs every one through ours and the original.
 PROBES = [
@@ -96,16 +97,6 @@ def test_final_answer_by_hand(reply, answer):
 ])
 def test_extract_boxed_lenient(reply, answer):
     assert extract_boxed_lenient(reply) == answer
-
-
-def random_replies(count: int, seed: int = 0) -> list[str]:
-    """Replies glued from the pieces the extraction rules look at, for comparisons with the
-    original beyond the hand-picked probes."""
-    import random
-    pieces = ["\\boxed", "\\boxed ", "\\boxed{", "\\fbox{", "{", "}", "$", " ", "\n", "Paris",
-              "x", "</think>", ".", "\\%", "\\frac", "=", "0.5", "1/2"]
-    rng = random.Random(seed)
-    return ["".join(rng.choices(pieces, k=rng.randrange(12))) for _ in range(count)]
 
 
 def test_random_replies_answer_as_the_original():

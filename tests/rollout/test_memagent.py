@@ -120,7 +120,7 @@ def test_conversations_are_exactly_the_originals(tokenizer, length):
 
 
 def test_a_sample_can_start_from_a_memory_of_its_own(tokenizer):
-    """A rollout that starts inside a document (rl.carry_starts): the first prompt is the
+    """A rollout that starts inside a document (a carry start, synthetic/carry_starts.py): the first prompt is the
     original's update prompt with the given memory in place of "No previous memory"."""
     agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), tokenizer,
                         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,

@@ -1,8 +1,8 @@
 """`memagent-jax run`: local engine, OpenAI-compatible server mode, and bad input."""
 
 import http.server
-import os
 import json
+import os
 import threading
 import time
 

@@ -11,8 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memagent_jax.rollout.sampling import (_truncation_threshold, first_argmax, inverse_cdf,
-                                           sample)
+from memagent_jax.rollout.sampling import _truncation_threshold, first_argmax, inverse_cdf, sample
 
 DRAWS = 20_000
 LOGITS = np.random.RandomState(0).normal(0, 1.5, 16).astype(np.float32)

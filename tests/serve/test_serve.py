@@ -14,11 +14,10 @@ import torch
 from memagent_jax.cli import main
 from memagent_jax.tokenizer import load_tokenizer
 from tests.original_memory_prompts import TEMPLATE, TEMPLATE_FINAL_BOXED
-from tests.serve_helpers import (API_KEY, MESSAGES, SLOTS, chat_prompt, client_of,
-                                 forward_logprobs, generate, get, ids_of, serving,
-                                 tiny_model_dir)
+from tests.serve_helpers import (API_KEY, MESSAGES, SLOTS, chat_prompt, client_of, forward_logprobs,
+                                 generate, get, ids_of, serving, tiny_model_dir)
 
-CONFIG = Path(__file__).resolve().parent.parent / "configs" / "eval_tiny_cpu.yaml"
+CONFIG = Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml"
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +187,7 @@ def test_eval_with_a_url_backend_equals_run_url(server, model_dir, tmp_path, cap
     runner."""
     from memagent_jax.data.hotpotqa import read_corpus, ruler_hqa_records
     from memagent_jax.data.io import load_source, write_set
-    from tests.test_data import hotpot_rows
+    from tests.builders import hotpot_rows
 
     monkeypatch.setenv("API_KEY", API_KEY)
     source = tmp_path / "hotpot.json"

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from memagent_jax import pretrained
-from memagent_jax.carries import carry_turns, score_carries
 from memagent_jax.cli import main
-from memagent_jax.data import synthetic
-from memagent_jax.demo import load_agent
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.trace import trace_document
+from memagent_jax.synthetic import tasks as synthetic
+from memagent_jax.synthetic.carries import carry_turns, score_carries
+from memagent_jax.synthetic.demo import load_agent
+from memagent_jax.synthetic.trace import trace_document
 
 NAME = "memagent-tiny"
 

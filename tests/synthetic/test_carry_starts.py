@@ -1,4 +1,4 @@
-"""Carry starts (rl/carry_starts.py): rollouts that begin inside a long document with the
+"""Carry starts (synthetic/carry_starts.py): rollouts that begin inside a long document with the
 question's facts in the memory, over the filler chunks the current model finds hardest to keep
 it through; checked against the synthetic documents' own facts and the original's verifier, and
 run through the agent."""
@@ -6,16 +6,16 @@ run through the agent."""
 import numpy as np
 import pytest
 
-from memagent_jax.data import synthetic
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models import ModelConfig, random_model, split_params
-from memagent_jax.rl.carry_starts import carry_starts
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.templates import TokenPrompts
+from memagent_jax.synthetic import tasks as synthetic
+from memagent_jax.synthetic.carry_starts import carry_starts
 from memagent_jax.tokenizer import load_tokenizer
 
 MODEL = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=2,

@@ -13,10 +13,10 @@ import pytest
 
 from memagent_jax import pretrained
 from memagent_jax.cli import main
-from memagent_jax.data import synthetic
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models import preset_config, random_model, save_hf
-from memagent_jax.trace import OUTCOMES, follow, made_up, trace_document
+from memagent_jax.synthetic import tasks as synthetic
+from memagent_jax.synthetic.trace import OUTCOMES, follow, made_up, trace_document
 
 BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
            "max_problem_tokens": 16}

@@ -10,9 +10,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from memagent_jax.cli import main
-from memagent_jax.data import synthetic
 from memagent_jax.data.pipeline import ExampleSource, load_source
 from memagent_jax.eval.sets import load_set
+from memagent_jax.synthetic import tasks as synthetic
 
 
 @pytest.fixture(scope="module")
