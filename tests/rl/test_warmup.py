@@ -1,0 +1,76 @@
+"""The trainer's one door for an experiment (rl/warmup.py), through a plugin written here, not
+the synthetic one: a supervised step trains on the plugin's targets and extra rows, a DAPO step
+rolls out its starts from their given memory in place of drawn prompts, and the plugin's
+section is checked as a config section is."""
+
+import json
+import os
+
+import pytest
+import yaml
+
+from memagent_jax.cli import main
+from memagent_jax.data.needle import write_task
+from memagent_jax.rl.config import load_train_config
+from memagent_jax.rl.trainer import Trainer
+
+PLUGIN = "tests.rl.warmup_plugin"
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory):
+    root = tmp_path_factory.mktemp("warmup")
+    task = write_task(str(root / "task"), train_size=16, val_size=2, seed=3)
+    config = {
+        "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
+        "data": {"train": [task["train"]], "reward": "contains"},
+        "memagent": {"chunk_tokens": 32, "max_memory_tokens": 12, "max_final_tokens": 8,
+                     "max_problem_tokens": 8},
+        "engine": {"slots": 16, "prefill_buckets": [256]},
+        "rollout": {"n": 2},
+        "learner": {"lr": 1e-3, "warmup_steps": 0, "micro_batch_tokens": 4096,
+                    "bucket_lengths": [256]},
+        "steps": 1, "prompts_per_step": 3, "seed": 5,
+        "compilation_cache_dir": os.environ["JAX_COMPILATION_CACHE_DIR"],
+    }
+    path = root / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def _run(config_file, tmp_path, *overrides):
+    trainer = Trainer(load_train_config(config_file, [f"output_dir={tmp_path}",
+                                                      f"warmup.plugin={PLUGIN}", *overrides]))
+    record = trainer.run()
+    with open(tmp_path / "logs" / "steps.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [1]
+    return trainer, record
+
+
+def test_a_supervised_step_trains_on_the_plugins_targets_and_extra_rows(config_file, tmp_path):
+    trainer, record = _run(config_file, tmp_path, "learner.loss=sft", "warmup.extra=2")
+    # 3 drawn examples, one final turn each (their targets answer right), and 2 extra rows
+    assert record["learner/rows"] == 3 + 2 and record["reward/mean"] == 1.0
+    assert len(record["examples"]) == 3 and record["rollout/turns"] == 1.0
+    assert trainer.warmup.seeds == [5 * 1_000_003 + 1]  # a function of (seed, step) only
+
+
+def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file, tmp_path):
+    _, record = _run(config_file, tmp_path, "warmup.starts=1")
+    assert len(record["examples"]) == 2  # one of the three prompts is the plugin's start
+    assert 0.0 <= record["reward/starts_mean"] <= 1.0
+    assert record["rollout/trajectories"] == 3 * 2
+
+
+def test_a_dapo_run_without_a_plugin_logs_no_starts(config_file, tmp_path):
+    trainer = Trainer(load_train_config(config_file, [f"output_dir={tmp_path}"]))
+    assert trainer.warmup is None
+    assert "reward/starts_mean" not in trainer.run()
+
+
+def test_the_plugins_section_is_checked_as_a_config_section(config_file, capsys):
+    assert main(["train", "--config", config_file, f"warmup.plugin={PLUGIN}",
+                 "warmup.extras=2"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"memagent-jax: error: {config_file}: unknown key 'warmup.extras' (known "
+                   "keys here: extra, starts)\n")
