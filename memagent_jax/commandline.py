@@ -42,6 +42,14 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="how prompts attend: xla, dot_product, cudnn (GPU), splash (TPU)")
 
 
+def add_config_flags(p: argparse.ArgumentParser, example: str, overrides: str) -> None:
+    """A YAML config and its dotted `key=value` overrides (`train`, `eval`); `example` and
+    `overrides` are the help's examples."""
+    p.add_argument("--config", required=True, metavar="YAML", help=f"e.g. {example}")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help=f"dotted overrides, e.g. {overrides}")
+
+
 def start(args, auto: bool = False) -> None:
     """Joins this process to its multi-process job, if it is one (memagent_jax.distributed);
     every process must run the same command line, bar the start-up flags."""

@@ -7,7 +7,7 @@ runner load inside the command.
 from __future__ import annotations
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, start
+from memagent_jax.commandline import add_command, add_config_flags, start
 
 
 def add_parsers(sub) -> None:
@@ -15,10 +15,8 @@ def add_parsers(sub) -> None:
     p = add_command(sub, "eval", help="evaluate the memory agent (or the full-context "
                                       "baseline) over context lengths; an interrupted eval "
                                       "resumes")
-    p.add_argument("--config", required=True, metavar="YAML",
-                   help="e.g. configs/eval/ruler_hqa_memagent_14b.yaml")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="dotted overrides, e.g. sampling.n=4 data.max_samples=16")
+    add_config_flags(p, "configs/eval/ruler_hqa_memagent_14b.yaml",
+                     "sampling.n=4 data.max_samples=16")
     p.set_defaults(func=_eval)
     distributed.add_flags(p)
 

@@ -7,7 +7,7 @@ trainer load inside `train`, after its config has been checked.
 from __future__ import annotations
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, start
+from memagent_jax.commandline import add_command, add_config_flags, start
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import check_output_file
 from memagent_jax.rl.curves import DEFAULT_TAGS  # stdlib-only at import
@@ -18,10 +18,7 @@ def add_parsers(sub) -> None:
     p = add_command(sub, "train", help="train the memory agent with multi-conversation DAPO "
                                        "(resumes from the newest checkpoint in the run's "
                                        "output)")
-    p.add_argument("--config", required=True, metavar="YAML",
-                   help="e.g. configs/train/tiny_cpu.yaml")
-    p.add_argument("overrides", nargs="*", metavar="key=value",
-                   help="dotted overrides, e.g. learner.lr=1e-6 steps=10")
+    add_config_flags(p, "configs/train/tiny_cpu.yaml", "learner.lr=1e-6 steps=10")
     p.set_defaults(func=_train)
     distributed.add_flags(p)
 
