@@ -9,6 +9,9 @@ from memagent_jax.models.checkpoint import side_files_dir
 from memagent_jax.models.config import ModelConfig
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+# Ids from here on are the bytes and merge steps of a word vocabulary's tokenizer
+# (data/word_tokenizer.py): text outside the vocabulary, which no model has rows for.
+PIECE_IDS = 1 << 20
 
 
 def side_dirs(model_path: str) -> list[str]:
@@ -19,8 +22,9 @@ def side_dirs(model_path: str) -> list[str]:
 def load_tokenizer(model_path: str):
     """transformers' tokenizer for the model, or None when the directory has none.
 
-    tokenizer.json is loaded as written (PreTrainedTokenizerFast); AutoTokenizer would pick
-    the class from config.json's model_type instead, and rebuild it from vocab/merges files.
+    tokenizer.json is loaded as written (PreTrainedTokenizerFast). The tokenizers this project
+    writes read the same through AutoTokenizer (data/word_tokenizer.py); a word-level
+    tokenizer.json written before them reads right only this way.
     """
     for directory in side_dirs(model_path):
         if os.path.isfile(os.path.join(directory, "tokenizer.json")):
@@ -30,6 +34,12 @@ def load_tokenizer(model_path: str):
             from transformers import AutoTokenizer
             return AutoTokenizer.from_pretrained(directory)
     return None
+
+
+def rows_needed(tokenizer) -> int:
+    """The embedding rows a model needs for the tokenizer's vocabulary: its largest id below
+    `PIECE_IDS`, plus one."""
+    return 1 + max(i for i in tokenizer.get_vocab().values() if i < PIECE_IDS)
 
 
 def stop_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:

@@ -8,9 +8,9 @@ Rows follow the layout of `BytedTsinghua-SIA/hotpotqa` (see data/pipeline.py) wi
 "needle", so the trainer reads them exactly as it reads the real data set.
 
 No Qwen tokenizer can be downloaded everywhere, so `write_tokenizer` writes a real `transformers`
-fast tokenizer (word level, whitespace/punctuation split) whose vocabulary holds the MemAgent
-templates' words and this task's words, with a minimal chat template; it fits the `tiny`
-preset's 512 embedding rows. Everything is deterministic by seed.
+fast tokenizer of words (data/word_tokenizer.py: what `AutoTokenizer` reads as we do) whose
+vocabulary holds the MemAgent templates' words and this task's words, with a minimal chat
+template; it fits the `tiny` preset's 512 embedding rows. Everything is deterministic by seed.
 
     memagent-jax data needle --out DIR   # DIR/train.parquet, val.parquet, tokenizer/
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 
 FILLER = ("the river runs past an old mill where farmers bring grain every autumn and the town "
           "keeps a small market near a stone bridge with bright lamps on long evenings while "
@@ -60,49 +61,36 @@ def write_rows(rows: list[dict], path: str) -> str:
     return path
 
 
+CHAT_TEMPLATE = ("{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }}</s>{% endfor %}"
+                 "{% if add_generation_prompt %}<s>assistant {% endif %}")
+ROLES = ("user", "assistant")
+
+
 def vocabulary(task_words: list[str] | None = None) -> list[str]:
-    """Special tokens first (<pad>=0, <s>=1, </s>=2, [UNK]=3) and the chat roles, then every
+    """Special tokens first (<pad>=0, <s>=1, </s>=2), then `}.` and the chat roles, then every
     word the templates and the answer format use, then a task's words (default: this needle
-    task's), in a fixed order."""
+    task's), in a fixed order. `}.` is the final prompt's `\\boxed{}.`: id 3, where the
+    word-level tokenizer `memagent-tiny` was trained with read it, as [UNK]."""
     from memagent_jax.rollout.templates import FINAL_TEMPLATE, INITIAL_MEMORY, UPDATE_TEMPLATE
 
-    words = ["<pad>", "<s>", "</s>", "[UNK]", "user", "assistant"]  # chat template words
+    words = ["<pad>", "<s>", "</s>", "}.", *ROLES]
     text = " ".join([UPDATE_TEMPLATE, FINAL_TEMPLATE, INITIAL_MEMORY, "\\boxed{}",
                      *(task_words if task_words is not None else [QUESTION, NEEDLE, *FILLER,
                                                                   *CODES])])
-    for word, _ in _pre_tokenizer().pre_tokenize_str(text):
+    # Words, runs of punctuation, and `\\boxed{` whole: a reply's answer then decodes as
+    # `\\boxed{ answer}`, which the original's extraction and its space-dropping comparison
+    # read (split into `\\ boxed {` it would read as no answer at all).
+    for word in re.findall(r"\\boxed\{|\w+|[^\w\s]+", text):
         if word not in words:
             words.append(word)
     return words
 
 
-def _pre_tokenizer():
-    """Words, runs of punctuation, and `\\boxed{` whole: a reply's answer then decodes as
-    `\\boxed{ answer}`, which the original's extraction and its space-dropping comparison
-    read (split into `\\ boxed {` it would read as no answer at all)."""
-    from tokenizers import Regex, pre_tokenizers
-    return pre_tokenizers.Split(Regex(r"\\boxed\{|\w+|[^\w\s]+"), behavior="removed",
-                                invert=True)
-
-
 def write_tokenizer(out_dir: str, words: list[str] | None = None) -> str:
-    """Saves the word-level tokenizer of `words` (default: `vocabulary()`; tokenizer.json +
-    tokenizer_config.json, eos </s>)."""
-    from tokenizers import Tokenizer, decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    words = words or vocabulary()
-    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)},
-                                           unk_token="[UNK]"))
-    tokenizer.pre_tokenizer = _pre_tokenizer()
-    # Words joined with single spaces, except before a closing brace.
-    tokenizer.decoder = decoders.Sequence([decoders.WordPiece(prefix="##"),
-                                           decoders.Replace(" }", "}")])
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>",
-                                      pad_token="<pad>", bos_token="<s>", unk_token="[UNK]")
-    wrapped.chat_template = ("{% for m in messages %}<s> {{ m['role'] }} {{ m['content'] }} </s> "
-                             "{% endfor %}{% if add_generation_prompt %}<s> assistant {% endif %}")
-    wrapped.save_pretrained(out_dir)
+    """Saves the tokenizer of `words` (default: `vocabulary()`; tokenizer.json,
+    tokenizer_config.json, chat_template.jinja; eos </s>) to out_dir."""
+    from memagent_jax.data.word_tokenizer import build
+    build(words or vocabulary(), ROLES, CHAT_TEMPLATE).save_pretrained(out_dir)
     return out_dir
 
 

@@ -24,7 +24,7 @@ from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, required_length
 from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.tokenizer import load_tokenizer, stop_token_ids
+from memagent_jax.tokenizer import load_tokenizer, rows_needed, stop_token_ids
 
 
 @dataclasses.dataclass
@@ -113,9 +113,9 @@ def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None
                              attention=section.attention, mesh=mesh)
         stops = ()
     if tokenizer is not None:
-        if len(tokenizer) > config.vocab_size:
-            raise ConfigError("model.tokenizer", f"{len(tokenizer)} tokens do not fit the "
-                                                 f"model's {config.vocab_size} embedding rows")
+        if rows_needed(tokenizer) > config.vocab_size:
+            raise ConfigError("model.tokenizer", f"{rows_needed(tokenizer)} tokens do not fit "
+                                                 f"the model's {config.vocab_size} embedding rows")
         if not stops and tokenizer.eos_token_id is not None:
             stops = (int(tokenizer.eos_token_id),)
     return Policy(model, config, tokenizer, stops)
