@@ -34,9 +34,9 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @contextlib.contextmanager
-def serving(model_dir, mesh=None, **options):
+def serving(model_dir, mesh=None, api_key=API_KEY, **options):
     """The model served on a free loopback port in this process (its engine can be
-    inspected), under the name "m" with API_KEY; stopped, and checked stopped, on exit.
+    inspected), under the name "m" with api_key; stopped, and checked stopped, on exit.
     mesh: a `--mesh` value (as "data=2,fsdp=4") to spread the model over the 8 test devices."""
     section = ModelSection(path=model_dir)
     device_mesh = job_mesh(parse_mesh(mesh), source="--mesh")
@@ -44,7 +44,7 @@ def serving(model_dir, mesh=None, **options):
     engine = build_engine(policy.model, EngineConfig(slots=SLOTS, max_len=MAX_LEN,
                                                      top_logprobs=5), device_mesh, MAX_LEN)
     server = OpenAIServer(policy, engine, names=("m",), max_len=MAX_LEN, port=0,
-                          api_key=API_KEY, log_level="warning",
+                          api_key=api_key, log_level="warning",
                           **{"shutdown_timeout": 5, **options})
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

@@ -19,8 +19,10 @@ vocabulary:
   other byte is, with the merge steps, at ids from `PIECE_IDS` on, which no model has rows for:
   text outside the vocabulary reads as ids a model refuses, never as nothing or as a known word.
 On text of vocabulary words, punctuation and single spaces this reads the ids the word-level
-reading `\\boxed\\{|\\w+|[^\\w\\s]+` gives. Two spaces, or a line break, between two words read as
-one extra piece `Ġ`.
+reading `\\boxed\\{|\\w+|[^\\w\\s]+` gives. Whitespace that is not one space and touches no added
+token (two spaces, or a line break, between two words) reads as one piece `Ġ`. Punctuation
+decodes with no space before it, so two runs that make a third ("}" and "." of "}.") read back
+as that one, as they did through the word-level tokenizer's decoding.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ def build(words: list[str], roles: tuple[str, ...], chat_template: str):
         byte_level])
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
-    absorbing = dict(normalized=False, lstrip=True, rstrip=True)
+    absorbing = {"normalized": False, "lstrip": True, "rstrip": True}
     tokenizer.add_special_tokens([AddedToken(w, special=True, **absorbing) for w in words[:3]])
     tokenizer.add_tokens([AddedToken(w, single_word=w in roles, **absorbing)
                           for w in words[3:] if w not in bpe_words])

@@ -133,13 +133,16 @@ def _run(args) -> None:
     from memagent_jax.rollout.memagent import MemAgentConfig, read_sample
     from memagent_jax.tokenizer import load_tokenizer
 
-    model_dir = None if args.url else pretrained.resolve(os.path.expanduser(args.model))
+    # With --url, --model names the served model and the tokenizer's directory (the model's,
+    # as a rule) holds the budgets it was trained with (memagent.json), as the model's does.
+    model_dir = pretrained.resolve(os.path.expanduser(
+        (args.tokenizer or args.model) if args.url else args.model))
     config = from_flags(MemAgentConfig, **pretrained.budgets(
         model_dir, chunk_tokens=args.chunk_tokens,
         max_memory_tokens=args.max_memory_tokens, max_final_tokens=args.max_final_tokens))
     document = _read_document(args.doc)
-    if args.url:  # --model names the served model; the tokenizer chunks the document
-        tokenizer_dir = args.tokenizer or args.model
+    if args.url:  # the tokenizer chunks the document
+        tokenizer_dir = model_dir
         tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
         if tokenizer is None:
             raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk "
@@ -178,8 +181,6 @@ def _run(args) -> None:
 
 
 def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
-    import dataclasses
-
     from memagent_jax.models import job_mesh
     from memagent_jax.rollout.agent import build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
@@ -192,9 +193,7 @@ def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
     sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
     (trajectory,) = agent.run(policy.params, [sample], sampling,
                               on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
-    record = dataclasses.asdict(trajectory)
-    record.update(memories=trajectory.memories, final_reply=trajectory.final_reply)
-    return record
+    return trajectory.record()
 
 
 def _read_document(path: str) -> str:

@@ -89,6 +89,24 @@ class Trajectory:
     def final_reply(self) -> str:
         return self.turns[-1].reply if self.turns else ""
 
+    def record(self) -> dict:
+        """`run --json`'s record (`run_record`)."""
+        return run_record(self.problem, self.answer, [
+            {"kind": t.kind, "reply": t.reply, "finish_reason": t.finish_reason,
+             "response_tokens": len(t.response_ids)} for t in self.turns])
+
+
+def run_record(problem: str, answer: str | None, turns: list[dict]) -> dict:
+    """One read of a document as `run --json` prints it, the same on the local engine and
+    against a server (`run_on_server`): turns are {"kind", "reply", "finish_reason",
+    "response_tokens" (None when a server does not report usage)}; "memories" are the update
+    turns' replies, "final_reply", "finish_reason" and "final_tokens" the final turn's."""
+    final = turns[-1] if turns else {}
+    return {"problem": problem, "answer": answer,
+            "memories": [t["reply"] for t in turns if t["kind"] == "update"],
+            "final_reply": final.get("reply", ""), "finish_reason": final.get("finish_reason"),
+            "final_tokens": final.get("response_tokens"), "turns": turns}
+
 
 def centre_truncate(ids: list[int], max_tokens: int) -> list[int]:
     """ids, or its first and last max_tokens // 2 when longer than max_tokens (verl's

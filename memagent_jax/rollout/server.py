@@ -16,7 +16,7 @@ from typing import Callable
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.memagent import Sample, memory_turns
+from memagent_jax.rollout.memagent import Sample, memory_turns, run_record
 from memagent_jax.rollout.templates import INITIAL_MEMORY, final_prompt, update_prompt
 
 
@@ -45,13 +45,13 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
                   top_p: float, api_key: str | None, timeout: float = 300.0,
                   seed: int | None = None,
                   on_turn: Callable[[int, str, str], None] | None = None) -> dict:
-    """Runs every turn; returns {"memories": [...], "final_reply": str, "answer": str|None,
-    "finish_reason": the final reply's, "final_tokens": its length in tokens when the server
-    reports usage, else None}. tokenizer: the one that cut the sample (decodes its chunks).
+    """Runs every turn; returns `run_record`'s record (the local engine's keys; a turn's
+    response_tokens from the server's usage, None without it). tokenizer: the one that cut
+    the sample (decodes its chunks).
     seed: turn k (from 1) asks the server for seed + k (None: no seed). on_turn(turn number,
     kind, reply) after each turn. A failed request raises a UserError naming the turn."""
     turns = memory_turns([tokenizer.decode(c) for c in sample.chunks], INITIAL_MEMORY)
-    memories, reply, number, choice = [], None, 0, {}
+    records, reply, number = [], None, 0
     while True:
         try:
             kind, memory, chunk = turns.send(reply)
@@ -74,9 +74,6 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
                             f"({type(e).__name__}: {e})") from None
         if on_turn is not None:
             on_turn(number, kind, reply)
-        if kind == "update":
-            memories.append(reply)
-    usage = choice.get("usage") or {}
-    return {"memories": memories, "final_reply": reply, "answer": final_answer(reply),
-            "finish_reason": choice.get("finish_reason"),
-            "final_tokens": usage.get("completion_tokens")}
+        records.append({"kind": kind, "reply": reply, "finish_reason": choice.get("finish_reason"),
+                        "response_tokens": (choice.get("usage") or {}).get("completion_tokens")})
+    return run_record(sample.problem, final_answer(reply), records)

@@ -61,3 +61,40 @@ def test_it_answers_fresh_8k_multikey_documents_by_name():
                for (trajectory,) in groups)
     correct = sum(a == d.answer for a, d in zip(answers, documents))
     assert correct >= AT_LEAST, list(zip(answers, [d.answer for d in documents]))
+
+
+@pytest.mark.slow
+def test_run_against_serve_reads_as_run_here(tmp_path, monkeypatch):
+    """`run --url` against `serve` of it takes the budgets it was trained with (its
+    memagent.json, beside the tokenizer) as local `run` does: the same memories and answers,
+    and --json records with the same keys."""
+    import contextlib
+    import io
+    import json
+
+    from memagent_jax.cli import main
+    from tests.serve_helpers import API_KEY, serving
+
+    monkeypatch.setenv("API_KEY", API_KEY)
+    records = {"local": [], "url": []}
+    with serving(pretrained.resolve(NAME)) as server:
+        for index in range(2):
+            sample = synthetic.make_sample("multikey", 1500, FRESH_SEED, 100 + index)
+            doc = tmp_path / f"doc{index}.txt"
+            doc.write_text(sample.context)
+            common = ["--doc", str(doc), "--question", sample.question, "--temperature", "0",
+                      "--json"]
+            for where, args in [("local", ["--model", NAME]),
+                                ("url", ["--url", server.url, "--model", "m", "--tokenizer",
+                                         NAME])]:
+                out = io.StringIO()
+                with contextlib.redirect_stdout(out):   # the server's logs keep the stderr
+                    assert main(["run", *args, *common]) == 0
+                records[where].append(json.loads(out.getvalue()))
+    for local, remote in zip(records["local"], records["url"]):
+        assert local.keys() == remote.keys()
+        assert len(local["turns"]) == 1500 // 256 + 2   # 256-token chunks, and the answer
+        assert [t.keys() for t in local["turns"]] == [t.keys() for t in remote["turns"]]
+        assert (local["memories"], local["answer"]) == (remote["memories"], remote["answer"])
+    assert sum(r["answer"].strip() == synthetic.make_sample(
+        "multikey", 1500, FRESH_SEED, 100 + i).answer for i, r in enumerate(records["url"])) >= 1

@@ -167,11 +167,12 @@ def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(th
 @pytest.mark.slow
 def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
     """A step directory (or the run's directory: its newest step) exports to an HF directory
-    that transformers loads with the run's tokenizer, its logits those of the trainer's
-    parameters; `run` and `eval` read it directly."""
+    that transformers loads with AutoTokenizer and AutoModelForCausalLM, its logits those of
+    the trainer's parameters and its greedy generation `generate`'s; `run` and `eval` read it
+    directly."""
     import torch
     from flax import nnx
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memagent_jax.cli import main
     from memagent_jax.eval.config import EvalConfig
@@ -185,13 +186,13 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
     exported = tmp_path / "hf"
     assert main(["export", "--ckpt", str(three_steps.out), "--out", str(exported)]) == 0
     hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
-    # tokenizer.json as written (README): AutoTokenizer would take Qwen2's tokenizer class
-    # from config.json and split the word-level vocabulary otherwise
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(exported)
+    # The ecosystem's default: transformers picks Qwen2's tokenizer class from config.json and
+    # rebuilds it from tokenizer.json; it reads our ids (data/word_tokenizer.py).
+    tokenizer = AutoTokenizer.from_pretrained(exported)
     text = "the secret code is"
     assert (tokenizer(text, add_special_tokens=False)["input_ids"]
             == load_tokenizer(str(step))(text, add_special_tokens=False)["input_ids"]
-            == [load_tokenizer(str(step)).convert_tokens_to_ids(w) for w in text.split()])
+            == [load_tokenizer(str(step)).convert_tokens_to_ids("Ġ" + w) for w in text.split()])
     ids = np.array([tokenizer(text, add_special_tokens=False)["input_ids"]
                     + list(range(10, 30))])
     learner = three_steps.trainer.learner
@@ -199,6 +200,20 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
     with torch.no_grad():
         theirs = hf(torch.as_tensor(ids)).logits.numpy()
     assert np.abs(ours - theirs).max() <= 1e-5
+    # Greedy generation through AutoTokenizer and transformers equals `generate`'s.
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "what is the secret "
+                                             "code ?"}], add_generation_prompt=True,
+                                           tokenize=True, return_dict=False)
+    expected = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False,
+                           eos_token_id=tokenizer.eos_token_id,
+                           pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()
+    requests, completions = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    requests.write_text(json.dumps({"prompt_ids": prompt}) + "\n")
+    assert main(["generate", "--model", str(exported), "--input", str(requests), "--output",
+                 str(completions), "--max-new-tokens", "12", "--temperature", "0"]) == 0
+    completion = json.loads(completions.read_text())
+    assert completion["completion_ids"] == expected
+    assert completion["text"] == tokenizer.decode(expected, skip_special_tokens=True)
 
     document = tmp_path / "doc.txt"
     document.write_text("the secret code is apple . " * 20)
