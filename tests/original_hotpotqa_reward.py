@@ -1,8 +1,8 @@
 """TEST-ONLY REFERENCE: the original MemAgent's answer extraction and HotpotQA training reward,
 quoted from https://github.com/BytedTsinghua-SIA/MemAgent at commit
 76b7a658988e4ea53d7388a62de6c0ce79084146, so the tests can compare our code with it on many
-inputs. Nothing outside tests/ may import this file; with tests/original_memory_prompts.py it
-holds the only copies of the original's code in this repository.
+inputs. Nothing outside tests/ may import this file; with tests/original_memory_prompts.py and
+tests/original_memory_eval/ it holds the only copies of the original's code in this repository.
 
 Quoted verbatim (only the comments marked "[test note]" are ours, and one string literal
 written with an escaped backslash, the same string):

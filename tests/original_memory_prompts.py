@@ -2,8 +2,8 @@
 https://github.com/BytedTsinghua-SIA/MemAgent at commit
 76b7a658988e4ea53d7388a62de6c0ce79084146, so the tests can compare our prompts with the ids the
 original would build. Nothing outside tests/ may import this file; with
-tests/original_hotpotqa_reward.py it holds the only copies of the original's code in this
-repository.
+tests/original_hotpotqa_reward.py and tests/original_memory_eval/ it holds the only copies of
+the original's code in this repository.
 
 Quoted verbatim:
 - `recurrent/impls/memory.py`: TEMPLATE, TEMPLATE_FINAL_BOXED (the two messages);
