@@ -42,6 +42,16 @@ def rows_needed(tokenizer) -> int:
     return 1 + max(i for i in tokenizer.get_vocab().values() if i < PIECE_IDS)
 
 
+def word_ids(tokenizer, words: list[str]) -> list[int]:
+    """The id of each word, each read alone by the tokenizer as one token (a word tokenizer's
+    words: data/word_tokenizer.py); ValueError naming a word that is not one token."""
+    encoded = tokenizer(list(words), add_special_tokens=False)["input_ids"]
+    for word, ids in zip(words, encoded):
+        if len(ids) != 1:
+            raise ValueError(f"'{word}' is not one token of this tokenizer ({ids})")
+    return [ids[0] for ids in encoded]
+
+
 def stop_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:
     """EOS ids from generation_config.json (Qwen2.5-Instruct lists <|im_end|> and
     <|endoftext|> there), else from config.json."""

@@ -20,6 +20,7 @@ from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn
 from memagent_jax.synthetic.oracle import (document_state, end_token, first_facts, memory_ids,
                                            update_turn)
 from memagent_jax.synthetic.tasks import CITY_FACT, CODE_FACT, filler_text, words
+from memagent_jax.tokenizer import word_ids
 
 COPY_DRAWS = ("log_uniform", "uniform")  # how copy rows draw span lengths and gaps
 
@@ -36,7 +37,7 @@ def copy_trajectories(tokenizer, count: int, span: int, seed: int, min_span: int
         raise ValueError(f"draw must be one of {COPY_DRAWS}, got {draw!r}")
     uniform = draw == "uniform"
     rng = np.random.default_rng(seed)
-    ids = np.asarray(tokenizer.convert_tokens_to_ids(words().all()))
+    ids = np.asarray(word_ids(tokenizer, words().all()))
     trajectories = []
     for _ in range(count):
         if uniform:

@@ -16,7 +16,7 @@ from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.carry_starts import carry_starts
-from memagent_jax.tokenizer import load_tokenizer
+from memagent_jax.tokenizer import load_tokenizer, word_ids
 
 MODEL = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=8)
@@ -44,7 +44,7 @@ def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent
     def logprobs(rows):  # a chunk's weakness: minus the number of times "the" occurs in it
         seen.append(len(rows))
         out = np.zeros(rows.tokens.shape, np.float32)
-        the = tokenizer.convert_tokens_to_ids("the")
+        the = word_ids(tokenizer, ["the"])[0]
         for i, (start, stop) in enumerate(zip(rows.prompt_lengths, rows.lengths)):
             # the reply is the memory unchanged and the end-of-text token
             assert rows.tokens[i, stop - 1] == end
@@ -75,11 +75,11 @@ def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent
     first = samples[0]
     again_examples, again = carry_starts(agent, 3, chunks=2, pool=4, seed=7, logprobs=logprobs)
     assert again == samples and again_examples == examples
-    counts = [sum(t == tokenizer.convert_tokens_to_ids("the") for t in chunk)
+    counts = [sum(t == word_ids(tokenizer, ["the"])[0] for t in chunk)
               for chunk in first.chunks]
     candidates = [tokenizer(synthetic.filler_text(64, 7, k), add_special_tokens=False)
                   ["input_ids"] for k in range(8)]
-    all_counts = sorted((sum(t == tokenizer.convert_tokens_to_ids("the") for t in c)
+    all_counts = sorted((sum(t == word_ids(tokenizer, ["the"])[0] for t in c)
                          for c in candidates), reverse=True)
     assert sorted(counts, reverse=True) == all_counts[:2]
     assert all(tuple(c) in {tuple(x) for x in candidates} for c in first.chunks)

@@ -64,7 +64,7 @@ def test_export_and_run_take_the_name_and_run_its_budgets(in_package, tmp_path, 
     # 300 tokens in chunks of 128 (the model's budget, not run's default of 5000): 3 updates
     updates = [t for t in record["turns"] if t["kind"] == "update"]
     assert len(updates) == 3
-    assert all(len(t["response_ids"]) <= BUDGETS["max_memory_tokens"] for t in updates)
+    assert all(t["response_tokens"] <= BUDGETS["max_memory_tokens"] for t in updates)
 
 
 def test_demo_reads_a_fresh_document_and_shows_the_memory_answer_and_truth(in_package,

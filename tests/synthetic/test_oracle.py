@@ -47,13 +47,13 @@ def test_an_oracle_trajectory_is_the_agents_loop_with_ideal_replies(agent, task)
         assert len(turn.response_ids) <= SFT_BUDGETS.max_memory_tokens
         memory = turn.response_ids[:-1]
         want = expected.replace("\n", " ") if expected else "No previous memory"
-        assert turn.reply.replace(" .", ".") == want.replace(" .", ".")
+        assert turn.reply.strip().replace(" .", ".") == want.replace(" .", ".")
     final = trajectory.turns[-1]
     assert final.prompt_ids == prompts.final(sample.problem_ids, memory)
     assert strict_reward(final.reply, list(example.ground_truths)) == 1.0
     # It restates the facts it answers from, then boxes the answer (docs/synthetic.md).
     restated = memories[-1].replace("\n", " ").replace(" .", ".")
-    assert final.reply.replace(" .", ".").startswith(restated) and restated
+    assert final.reply.strip().replace(" .", ".").startswith(restated) and restated
     # The last memory holds every fact the answer needs.
     assert all(f["text"] in memories[-1] for f in example.extra_info["facts"] if f["needed"])
 

@@ -10,6 +10,7 @@ from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.rows import (carry_candidates, carry_trajectories, copy_trajectories,
                                          fact_trajectories, recall_trajectories)
 from memagent_jax.synthetic.warmup import SyntheticWarmup, WarmupSection
+from memagent_jax.tokenizer import word_ids
 from tests.builders import SFT_BUDGETS, sft_agent
 
 
@@ -21,7 +22,7 @@ def agent(tmp_path_factory):
 def test_copy_rows_repeat_a_seeded_span_of_task_words(agent):
     tokenizer = agent.tokenizer
     first = copy_trajectories(tokenizer, 3, 5, seed=1, min_span=5)
-    words = set(tokenizer.convert_tokens_to_ids(synthetic.words().all()))
+    words = set(word_ids(tokenizer, synthetic.words().all()))
     for trajectory in first:
         (turn,) = trajectory.turns
         assert len(turn.prompt_ids) == 5 and set(turn.prompt_ids) <= words
@@ -137,10 +138,10 @@ def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sente
     for index, (a, b) in enumerate(zip(whole, cut)):
         memory, chunk = _memory_and_chunk(agent, b)
         assert (memory, b.problem) == (_memory_and_chunk(agent, a)[0], a.problem)
-        assert _memory_and_chunk(agent, a)[1][-1] == agent.tokenizer.convert_tokens_to_ids(".")
+        assert _memory_and_chunk(agent, a)[1][-1] == word_ids(agent.tokenizer, ["."])[0]
         assert len(chunk) == size
         source = synthetic.filler_text(4 * size, 3, index).split()
-        words = agent.tokenizer.convert_ids_to_tokens(chunk)
+        words = agent.tokenizer.decode(chunk).replace(".", " .").split()
         (start,) = [i for i in range(len(source) - size + 1) if source[i:i + size] == words]
         starts.add(start)
         ends += words[-1] == "."
