@@ -3,6 +3,8 @@ docs/synthetic.md): addressed by name, a Qwen2 that `transformers` loads with ou
 memory agent that answers fresh multikey documents of 8K tokens (a seed no training or
 evaluation set of the recipe used)."""
 
+import os
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -45,10 +47,12 @@ def test_it_is_shipped_and_loads_in_transformers_with_our_logits():
     assert (ours.argmax(-1) == reference.argmax(-1)).all()
 
 
-def test_the_python_api_takes_its_name_as_the_commands_do():
+def test_the_python_api_takes_its_name_as_the_commands_do(monkeypatch):
     path = pretrained.resolve(NAME)
     _, config = load_model(NAME)
     assert config == read_config(NAME) == read_config(path)
+    monkeypatch.setenv("HOME", os.path.dirname(path))
+    assert read_config(f"~/{NAME}") == config  # as the README's load_model("~/ckpt/...")
     assert load_tokenizer(NAME).vocab == load_tokenizer(path).vocab
     assert pretrained.budgets(NAME) == pretrained.budgets(path) != {}
 
