@@ -58,8 +58,8 @@ class Progress:
 
 def run_eval(config: EvalConfig, method=None) -> dict | None:
     """Runs what is left of the eval and returns its summary, with the report's "table" and
-    the names of the files "written" (None on processes other than 0). `method` replaces the one the config names (tests drive the runner with scripted
-    answers this way)."""
+    the names of the files "written" (None on processes other than 0). `method` replaces the
+    one the config names (tests drive the runner with scripted answers this way)."""
     sets = load_sets(config.data.sets, config.data.max_samples)
     tokenizer = config.model.load_tokenizer(required=True)
     method = method or make_method(config, tokenizer)
