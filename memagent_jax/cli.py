@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+import memagent_jax
 from memagent_jax.data import command as data_command
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval import command as eval_command
@@ -24,11 +25,31 @@ from memagent_jax.serve import command as serve_command
 from memagent_jax.synthetic import command as synthetic_command
 
 
+class _Version(argparse.Action):
+    """--version: the installed distribution's version, looked up only when asked
+    (importlib.metadata would add a quarter of the start-up time); from a source tree that is
+    not installed, the package's own `__version__`."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from importlib import metadata
+        try:
+            version = metadata.version("memagent-jax")
+        except metadata.PackageNotFoundError:
+            version = memagent_jax.__version__
+        print(f"{parser.prog} {version}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: every package's subcommands, in the order --help lists them."""
     parser = argparse.ArgumentParser(
         prog="memagent-jax",
         description="MemAgent on JAX: Qwen2.5 models, the chunk-memory loop, DAPO training.")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     models_command.add_parsers(sub)
     rollout_command.add_parsers(sub)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+from memagent_jax import pretrained
 from memagent_jax.models.checkpoint import side_files_dir
 from memagent_jax.models.config import ModelConfig
 
@@ -15,7 +16,9 @@ PIECE_IDS = 1 << 20
 
 
 def side_dirs(model_path: str) -> list[str]:
-    """Where a model's tokenizer/generation files live: an HF dir, or a checkpoint's copy."""
+    """Where a model's tokenizer/generation files live: an HF dir, or a checkpoint's copy
+    (`model_path` may be a shipped model's name)."""
+    model_path = pretrained.resolve(model_path)
     return [model_path, side_files_dir(model_path)]
 
 

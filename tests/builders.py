@@ -2,6 +2,8 @@
 tests build alike. (Fixtures are in conftest.py; the transformers reference in hf_reference.py;
 jobs of several processes in multiprocess.py; the served tiny model in serve_helpers.py.)"""
 
+import sys
+
 import numpy as np
 
 from memagent_jax.data.needle import write_tokenizer
@@ -106,3 +108,12 @@ def sft_agent(tmp_path_factory):
     model = random_model(SFT_MODEL, seed=0)
     return build_agent(model, tokenizer, SFT_BUDGETS, EngineConfig(slots=4), None,
                        (tokenizer.eos_token_id,))
+
+
+# ---- Optional dependencies: extras, train and eval tests
+
+def block_package(monkeypatch, package: str) -> None:
+    """`package` and its submodules fail to import (ModuleNotFoundError) for the rest of the
+    test, as if it were not installed."""
+    for name in [n for n in sys.modules if n.startswith(package + ".")] + [package]:
+        monkeypatch.setitem(sys.modules, name, None)

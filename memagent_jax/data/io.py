@@ -15,6 +15,7 @@ import os
 from typing import Iterable
 
 from memagent_jax.errors import UserError
+from memagent_jax.extras import needs
 
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
@@ -24,11 +25,8 @@ def load_source(source: str, split: str | None = None, name: str | None = None,
     """A `datasets.Dataset` from local files (one path, or several joined by commas) or a hub
     id. Local files form the "train" split of their builder; for a hub id, `name` (default
     `default_name`) is the dataset configuration and `split` (default `default_split`)."""
-    try:
+    with needs("data", "reading data sources"):
         import datasets
-    except ImportError:
-        raise UserError("reading data sources needs the `datasets` package: "
-                        "pip install 'memagent-jax[data]'") from None
     paths = [p for p in source.split(",") if p]
     if paths and all(os.path.exists(p) for p in paths):
         kinds = {os.path.splitext(p)[1].lower() for p in paths}
@@ -66,7 +64,8 @@ def read_set(path: str) -> list[dict]:
         raise UserError(f"{path}: evaluation set not found")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".parquet":
-        import pyarrow.parquet as pq
+        with needs("data", "reading .parquet sets"):
+            import pyarrow.parquet as pq
         return pq.read_table(path).to_pylist()
     if ext not in (".json", ".jsonl"):
         raise UserError(f"{path}: expected a .json, .jsonl or .parquet evaluation set")
@@ -112,8 +111,9 @@ def write_set(path: str, records: Iterable[dict]) -> int:
 
 def write_parquet(path: str, rows: list[dict]) -> None:
     """rows as one parquet table, written to a temporary file renamed into place."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    with needs("data", "writing parquet files"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
     try:

@@ -21,6 +21,8 @@ import os
 import random
 import re
 
+from memagent_jax.extras import needs
+
 FILLER = ("the river runs past an old mill where farmers bring grain every autumn and the town "
           "keeps a small market near a stone bridge with bright lamps on long evenings while "
           "children play by the water and birds sing in tall green trees").split()
@@ -53,8 +55,9 @@ def needle_rows(count: int, seed: int = 0, sentences: tuple[int, int] = (3, 6),
 
 def write_rows(rows: list[dict], path: str) -> str:
     """Writes rows as a parquet file (the published data set's format); returns the path."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    with needs("data", "writing parquet files"):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)

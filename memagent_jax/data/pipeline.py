@@ -30,6 +30,7 @@ from typing import Any, Sequence
 
 from memagent_jax.data.io import looks_like_hub_id
 from memagent_jax.errors import UserError
+from memagent_jax.extras import needs
 
 REQUIRED_FIELDS = ("data_source", "prompt", "context", "reward_model")
 EVAL_FIELDS = ("context", "input", "answers")  # RULER-HQA evaluation sets
@@ -49,9 +50,8 @@ class Example:
 
 def load_source(spec: str, split: str = "train", key: str = "data"):
     """The `datasets.Dataset` a source names (see the module docstring); `key` names the config
-    key in errors. Raises UserError when it is missing, empty, or lacks a required field."""
-    import datasets  # lazy: optional dependency
-
+    key in errors. Raises UserError when it is missing, empty, or lacks a required field (a
+    missing file before a missing `datasets` package)."""
     kind = _FILE_KINDS.get(os.path.splitext(spec)[1].lower())
     local = os.path.exists(spec)
     if kind is None and not local and not looks_like_hub_id(spec):
@@ -59,6 +59,8 @@ def load_source(spec: str, split: str = "train", key: str = "data"):
                         "directory of them, or a hub id such as BytedTsinghua-SIA/hotpotqa)")
     if kind is not None and not local and not spec.startswith("hf://"):
         raise UserError(f"{key}: '{spec}' not found")
+    with needs("train", "reading training data"):
+        import datasets
     previous = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()  # the trainer has its own progress bar
@@ -142,7 +144,8 @@ def concatenate(sources: list):
     """The rows of several loaded sources, in order, as one dataset."""
     if len(sources) == 1:
         return sources[0]
-    import datasets
+    with needs("train", "reading training data"):
+        import datasets
     return datasets.concatenate_datasets(sources)
 
 
@@ -150,7 +153,8 @@ def training_iterator(dataset, seed: int, prefetch: int = 4, shuffle: bool = Tru
     """An endless grain iterator of Examples (module docstring), in a seeded random order
     reshuffled every epoch, or in file order (shuffle False). It has get_state() -> dict and
     set_state(dict)."""
-    import grain  # lazy: optional dependency
+    with needs("train", "the training data pipeline"):
+        import grain
 
     source = dataset if isinstance(dataset, ExampleSource) else ExampleSource(dataset)
     ds = grain.MapDataset.source(source)

@@ -13,6 +13,7 @@ import os
 import sys
 
 from memagent_jax.errors import UserError
+from memagent_jax.extras import MissingExtra, needs
 
 # docs/algorithm.md section 5: RULER-HQA accuracy (%, mean sub-EM x 100) at these lengths.
 PUBLISHED_LABELS = ("7K", "14K", "28K", "56K", "112K", "224K", "448K", "896K", "1.75M", "3.5M")
@@ -86,10 +87,11 @@ def _length_text(tokens: float, _=None) -> str:
 def plot(path: str, summaries: list[dict], published: bool) -> None:
     """accuracy vs context length (tokens, log x), 800x500 pixels. Our points sit at the mean
     measured context length of each set; the paper's at its nominal lengths."""
-    import matplotlib
-    matplotlib.use("Agg")  # files only; no display
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FuncFormatter
+    with needs("data", "the accuracy plot"):
+        import matplotlib
+        matplotlib.use("Agg")  # files only; no display
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     for s in summaries:
@@ -117,20 +119,23 @@ def plot(path: str, summaries: list[dict], published: bool) -> None:
     os.replace(tmp, path)
 
 
-def write_report(out_dir: str, summary: dict, compare: list[str], published: bool) -> dict:
-    """Writes summary.json (this run's row), table.md, table.json and accuracy.png into
-    out_dir; returns the table."""
+def write_report(out_dir: str, summary: dict, compare: list[str], published: bool
+                 ) -> tuple[dict, list[str]]:
+    """Writes summary.json (this run's row), table.md, table.json and accuracy.png (unless
+    matplotlib is missing: a warning instead) into out_dir; returns the table and the names of
+    the files written."""
     _write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
     summaries = [summary] + [read_summary(d) for d in compare]
     table = build_table(summaries, published)
     _write_text(os.path.join(out_dir, "table.md"), markdown(table))
     _write_text(os.path.join(out_dir, "table.json"), json.dumps(table, indent=2) + "\n")
+    written = ["summary.json", "table.md", "table.json"]
     try:
         plot(os.path.join(out_dir, "accuracy.png"), summaries, published)
-    except ImportError:  # GPU images may lack matplotlib; hours of results still count
-        print("memagent-jax: warning: matplotlib is not installed; no accuracy.png "
-              "(pip install 'memagent-jax[data]')", file=sys.stderr)
-    return table
+        written.append("accuracy.png")
+    except MissingExtra as e:  # GPU images may lack matplotlib; hours of results still count
+        print(f"memagent-jax: warning: no accuracy.png: {e}", file=sys.stderr)
+    return table, written
 
 
 def _write_text(path: str, text: str) -> None:

@@ -57,9 +57,9 @@ class Progress:
 
 
 def run_eval(config: EvalConfig, method=None) -> dict | None:
-    """Runs what is left of the eval and returns its summary (None on processes other than
-    0). `method` replaces the one the config names (tests drive the runner with scripted
-    answers this way)."""
+    """Runs what is left of the eval and returns its summary, with the report's "table" and
+    the names of the files "written" (None on processes other than 0). `method` replaces the
+    one the config names (tests drive the runner with scripted answers this way)."""
     sets = load_sets(config.data.sets, config.data.max_samples)
     tokenizer = config.model.load_tokenizer(required=True)
     method = method or make_method(config, tokenizer)
@@ -92,8 +92,8 @@ def run_eval(config: EvalConfig, method=None) -> dict | None:
             log.close()
         if out is not None:
             out.close()
-    summary["table"] = write_report(config.output_dir, summary, config.report.compare,
-                                    config.report.published)
+    summary["table"], summary["written"] = write_report(
+        config.output_dir, summary, config.report.compare, config.report.published)
     return summary
 
 
@@ -188,4 +188,4 @@ def main(config_path: str, overrides: list[str]) -> None:
     if summary is None:
         return
     print(markdown(summary["table"]), end="")
-    print(f"results in {config.output_dir} (table.md, table.json, accuracy.png, samples/)")
+    print(f"results in {config.output_dir} ({', '.join(summary['written'])}, samples/)")

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from memagent_jax import pretrained
 from memagent_jax.errors import UserError
 from memagent_jax.models import checkpoint, hf_checkpoint
 from memagent_jax.models.config import ModelConfig
@@ -24,13 +25,15 @@ _DTYPES = ("float32", "bfloat16", "float16")
 def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh | None = None,
                param_dtype: str | None = None, attention: str = "xla"
                ) -> tuple[Qwen2, ModelConfig]:
-    """Loads an HF directory (config.json + safetensors) or one of our checkpoint directories.
+    """Loads an HF directory (config.json + safetensors) or one of our checkpoint directories;
+    a shipped model's name (`pretrained.names()`) is its directory, as in every command.
 
     dtype: compute dtype, and parameter dtype unless `param_dtype` is given; None keeps the
     dtype the weights are stored in. mesh: parameters are placed with `param_shardings`;
     None puts them on the default device. attention: see `qwen2.Qwen2`.
     Returns (model, config); config.dtype is the parameter dtype of the returned model.
     """
+    path = pretrained.resolve(path)
     config = read_config(path)
     param_dtype = _dtype_name(param_dtype or dtype or config.dtype, path)
     compute_dtype = _dtype_name(dtype or config.dtype, path)
@@ -44,7 +47,9 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
 
 
 def read_config(path: str) -> ModelConfig:
-    """The config of an HF directory or one of our checkpoints, weights untouched."""
+    """The config of an HF directory or one of our checkpoints (or a shipped model's name),
+    weights untouched."""
+    path = pretrained.resolve(path)
     if not os.path.isdir(path):
         raise UserError(f"{path}: model directory not found")
     if checkpoint.is_checkpoint_directory(path):

@@ -1,6 +1,6 @@
 """Models shipped inside the package, addressable by name wherever a model path is taken:
 `--model NAME` (`run`, `generate`, `demo`), `model.path: NAME` (`eval`, `train`),
-`export --ckpt NAME`.
+`export --ckpt NAME`, and in Python `models.load_model(NAME)`, `tokenizer.load_tokenizer(NAME)`.
 
 A shipped model is a Hugging Face directory under this package (config.json,
 model.safetensors, tokenizer files, generation_config.json: it loads in `transformers` as it
@@ -29,7 +29,8 @@ def names() -> list[str]:
 
 def resolve(path: str) -> str:
     """The directory `path` names: a shipped model's, for one of `names()` not found on
-    disk; else `path` itself."""
+    disk; else `path` itself, `~` expanded."""
+    path = os.path.expanduser(path)
     if not os.path.exists(path) and path in names():
         return os.path.join(_ROOT, path)
     return path

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 
 from memagent_jax.errors import UserError
+from memagent_jax.extras import needs
 
 DEFAULT_TAGS = ("reward/mean", "val/accuracy", "rollout/memory_length", "dynamic/kept_fraction")
 
@@ -28,8 +29,9 @@ def event_dir(run: str) -> str:
 
 def read_scalars(run: str) -> dict[str, list[tuple[int, float]]]:
     """{tag: [(step, value), ...] in step order} of every scalar a run logged."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    accumulator = EventAccumulator(event_dir(run), size_guidance={"scalars": 0})
+    with needs("train", "reading TensorBoard event files"):
+        from tensorboard.backend.event_processing import event_accumulator
+    accumulator = event_accumulator.EventAccumulator(event_dir(run), size_guidance={"scalars": 0})
     accumulator.Reload()
     return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)]
             for tag in accumulator.Tags()["scalars"]}
@@ -38,9 +40,10 @@ def read_scalars(run: str) -> dict[str, list[tuple[int, float]]]:
 def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
                 names: list[str] | None = None) -> None:
     """One panel per tag, the runs in sequence (module docstring); written to `out` (PNG)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    with needs("train", "drawing curves"):
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
 
     scalars = [read_scalars(run) for run in runs]
     names = names or [os.path.basename(os.path.normpath(run)) for run in runs]

@@ -12,6 +12,8 @@ import math
 import time
 from typing import Mapping
 
+from memagent_jax.extras import needs
+
 
 class ScalarWriter:
     """scalars(step, {tag: value}) appends one event per finite value; flush() / close().
@@ -25,7 +27,8 @@ class ScalarWriter:
         self.log_dir = log_dir
         self._writer = None
         if process_index == 0:
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+            with needs("train", "TensorBoard logging"):
+                from tensorboard.summary.writer.event_file_writer import EventFileWriter
             self._writer = EventFileWriter(log_dir)
 
     @property
@@ -38,8 +41,9 @@ class ScalarWriter:
         logs those separately)."""
         if self._writer is None:
             return
-        from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        with needs("train", "TensorBoard logging"):
+            from tensorboard.compat.proto.event_pb2 import Event
+            from tensorboard.compat.proto.summary_pb2 import Summary
 
         entries = []
         for tag, value in values.items():
@@ -58,7 +62,8 @@ class ScalarWriter:
         `step` and later that a killed run wrote (the resumed run writes them again)."""
         if self._writer is None:
             return
-        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
+        with needs("train", "TensorBoard logging"):
+            from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         self._writer.add_event(Event(wall_time=time.time(), step=int(step),
                                      session_log=SessionLog(status=SessionLog.START)))
 

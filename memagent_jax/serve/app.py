@@ -19,16 +19,18 @@ import contextlib
 import hmac
 import json
 
-from starlette.applications import Starlette
-from starlette.background import BackgroundTask
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from starlette.routing import Route
-
+from memagent_jax.extras import needs
 from memagent_jax.serve.protocol import APIError, Generation, bad, parse_chat, parse_completion
 from memagent_jax.serve.respond import (Aborted, Exchange, Served, abort_error, collect, prepare,
                                         stream)
+
+with needs("serve", "serve"):
+    from starlette.applications import Starlette
+    from starlette.background import BackgroundTask
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
 
 
 def build_app(served: Served, api_key: str | None, on_startup=None, on_shutdown=None

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from memagent_jax.commandline import add_command, add_model_flags, from_flags
 from memagent_jax.errors import UserError
+from memagent_jax.extras import needs
 
 if TYPE_CHECKING:  # annotations only: importing them imports JAX
     from memagent_jax.rollout.agent import Policy
@@ -114,13 +115,11 @@ def check_single_host() -> None:
 
 
 def require_http_stack() -> None:
-    """Raises UserError unless the `serve` extra (starlette, uvicorn) is installed."""
-    try:
+    """Raises MissingExtra (a UserError) unless the `serve` extra (starlette, uvicorn) is
+    installed: before the model loads."""
+    with needs("serve", "serve"):
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
-    except ImportError as e:
-        raise UserError(f"serve needs the HTTP stack ({e.name} is missing): pip install "
-                        "'memagent-jax[serve]' (or starlette and uvicorn)") from None
 
 
 def parse_mesh(text: str | None) -> dict[str, int] | None:
@@ -161,7 +160,8 @@ class OpenAIServer:
         import asyncio
         import concurrent.futures
 
-        import uvicorn
+        with needs("serve", "serve"):
+            import uvicorn
 
         from memagent_jax.serve.app import build_app
         from memagent_jax.serve.respond import Served
@@ -235,7 +235,8 @@ class OpenAIServer:
 
 def _uvicorn_server(config, on_exit):
     """A uvicorn.Server that calls on_exit() (our drain) when a signal stops it."""
-    import uvicorn
+    with needs("serve", "serve"):
+        import uvicorn
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

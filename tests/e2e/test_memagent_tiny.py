@@ -3,17 +3,20 @@ docs/synthetic.md): addressed by name, a Qwen2 that `transformers` loads with ou
 memory agent that answers fresh multikey documents of 8K tokens (a seed no training or
 evaluation set of the recipe used)."""
 
+import os
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from memagent_jax import pretrained
-from memagent_jax.models import load_model
+from memagent_jax.models import load_model, read_config
 from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.synthetic import tasks as synthetic
+from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import hf_logits
 
 NAME = "memagent-tiny"
@@ -42,6 +45,16 @@ def test_it_is_shipped_and_loads_in_transformers_with_our_logits():
     # differ by up to 1.6e-4. The bound scales with the largest logit.
     assert np.abs(ours - reference).max() <= 2e-5 * max(1.0, np.abs(reference).max())
     assert (ours.argmax(-1) == reference.argmax(-1)).all()
+
+
+def test_the_python_api_takes_its_name_as_the_commands_do(monkeypatch):
+    path = pretrained.resolve(NAME)
+    _, config = load_model(NAME)
+    assert config == read_config(NAME) == read_config(path)
+    monkeypatch.setenv("HOME", os.path.dirname(path))
+    assert read_config(f"~/{NAME}") == config  # as the README's load_model("~/ckpt/...")
+    assert load_tokenizer(NAME).vocab == load_tokenizer(path).vocab
+    assert pretrained.budgets(NAME) == pretrained.budgets(path) != {}
 
 
 @pytest.mark.slow

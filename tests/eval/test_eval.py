@@ -17,13 +17,14 @@ from memagent_jax.cli import main
 from memagent_jax.data.hotpotqa import read_corpus, ruler_hqa_records
 from memagent_jax.data.io import load_source, write_set
 from memagent_jax.errors import UserError
+from memagent_jax.eval import runner
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import Answer, FullContextMethod
 from memagent_jax.eval.runner import run_eval
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.runconfig import load_config
 from memagent_jax.tokenizer import load_tokenizer
-from tests.builders import hotpot_rows
+from tests.builders import block_package, hotpot_rows
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml")
@@ -236,6 +237,24 @@ def test_bad_config_and_sets(model_dir, sets, tmp_path, capsys):
     assert _cli(model_dir, [sets[0], str(ruler)], out) == 2
     assert "data.sets mix tasks ruler_hqa, vt" in _error(capsys)
     assert not out.exists()  # nothing written before the input is known good
+
+
+@pytest.mark.parametrize("plotted", [True, False])
+def test_the_results_line_names_the_files_written(model_dir, sets, tmp_path, monkeypatch, capsys,
+                                                  plotted):
+    monkeypatch.setattr(runner, "make_method",
+                        lambda config, tokenizer: Scripted(lambda s, row, k: REPLIES[row][k]))
+    if not plotted:
+        block_package(monkeypatch, "matplotlib")
+    out = tmp_path / "out"
+    assert _cli(model_dir, sets, out) == 0
+    captured = capsys.readouterr()
+    files = "summary.json, table.md, table.json" + ", accuracy.png" * plotted
+    assert captured.out.splitlines()[-1] == f"results in {out} ({files}, samples/)"
+    assert (out / "accuracy.png").exists() == plotted
+    warning = ("memagent-jax: warning: no accuracy.png: the accuracy plot needs matplotlib, "
+               "which is not installed: pip install 'memagent-jax[data]'")
+    assert (warning in captured.err.splitlines()) != plotted, captured.err
 
 
 def test_full_context_prompt_is_centre_truncated(model_dir, sets):

@@ -18,6 +18,7 @@ from memagent_jax.rl.config import check_devices, load_train_config
 from memagent_jax.rl.learner import LearnerConfig
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.runconfig import check
+from tests.builders import block_package
 
 CONFIGS = os.path.join(Path(__file__).resolve().parents[2], "configs")
 PREFIX = "memagent-jax: error: "
@@ -151,6 +152,25 @@ def test_missing_model_directory_and_tokenizer(config_file, capsys, no_device_wo
         capsys.readouterr().err
     assert main(["train", "--config", config_file, "model.tokenizer=/tmp"]) == 2
     assert "model.tokenizer: '/tmp' has no tokenizer files" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("package", ["datasets", "grain", "tensorboard"])
+def test_a_missing_package_is_one_line_before_any_device_work(config_file, package, monkeypatch,
+                                                              capsys, no_device_work):
+    block_package(monkeypatch, package)
+    assert main(["train", "--config", config_file]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(PREFIX), err
+    assert err[0].endswith(f"needs {package}, which is not installed: "
+                           "pip install 'memagent-jax[train]'"), err
+
+
+def test_a_missing_data_file_is_named_whether_datasets_is_installed_or_not(
+        config_file, monkeypatch, capsys, no_device_work):
+    block_package(monkeypatch, "datasets")
+    assert main(["train", "--config", config_file, "data.train=[/nonexistent/train.parquet]"]) == 2
+    assert capsys.readouterr().err == \
+        PREFIX + "data.train[0]: '/nonexistent/train.parquet' not found\n"
 
 
 def test_the_command_exits_non_zero_without_touching_a_device(config_file):
