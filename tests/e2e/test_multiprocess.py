@@ -344,7 +344,12 @@ with distributed.PreemptionNotice() as notice:
     if me == 1:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
-    assert notice.reached()
+    assert notice.reached() and not notice.interrupted
+# Ctrl-C on process 1 as process 0 gets SIGTERM: both stop for the Ctrl-C.
+with distributed.PreemptionNotice() as notice:
+    os.kill(os.getpid(), signal.SIGINT if me == 1 else signal.SIGTERM)
+    time.sleep(0.2)
+    assert notice.reached() and notice.interrupted
 print("collectives ok", flush=True)
 distributed.check_same("the drawn examples", [1, 2, me])
 """

@@ -2,10 +2,13 @@
 with one clear line before any model is loaded."""
 
 import dataclasses
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -197,42 +200,130 @@ def test_validate_rejects_inconsistent_sections():
         load_train_config(None, ["model.preset=tiny", "data.train=[x]"])
 
 
+# The runs the stop tests compare: 4 steps, shuffled data, a checkpoint only at the end (so a
+# stop's checkpoint is there because of the stop).
+_FOUR_STEPS = ["steps=4", "data.shuffle=true", "checkpoint.every=0"]
+
+
+# The CLI with a stop's checkpoint slow to commit, as a big model's is: a second Ctrl-C sent
+# once the stop's "checkpoint ->" line is out then lands while it is being written.
+_SLOW_COMMIT = """
+import sys, time
+from memagent_jax.cli import main
+from memagent_jax.rl.checkpointing import Checkpointer
+wait = Checkpointer.wait
+def slow_wait(self):
+    time.sleep(3)
+    wait(self)
+Checkpointer.wait = slow_wait
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _train_process(config_file, output_dir, code: str | None = None) -> subprocess.Popen:
+    """`memagent-jax train` of the four steps in a fresh process on one CPU device (code: a
+    `python -c` program that runs the CLI itself)."""
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    cli = ["-c", code] if code else ["-m", "memagent_jax.cli"]
+    return subprocess.Popen([sys.executable, *cli, "train", "--config", config_file,
+                             *_FOUR_STEPS, f"output_dir={output_dir}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _examples(output_dir) -> list[list[int]]:
+    """Each logged step's drawn example indices, in order."""
+    with open(os.path.join(output_dir, "logs", "steps.jsonl")) as f:
+        return [json.loads(line)["examples"] for line in f if json.loads(line)["step"]]
+
+
+def _checkpoints(output_dir) -> list[int]:
+    return sorted(int(p) for p in os.listdir(Path(output_dir) / "checkpoints") if p.isdigit())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(config_file, tmp_path_factory) -> list[list[int]]:
+    """The examples each step of the four steps draws when nothing stops the run."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _, err = (run := _train_process(config_file, out)).communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    return _examples(out)
+
+
+def test_a_stop_notice_takes_either_signal_and_a_second_changes_nothing(capfd):
+    """SIGINT and SIGTERM only set the notice's flag while it listens (Ctrl-C says so on
+    stderr, each time); SIGINT is what the job stops for once any process got one; the
+    handlers found are given back."""
+    from memagent_jax.distributed import PreemptionNotice
+
+    def not_the_notice(signum, frame):
+        raise AssertionError(f"signal {signum} reached the handler the notice replaces")
+
+    found = {s: signal.signal(s, not_the_notice) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with PreemptionNotice(on_interrupt="stopping soon") as notice:
+            assert not notice.reached() and not notice.interrupted
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            assert notice.reached() and notice.interrupted
+        assert capfd.readouterr().err == "\nstopping soon\n" * 2
+        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is (
+            not_the_notice)
+        with PreemptionNotice() as notice:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert notice.reached() and not notice.interrupted
+    finally:
+        for s, handler in found.items():
+            signal.signal(s, handler)
+
+
 @pytest.mark.slow
-def test_ctrl_c_says_what_was_saved_and_the_rerun_resumes(config_file, tmp_path, capsys,
-                                                           monkeypatch):
-    """Ctrl-C in step 2 after step 1's checkpoint: one line naming the checkpoint, no
-    traceback; the same command then resumes from step 1 and ends with a summary line."""
-    args = ["train", "--config", config_file, "steps=2", "checkpoint.every=1",
-            f"output_dir={tmp_path / 'run'}"]
-    step = Trainer.train_step
-
-    def interrupt_step_2(self, number):
-        if number == 2:
-            raise KeyboardInterrupt
-        return step(self, number)
-
-    monkeypatch.setattr(Trainer, "train_step", interrupt_step_2)
-    assert main(args) == 130
-    err = capsys.readouterr().err
+def test_ctrl_c_keeps_the_last_printed_step_and_the_rerun_draws_what_an_uninterrupted_run_does(
+        config_file, uninterrupted, tmp_path):
+    """Ctrl-C after step 2's line, and again while the stop's checkpoint is written: the
+    step in flight is finished or abandoned, the last step whose line was printed is
+    checkpointed (though checkpoint.every=0), one line says which and how to resume, exit
+    130; the same command resumes from it and draws the examples of a run never stopped."""
+    out = tmp_path / "run"
+    run = _train_process(config_file, out, _SLOW_COMMIT)
+    deadline = threading.Timer(300, run.kill)
+    deadline.start()
+    err = []
+    try:
+        for line in run.stderr:
+            err.append(line)
+            if line.startswith("step 2/4:") or ": checkpoint -> " in line:
+                run.send_signal(signal.SIGINT)
+        run.wait()
+    finally:
+        deadline.cancel()
+    err = "".join(err)
+    assert run.returncode == 130, err[-3000:]
     assert "Traceback" not in err
+    assert err.count("Ctrl-C: stopping at the next turn or step boundary") == 2
+    kept = [int(n) for n in re.findall(r"^step (\d)/4:", err, re.MULTILINE)][-1]
+    assert kept in (2, 3)  # the signal came in step 3's rollouts or after them
     assert err.strip().splitlines()[-1] == (
-        f"memagent-jax: interrupted in step 2; the newest checkpoint is step 1 in "
-        f"{tmp_path / 'run' / 'checkpoints'}: run the same command to resume")
-    monkeypatch.setattr(Trainer, "train_step", step)
-    assert main(args) == 0
-    err = capsys.readouterr().err
-    assert f"resuming from step 1 ({tmp_path / 'run' / 'checkpoints'}/1)" in err
-    assert "finished step 2 of 2" in err.strip().splitlines()[-1]
+        f"memagent-jax: interrupted (Ctrl-C) after step {kept}: step {kept} is checkpointed "
+        f"in {out / 'checkpoints'}; run the same command to resume")
+    assert _checkpoints(out) == [kept]
+
+    _, err = (run := _train_process(config_file, out)).communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    assert f"resuming from step {kept} ({out / 'checkpoints'}/{kept})" in err
+    assert "finished step 4 of 4" in err.strip().splitlines()[-1]
+    assert _examples(out) == uninterrupted
 
 
 @pytest.mark.slow
-def test_sigterm_mid_step_checkpoints_the_previous_step_and_exits_0(config_file, tmp_path,
-                                                                      capsys, monkeypatch):
+def test_sigterm_mid_step_checkpoints_the_previous_step_and_the_rerun_draws_the_same(
+        config_file, uninterrupted, tmp_path, capsys, monkeypatch):
     """SIGTERM (a preemption notice) at the start of step 2's rollouts: step 1 is checkpointed
-    although checkpoint.every is 2, the command exits 0 with one line, and SIGTERM's handler is
-    given back."""
-    args = ["train", "--config", config_file, "steps=3", "checkpoint.every=2",
-            f"output_dir={tmp_path / 'run'}"]
+    (though checkpoint.every=0) with the data position step 2 started from, the command
+    exits 0 with one line, and SIGTERM's handler is given back; the same command resumes and
+    draws the examples of a run never stopped."""
+    out = tmp_path / "run"
+    args = ["train", "--config", config_file, *_FOUR_STEPS, f"output_dir={out}"]
     step = Trainer.train_step
 
     def signal_in_step_2(self, number):
@@ -245,9 +336,14 @@ def test_sigterm_mid_step_checkpoints_the_previous_step_and_exits_0(config_file,
     assert main(args) == 0
     assert signal.getsignal(signal.SIGTERM) is handler
     assert (f"stopped by a preemption notice (SIGTERM) after step 1: step 1 is "
-            f"checkpointed in {tmp_path / 'run' / 'checkpoints'}; run the same command to "
+            f"checkpointed in {out / 'checkpoints'}; run the same command to "
             "resume") in capsys.readouterr().err
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[:1] == ["1"]
+    assert _checkpoints(out) == [1]
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert main(args) == 0
+    assert f"resuming from step 1 ({out / 'checkpoints'}/1)" in capsys.readouterr().err
+    assert _examples(out) == uninterrupted
 
 
 def test_a_section_given_in_part_keeps_the_training_defaults():
