@@ -8,7 +8,6 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -205,26 +204,56 @@ def test_validate_rejects_inconsistent_sections():
 _FOUR_STEPS = ["steps=4", "data.shuffle=true", "checkpoint.every=0"]
 
 
-# The CLI with a stop's checkpoint slow to commit, as a big model's is: a second Ctrl-C sent
-# once the stop's "checkpoint ->" line is out then lands while it is being written.
-_SLOW_COMMIT = """
-import sys, time
+# The CLI sending itself SIGINT, what Ctrl-C sends, where CTRL_C_AT says: "rollouts N" after
+# step N's first turn, "boundary N" once step N has returned (before the run looks for a stop);
+# and again while the stop's checkpoint commits.
+_CTRL_C = """
+import os, signal, sys, time
+from memagent_jax import distributed
 from memagent_jax.cli import main
 from memagent_jax.rl.checkpointing import Checkpointer
+from memagent_jax.rl.trainer import Trainer
+
+where, at = os.environ["CTRL_C_AT"].split()
+running = [0]
+train_step, reached = Trainer.train_step, distributed.PreemptionNotice.reached
 wait = Checkpointer.wait
-def slow_wait(self):
-    time.sleep(3)
+
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # the handler runs
+
+def pressing_train_step(self, step):
+    running[0] = step
+    record = train_step(self, step)
+    if where == "boundary" and step == int(at):
+        ctrl_c()
+    return record
+
+def pressing_reached(self):
+    if where == "rollouts" and running[0] == int(at) and not getattr(self, "pressed", False):
+        self.pressed = True
+        ctrl_c()
+    return reached(self)
+
+def pressing_wait(self):
+    ctrl_c()
     wait(self)
-Checkpointer.wait = slow_wait
+
+Trainer.train_step = pressing_train_step
+distributed.PreemptionNotice.reached = pressing_reached
+Checkpointer.wait = pressing_wait
 sys.exit(main(sys.argv[1:]))
 """
 
 
-def _train_process(config_file, output_dir, code: str | None = None) -> subprocess.Popen:
-    """`memagent-jax train` of the four steps in a fresh process on one CPU device (code: a
-    `python -c` program that runs the CLI itself)."""
+def _train_process(config_file, output_dir, ctrl_c_at: str | None = None) -> subprocess.Popen:
+    """`memagent-jax train` of the four steps in a fresh process on one CPU device; with
+    ctrl_c_at, Ctrl-C there (_CTRL_C)."""
     env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    cli = ["-c", code] if code else ["-m", "memagent_jax.cli"]
+    cli = ["-m", "memagent_jax.cli"]
+    if ctrl_c_at:
+        env["CTRL_C_AT"], cli = ctrl_c_at, ["-c", _CTRL_C]
     return subprocess.Popen([sys.executable, *cli, "train", "--config", config_file,
                              *_FOUR_STEPS, f"output_dir={output_dir}"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -278,39 +307,28 @@ def test_a_stop_notice_takes_either_signal_and_a_second_changes_nothing(capfd):
 
 
 @pytest.mark.slow
-def test_ctrl_c_keeps_the_last_printed_step_and_the_rerun_draws_what_an_uninterrupted_run_does(
+def test_ctrl_c_keeps_the_last_printed_step_and_the_reruns_draw_what_an_uninterrupted_run_does(
         config_file, uninterrupted, tmp_path):
-    """Ctrl-C after step 2's line, and again while the stop's checkpoint is written: the
-    step in flight is finished or abandoned, the last step whose line was printed is
-    checkpointed (though checkpoint.every=0), one line says which and how to resume, exit
-    130; the same command resumes from it and draws the examples of a run never stopped."""
+    """Ctrl-C in step 3's rollouts abandons step 3; Ctrl-C once step 3 of the rerun has
+    returned lets it stand. Either way the last step whose line was printed is checkpointed
+    (though checkpoint.every=0) with its data position, a second Ctrl-C while that checkpoint
+    commits changes nothing, one line says which step is kept and how to resume, exit 130;
+    the same command resumes from it and the run draws the examples of one never stopped."""
     out = tmp_path / "run"
-    run = _train_process(config_file, out, _SLOW_COMMIT)
-    deadline = threading.Timer(300, run.kill)
-    deadline.start()
-    err = []
-    try:
-        for line in run.stderr:
-            err.append(line)
-            if line.startswith("step 2/4:") or ": checkpoint -> " in line:
-                run.send_signal(signal.SIGINT)
-        run.wait()
-    finally:
-        deadline.cancel()
-    err = "".join(err)
-    assert run.returncode == 130, err[-3000:]
-    assert "Traceback" not in err
-    assert err.count("Ctrl-C: stopping at the next turn or step boundary") == 2
-    kept = [int(n) for n in re.findall(r"^step (\d)/4:", err, re.MULTILINE)][-1]
-    assert kept in (2, 3)  # the signal came in step 3's rollouts or after them
-    assert err.strip().splitlines()[-1] == (
-        f"memagent-jax: interrupted (Ctrl-C) after step {kept}: step {kept} is checkpointed "
-        f"in {out / 'checkpoints'}; run the same command to resume")
-    assert _checkpoints(out) == [kept]
+    for ctrl_c_at, kept in (("rollouts 3", 2), ("boundary 3", 3)):
+        _, err = (run := _train_process(config_file, out, ctrl_c_at)).communicate(timeout=300)
+        assert run.returncode == 130, err[-3000:]
+        assert "Traceback" not in err
+        assert err.count("Ctrl-C: stopping at the next turn or step boundary") == 2
+        assert [int(n) for n in re.findall(r"^step (\d)/4:", err, re.MULTILINE)][-1] == kept
+        assert err.strip().splitlines()[-1] == (
+            f"memagent-jax: interrupted (Ctrl-C) after step {kept}: step {kept} is "
+            f"checkpointed in {out / 'checkpoints'}; run the same command to resume")
+        assert _checkpoints(out)[-1] == kept
 
     _, err = (run := _train_process(config_file, out)).communicate(timeout=300)
     assert run.returncode == 0, err[-3000:]
-    assert f"resuming from step {kept} ({out / 'checkpoints'}/{kept})" in err
+    assert f"resuming from step 3 ({out / 'checkpoints'}/3)" in err
     assert "finished step 4 of 4" in err.strip().splitlines()[-1]
     assert _examples(out) == uninterrupted
 
