@@ -327,10 +327,10 @@ def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
 class PreemptionNotice:
     """Whether the job has been told to stop: SIGTERM (how TPU VMs and most schedulers announce
     a preemption) or SIGINT (Ctrl-C). While it listens (`with notice:`), either signal sets a
-    flag on the process that gets it, which SIGINT's also tells there by writing `on_interrupt`
-    to stderr: the stop comes at the next agreed point, not at once. A later signal changes
-    nothing, so that a second Ctrl-C cannot cut short what the first one started (a checkpoint
-    being written). `reached()` is called by every process at the same points (after each turn
+    flag on the process that gets it, and SIGINT also writes `on_interrupt` to that process's
+    stderr: the stop comes at the next agreed point, not at once, and a person should know. A
+    later signal changes nothing, so that a second Ctrl-C cannot cut short what the first one
+    started (a checkpoint being written). `reached()` is called by every process at the same points (after each turn
     and each step) and returns True on all of them at the same call once any of them got a
     signal (an all-gather of the flags); from then on `interrupted` says, the same on every
     process, whether the job stops for a Ctrl-C (any process got SIGINT) or a preemption.

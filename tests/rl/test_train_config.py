@@ -1,5 +1,6 @@
 """`memagent-jax train` configs: the shipped YAML files, overrides, and bad input, each caught
-with one clear line before any model is loaded."""
+with one clear line before any model is loaded; and the command stopped by SIGTERM or Ctrl-C,
+then resumed."""
 
 import dataclasses
 import json
