@@ -330,10 +330,11 @@ class PreemptionNotice:
     flag on the process that gets it, and SIGINT also writes `on_interrupt` to that process's
     stderr: the stop comes at the next agreed point, not at once, and a person should know. A
     later signal changes nothing, so that a second Ctrl-C cannot cut short what the first one
-    started (a checkpoint being written). `reached()` is called by every process at the same points (after each turn
-    and each step) and returns True on all of them at the same call once any of them got a
-    signal (an all-gather of the flags); from then on `interrupted` says, the same on every
-    process, whether the job stops for a Ctrl-C (any process got SIGINT) or a preemption.
+    started (a checkpoint being written). `reached()` is called by every process at the same
+    points (after each turn and each step) and returns True on all of them at the same call
+    once any of them got a signal (an all-gather of the flags); from then on `interrupted`
+    says, the same on every process, whether the job stops for a Ctrl-C (any process got
+    SIGINT) or a preemption.
 
     JAX's own preemption sync point is switched off (`start`): Orbax's CheckpointManager asks
     it on every save with its own step numbers, so a second caller counting its own calls
