@@ -325,38 +325,59 @@ def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
 
 
 class PreemptionNotice:
-    """Whether the job has been told to stop (SIGTERM: how TPU VMs and most schedulers
-    announce a preemption). While it listens (`with notice:`), SIGTERM sets a flag on the
-    process that gets it. `reached()` is called by every process at the same points (after each
-    turn and each step) and returns True on all of them at the same call once any of them got
-    the signal (an all-gather of the flags).
+    """Whether the job has been told to stop: SIGTERM (how TPU VMs and most schedulers announce
+    a preemption) or SIGINT (Ctrl-C). While it listens (`with notice:`), either signal sets a
+    flag on the process that gets it, and SIGINT also writes `on_interrupt` to that process's
+    stderr: the stop comes at the next agreed point, not at once, and a person should know. A
+    later signal changes nothing, so that a second Ctrl-C cannot cut short what the first one
+    started (a checkpoint being written). `reached()` is called by every process at the same
+    points (after each turn and each step) and returns True on all of them at the same call
+    once any of them got a signal (an all-gather of the flags); from then on `interrupted`
+    says, the same on every process, whether the job stops for a Ctrl-C (any process got
+    SIGINT) or a preemption.
 
     JAX's own preemption sync point is switched off (`start`): Orbax's CheckpointManager asks
     it on every save with its own step numbers, so a second caller counting its own calls
     could miss the point the processes agreed on."""
 
-    def __init__(self):
-        self._signalled = False
-        self._previous = None
+    _NONE, _SIGTERM, _SIGINT = 0, 1, 2  # a process's flag; the job takes the highest
+
+    def __init__(self, on_interrupt: str = ""):
+        self.on_interrupt = on_interrupt
+        self.interrupted = False
+        self._flag = self._NONE
+        self._agreed = self._NONE
+        self._previous: dict = {}
 
     def __enter__(self) -> "PreemptionNotice":
         import signal
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_signal)
+            self._previous = {s: signal.signal(s, self._on_signal)
+                              for s in (signal.SIGTERM, signal.SIGINT)}
         return self
 
     def __exit__(self, *exc) -> None:
         import signal
-        if self._previous is not None:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._previous = None
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
 
     def _on_signal(self, signum, frame) -> None:
-        self._signalled = True
+        import signal
+        interrupt = signum == signal.SIGINT
+        self._flag = max(self._flag, self._SIGINT if interrupt else self._SIGTERM)
+        if interrupt and self.on_interrupt:
+            # os.write, not print: the handler may run in the middle of another write to
+            # sys.stderr (the progress bar's), which print would then refuse as reentrant.
+            os.write(2, f"\n{self.on_interrupt}\n".encode())
 
     def reached(self) -> bool:
-        if not joined():
-            return self._signalled
-        import numpy as np
-        from jax.experimental import multihost_utils
-        return bool(multihost_utils.process_allgather(np.array([self._signalled])).any())
+        if not self._agreed:
+            flag = self._flag
+            if joined():
+                import numpy as np
+                from jax.experimental import multihost_utils
+                flag = int(multihost_utils.process_allgather(np.array([flag])).max())
+            self._agreed = flag
+            self.interrupted = flag == self._SIGINT
+        return bool(self._agreed)

@@ -26,8 +26,11 @@ and drives the whole global batch through the SPMD engine and learner (their arr
 over every host's devices; rewards and rows are computed on each host, identically); only
 process 0 writes logs. Each step checks that the hosts agree on what they drew and sampled, and
 at start-up that they all see the same checkpoint directory. SIGTERM (a preemption notice)
-stops the run at the next turn or step boundary, on every process at once: the state of the
-last completed step is checkpointed and the command exits 0; rerunning it resumes.
+and Ctrl-C (SIGINT) stop the run the same way, at the next turn or step boundary, on every
+process at once: the step in flight is finished (its rollouts were done) or abandoned (in the
+middle of its rollouts), the state of the last completed step, whose line was printed, is
+checkpointed with its data position, and the command exits 0 for SIGTERM, 130 for Ctrl-C
+(`Interrupted`); rerunning it resumes.
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ class Trainer:
         self.step = 0
         self.rng = jax.random.key(config.seed)
         self._bar = None
+        self._stop_line: str | None = None
         self._restore_if_any()
 
     # ---- setup --------------------------------------------------------------------------
@@ -126,7 +130,10 @@ class Trainer:
                                          async_save=config.checkpoint.async_save)
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
                                    self.process_index)
-        self.preemption = distributed.PreemptionNotice()
+        self.preemption = distributed.PreemptionNotice(
+            on_interrupt="Ctrl-C: stopping at the next turn or step boundary, then "
+                         "checkpointing the last finished step (Ctrl-C again changes nothing; "
+                         "kill -9 stops at once and keeps only the newest checkpoint)")
         self.warmup = warmup.load(config)
 
     def _write_model_files(self, model_config) -> None:
@@ -164,12 +171,13 @@ class Trainer:
         record: dict = {}
         if self.step >= config.steps:
             self._say(f"already at step {self.step} of {config.steps}: nothing to do")
-        if config.validation.at_start and self.step == 0:
-            self._log(0, self.validate(0))
-        try:
-            with self.preemption, tqdm(total=config.steps, initial=self.step, desc="train",
-                                       unit="step", file=sys.stderr, disable=not self.is_main,
-                                       dynamic_ncols=True) as bar:
+        # SIGTERM and Ctrl-C alike only ask for a stop (`stop`) from here until the last
+        # checkpoint has committed (close), so neither cuts a step or a write short.
+        with self.preemption:
+            if config.validation.at_start and self.step == 0:
+                self._log(0, self.validate(0))
+            with tqdm(total=config.steps, initial=self.step, desc="train", unit="step",
+                      file=sys.stderr, disable=not self.is_main, dynamic_ncols=True) as bar:
                 self._bar = bar
                 while self.step < config.steps and not self.stopped:
                     record = self.train_step(self.step + 1) or record
@@ -177,15 +185,12 @@ class Trainer:
                     if (self.step < config.steps and not self.stopped
                             and self.preemption.reached()):
                         self.stop(self.step)
-        except KeyboardInterrupt:
-            self.close()  # lets a checkpoint being written commit
-            latest = self.checkpointer.latest_step()
-            kept = (f"the newest checkpoint is step {latest} in {config.checkpoint_dir}"
-                    if latest is not None else "no checkpoint was written yet")
-            raise Interrupted(f"interrupted in step {self.step + 1}; {kept}: run the same "
-                              "command to resume") from None
-        self.close()
-        if record and not self.stopped:
+            self.close()
+        if self.stopped:
+            if self.preemption.interrupted:
+                raise Interrupted(self._stop_line)
+            self._say(self._stop_line)
+        elif record:
             summary = [f"reward {record['reward/mean']:.3f}"] + (
                 [f"val accuracy {record['val/accuracy']:.1f}"] if "val/accuracy" in record
                 else [])
@@ -196,7 +201,7 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """Runs step `step` (self.step + 1): rollouts, update, validation, checkpoint, logs.
-        A preemption notice during the rollouts (checked after every turn) stops the run at
+        A SIGTERM or Ctrl-C during the rollouts (checked after every turn) stops the run at
         the previous step instead (`stopped`), checkpointed as it was when this step began."""
         config, start = self.config, time.perf_counter()
         turns = [0]
@@ -234,7 +239,7 @@ class Trainer:
             self.iterator.set_state(at_start[1])
             self.stop(step - 1)
             return {}
-        distributed.check_same(f"step {step}'s drawn examples and sampling seeds",
+        distributed.check_same(f"step {step}'s drawn examples, sampling seeds and kept examples",
                                (batch.drawn, seeds, [e.index for e in batch.examples]))
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
@@ -306,20 +311,21 @@ class Trainer:
 
     @property
     def stopped(self) -> bool:
-        """Whether a preemption notice stopped the run (see `stop`)."""
-        return getattr(self, "_stopped", False)
+        """Whether a SIGTERM or Ctrl-C stopped the run (see `stop`)."""
+        return self._stop_line is not None
 
     def stop(self, step: int) -> None:
-        """Stops for a preemption notice after step `step`: its checkpoint is written (unless
-        it already is) and committed before this returns."""
-        self._stopped = True
+        """Stops for a SIGTERM or Ctrl-C (`self.preemption`) after step `step`, the last one
+        whose line was printed: its checkpoint is written (unless it already is) and committed
+        before this returns; `run` then reports it in one line."""
         if step and self.checkpointer.latest_step() != step:
             self.save(step)
         self.checkpointer.wait()
         where = (f"step {step} is checkpointed in {self.config.checkpoint_dir}" if step
                  else "no step was completed")
-        self._say(f"stopped by a preemption notice (SIGTERM) after step {step}: {where}; run "
-                  "the same command to resume")
+        cause = ("interrupted (Ctrl-C)" if self.preemption.interrupted
+                 else "stopped by a preemption notice (SIGTERM)")
+        self._stop_line = f"{cause} after step {step}: {where}; run the same command to resume"
 
     def close(self) -> None:
         self.checkpointer.close()
@@ -372,7 +378,7 @@ class Trainer:
 
 
 class _Preempted(Exception):
-    """A preemption notice in the middle of a step's rollouts."""
+    """A SIGTERM or Ctrl-C in the middle of a step's rollouts."""
 
 
 def _all_finite(tree) -> jax.Array:

@@ -302,6 +302,64 @@ def test_start_up_coordinates_are_checked_before_anything_starts(monkeypatch, la
     assert not distributed.joined()
 
 
+class _Unpublished(Exception):
+    """A process read a key no process has published yet (the real store would wait)."""
+
+
+class _KeyValueStore:
+    """The coordinator's key-value store, shared by a job's processes (the two calls of JAX's
+    client that the start-up agreement makes)."""
+
+    def __init__(self):
+        self.values = {}
+
+    def key_value_set(self, key, value):
+        self.values[key] = value
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        if key not in self.values:
+            raise _Unpublished(key)
+        return self.values[key]
+
+
+@pytest.mark.parametrize("argv_1, refused", [
+    (["train", "--config", "c.yaml", "steps=3", "--process-id", "1"], False),
+    (["train", "--config", "c.yaml", "steps=4", "--process-id", "1"], True),
+    (["train", "--config", "other.yaml", "steps=3", "--process-id", "1"], True),
+    (["eval", "--config", "c.yaml", "steps=3", "--process-id", "1"], True),
+], ids=["the same", "another override", "another config", "another command"])
+def test_processes_started_with_different_command_lines_are_refused(monkeypatch, argv_1,
+                                                                    refused):
+    """What `start` does once JAX has joined the processes, for a job of 2 whose process 1 is
+    told `argv_1`: each publishes its process count and command line, process 1 first, and
+    process 0 then compares them all (the start-up flags aside)."""
+    from jax._src import distributed as jax_distributed
+
+    from memagent_jax import commandline
+    from memagent_jax.cli import build_parser
+
+    monkeypatch.setattr(jax_distributed.global_state, "client", _KeyValueStore())
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(distributed, "start", lambda launch, fingerprint="": (
+        distributed._check_agreement(launch.num_processes, fingerprint, 1)))
+
+    def join(process, argv):
+        monkeypatch.setattr(jax, "process_index", lambda: process)
+        commandline.start(build_parser().parse_args(
+            [*argv, "--coordinator", "h:1", "--num-processes", "2"]))
+
+    with pytest.raises(_Unpublished):  # process 1 waits for process 0
+        join(1, argv_1)
+    argv_0 = ["train", "--config", "c.yaml", "steps=3", "--process-id", "0"]
+    if not refused:
+        join(0, argv_0)
+        return
+    with pytest.raises(UserError, match=re.escape(
+            "process(es) [1] were started differently from process 0 (another command, config "
+            "or flags): every process of a job runs the same command line")):
+        join(0, argv_0)
+
+
 _COLLECTIVES = """
 import os, signal, sys, time
 import jax, jax.numpy as jnp, numpy as np
@@ -344,7 +402,12 @@ with distributed.PreemptionNotice() as notice:
     if me == 1:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
-    assert notice.reached()
+    assert notice.reached() and not notice.interrupted
+# Ctrl-C on process 1 as process 0 gets SIGTERM: both stop for the Ctrl-C.
+with distributed.PreemptionNotice() as notice:
+    os.kill(os.getpid(), signal.SIGINT if me == 1 else signal.SIGTERM)
+    time.sleep(0.2)
+    assert notice.reached() and notice.interrupted
 print("collectives ok", flush=True)
 distributed.check_same("the drawn examples", [1, 2, me])
 """

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
 from memagent_jax.cli import main
 from memagent_jax.models import load_model, save_hf
@@ -45,6 +45,19 @@ def test_convert_then_export_is_bit_exact(tmp_path, dtype, tied):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         assert open(os.path.join(out, name), "rb").read() == open(os.path.join(src, name),
                                                                    "rb").read()
+
+
+def test_export_writes_a_generation_config_where_the_source_has_none(tmp_path):
+    """transformers' generate() stops at generation_config.json's eos_token_id: exporting a
+    source that has none writes one with config.json's token ids."""
+    src = write_hf_model(tmp_path / "src", seed=8, bos_token_id=4, eos_token_id=7)
+    os.remove(os.path.join(src, "generation_config.json"))
+    assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
+    out = str(tmp_path / "out")
+    assert main(["export", "--ckpt", str(tmp_path / "ckpt"), "--out", out]) == 0
+    generation = GenerationConfig.from_pretrained(out)
+    assert (generation.bos_token_id, generation.eos_token_id) == (4, 7)
+    assert generation.do_sample is False
 
 
 def test_export_loads_in_transformers_with_equal_logits(tmp_path):

@@ -1,8 +1,11 @@
 """`memagent-jax train` configs: the shipped YAML files, overrides, and bad input, each caught
-with one clear line before any model is loaded."""
+with one clear line before any model is loaded; and the command stopped by SIGTERM or Ctrl-C,
+then resumed."""
 
 import dataclasses
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -217,42 +220,149 @@ def test_validate_rejects_inconsistent_sections():
         load_train_config(None, ["model.preset=tiny", "data.train=[x]"])
 
 
+# The runs the stop tests compare: 4 steps, shuffled data, a checkpoint only at the end (so a
+# stop's checkpoint is there because of the stop).
+_FOUR_STEPS = ["steps=4", "data.shuffle=true", "checkpoint.every=0"]
+
+
+# The CLI sending itself SIGINT, what Ctrl-C sends, where CTRL_C_AT says: "rollouts N" after
+# step N's first turn, "boundary N" once step N has returned (before the run looks for a stop);
+# and again while the stop's checkpoint commits.
+_CTRL_C = """
+import os, signal, sys, time
+from memagent_jax import distributed
+from memagent_jax.cli import main
+from memagent_jax.rl.checkpointing import Checkpointer
+from memagent_jax.rl.trainer import Trainer
+
+where, at = os.environ["CTRL_C_AT"].split()
+running = [0]
+train_step, reached = Trainer.train_step, distributed.PreemptionNotice.reached
+wait = Checkpointer.wait
+
+def ctrl_c():
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.2)  # the handler runs
+
+def pressing_train_step(self, step):
+    running[0] = step
+    record = train_step(self, step)
+    if where == "boundary" and step == int(at):
+        ctrl_c()
+    return record
+
+def pressing_reached(self):
+    if where == "rollouts" and running[0] == int(at) and not getattr(self, "pressed", False):
+        self.pressed = True
+        ctrl_c()
+    return reached(self)
+
+def pressing_wait(self):
+    ctrl_c()
+    wait(self)
+
+Trainer.train_step = pressing_train_step
+distributed.PreemptionNotice.reached = pressing_reached
+Checkpointer.wait = pressing_wait
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _train_process(config_file, output_dir, ctrl_c_at: str | None = None) -> subprocess.Popen:
+    """`memagent-jax train` of the four steps in a fresh process on one CPU device; with
+    ctrl_c_at, Ctrl-C there (_CTRL_C)."""
+    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    cli = ["-m", "memagent_jax.cli"]
+    if ctrl_c_at:
+        env["CTRL_C_AT"], cli = ctrl_c_at, ["-c", _CTRL_C]
+    return subprocess.Popen([sys.executable, *cli, "train", "--config", config_file,
+                             *_FOUR_STEPS, f"output_dir={output_dir}"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _examples(output_dir) -> list[list[int]]:
+    """Each logged step's drawn example indices, in order."""
+    with open(os.path.join(output_dir, "logs", "steps.jsonl")) as f:
+        return [json.loads(line)["examples"] for line in f if json.loads(line)["step"]]
+
+
+def _checkpoints(output_dir) -> list[int]:
+    return sorted(int(p) for p in os.listdir(Path(output_dir) / "checkpoints") if p.isdigit())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(config_file, tmp_path_factory) -> list[list[int]]:
+    """The examples each step of the four steps draws when nothing stops the run."""
+    out = tmp_path_factory.mktemp("uninterrupted") / "run"
+    _, err = (run := _train_process(config_file, out)).communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    return _examples(out)
+
+
+def test_a_stop_notice_takes_either_signal_and_a_second_changes_nothing(capfd):
+    """SIGINT and SIGTERM only set the notice's flag while it listens (Ctrl-C says so on
+    stderr, each time); SIGINT is what the job stops for once any process got one; the
+    handlers found are given back."""
+    from memagent_jax.distributed import PreemptionNotice
+
+    def not_the_notice(signum, frame):
+        raise AssertionError(f"signal {signum} reached the handler the notice replaces")
+
+    found = {s: signal.signal(s, not_the_notice) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with PreemptionNotice(on_interrupt="stopping soon") as notice:
+            assert not notice.reached() and not notice.interrupted
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+            assert notice.reached() and notice.interrupted
+        assert capfd.readouterr().err == "\nstopping soon\n" * 2
+        assert signal.getsignal(signal.SIGINT) is signal.getsignal(signal.SIGTERM) is (
+            not_the_notice)
+        with PreemptionNotice() as notice:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert notice.reached() and not notice.interrupted
+    finally:
+        for s, handler in found.items():
+            signal.signal(s, handler)
+
+
 @pytest.mark.slow
-def test_ctrl_c_says_what_was_saved_and_the_rerun_resumes(config_file, tmp_path, capsys,
-                                                           monkeypatch):
-    """Ctrl-C in step 2 after step 1's checkpoint: one line naming the checkpoint, no
-    traceback; the same command then resumes from step 1 and ends with a summary line."""
-    args = ["train", "--config", config_file, "steps=2", "checkpoint.every=1",
-            f"output_dir={tmp_path / 'run'}"]
-    step = Trainer.train_step
+def test_ctrl_c_keeps_the_last_printed_step_and_the_reruns_draw_what_an_uninterrupted_run_does(
+        config_file, uninterrupted, tmp_path):
+    """Ctrl-C in step 3's rollouts abandons step 3; Ctrl-C once step 3 of the rerun has
+    returned lets it stand. Either way the last step whose line was printed is checkpointed
+    (though checkpoint.every=0) with its data position, a second Ctrl-C while that checkpoint
+    commits changes nothing, one line says which step is kept and how to resume, exit 130;
+    the same command resumes from it and the run draws the examples of one never stopped."""
+    out = tmp_path / "run"
+    for ctrl_c_at, kept in (("rollouts 3", 2), ("boundary 3", 3)):
+        _, err = (run := _train_process(config_file, out, ctrl_c_at)).communicate(timeout=300)
+        assert run.returncode == 130, err[-3000:]
+        assert "Traceback" not in err
+        assert err.count("Ctrl-C: stopping at the next turn or step boundary") == 2
+        assert [int(n) for n in re.findall(r"^step (\d)/4:", err, re.MULTILINE)][-1] == kept
+        assert err.strip().splitlines()[-1] == (
+            f"memagent-jax: interrupted (Ctrl-C) after step {kept}: step {kept} is "
+            f"checkpointed in {out / 'checkpoints'}; run the same command to resume")
+        assert _checkpoints(out)[-1] == kept
 
-    def interrupt_step_2(self, number):
-        if number == 2:
-            raise KeyboardInterrupt
-        return step(self, number)
-
-    monkeypatch.setattr(Trainer, "train_step", interrupt_step_2)
-    assert main(args) == 130
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert err.strip().splitlines()[-1] == (
-        f"memagent-jax: interrupted in step 2; the newest checkpoint is step 1 in "
-        f"{tmp_path / 'run' / 'checkpoints'}: run the same command to resume")
-    monkeypatch.setattr(Trainer, "train_step", step)
-    assert main(args) == 0
-    err = capsys.readouterr().err
-    assert f"resuming from step 1 ({tmp_path / 'run' / 'checkpoints'}/1)" in err
-    assert "finished step 2 of 2" in err.strip().splitlines()[-1]
+    _, err = (run := _train_process(config_file, out)).communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    assert f"resuming from step 3 ({out / 'checkpoints'}/3)" in err
+    assert "finished step 4 of 4" in err.strip().splitlines()[-1]
+    assert _examples(out) == uninterrupted
 
 
 @pytest.mark.slow
-def test_sigterm_mid_step_checkpoints_the_previous_step_and_exits_0(config_file, tmp_path,
-                                                                      capsys, monkeypatch):
+def test_sigterm_mid_step_checkpoints_the_previous_step_and_the_rerun_draws_the_same(
+        config_file, uninterrupted, tmp_path, capsys, monkeypatch):
     """SIGTERM (a preemption notice) at the start of step 2's rollouts: step 1 is checkpointed
-    although checkpoint.every is 2, the command exits 0 with one line, and SIGTERM's handler is
-    given back."""
-    args = ["train", "--config", config_file, "steps=3", "checkpoint.every=2",
-            f"output_dir={tmp_path / 'run'}"]
+    (though checkpoint.every=0) with the data position step 2 started from, the command
+    exits 0 with one line, and SIGTERM's handler is given back; the same command resumes and
+    draws the examples of a run never stopped."""
+    out = tmp_path / "run"
+    args = ["train", "--config", config_file, *_FOUR_STEPS, f"output_dir={out}"]
     step = Trainer.train_step
 
     def signal_in_step_2(self, number):
@@ -265,9 +375,14 @@ def test_sigterm_mid_step_checkpoints_the_previous_step_and_exits_0(config_file,
     assert main(args) == 0
     assert signal.getsignal(signal.SIGTERM) is handler
     assert (f"stopped by a preemption notice (SIGTERM) after step 1: step 1 is "
-            f"checkpointed in {tmp_path / 'run' / 'checkpoints'}; run the same command to "
+            f"checkpointed in {out / 'checkpoints'}; run the same command to "
             "resume") in capsys.readouterr().err
-    assert sorted(os.listdir(tmp_path / "run" / "checkpoints"))[:1] == ["1"]
+    assert _checkpoints(out) == [1]
+
+    monkeypatch.setattr(Trainer, "train_step", step)
+    assert main(args) == 0
+    assert f"resuming from step 1 ({out / 'checkpoints'}/1)" in capsys.readouterr().err
+    assert _examples(out) == uninterrupted
 
 
 def test_a_section_given_in_part_keeps_the_training_defaults():

@@ -1,8 +1,10 @@
 """The RL trainer end to end on the synthetic needle task (data/needle.py): the memory loop,
-logs, TensorBoard, checkpoints, exact resume after SIGKILL, and skipped NaN updates."""
+logs, TensorBoard, checkpoints, exact resume after SIGKILL, the processes' per-step lockstep
+check, and skipped NaN updates."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +17,11 @@ import orbax.checkpoint as ocp
 import pytest
 import yaml
 
+from memagent_jax import distributed
 from memagent_jax.data.needle import write_task
+from memagent_jax.data.pipeline import Example
+from memagent_jax.rl import trainer as trainer_module
+from memagent_jax.rl.collect import RolloutBatch
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
 
@@ -281,6 +287,48 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
     events = EventAccumulator(str(killed / "logs" / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3, 4]
+
+
+def test_the_lockstep_check_stops_a_process_that_drew_sampled_or_kept_differently(
+        task, tmp_path, monkeypatch):
+    """Each step the processes compare the examples they drew, the seeds they sampled with
+    and the examples they kept: a process that differs from process 0 in any one of them
+    stops the job. Here step 1 runs first as process 0 would (its comparison's other side),
+    then as a process 1 that differs; collect_batch gives canned batches (no rollouts)."""
+    config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
+        f"output_dir={tmp_path / 'run'}", "validation.every=0", "checkpoint.every=0",
+        "steps=100"])
+    trainer = Trainer(config)
+    canned = {}
+
+    def collect_batch(agent, params, iterator, config, seed_for_try, *_):
+        seed_for_try(0)
+        examples = [Example(i, "needle", "q", "c", ("a",)) for i in canned["kept"]]
+        return RolloutBatch(examples, [], np.zeros((0, config.rollout.n), np.float32),
+                            canned["drawn"], 1, {"reward/mean": 0.0, "reward/std": 0.0})
+
+    values = []
+
+    def gather(value):  # [process 0's value, this process's]
+        values.append(value)
+        return [values[0], value]
+
+    monkeypatch.setattr(trainer_module, "collect_batch", collect_batch)
+    monkeypatch.setattr(distributed, "gather", gather)
+
+    def step_1(drawn, kept, rng_seed):
+        canned.update(drawn=drawn, kept=kept)
+        trainer.rng = jax.random.key(rng_seed)
+        trainer.train_step(1)
+
+    step_1([3, 5, 7], [3, 7], rng_seed=0)  # process 0, compared with itself
+    step_1([3, 5, 7], [3, 7], rng_seed=0)  # a process in step
+    for drawn, kept, rng_seed in [([3, 5, 8], [3, 8], 0), ([3, 5, 7], [3, 5], 0),
+                                  ([3, 5, 7], [3, 7], 1)]:
+        with pytest.raises(RuntimeError, match=re.escape(
+                "the processes are out of step: step 1's drawn examples, sampling seeds and "
+                "kept examples differs on process(es) [1] from process 0")):
+            step_1(drawn, kept, rng_seed)
 
 
 class _NaNAtStep(Trainer):
