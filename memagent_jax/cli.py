@@ -77,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"memagent-jax: {e}", file=sys.stderr)
         return 130
+    except KeyboardInterrupt:  # Ctrl-C where no command catches it to say what it kept
+        print("memagent-jax: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
     return 0
 
 
