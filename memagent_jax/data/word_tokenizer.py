@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 
 from memagent_jax.tokenizer import PIECE_IDS
+
 _LETTERS = re.compile(r"[A-Za-z]+")
 
 
