@@ -50,6 +50,7 @@ from memagent_jax import distributed, pretrained
 from memagent_jax.data import pipeline
 from memagent_jax.errors import Interrupted
 from memagent_jax.eval.metrics import qa_scores
+from memagent_jax.fileutil import check_output_dir
 from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl import warmup
 from memagent_jax.rl.advantages import group_advantages
@@ -91,7 +92,8 @@ class Trainer:
     # ---- setup --------------------------------------------------------------------------
 
     def _check_inputs(self) -> None:
-        """Reads the data sources and the tokenizer: every file the run needs, no device."""
+        """Reads the data sources and the tokenizer, and checks that the output directories
+        can be made: every file the run needs, no device."""
         data = self.config.data
         sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]")
                    for i, s in enumerate(data.train)]
@@ -101,6 +103,11 @@ class Trainer:
             val = pipeline.load_source(data.val, data.val_split, key="data.val")
             self.val_examples = pipeline.evaluation_examples(val, self.config.validation.size)
         self.tokenizer = self.config.model.load_tokenizer(required=True)
+        for key, path in (("output_dir", self.config.output_dir),
+                          ("log_dir", self.config.logs_dir),
+                          ("checkpoint.dir", self.config.checkpoint_dir)):
+            if "://" not in path:  # gs:// and the like are not local paths
+                check_output_dir(path, key)
 
     def _build(self) -> None:
         config = self.config
