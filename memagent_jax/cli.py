@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memagent-jax: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the file system refused (disk full, permissions): one line as well
-        print(f"memagent-jax: error: {e}", file=sys.stderr)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"memagent-jax: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except Interrupted as e:
         print(f"memagent-jax: {e}", file=sys.stderr)

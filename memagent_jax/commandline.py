@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 
 from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.errors import ConfigError, UserError
@@ -30,16 +31,36 @@ def add_command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
     return sub.add_parser(name, formatter_class=_HelpWithDefaults, **kwargs)
 
 
-def add_model_flags(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser,
+                    tokenizer_help: str = "tokenizer directory (default: the model's)") -> None:
     """The `model` section's flags besides --model (see rollout.agent.ModelSection)."""
-    p.add_argument("--tokenizer", metavar="DIR",
-                   help="tokenizer directory (default: the model's; with `run --url`, the "
-                        "one that chunks the document)")
+    p.add_argument("--tokenizer", metavar="DIR", help=tokenizer_help)
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="the weights' and compute dtype (default: float32 on CPU, bfloat16 "
                         "on GPU/TPU)")
     p.add_argument("--attention", default="xla",
                    help="how prompts attend: xla, dot_product, cudnn (GPU), splash (TPU)")
+
+
+_TOKEN_SUFFIXES = {"K": 1024, "M": 1024 ** 2}
+
+
+def tokens(text: str) -> int:
+    """argparse type of every flag that takes a number of tokens: "8192", "8K" (K = 1024, as
+    the eval's columns and RULER's lengths count), "1M", "1.5K"."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    scale = _TOKEN_SUFFIXES.get(text[-1:].upper())
+    try:
+        count = float(text[:-1]) * scale if scale else math.nan
+    except ValueError:
+        count = math.nan
+    if not math.isfinite(count) or count != int(count):
+        raise argparse.ArgumentTypeError(f"expected a number of tokens such as 8192, 8K or 1M "
+                                         f"(K = 1024), got {text!r}")
+    return int(count)
 
 
 def add_config_flags(p: argparse.ArgumentParser, example: str, overrides: str) -> None:

@@ -30,9 +30,30 @@ def check_output_file(path: str) -> None:
         raise UserError(f"{path}: its directory {parent} is not writable")
 
 
-def check_new_output(out_dir: str) -> None:
-    """Raises unless out_dir is free to write: absent, or an empty directory."""
-    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+def check_output_dir(path: str, name: str) -> None:
+    """Raises unless a directory can be at `path`: one is there, or nothing is and no file is
+    in the way above it. `name`: the flag or config key that gave the path."""
+    existing = os.path.abspath(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "" if existing == os.path.abspath(path) else f"cannot be made: {existing} "
+        raise UserError(f"{name}: {path} {where}is a file, not a directory")
+
+
+def check_new_files(paths: list[str], name: str) -> None:
+    """Raises if any of `paths` exists (the files a command is about to write: outputs are
+    never overwritten); `name`: the flag that chose them."""
+    for path in paths:
+        if os.path.exists(path):
+            raise UserError(f"{name}: {path} exists; remove it or choose another {name}")
+
+
+def check_new_output(out_dir: str, name: str = "output") -> None:
+    """Raises unless out_dir is free to write: absent, or an empty directory. `name`: the
+    flag that gave it."""
+    check_output_dir(out_dir, name)
+    if os.path.exists(out_dir) and os.listdir(out_dir):
         raise UserError(f"{os.path.abspath(out_dir)}: output exists and is not empty; "
                         "choose a new path")
 

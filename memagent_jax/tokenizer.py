@@ -1,4 +1,5 @@
-"""The tokenizer and stop tokens that belong to a model directory (HF or our checkpoint)."""
+"""The tokenizer and stop tokens that belong to a model directory (HF or our checkpoint), and
+what a tokenizer cannot represent: text it reads as its unknown token, ids it has no token for."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import os
 
 from memagent_jax import pretrained
+from memagent_jax.errors import UserError
 from memagent_jax.models.checkpoint import side_files_dir
 from memagent_jax.models.config import ModelConfig
 
@@ -68,3 +70,65 @@ def stop_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:
     if eos is None:
         return ()
     return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+
+def unknown_id(tokenizer) -> int | None:
+    """The id `tokenizer` reads text it cannot represent as: its unk_token's, else its
+    vocabulary model's (a word-level model's [UNK] need not be declared to transformers);
+    None where there is none (a byte-level BPE represents any text)."""
+    if tokenizer.unk_token_id is not None:
+        return tokenizer.unk_token_id
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    token = getattr(getattr(backend, "model", None), "unk_token", None)
+    return backend.token_to_id(token) if token else None
+
+
+def unknown_words(tokenizer, text: str) -> list[str]:
+    """The distinct words of `text` (whitespace-delimited) that `tokenizer` reads as its
+    unknown token (`unknown_id`) or as pieces from `PIECE_IDS` on (a word tokenizer's bytes:
+    data/word_tokenizer.py), in order of first appearance; where every word reads but the
+    whitespace between two does not (a word tokenizer's line break), those two words."""
+    unk = unknown_id(tokenizer)
+
+    def unreadable(ids) -> list[int]:
+        return [k for k, i in enumerate(ids) if i == unk or i >= PIECE_IDS]
+
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    pieces = [encoded["offset_mapping"][k] for k in unreadable(encoded["input_ids"])]
+    if not pieces:
+        return []
+    words = list(dict.fromkeys(text.split()))
+    found = [w for w, ids in zip(words, tokenizer(words, add_special_tokens=False)["input_ids"])
+             if unreadable(ids)]
+    return found or list(dict.fromkeys(_words_around(text, *span) for span in pieces))
+
+
+def _words_around(text: str, start: int, end: int) -> str:
+    while end < len(text) and text[end].isspace():
+        end += 1
+    while start > 0 and not text[start - 1].isspace():
+        start -= 1
+    while end < len(text) and not text[end].isspace():
+        end += 1
+    return text[start:end]
+
+
+def check_representable(tokenizer, text: str, what: str) -> None:
+    """UserError naming `what` and the words of `text` the tokenizer cannot represent (the
+    model would read its unknown token in their place, or ids it has no rows for)."""
+    words = unknown_words(tokenizer, text)
+    if words:
+        shown = ", ".join(repr(w) for w in words[:5])
+        more = f" and {len(words) - 5} more" if len(words) > 5 else ""
+        unk = unknown_id(tokenizer)
+        reads = (f"the model would read {tokenizer.convert_ids_to_tokens(unk)} in their place"
+                 if unk is not None else "it reads them as pieces no model has rows for")
+        raise UserError(f"{what}: the tokenizer has no token for {shown}{more} ({reads})")
+
+
+def undecodable_ids(tokenizer, ids) -> list[int]:
+    """The distinct ids of `ids` the tokenizer has no token for (past its vocabulary: they
+    decode to nothing), in order of first appearance."""
+    distinct = list(dict.fromkeys(ids))
+    return [t for t, token in zip(distinct, tokenizer.convert_ids_to_tokens(distinct))
+            if token is None]

@@ -56,7 +56,8 @@ def write_tiny_tokenizer(path) -> list[str]:
 
     words = ["<pad>", "<s>", "</s>", "hello", "world", "[UNK]", "the", "answer", "is", "memory"]
     split = pre_tokenizers.Whitespace().pre_tokenize_str
-    for word, _ in split(UPDATE_TEMPLATE + FINAL_TEMPLATE + INITIAL_MEMORY):
+    # last, "what" and "?": the tests' questions (a question with an unknown word is refused)
+    for word, _ in split(UPDATE_TEMPLATE + FINAL_TEMPLATE + INITIAL_MEMORY + " what ?"):
         if word not in words:
             words.append(word)
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))

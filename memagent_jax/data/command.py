@@ -12,11 +12,15 @@ import argparse
 import os
 import sys
 
+from memagent_jax.commandline import tokens  # stdlib-only at import
+
 
 def add_parsers(sub):
     """Registers `data` and its subcommands on the CLI's subparsers; returns the `data` group's
     subparsers, where other packages register theirs (`data synthetic`)."""
-    data = sub.add_parser("data", help="build evaluation and training sets (RULER-HQA, RULER)")
+    # Every kind, the synthetic experiment's too (tests/core/test_commandline.py checks it)
+    data = sub.add_parser("data", help="build evaluation and training sets: ruler-hqa, "
+                                       "hotpotqa-train, ruler, needle, synthetic")
     kinds = data.add_subparsers(dest="data_command", required=True)
 
     p = kinds.add_parser("ruler-hqa", help="RULER-HQA evaluation sets from HotpotQA dev "
@@ -44,8 +48,8 @@ def add_parsers(sub):
     p.add_argument("--tasks", nargs="+", required=True,
                    help="niah_single_1/2/3, niah_multikey_1/2/3, niah_multivalue, "
                         "niah_multiquery, vt, fwe")
-    p.add_argument("--lengths", type=int, nargs="+", required=True, metavar="TOKENS",
-                   help="context lengths in the tokenizer's tokens, e.g. 8192 16384")
+    p.add_argument("--lengths", type=tokens, nargs="+", required=True, metavar="TOKENS",
+                   help="context lengths in the tokenizer's tokens, e.g. 8192 16K (K = 1024)")
     p.add_argument("--tokenizer", required=True, metavar="DIR",
                    help="model or tokenizer directory whose tokens measure the length")
     p.add_argument("--num-samples", type=int, default=128)
@@ -71,7 +75,7 @@ def add_parsers(sub):
 def _needle(args) -> None:
     from memagent_jax.data.needle import write_task
     from memagent_jax.fileutil import check_new_output
-    check_new_output(args.out)
+    check_new_output(args.out, "--out")
     paths = write_task(args.out, args.train_size, args.val_size, args.seed)
     print("\n".join(f"{name}: {path}" for name, path in paths.items()))
 
@@ -124,6 +128,9 @@ def _ruler_hqa(args) -> None:
 
     from memagent_jax.data.hotpotqa import check_num_docs, ruler_hqa_records, select_questions
     from memagent_jax.data.io import write_set
+    from memagent_jax.fileutil import check_new_files, check_output_dir
+    check_output_dir(args.out, "--out")
+    check_new_files([os.path.join(args.out, f"eval_{n}.json") for n in args.num_docs], "--out")
     corpus = _corpus(args)
     indices = _indices_from(args.indices_from) if args.indices_from else None
     questions = select_questions(corpus, args.num_samples, indices)
@@ -142,6 +149,9 @@ def _hotpotqa_train(args) -> None:
 
     from memagent_jax.data.hotpotqa import select_questions, training_rows
     from memagent_jax.data.io import write_parquet
+    from memagent_jax.fileutil import check_new_files, check_output_file
+    check_output_file(args.out)
+    check_new_files([args.out], "--out")
     corpus = _corpus(args)
     questions = select_questions(corpus, args.num_samples)
     rows = list(tqdm(training_rows(corpus, args.num_docs, questions, **_seeds(args),
@@ -158,6 +168,7 @@ def _ruler(args) -> None:
     from memagent_jax.data.io import write_set
     from memagent_jax.data.ruler import check_task, needs_essay, ruler_records
     from memagent_jax.errors import UserError
+    from memagent_jax.fileutil import check_new_files, check_output_dir
     from memagent_jax.tokenizer import load_tokenizer
     for task in args.tasks:
         check_task(task)
@@ -173,6 +184,9 @@ def _ruler(args) -> None:
         essay = ", ".join(t for t in args.tasks if needs_essay(t))
         raise UserError(f"tasks {essay} need an essay haystack: pass --haystack FILE (RULER "
                         "uses Paul Graham's essays)")
+    check_output_dir(args.out, "--out")
+    check_new_files([os.path.join(args.out, f"eval_{task}_{length}.json")
+                     for task in args.tasks for length in args.lengths], "--out")
     tokenizer = load_tokenizer(args.tokenizer) if os.path.isdir(args.tokenizer) else None
     if tokenizer is None:
         raise UserError(f"{args.tokenizer}: no tokenizer files (tokenizer.json) to measure "

@@ -73,6 +73,9 @@ class MemAgentMethod:
         self.agent, self.params = None, None
 
     def check(self, where: str, row: int, record: dict) -> None:
+        # What the agent's strict read (rollout.memagent.read_sample) refuses, before any work
+        if not record["input"].strip():
+            raise UserError(f"{where}: row {row}: the question is empty")
         if not record["context"].strip():
             raise UserError(f"{where}: row {row}: the context is empty")
         tokens = _count(self.tokenizer, [record["input"]])[0]
@@ -143,8 +146,11 @@ class FullContextMethod:
 
     def start(self) -> None:
         policy, mesh = _load(self.config, self.tokenizer)
-        self.engine = build_engine(policy.model, self.config.engine, mesh,
-                                   self.needed_length(policy.config))
+        needed = self.needed_length(policy.config)
+        self.engine = build_engine(policy.model, self.config.engine, mesh, needed,
+                                   "full_context.max_input_tokens",
+                                   f"{self.max_input} makes prompts and replies of up to "
+                                   f"{needed} tokens")
         self.params, self.stop_ids = policy.params, policy.stop_ids
         # engine.max_len, when set, may hold less than the model window
         budget = self._budget(self.engine.config.max_len, "engine.max_len")

@@ -31,6 +31,7 @@ from memagent_jax.eval.methods import make_method
 from memagent_jax.eval.report import markdown, write_report
 from memagent_jax.eval.results import OutputDir, ResultLog
 from memagent_jax.eval.sets import EvalSet, load_sets
+from memagent_jax.fileutil import check_output_dir
 
 
 class Progress:
@@ -66,6 +67,7 @@ def run_eval(config: EvalConfig, method=None) -> dict | None:
     for s in sets:
         for row, record in enumerate(s.records):
             method.check(s.path, row, record)
+    check_output_dir(config.output_dir, "output_dir")
     out, logs = _claim(config, sets)
     try:
         todo = [(s, [r for r in range(len(s.records)) if r not in logs[s.name].records])

@@ -45,7 +45,7 @@ def add_parsers(sub) -> None:
 
 def _convert(args) -> None:
     from memagent_jax.models import job_mesh, load_model, save_checkpoint
-    check_new_output(args.out)
+    check_new_output(args.out, "--out")
     start(args)
     model, config = load_model(args.hf, dtype=None, mesh=job_mesh(None))
     save_checkpoint(model, config, args.out, side_files_dir=args.hf)
@@ -57,7 +57,7 @@ def _export(args) -> None:
     from memagent_jax.models import job_mesh, load_model, save_hf
     from memagent_jax.models.checkpoint import is_checkpoint_directory, side_files_dir
     max_shard_bytes = _parse_size(args.max_shard_size)
-    check_new_output(args.out)
+    check_new_output(args.out, "--out")
     source = pretrained.resolve(args.ckpt)
     if is_checkpoint_directory(source):
         side_files = side_files_dir(source)
@@ -78,7 +78,7 @@ def _random_model(args) -> None:
     from memagent_jax.data.needle import write_tokenizer
     from memagent_jax.models import preset_config, random_model, save_hf
     max_shard_bytes = _parse_size(args.max_shard_size)
-    check_new_output(args.out)
+    check_new_output(args.out, "--out")
     config = preset_config(args.preset, dtype=args.dtype)
     with tempfile.TemporaryDirectory() as tokenizer_dir:
         # A word-level tokenizer with a chat template, so that `run` and text prompts work on

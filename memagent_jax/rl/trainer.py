@@ -54,6 +54,7 @@ from memagent_jax.data import pipeline
 from memagent_jax.errors import Interrupted
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
+from memagent_jax.fileutil import check_output_dir
 from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl import warmup
 from memagent_jax.rl.advantages import group_advantages
@@ -96,8 +97,8 @@ class Trainer:
     # ---- setup --------------------------------------------------------------------------
 
     def _check_inputs(self) -> None:
-        """Reads the data sources and the tokenizer: every file the run needs, and every
-        optional package; no device."""
+        """Reads the data sources and the tokenizer, and checks that the output directories
+        can be made: every file the run needs, and every optional package; no device."""
         data = self.config.data
         sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]")
                    for i, s in enumerate(data.train)]
@@ -112,6 +113,11 @@ class Trainer:
         with needs("train", "train"):
             import grain  # noqa: F401
             import tensorboard  # noqa: F401
+        for key, path in (("output_dir", self.config.output_dir),
+                          ("log_dir", self.config.logs_dir),
+                          ("checkpoint.dir", self.config.checkpoint_dir)):
+            if "://" not in path:  # gs:// and the like are not local paths
+                check_output_dir(path, key)
 
     def _build(self) -> None:
         config = self.config

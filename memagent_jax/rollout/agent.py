@@ -4,8 +4,9 @@
 `run`, `generate`, `eval` and `train` load a model with `load_policy` (the `model` section of
 their config, or their flags) and assemble the engine with `build_engine`; `build_agent` puts
 engine, scheduler and `MemoryAgent` together, the engine sized for the longest turn the
-`memagent` budgets allow (benchmarks/memory_loop.py uses it too). Nothing else builds an agent;
-only engine-level tests and benchmarks build an `Engine` directly.
+`memagent` budgets allow (benchmarks/memory_loop.py uses it too). Every engine is checked
+against the model's window and the devices' memory before it allocates (`sizing`). Nothing
+else builds an agent; only engine-level tests and benchmarks build an `Engine` directly.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from memagent_jax.models import (ModelConfig, Params, Qwen2, load_model, preset_
                                  random_model, split_params)
 from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.rollout.engine import Engine, EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, required_length
+from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, turn_parts
 from memagent_jax.rollout.scheduler import Scheduler
+from memagent_jax.rollout.sizing import check_memory, check_window
 from memagent_jax.tokenizer import load_tokenizer, rows_needed, stop_token_ids
 
 
@@ -122,14 +124,30 @@ def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None
 
 
 def build_engine(model: Qwen2, config: EngineConfig, mesh: jax.sharding.Mesh | None,
-                 tokens: int) -> Engine:
-    """An engine for `model`, with max_len `kv_length(tokens)` unless the config sets it."""
-    return Engine(model, config.sized_for(tokens), mesh=mesh)
+                 tokens: int, key: str = "engine.max_len", why: str | None = None) -> Engine:
+    """An engine for `model`, with max_len `kv_length(tokens)` unless the config sets it,
+    checked against the model's context window and the devices' memory before anything is
+    allocated (`sizing`). A size that does not fit is a ConfigError naming `key`, the setting
+    that asks for `tokens` (`why`: its value and how it makes them; default `tokens`), or
+    engine.max_len where the config sets it."""
+    if config.max_len is not None:
+        tokens, key, why = config.max_len, "engine.max_len", None
+    why = why or str(tokens)
+    check_window(model.config, tokens, key, why)
+    engine = Engine(model, config.sized_for(tokens), mesh=mesh)
+    check_memory(engine, key, why)
+    return engine
 
 
 def build_agent(model: Qwen2, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
                 mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> MemoryAgent:
     """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
-    `memagent`'s budgets allow (`required_length`) unless `engine.max_len` is set."""
-    decoder = build_engine(model, engine, mesh, required_length(tokenizer, memagent))
+    `memagent`'s budgets allow (`turn_parts`) unless `engine.max_len` is set; a turn too long
+    for the model or the devices is a ConfigError naming the largest budget."""
+    parts = turn_parts(tokenizer, memagent)
+    budget = max(("chunk_tokens", "max_memory_tokens", "max_final_tokens",
+                  "max_problem_tokens"), key=lambda name: getattr(memagent, name))
+    why = (f"{getattr(memagent, budget)} makes turns of up to {sum(parts.values())} tokens ("
+           + " + ".join(f"{part} {n}" for part, n in parts.items()) + ")")
+    decoder = build_engine(model, engine, mesh, sum(parts.values()), f"memagent.{budget}", why)
     return MemoryAgent(Scheduler(decoder), tokenizer, memagent, stop_ids)

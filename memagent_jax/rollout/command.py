@@ -11,7 +11,8 @@ import os
 import sys
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, add_model_flags, from_flags, print_once, start
+from memagent_jax.commandline import (add_command, add_model_flags, from_flags, print_once, start,
+                                      tokens)
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.fileutil import check_input_file, check_output_file
 
@@ -24,7 +25,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--input", required=True, metavar="IN.jsonl",
                    help='lines {"prompt": str} or {"prompt_ids": [int]}')
     p.add_argument("--output", required=True, metavar="OUT.jsonl")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens per completion")
+    p.add_argument("--max-new-tokens", type=tokens, default=256, help="tokens per completion")
     p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
     p.add_argument("--top-k", type=int, default=0, help="0: off")
@@ -33,7 +34,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--prefill-rows", type=int, default=1,
                    help="prompts prefilled together in one call (compiled for 1, 2, 4, ... up "
                         "to it)")
-    p.add_argument("--max-len", type=int,
+    p.add_argument("--max-len", type=tokens,
                    help="KV cache length per slot (default: longest prompt + max-new-tokens, "
                         "rounded up: powers of two to 256, then multiples of 256)")
     add_model_flags(p)
@@ -47,12 +48,12 @@ def add_parsers(sub) -> None:
                         "model's name)")
     p.add_argument("--doc", required=True, metavar="FILE", help="UTF-8 text of any length")
     p.add_argument("--question", required=True)
-    p.add_argument("--chunk-tokens", type=int,
+    p.add_argument("--chunk-tokens", type=tokens,
                    help="document tokens per turn (default: the model's memagent.json, else "
                         "5000)")
-    p.add_argument("--max-memory-tokens", type=int,
+    p.add_argument("--max-memory-tokens", type=tokens,
                    help="the longest memory a turn may write (default: the model's, else 1024)")
-    p.add_argument("--max-final-tokens", type=int,
+    p.add_argument("--max-final-tokens", type=tokens,
                    help="the longest final answer (default: the model's, else 1024)")
     p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
@@ -63,7 +64,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--url", help="OpenAI-compatible API base URL (key in env API_KEY) "
                                  "instead of the local engine")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
-    add_model_flags(p)
+    add_model_flags(p, "tokenizer directory (default: the model's; with --url, the one that "
+                       "chunks the document)")
     p.set_defaults(func=_run)
     distributed.add_flags(p)
 
@@ -100,8 +102,10 @@ def _generate(args) -> None:
     start(args)
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-    engine = build_engine(policy.model, engine_config, mesh,
-                          max(len(p) for p in prompts) + args.max_new_tokens)
+    longest = max(len(p) for p in prompts)
+    engine = from_flags(build_engine, model=policy.model, config=engine_config, mesh=mesh,
+                        tokens=longest + args.max_new_tokens, key="max_new_tokens",
+                        why=f"{args.max_new_tokens} with prompts of up to {longest} tokens")
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
         args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
         for i, p in enumerate(prompts)]
@@ -131,7 +135,7 @@ def _run(args) -> None:
 
     from memagent_jax import pretrained
     from memagent_jax.rollout.memagent import MemAgentConfig, read_sample
-    from memagent_jax.tokenizer import load_tokenizer
+    from memagent_jax.tokenizer import check_representable, load_tokenizer
 
     # With --url, --model names the served model and the tokenizer's directory (the model's,
     # as a rule) holds the budgets it was trained with (memagent.json), as the model's does.
@@ -152,9 +156,12 @@ def _run(args) -> None:
         model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                            compute_dtype=args.dtype, attention=args.attention)
         tokenizer = from_flags(model.load_tokenizer, required=True)
+    check_representable(tokenizer, args.question, "--question")
+    check_representable(tokenizer, document, args.doc)
     sample = read_sample(tokenizer, args.question, document, config)
     if not args.url:
         start(args)
+        agent, params = _local_agent(model, config, tokenizer, sample)
     with tqdm(total=len(sample.chunks) + 1, desc="chunks", unit="turn", file=sys.stderr,
               disable=not distributed.is_main()) as bar:
 
@@ -172,7 +179,7 @@ def _run(args) -> None:
                                    api_key=os.environ.get("API_KEY"), timeout=args.timeout,
                                    on_turn=lambda n, kind, reply: show(kind, reply))
         else:
-            record = _run_locally(args, model, config, tokenizer, sample, show)
+            record = _run_locally(args, agent, params, sample, show)
     if args.json:  # one JSON document on stdout, the answer in it
         print_once(json.dumps(record, ensure_ascii=False, indent=2))
     else:
@@ -180,18 +187,30 @@ def _run(args) -> None:
         print_once(answer if answer is not None else record["final_reply"].strip())
 
 
-def _run_locally(args, model, config, tokenizer, sample, show) -> dict:
+def _local_agent(model, config, tokenizer, sample):
+    """(the memory agent, its parameters) for one sample, on this job's devices."""
+    import dataclasses
+
     from memagent_jax.models import job_mesh
     from memagent_jax.rollout.agent import build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
-    from memagent_jax.rollout.sampling import SamplingParams
 
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=1), mesh,
-                        policy.stop_ids)
+    # The cache holds this question and this document's longest chunk, not the longest the
+    # budgets allow: a short document under a large --chunk-tokens needs no more.
+    config = dataclasses.replace(config, chunk_tokens=max(map(len, sample.chunks)),
+                                 max_problem_tokens=len(sample.problem_ids))
+    agent = from_flags(build_agent, model=policy.model, tokenizer=tokenizer, memagent=config,
+                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=policy.stop_ids)
+    return agent, policy.params
+
+
+def _run_locally(args, agent, params, sample, show) -> dict:
+    from memagent_jax.rollout.sampling import SamplingParams
+
     sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
-    (trajectory,) = agent.run(policy.params, [sample], sampling,
+    (trajectory,) = agent.run(params, [sample], sampling,
                               on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
     return trajectory.record()
 

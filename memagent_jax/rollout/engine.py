@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, ClassVar, NamedTuple, Protocol, Sequence
 
 import jax
@@ -279,6 +280,15 @@ class Engine:
                 self.abstract_params, jax.ShapeDtypeStruct((rows, bucket), jnp.int32),
                 jax.ShapeDtypeStruct((rows,), jnp.int32)).compile()
         return out
+
+    def device_bytes(self) -> int:
+        """Bytes one device holds of the parameters and the decode state (nearly all of it
+        the KV cache), from their shapes and shardings: nothing is allocated (rollout.sizing
+        checks it against the devices' memory before the first allocation)."""
+        state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                             jax.eval_shape(self.init_decode_state), self._state_sharding)
+        return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+                   for a in jax.tree.leaves((self.abstract_params, state)))
 
     # ---- helpers --------------------------------------------------------------------------
 

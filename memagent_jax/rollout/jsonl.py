@@ -8,11 +8,13 @@ import os
 
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import check_input_file
+from memagent_jax.tokenizer import check_representable, undecodable_ids
 
 
 def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
-    """Lines {"prompt": str} (needs a tokenizer) or {"prompt_ids": [int, ...]}, every id below
-    vocab_size; blank lines are skipped. Errors name the file and line number."""
+    """Lines {"prompt": str} (needs a tokenizer that represents every word) or {"prompt_ids":
+    [int, ...]}, every id below vocab_size and, with a tokenizer, one it has a token for; blank
+    lines are skipped. Errors name the file and line number."""
     check_input_file(path)
     prompts = []
     with open(path, encoding="utf-8", errors="strict") as f:
@@ -41,6 +43,7 @@ def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
             if tokenizer is None:
                 raise UserError(f"{where}: a text 'prompt' needs tokenizer files in the model "
                                 "directory; give 'prompt_ids' instead")
+            check_representable(tokenizer, item["prompt"], where)
             ids = tokenizer(item["prompt"])["input_ids"]
         if not ids:
             raise UserError(f"{where}: empty prompt")
@@ -48,6 +51,10 @@ def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
         if outside:
             raise UserError(f"{where}: token id {outside[0]} is outside the model's vocabulary "
                             f"of {vocab_size} ids")
+        missing = undecodable_ids(tokenizer, ids) if tokenizer is not None else []
+        if missing:
+            raise UserError(f"{where}: token id {missing[0]} has no token in the tokenizer's "
+                            f"vocabulary of {len(tokenizer)} (its text would be empty)")
         prompts.append(ids)
     if not prompts:
         raise UserError(f"{path}: no prompts")

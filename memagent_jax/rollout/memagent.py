@@ -136,11 +136,13 @@ def memory_turns(chunks, memory) -> Generator[tuple, object, None]:
 def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig,
                 strict: bool = True) -> Sample:
     """The question and the document in the policy's tokens, the document cut into chunks.
-    strict (a user's own question and document): raises UserError for an empty document or a
-    question over max_problem_tokens. Not strict (training and validation rows, as the
-    original carries on): an empty document has no chunks (the agent answers from the initial
-    memory) and an over-long question keeps its first max_problem_tokens tokens (the engine
-    holds no more)."""
+    strict (a user's own question and document): raises UserError for an empty question or
+    document, or a question over max_problem_tokens. Not strict (training and validation rows,
+    as the original carries on): an empty document has no chunks (the agent answers from the
+    initial memory) and an over-long question keeps its first max_problem_tokens tokens (the
+    engine holds no more)."""
+    if strict and not problem.strip():
+        raise UserError("the question is empty")
     if strict and not document.strip():
         raise UserError("the document is empty")
     problem_ids = tokenizer(problem, add_special_tokens=False)["input_ids"]
@@ -155,14 +157,20 @@ def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig,
 
 
 def required_length(tokenizer, config: MemAgentConfig) -> int:
-    """KV entries a turn can need: the update template's own tokens around the longest
-    question, memory and chunk, plus the longest reply. (A memory is at most a reply's ids, or
-    the initial memory's; the final prompt is the update prompt without its chunk.)"""
+    """KV entries a turn can need: the sum of `turn_parts`."""
+    return sum(turn_parts(tokenizer, config).values())
+
+
+def turn_parts(tokenizer, config: MemAgentConfig) -> dict[str, int]:
+    """The longest turn's tokens by part: the update template's own tokens ("template")
+    around the longest "question", "memory" and "chunk", plus the longest "reply". (A memory
+    is at most a reply's ids, or the initial memory's; the final prompt is the update prompt
+    without its chunk.)"""
     prompts = TokenPrompts(tokenizer)
-    memory = max(config.max_memory_tokens, len(prompts.initial_memory))
-    reply = max(config.max_memory_tokens, config.max_final_tokens)
-    return (prompts.update_overhead + config.max_problem_tokens + memory + config.chunk_tokens
-            + reply)
+    return {"template": prompts.update_overhead, "question": config.max_problem_tokens,
+            "memory": max(config.max_memory_tokens, len(prompts.initial_memory)),
+            "chunk": config.chunk_tokens,
+            "reply": max(config.max_memory_tokens, config.max_final_tokens)}
 
 
 class MemoryAgent:

@@ -27,7 +27,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from memagent_jax.commandline import add_command, add_model_flags, from_flags
+from memagent_jax.commandline import add_command, add_model_flags, from_flags, tokens
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
@@ -50,7 +50,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--api-key", help="required of clients (Authorization: Bearer KEY); "
                                      "default: env MEMAGENT_API_KEY, else none")
     p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
-    p.add_argument("--max-len", type=int,
+    p.add_argument("--max-len", type=tokens,
                    help="the longest prompt + reply served, the KV cache length of every "
                         "slot (default: the model's context window)")
     p.add_argument("--prefill-rows", type=int, default=1,
@@ -82,6 +82,8 @@ def _serve(args) -> None:
                              ("--shutdown-timeout", args.shutdown_timeout, 0)):
         if value < low:
             raise UserError(f"{flag} must be at least {low}, got {value}")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
     model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                        compute_dtype=args.dtype, attention=args.attention)
     tokenizer = from_flags(model.load_tokenizer, required=True)
@@ -92,7 +94,9 @@ def _serve(args) -> None:
                                top_logprobs=min(args.max_logprobs, model_config.vocab_size))
     mesh = job_mesh(parse_mesh(args.mesh), source="--mesh")
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-    engine = build_engine(policy.model, engine_config, mesh, max_len)
+    engine = from_flags(build_engine, model=policy.model, config=engine_config, mesh=mesh,
+                        tokens=max_len, why=f"{max_len} (the model's context window, the "
+                                            "default)")
     names = served_names(args.model, args.served_model_name)
     server = OpenAIServer(policy, engine, names=names, max_len=max_len, host=args.host,
                           port=args.port,

@@ -12,7 +12,7 @@ import os
 import sys
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, start
+from memagent_jax.commandline import add_command, start, tokens
 from memagent_jax.errors import UserError
 
 
@@ -22,9 +22,9 @@ def add_parsers(sub) -> None:
                                       "document of any length and answers")
     p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
                    help="a model trained on the synthetic tasks (docs/synthetic.md): a "
-                        "directory or a shipped model's name (default: memagent-tiny)")
-    p.add_argument("--length", default="300K",
-                   help="document tokens: 300000, 300K, 1M, ... (at least one chunk)")
+                        "directory or a shipped model's name")
+    p.add_argument("--length", type=tokens, default=300_000,
+                   help="document tokens: 300000, 8K, 1M, ... (K = 1024; at least one chunk)")
     p.add_argument("--task", default="multikey", help="multikey or twohop")
     p.add_argument("--seed", type=int, help="the document's seed (default: a random one)")
     p.add_argument("--show", type=int, default=6, help="memory changes to print")
@@ -38,8 +38,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", default="memagent-tiny", metavar="NAME_OR_PATH",
                    help="a model trained on the synthetic tasks: a directory or a shipped "
                         "model's name")
-    p.add_argument("--length", default="8K",
-                   help="document tokens: 8192, 8K (8000), 1M, ...")
+    p.add_argument("--length", type=tokens, default=8192,
+                   help="document tokens: 8192, 8K, 1M, ... (K = 1024)")
     p.add_argument("--task", default="multikey", help="multikey or twohop")
     p.add_argument("--num-samples", type=int, default=32, help="documents read")
     p.add_argument("--seed", type=int, default=777,
@@ -63,8 +63,8 @@ def add_data_parsers(kinds) -> None:
                                            "the tokenizer written beside them",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", required=True, help="multikey or twohop")
-    p.add_argument("--lengths", type=int, nargs="+", required=True, metavar="TOKENS",
-                   help="document lengths in tokens, e.g. 1024 8192 1048576")
+    p.add_argument("--lengths", type=tokens, nargs="+", required=True, metavar="TOKENS",
+                   help="document lengths in tokens, e.g. 1024 8K 1M (K = 1024)")
     p.add_argument("--num-samples", type=int, default=64, help="samples per length")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--layout", choices=("eval", "train"), default="eval",
@@ -78,9 +78,9 @@ def add_data_parsers(kinds) -> None:
 
 def _add_budget_flags(p: argparse.ArgumentParser) -> None:
     """The memory loop's budgets, each the model's own (its memagent.json) unless given."""
-    p.add_argument("--chunk-tokens", type=int, help="default: the model's (memagent.json)")
-    p.add_argument("--max-memory-tokens", type=int, help="default: the model's")
-    p.add_argument("--max-final-tokens", type=int, help="default: the model's")
+    p.add_argument("--chunk-tokens", type=tokens, help="default: the model's (memagent.json)")
+    p.add_argument("--max-memory-tokens", type=tokens, help="default: the model's")
+    p.add_argument("--max-final-tokens", type=tokens, help="default: the model's")
 
 
 def _budgets(args) -> dict:
@@ -89,24 +89,22 @@ def _budgets(args) -> dict:
 
 
 def _demo(args) -> None:
-    from memagent_jax.synthetic.demo import parse_length, run_demo
-    length = parse_length(args.length)
+    from memagent_jax.synthetic.demo import run_demo
     start(args)
-    run_demo(args.model, args.task, length, args.seed, args.show, _budgets(args))
+    run_demo(args.model, args.task, args.length, args.seed, args.show, _budgets(args))
 
 
 def _trace(args) -> None:
-    from memagent_jax.synthetic.demo import parse_length
-    length = parse_length(args.length)
     if args.carries:
         from memagent_jax.synthetic.carries import run_carries
         if args.out:
             raise UserError("--out: trace --carries prints its scores and writes no file")
-        run_carries(args.model, args.task, length, args.seed, args.num_samples, _budgets(args))
+        run_carries(args.model, args.task, args.length, args.seed, args.num_samples,
+                    _budgets(args))
         return
     from memagent_jax.synthetic.trace import run_trace
     start(args)
-    run_trace(args.model, args.task, length, args.seed, args.num_samples, _budgets(args),
+    run_trace(args.model, args.task, args.length, args.seed, args.num_samples, _budgets(args),
               args.slots, args.out)
 
 
@@ -115,6 +113,7 @@ def _synthetic(args) -> None:
 
     from memagent_jax.data.io import write_parquet, write_set
     from memagent_jax.data.needle import write_tokenizer
+    from memagent_jax.fileutil import check_new_files, check_output_dir
     from memagent_jax.synthetic import tasks as synthetic
     synthetic.check_task(args.task)
     shortest = synthetic.min_length(args.task)
@@ -124,6 +123,11 @@ def _synthetic(args) -> None:
                             f"{shortest} tokens")
     if args.num_samples <= 0:
         raise UserError(f"--num-samples must be positive, got {args.num_samples}")
+    check_output_dir(args.out, "--out")
+    train_path = os.path.join(args.out, f"train_{args.task}.parquet")
+    eval_paths = {n: os.path.join(args.out, f"eval_{args.task}_{n}.json") for n in args.lengths}
+    check_new_files([train_path] if args.layout == "train" else list(eval_paths.values()),
+                    "--out")
     tokenizer = os.path.join(args.out, "tokenizer")
     if not os.path.isdir(tokenizer):
         write_tokenizer(tokenizer, synthetic.vocabulary())
@@ -134,12 +138,10 @@ def _synthetic(args) -> None:
                                      unit="sample", file=sys.stderr))
 
     if args.layout == "train":
-        path = os.path.join(args.out, f"train_{args.task}.parquet")
         rows = [row for length in args.lengths for row in samples(length, synthetic.train_row)]
-        write_parquet(path, rows)
-        print(f"wrote {len(rows)} {args.task} training samples to {path}")
+        write_parquet(train_path, rows)
+        print(f"wrote {len(rows)} {args.task} training samples to {train_path}")
         return
-    for length in args.lengths:
-        path = os.path.join(args.out, f"eval_{args.task}_{length}.json")
+    for length, path in eval_paths.items():
         count = write_set(path, samples(length, synthetic.eval_record))
         print(f"wrote {count} {args.task} samples of {length} tokens to {path}")

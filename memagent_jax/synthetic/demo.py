@@ -2,49 +2,36 @@
 has seen, and answers.
 
 A fresh synthetic document (`tasks`: made-up text with a few facts of the same form
-at random depths; seed drawn at random unless given) of the requested length in the model's
-tokens; the agent reads it chunk by chunk, greedily, under a progress bar; then the memory's
-history (the turns where it changed, abbreviated), where the facts were, and the answer next
-to the truth.
+at random depths; seed drawn at random unless given, printed with the command line that
+repeats the run) of the requested length in the model's tokens; the agent reads it chunk by
+chunk, greedily, under a progress bar; then the memory's history (the turns where it changed,
+abbreviated), where the facts were, and the answer next to the truth.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import secrets
+import shlex
 import sys
 import time
 
 from memagent_jax.errors import UserError
-
-_SUFFIXES = {"K": 1000, "M": 1000 ** 2}
-
-
-def parse_length(text: str) -> int:
-    """'300000', '300K', '1.5M' -> tokens; UserError otherwise."""
-    scale = _SUFFIXES.get(text[-1:].upper(), 1)
-    number = text[:-1] if scale > 1 else text
-    try:
-        tokens = float(number) * scale
-    except ValueError:
-        tokens = math.nan
-    if not math.isfinite(tokens) or tokens != int(tokens):
-        raise UserError(f"--length: expected a number of tokens such as 300000, 300K or 1M, "
-                        f"got {text!r}")
-    return int(tokens)
 
 
 def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1):
     """The agent `model` (a directory or a shipped model's name) runs on synthetic documents of
     `task` and `length` tokens: (policy, agent, its MemAgentConfig). budgets: MemAgentConfig
     fields given on the command line (None: the model's own). UserError for an unknown task or
-    model, or a length below one chunk."""
+    model, a tokenizer that cannot represent the documents' words, or a length below one
+    chunk."""
     from memagent_jax import pretrained
+    from memagent_jax.commandline import from_flags
     from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.memagent import MemAgentConfig
     from memagent_jax.synthetic import tasks as synthetic
+    from memagent_jax.tokenizer import check_representable
 
     synthetic.check_task(task)
     if not os.path.isdir(pretrained.resolve(os.path.expanduser(model))):
@@ -52,14 +39,17 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
                         f"(shipped: {', '.join(pretrained.names()) or 'none yet'})")
     section = ModelSection(path=model)
     tokenizer = section.load_tokenizer(required=True)
-    config = MemAgentConfig(**pretrained.budgets(section.path, **budgets))
+    check_representable(tokenizer, " ".join(synthetic.words().all()),
+                        f"--model {model} (the synthetic documents' words)")
+    config = from_flags(MemAgentConfig, **pretrained.budgets(section.path, **budgets))
     if length < max(config.chunk_tokens, synthetic.min_length(task)):
         raise UserError(f"--length {length}: below one chunk of {config.chunk_tokens} tokens "
                         f"(a {task} document needs at least "
                         f"{max(config.chunk_tokens, synthetic.min_length(task))})")
     policy = load_policy(section, tokenizer)
-    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=slots), None,
-                        policy.stop_ids)
+    agent = from_flags(build_agent, model=policy.model, tokenizer=tokenizer, memagent=config,
+                       engine=from_flags(EngineConfig, slots=slots), mesh=None,
+                       stop_ids=policy.stop_ids)
     return policy, agent, config
 
 
@@ -77,6 +67,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     document = synthetic.make_sample(task, length, seed, 0)
     print(f"{task} document of {length:,} tokens (seed {seed}), read {config.chunk_tokens} "
           f"tokens a turn by {model}")
+    print(f"the same run again: {repeat_command(model, task, length, seed, show, budgets)}")
     print(f"question: {document.question}")
     sample = agent.read(document.question, document.context)
     start = time.perf_counter()
@@ -103,6 +94,17 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
           f"({'correct' if correct else 'wrong'}; {len(trajectory.turns)} turns in "
           f"{seconds:.0f} s, {length / seconds:,.0f} tokens/s)")
     return correct
+
+
+def repeat_command(model: str, task: str, length: int, seed: int, show: int,
+                   budgets: dict) -> str:
+    """The command line that reads the same document the same way (the demo is greedy)."""
+    argv = ["memagent-jax", "demo", "--model", model, "--task", task, "--length", str(length),
+            "--seed", str(seed), "--show", str(show)]
+    for name, value in budgets.items():
+        if value is not None:
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    return shlex.join(argv)
 
 
 def first_token(words: list[str], needle: list[str]) -> int:

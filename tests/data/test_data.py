@@ -308,3 +308,25 @@ def test_the_needle_task_is_a_data_command(tmp_path, capsys):
                  "--val-size", "2"]) == 0
     assert sorted(os.listdir(tmp_path / "needle")) == ["tokenizer", "train.parquet",
                                                        "val.parquet"]
+
+
+def test_data_commands_never_overwrite_and_say_when_out_is_a_file(hotpot_json, tmp_path,
+                                                                  capsys):
+    out = tmp_path / "sets"
+    argv = ["data", "ruler-hqa", "--source", hotpot_json, "--num-docs", "12", "--num-samples",
+            "2", "--out", str(out)]
+    assert main(argv) == 0
+    assert main(argv) == 2  # as `data needle` and `export` refuse a used output
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"memagent-jax: error: --out: {out / 'eval_12.json'} exists; remove it or choose "
+        "another --out")
+    train = str(tmp_path / "train.parquet")
+    assert main(["data", "hotpotqa-train", "--source", hotpot_json, "--num-samples", "2",
+                 "--num-docs", "12", "--out", train]) == 0
+    assert main(["data", "hotpotqa-train", "--source", hotpot_json, "--num-samples", "2",
+                 "--num-docs", "12", "--out", train]) == 2
+    assert f"--out: {train} exists" in capsys.readouterr().err
+    assert main(["data", "needle", "--out", str(out / "eval_12.json" / "needle")]) == 2
+    assert capsys.readouterr().err == (
+        f"memagent-jax: error: --out: {out / 'eval_12.json' / 'needle'} cannot be made: "
+        f"{out / 'eval_12.json'} is a file, not a directory\n")

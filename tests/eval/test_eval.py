@@ -229,6 +229,11 @@ def test_bad_config_and_sets(model_dir, sets, tmp_path, capsys):
                                {"context": "c", "input": "q"}]))
     assert _cli(model_dir, [str(bad)], out) == 2
     assert f"{bad}: row 1: missing field 'answers'" in _error(capsys)
+    bad.write_text(json.dumps([{"context": "hello", "input": " ", "answers": ["a"]}]))
+    assert _cli(model_dir, [str(bad)], out) == 2
+    assert f"{bad}: row 0: the question is empty" in _error(capsys)
+    assert _cli(model_dir, sets, bad) == 2
+    assert f"output_dir: {bad} is a file, not a directory" in _error(capsys)
     assert _cli(model_dir, [str(tmp_path / "nope.json")], out) == 2
     assert "nope.json: evaluation set not found" in _error(capsys)
     ruler = tmp_path / "eval_vt.json"

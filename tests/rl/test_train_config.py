@@ -176,6 +176,12 @@ def test_a_missing_data_file_is_named_whether_datasets_is_installed_or_not(
         PREFIX + "data.train[0]: '/nonexistent/train.parquet' not found\n"
 
 
+def test_an_output_dir_that_is_a_file_is_one_line(config_file, capsys, no_device_work):
+    assert main(["train", "--config", config_file, f"output_dir={config_file}"]) == 2
+    assert capsys.readouterr().err == (f"{PREFIX}output_dir: {config_file} is a file, not a "
+                                       "directory\n")
+
+
 def test_the_command_exits_non_zero_without_touching_a_device(config_file):
     """A real process whose JAX backend cannot start: the config error still comes out as one
     line (exit 2), so nothing reached for a device first."""

@@ -71,6 +71,10 @@ def test_sampling_is_reproducible_by_seed(model_dir, tmp_path):
     ([{"prompt_ids": [1, 2]}], ["--prefill-rows", "0"], "--prefill-rows must be at least 1"),
     ([{"prompt_ids": [1, 2]}, {"prompt_ids": [785, 6722, 315]}], [],
      "line 2: token id 785 is outside the model's vocabulary of 101 ids"),
+    ([{"prompt_ids": [1, 2]}, {"prompt_ids": [3, 70, 99]}], [],
+     ("line 2: token id 70 has no token in the tokenizer's vocabulary of 66 (its text would "
+      "be empty)")),
+    ([{"prompt": "hello zaludo"}], [], "line 1: the tokenizer has no token for 'zaludo'"),
     ([{"prompt_ids": [1, 2]}], ["--max-new-tokens", "100000"],
      "2 tokens do not fit the model's context window of 512 with --max-new-tokens 100000"),
     ([{"prompt_ids": [1, 2]}], ["--max-len", "64", "--max-new-tokens", "63"],

@@ -189,7 +189,8 @@ def test_budget_that_cannot_fit_the_engine_is_rejected_before_any_work(tokenizer
 @pytest.mark.slow
 def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_path, tokenizer,
                                                                           compilations):
-    path = write_hf_model(tmp_path / "m", seed=13)
+    # A window that holds the turns (build_engine refuses a cache beyond it)
+    path = write_hf_model(tmp_path / "m", seed=13, max_position_embeddings=4096)
     model, _ = load_model(path)
     params = split_params(model)[1]
     config = MemAgentConfig(chunk_tokens=2000, max_memory_tokens=6, max_final_tokens=6,

@@ -135,17 +135,28 @@ def test_local_run_prints_the_answer_or_with_json_only_the_record(model_dir, doc
     ("empty", "the document is empty"),
     ("latin1", "not UTF-8 text (invalid byte at offset 9)"),
     ("long_question", "over the prompt budget of 1024"),
+    ("blank_question", "the question is empty"),
+    ("unknown_question", ("--question: the tokenizer has no token for 'zaludo', 'qux' (the "
+                          "model would read [UNK] in their place)")),
+    ("unknown_document", "doc.txt: the tokenizer has no token for 'zaludo'"),
 ])
 def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, setup, message):
     doc = tmp_path / "doc.txt"
+    if setup != "missing":
+        doc.write_text("hello world")
     question = "what"
     if setup == "empty":
         doc.write_text("  \n")
     elif setup == "latin1":
         doc.write_bytes("hello caf\u00e9".encode("latin-1"))
     elif setup == "long_question":
-        doc.write_text("hello world")
         question = " ".join(["hello"] * 1100)
+    elif setup == "blank_question":
+        question = " \n"
+    elif setup == "unknown_question":
+        question = "what is zaludo qux zaludo"
+    elif setup == "unknown_document":
+        doc.write_text("hello zaludo world")
     code = main(["run", "--model", model_dir, "--doc", str(doc), "--question", question])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and err[0].startswith(PREFIX) and message in err[0], err

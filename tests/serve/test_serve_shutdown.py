@@ -126,3 +126,9 @@ def test_serve_without_the_http_stack_says_which_extra(model_dir, monkeypatch, c
     assert main(["serve", "--model", model_dir]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "memagent-jax[serve]" in err[0] and "uvicorn" in err[0]
+
+
+def test_serve_refuses_a_port_beyond_65535_before_loading(model_dir, capsys):
+    assert main(["serve", "--model", model_dir, "--port", "99999"]) == 2
+    assert capsys.readouterr().err == ("memagent-jax: error: --port must be in 0..65535 (0: any "
+                                       "free port), got 99999\n")

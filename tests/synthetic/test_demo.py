@@ -8,6 +8,7 @@ answers is not the point here; docs/synthetic.md trains one)."""
 
 import json
 import os
+import shlex
 
 import pytest
 
@@ -17,6 +18,7 @@ from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models import preset_config, random_model, save_hf
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import OUTCOMES, follow, made_up, trace_document
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
 BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
            "max_problem_tokens": 16}
@@ -71,7 +73,7 @@ def test_demo_reads_a_fresh_document_and_shows_the_memory_answer_and_truth(in_pa
                                                                           capsys):
     assert main(["demo", "--model", in_package, "--length", "1K", "--seed", "7"]) == 0
     out = capsys.readouterr().out
-    document = synthetic.make_sample("multikey", 1000, 7, 0)
+    document = synthetic.make_sample("multikey", 1024, 7, 0)  # K = 1024, as the eval counts
     assert f"question: {document.question}" in out
     assert f"truth: {document.answer}" in out and "answer:" in out
     assert "memory, at the turns where it changed:" in out and "after chunk     1:" in out
@@ -81,12 +83,34 @@ def test_demo_reads_a_fresh_document_and_shows_the_memory_answer_and_truth(in_pa
     assert "(wrong;" in out or "(correct;" in out
 
 
+def test_demo_prints_its_seed_and_the_command_that_repeats_it(in_package, capsys):
+    assert main(["demo", "--model", in_package, "--length", "1K"]) == 0  # a random seed
+    first = capsys.readouterr().out.splitlines()
+    (line,) = [x for x in first if x.startswith("the same run again: ")]
+    argv = shlex.split(line.removeprefix("the same run again: "))
+    assert argv[:2] == ["memagent-jax", "demo"] and "--seed" in argv
+    assert f"(seed {argv[argv.index('--seed') + 1]})" in first[0]
+    assert main(argv[1:]) == 0
+    again = capsys.readouterr().out.splitlines()
+    # all but the timing at the end of the answer's line
+    assert again[:-1] == first[:-1] and again[-1].split("(")[0] == first[-1].split("(")[0]
+
+
+def test_a_model_of_another_vocabulary_is_refused_before_reading(tmp_path, capsys):
+    model = write_hf_model(tmp_path / "other", seed=1)
+    write_tiny_tokenizer(model)
+    capsys.readouterr()
+    assert main(["demo", "--model", model, "--length", "8K"]) == 2  # past the default chunk
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(
+        f"memagent-jax: error: --model {model} (the synthetic documents' words): the tokenizer "
+        "has no token for 'near', 'by', 'code', 'city', 'gigi' and 3899 more (the model "
+        "would read [UNK] in their place)"), err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--length", "100"], "--length 100: below one chunk of 128 tokens"),
     (["--length", "0"], "--length 0: below one chunk"),
-    (["--length", "many"], "--length: expected a number of tokens such as 300000, 300K or "
-                           "1M, got 'many'"),
-    (["--length", "2.5"], "--length: expected a number of tokens"),
     (["--task", "needles"], "unknown synthetic task 'needles' (known: multikey, twohop)"),
 ])
 def test_demo_bad_input_is_one_line(in_package, capsys, argv, message):
@@ -156,10 +180,10 @@ def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_packag
                  "--seed", "7", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     records = [json.loads(line) for line in out.read_text().splitlines()]
-    assert lines[0].startswith("3 multikey documents of 1,000 tokens (seed 7)")
+    assert lines[0].startswith("3 multikey documents of 1,024 tokens (seed 7)")
     assert len(records) == 3 and [r["index"] for r in records] == [0, 1, 2]
     for record, line in zip(records, lines[1:4]):
-        document = synthetic.make_sample("multikey", 1000, 7, record["index"])
+        document = synthetic.make_sample("multikey", 1024, 7, record["index"])
         (fact,) = record["facts"]
         start = document.context.split().index(fact["text"].split()[3]) - 3
         assert fact["text"] == _needed(document) and record["truth"] == document.answer

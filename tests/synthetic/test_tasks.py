@@ -149,7 +149,32 @@ def test_bad_input_is_one_line(tmp_path, capsys, argv, message):
 
 def test_a_length_that_is_not_a_number_is_refused_by_the_parser(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_:
-        main(["data", "synthetic", "--task", "twohop", "--lengths", "8k", "--out",
+        main(["data", "synthetic", "--task", "twohop", "--lengths", "8X", "--out",
               str(tmp_path)])
     assert exit_.value.code == 2
-    assert "invalid int value: '8k'" in capsys.readouterr().err
+    assert "argument --lengths: expected a number of tokens" in capsys.readouterr().err
+
+
+def test_lengths_count_k_as_the_eval_does_and_no_set_is_overwritten(tmp_path, capsys):
+    out = tmp_path / "sets"
+    argv = ["data", "synthetic", "--task", "multikey", "--lengths", "1K", "--num-samples", "1",
+            "--out", str(out)]
+    assert main(argv) == 0
+    assert load_set(str(out / "eval_multikey_1024.json")).label == "1K"
+    before = (out / "eval_multikey_1024.json").read_text()
+    assert main([*argv[:-2], "--seed", "5", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"memagent-jax: error: --out: {out / 'eval_multikey_1024.json'} exists; remove it or "
+        "choose another --out")
+    assert (out / "eval_multikey_1024.json").read_text() == before
+
+
+@pytest.mark.parametrize("kind", ["a file", "under a file"])
+def test_an_out_directory_that_is_a_file_is_one_line(tmp_path, capsys, kind):
+    (tmp_path / "f").write_text("")
+    out = tmp_path / "f" if kind == "a file" else tmp_path / "f" / "sets"
+    assert main(["data", "synthetic", "--task", "multikey", "--lengths", "512", "--out",
+                 str(out)]) == 2
+    problem = "" if kind == "a file" else f"cannot be made: {tmp_path / 'f'} "
+    assert capsys.readouterr().err == (f"memagent-jax: error: --out: {out} {problem}is a file, "
+                                       "not a directory\n")

@@ -1,0 +1,122 @@
+"""Sizes checked before an engine allocates (`rollout.sizing`, through `build_engine`): a KV
+length beyond the model's context window or the devices' memory is one line naming the flag
+or config key that asked for it, and `run` sizes its cache from the document, not the flag."""
+
+import json
+
+import jax
+import pytest
+
+from memagent_jax.cli import main
+from memagent_jax.errors import ConfigError
+from memagent_jax.models import ModelConfig, make_mesh, random_model, split_params
+from memagent_jax.rollout import agent as agent_module
+from memagent_jax.rollout.agent import build_agent
+from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.tokenizer import load_tokenizer
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+
+PREFIX = "memagent-jax: error: "
+SMALL = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_layers=1,
+                    num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=4096)
+WINDOW = "over the model's context window of 512 tokens (config.json max_position_embeddings)"
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """tests/hf_reference.TINY: a context window of 512 tokens."""
+    path = write_hf_model(tmp_path_factory.mktemp("sizing") / "m", seed=3)
+    write_tiny_tokenizer(path)
+    return path
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    path = tmp_path / "in.jsonl"
+    path.write_text(json.dumps({"prompt_ids": [5, 6, 7]}) + "\n")
+    return str(path)
+
+
+@pytest.fixture
+def doc(tmp_path):
+    path = tmp_path / "doc.txt"
+    path.write_text("hello world the answer is memory " * 10)  # 60 tokens
+    return str(path)
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(PREFIX), err
+    return err[0][len(PREFIX):]
+
+
+def test_generate_max_len_beyond_the_window_is_refused(model_dir, prompts, tmp_path, capsys):
+    assert main(["generate", "--model", model_dir, "--input", prompts, "--output",
+                 str(tmp_path / "o.jsonl"), "--max-len", "1024"]) == 2
+    assert _one_line(capsys) == f"--max-len 1024: {WINDOW}"
+
+
+def test_serve_max_len_beyond_the_window_is_refused(model_dir, capsys):
+    assert main(["serve", "--model", model_dir, "--max-len", "1024", "--port", "0"]) == 2
+    assert _one_line(capsys) == f"--max-len 1024: {WINDOW}"
+
+
+def test_run_budgets_beyond_the_window_name_the_flag(model_dir, doc, capsys):
+    assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
+                 "--max-memory-tokens", "2000"]) == 2
+    line = _one_line(capsys)
+    assert line.startswith("--max-memory-tokens 2000 makes turns of up to ") and WINDOW in line
+    assert "memory 2000 + chunk 60 + reply 2000" in line  # the document's one chunk
+
+
+def test_run_sizes_the_cache_from_the_document_not_the_flag(model_dir, doc, capsys,
+                                                            monkeypatch):
+    lengths = []
+    build = agent_module.Engine
+
+    def engine(model, config, mesh=None):
+        lengths.append(config.max_len)
+        return build(model, config, mesh)
+
+    monkeypatch.setattr(agent_module, "Engine", engine)
+    assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
+                 "--chunk-tokens", "100000", "--max-memory-tokens", "4",
+                 "--max-final-tokens", "4", "--temperature", "0"]) == 0
+    assert len(lengths) == 1 and lengths[0] <= 256  # template + question + 60 + 2 x 4
+
+
+def test_a_cache_beyond_the_devices_memory_is_refused_before_it_is_allocated(tmp_path, prompts,
+                                                                            capsys):
+    # A window nothing refuses, and 8 slots x 10^12 tokens: petabytes of KV cache.
+    model = write_hf_model(tmp_path / "long", seed=3, max_position_embeddings=10 ** 12)
+    capsys.readouterr()
+    assert main(["generate", "--model", model, "--input", prompts, "--output",
+                 str(tmp_path / "o.jsonl"), "--max-len", str(10 ** 12)]) == 2
+    line = _one_line(capsys)
+    assert line.startswith(f"--max-len {10 ** 12}: "), line
+    assert (" PiB per device (the KV cache of 8 slots x 1000000000000 tokens, and the weights) "
+            "is over the ") in line, line
+
+
+def test_a_config_budget_beyond_the_window_names_its_key(tmp_path):
+    tokenizer_dir = tmp_path / "tok"
+    write_tiny_tokenizer(tokenizer_dir)
+    model = random_model(SMALL)
+    with pytest.raises(ConfigError) as error:
+        build_agent(model, load_tokenizer(str(tokenizer_dir)),
+                    MemAgentConfig(chunk_tokens=5000, max_memory_tokens=64),
+                    EngineConfig(slots=2), None, (2,))
+    assert error.value.key == "memagent.chunk_tokens"
+    assert str(error.value).startswith("memagent.chunk_tokens: 5000 makes turns of up to ")
+    assert "over the model's context window of 4096 tokens" in str(error.value)
+
+
+@pytest.mark.parametrize("axes", [None, {"data": 2, "fsdp": 1, "tensor": 4}])
+def test_device_bytes_are_what_one_device_holds_once_allocated(axes):
+    mesh = axes and make_mesh(axes)
+    model = random_model(SMALL, mesh=mesh)
+    engine = Engine(model, EngineConfig(slots=4, max_len=64), mesh)
+    estimate = engine.device_bytes()
+    held = jax.tree.leaves((split_params(model)[1], engine.init_decode_state()))
+    assert estimate == sum(a.addressable_shards[0].data.nbytes for a in held)
