@@ -8,6 +8,7 @@ memagent-tiny's reading is also checked against the word-level tokenizer it was 
 (rebuilt here as it was written: words, punctuation runs and `\\boxed{`, [UNK] for the rest)."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -140,3 +141,21 @@ def test_whitespace_between_words_that_is_not_one_space_is_one_piece(text):
     """The one place the reading differs from a word-level tokenizer's (module docstring)."""
     ids = _ids(load_tokenizer(resolve("memagent-tiny")), text)
     assert sum(i >= PIECE_IDS for i in ids) == 1
+
+
+@pytest.mark.parametrize("text,named", [
+    ("what is the code of Zürich 42 ?", "'Zürich', '42'"),
+    ("what is the code\nof zakolo ?", "'code\\nof'"),
+    ("what is  the code ?", "'is  the'"),
+])
+def test_what_the_vocabulary_cannot_read_is_refused_by_name(text, named):
+    """(tokenizer.check_representable: `run`'s question and document, `generate`'s prompts)"""
+    from memagent_jax.errors import UserError
+    from memagent_jax.tokenizer import check_representable
+
+    tokenizer = load_tokenizer(resolve("memagent-tiny"))
+    check_representable(tokenizer, "what is the code of zakolo ?", "--question")
+    with pytest.raises(UserError, match=re.escape(
+            f"--question: the tokenizer has no token for {named} (it reads them as pieces no "
+            "model has rows for)")):
+        check_representable(tokenizer, text, "--question")
