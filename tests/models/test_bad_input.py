@@ -237,7 +237,7 @@ def test_convert_output_exists_and_not_empty(capsys, hf_single, tmp_path, as_fil
         with open(os.path.join(out, "notes.txt"), "w") as f:
             f.write("precious\n")
     fails_cleanly(capsys, ["convert", "--hf", hf_single, "--out", out], None, out,
-                  "not empty")
+                  "is a file, not a directory" if as_file else "not empty")
     if as_file:
         with open(out) as f:
             assert f.read() == "precious\n"
