@@ -356,8 +356,8 @@ def test_export_interrupted_midway_leaves_nothing(good_ckpt, tmp_path, monkeypat
 
     monkeypatch.setattr(hf_checkpoint, "write_file", write_then_interrupt)
     out = str(tmp_path / "exported")
-    with pytest.raises(KeyboardInterrupt):
-        cli.main(["export", "--ckpt", good_ckpt, "--out", out, "--max-shard-size", "20KB"])
+    assert cli.main(["export", "--ckpt", good_ckpt, "--out", out, "--max-shard-size",
+                     "20KB"]) == 130   # one line, no traceback (cli.main)
     assert len(written) == 1
     _assert_nothing_written(out)
 
