@@ -116,5 +116,5 @@ def first_token(words: list[str], needle: list[str]) -> int:
 
 
 def abbreviate(text: str, limit: int = 100) -> str:
-    text = " / ".join(line for line in text.splitlines() if line.strip()) or "(empty)"
+    text = " / ".join(line.strip() for line in text.splitlines() if line.strip()) or "(empty)"
     return text if len(text) <= limit else text[:limit - 3] + "..."
