@@ -38,6 +38,13 @@ def write_hf_model(path, seed: int = 0, dtype: str = "float32", max_shard_size=N
     return str(path)
 
 
+def write_tiny_model(path, seed: int) -> str:
+    """`write_hf_model(path, seed)` with `write_tiny_tokenizer` beside it: a model every command
+    takes text prompts for; returns the directory."""
+    write_tiny_tokenizer(write_hf_model(path, seed=seed))
+    return str(path)
+
+
 def hf_logits(model, input_ids: np.ndarray) -> np.ndarray:
     """transformers' logits [B, T, V] float32 for unpadded input_ids [B, T]."""
     import torch

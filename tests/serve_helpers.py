@@ -16,7 +16,7 @@ from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.serve.command import OpenAIServer, parse_mesh
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import hf_model, write_hf_model, write_tiny_tokenizer
+from tests.hf_reference import hf_model, write_tiny_model
 
 API_KEY = "sk-test"
 SEED = 12  # the model's weights
@@ -28,9 +28,7 @@ MESSAGES = [{"role": "user", "content": "hello world the answer is"},
 
 def tiny_model_dir(tmp_path_factory) -> str:
     """A tiny random Qwen2 (weights seeded SEED) with the word-level tokenizer."""
-    path = write_hf_model(tmp_path_factory.mktemp("serve") / "m", seed=SEED)
-    write_tiny_tokenizer(path)
-    return path
+    return write_tiny_model(tmp_path_factory.mktemp("serve") / "m", seed=SEED)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from memagent_jax.rollout.answers import final_answer
 from memagent_jax.runconfig import load_config
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import block_package, hotpot_rows
-from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.hf_reference import write_tiny_model
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml")
 PREFIX = "memagent-jax: error: "
@@ -33,9 +33,7 @@ PREFIX = "memagent-jax: error: "
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = write_hf_model(tmp_path_factory.mktemp("eval") / "m", seed=3)
-    write_tiny_tokenizer(path)
-    return path
+    return write_tiny_model(tmp_path_factory.mktemp("eval") / "m", seed=3)
 
 
 @pytest.fixture(scope="module")

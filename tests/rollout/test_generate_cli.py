@@ -7,16 +7,14 @@ import pytest
 import torch
 
 from memagent_jax.cli import main
-from tests.hf_reference import hf_model, write_hf_model, write_tiny_tokenizer
+from tests.hf_reference import hf_model, write_tiny_model
 
 PREFIX = "memagent-jax: error: "
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = write_hf_model(tmp_path_factory.mktemp("gen") / "m", seed=12)
-    write_tiny_tokenizer(path)
-    return path
+    return write_tiny_model(tmp_path_factory.mktemp("gen") / "m", seed=12)
 
 
 def _write_lines(path, lines):

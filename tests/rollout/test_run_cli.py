@@ -11,7 +11,7 @@ import pytest
 from memagent_jax.cli import main
 from memagent_jax.rollout.templates import final_prompt, update_prompt
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.hf_reference import write_tiny_model
 
 PREFIX = "memagent-jax: error: "
 WORDS = ["hello", "world", "the", "answer", "is", "memory"]
@@ -19,9 +19,7 @@ WORDS = ["hello", "world", "the", "answer", "is", "memory"]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = write_hf_model(tmp_path_factory.mktemp("run") / "m", seed=14)
-    write_tiny_tokenizer(path)
-    return path
+    return write_tiny_model(tmp_path_factory.mktemp("run") / "m", seed=14)
 
 
 @pytest.fixture

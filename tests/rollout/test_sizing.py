@@ -15,7 +15,7 @@ from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.hf_reference import write_hf_model, write_tiny_model, write_tiny_tokenizer
 
 PREFIX = "memagent-jax: error: "
 SMALL = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_layers=1,
@@ -26,9 +26,7 @@ WINDOW = "over the model's context window of 512 tokens (config.json max_positio
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """tests/hf_reference.TINY: a context window of 512 tokens."""
-    path = write_hf_model(tmp_path_factory.mktemp("sizing") / "m", seed=3)
-    write_tiny_tokenizer(path)
-    return path
+    return write_tiny_model(tmp_path_factory.mktemp("sizing") / "m", seed=3)
 
 
 @pytest.fixture
