@@ -12,7 +12,7 @@ the memory bandwidth: steps/s <= bandwidth / parameter bytes. This script measur
   * ours end to end: `scheduler.complete(engine, params, requests)` (prefill + insert + steps)
     after `engine.warm_up(params, [prompt_len])`, best of --repeats; the engine prefills the
     whole batch in one call (`prefill_rows` = batch), as transformers does;
-  * ours decode only: a loop of `engine.generate(params, state)` steps over full slots, each
+  * ours decode only: a loop of `engine.generate(params, state, length)` steps over full slots, each
     step's tokens waited for (`jax.block_until_ready`), as the scheduler does;
   * transformers end to end: `model.generate(ids [B, P], max_new_tokens=N, min_new_tokens=N,
     do_sample=False)` under `torch.inference_mode`, after one untimed warm-up call; its decode
@@ -189,19 +189,26 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
     tokens = np.array([r[0].token_ids for r in results[-1]], np.int64)
     assert tokens.shape == (batch, new_tokens), tokens.shape
 
-    # Decode only: every slot busy, then `decode_steps` steps, each waited for.
+    # Decode only: every slot busy, then `decode_steps` steps, each waited for (a slot at
+    # max_len keeps rewriting its last entry).
     state = engine.init_decode_state()
     for slot, row in enumerate(prompts):
         state, _, _ = engine.insert(engine.prefill(params, [row])[0], state, slot, greedy)
+    fed = 0
+
+    def step():
+        nonlocal state, fed
+        fed += 1
+        state, tok, _ = engine.generate(params, state, min(prompt_len + fed, max_len))
+        return tok
+
     for _ in range(2):
-        state, tok, _ = engine.generate(params, state)
+        tok = step()
     jax.block_until_ready(tok)
 
     def steps():
-        nonlocal state
         for _ in range(decode_steps):
-            state, tok, _ = engine.generate(params, state)
-            jax.block_until_ready(tok)
+            jax.block_until_ready(step())
 
     probes: list[dict[str, float]] = []
     step_s = best_time(steps, repeats, loads, around=bandwidth, probes=probes) / decode_steps

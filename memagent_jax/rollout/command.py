@@ -35,7 +35,7 @@ def add_parsers(sub) -> None:
                    help="prompts prefilled together in one call (compiled for 1, 2, 4, ... up "
                         "to it)")
     p.add_argument("--max-len", type=tokens,
-                   help="KV cache length per slot (default: longest prompt + max-new-tokens, "
+                   help="most KV entries per slot (default: longest prompt + max-new-tokens, "
                         "rounded up: powers of two to 256, then multiples of 256)")
     add_model_flags(p)
     p.set_defaults(func=_generate)

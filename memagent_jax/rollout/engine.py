@@ -8,9 +8,13 @@ one token. Parameters are passed into every call that runs the model: the engine
 a learner's update (which donates its old buffers) can never leave a stale copy behind here.
 
 `Engine` implements it for a Qwen2 model. It owns a fixed number of decode slots, each with a KV
-cache of `max_len` entries. Shapes never change after warm-up: slots, max_len, the prefill
-buckets and row counts are fixed, and the three hot functions are jitted pure functions of the
-parameters with the decode state donated, so a step updates the cache in place. The parameters'
+cache of up to `max_len` entries. The cache is only as long as the longest busy slot needs, in
+a few compiled lengths (`EngineConfig.cache_lengths`): a step reads all of its cache, so it
+costs what the filled part costs whatever max_len is, and the cache grows (or shrinks, once the
+need has halved) between steps, one layer at a time, so a resize holds one layer's extra copy.
+Shapes are otherwise fixed: slots, the prefill buckets and row counts, and the three hot
+functions are jitted pure functions of the parameters with the decode state donated, so a step
+updates the cache in place. The parameters'
 shardings are part of each jitted function's signature: parameters placed any other way are an
 error, never a silent reshard. Slots are split over the mesh's `data` axis and KV heads over
 `tensor`, like the parameters.
@@ -67,6 +71,12 @@ class EngineConfig:
             return self
         return dataclasses.replace(self, max_len=kv_length(tokens))
 
+    def cache_lengths(self) -> tuple[int, ...]:
+        """The KV lengths a decode state takes, ascending: the prefill buckets from 1024 on (a
+        cache of at most a quarter more than its longest slot needs), or max_len alone when it
+        is at most 1024 (below that the cache costs little beside the weights)."""
+        return tuple(b for b in self.buckets() if b >= min(1024, self.max_len))
+
     def buckets(self) -> tuple[int, ...]:
         """The prompt lengths a prefill is padded to, ascending; the last is max_len."""
         if self.prefill_buckets:
@@ -84,7 +94,7 @@ class EngineConfig:
 
 def kv_length(tokens: int) -> int:
     """KV entries for `tokens`: the next power of two up to 256, then the next multiple of 256
-    (a slot's cache, which every decode step reads in full, pads by under 256 entries)."""
+    (the longest cache a slot may need, padded by under 256 entries)."""
     if tokens > 256:
         return -(-tokens // 256) * 256
     length = 16
@@ -125,7 +135,8 @@ class StepLogprobs(NamedTuple):
 
 class DecodeState(NamedTuple):
     """Everything a decode step reads, one row per slot ([S] unless noted)."""
-    cache: KVCache            # per layer: keys [S, Hkv, K, max_len], values [S, Hkv, max_len, K]
+    cache: KVCache            # per layer: keys [S, Hkv, K, L], values [S, Hkv, L, K], L one
+                              # of config.cache_lengths()
     tokens: jnp.ndarray       # int32: the token each slot feeds next
     positions: jnp.ndarray    # int32: that token's position
     steps: jnp.ndarray        # int32: tokens generated so far (indexes the sampling key)
@@ -162,9 +173,11 @@ class DecodeEngine(Protocol):
         with the key of sample `sample_index` of a request seeded `sampling.seed`. `state` may
         be consumed: use the returned one."""
 
-    def generate(self, params, state) -> tuple[Any, Any, Any]:
+    def generate(self, params, state, length: int) -> tuple[Any, Any, Any]:
         """(state, tokens [S], logprobs [S]): one token for every slot; `state` may be
-        consumed."""
+        consumed. length: the most KV entries a busy slot holds after this step (its prompt
+        and the tokens fed so far, this step's included; at most max_len): what the step must
+        read. Free slots get meaningless tokens."""
 
 
 class Engine:
@@ -183,6 +196,7 @@ class Engine:
         self.mesh = mesh
         self.dtype = model.dtype
         self.buckets = config.buckets()
+        self.cache_lengths = config.cache_lengths()
         self.graphdef, params = split_params(model)
         self.abstract_params = jax.tree.map(
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params)
@@ -192,11 +206,16 @@ class Engine:
         # Sampled tokens and log-probs replicated: the host reads them, and on a pod no
         # process holds every slot.
         host = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+        # An insert is two programs: the first token's sampling, compiled once, and the
+        # prefix's placement, compiled per (prefill bucket, cache length) pair but tiny.
+        self._first_token = jax.jit(self._first_token_fn, out_shardings=(host, host))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(1,),
-                               out_shardings=(self._state_sharding, host, host))
+                               out_shardings=self._state_sharding)
         self._generate = jax.jit(self._generate_fn, donate_argnums=(1,),
                                  in_shardings=(param_shardings, None),
                                  out_shardings=(self._state_sharding, host, host))
+        self._resize_layer = jax.jit(_resized, static_argnums=(1, 2),
+                                     out_shardings=self._state_sharding.cache.v[0])
 
     # ---- DecodeEngine ---------------------------------------------------------------------
 
@@ -222,9 +241,10 @@ class Engine:
                                  f"{given.dtype}{list(given.shape)}, the model's is "
                                  f"{want.dtype}{list(want.shape)}")
 
-    def init_decode_state(self) -> DecodeState:
-        """All slots empty (their rows are computed but ignored until something is inserted)."""
-        slots, length = self.config.slots, self.config.max_len
+    def init_decode_state(self, length: int | None = None) -> DecodeState:
+        """All slots empty (their rows are computed but ignored until something is inserted),
+        with a cache of `length` entries (one of `cache_lengths`; None: the shortest)."""
+        slots, length = self.config.slots, length or self.cache_lengths[0]
         state = DecodeState(
             cache=KVCache.zeros(self.model_config, slots, length, self.dtype),
             tokens=jnp.zeros(slots, jnp.int32), positions=jnp.zeros(slots, jnp.int32),
@@ -254,25 +274,32 @@ class Engine:
     def insert(self, prefix: Prefix, state: DecodeState, slot: int, sampling: SamplingParams,
                sample_index: int = 0) -> tuple[DecodeState, jax.Array, jax.Array]:
         """See `DecodeEngine.insert`; `sampling.seed` is required (the scheduler draws one for
-        requests without). `state` is donated."""
-        return self._insert(prefix, state, jnp.int32(slot),
-                            request_key(sampling.seed, sample_index),
-                            jnp.float32(sampling.temperature), jnp.float32(sampling.top_p),
-                            jnp.int32(sampling.top_k), jnp.bool_(sampling.top_logprobs))
+        requests without). `state` is donated (its cache first grown to hold the prefix)."""
+        state = self._fit(state, prefix.keys[0].shape[1], shrink=False)
+        key = request_key(sampling.seed, sample_index)
+        temperature, top_p = jnp.float32(sampling.temperature), jnp.float32(sampling.top_p)
+        top_k = jnp.int32(sampling.top_k)
+        token, logprob = self._first_token(prefix.last_logits, key, temperature, top_p, top_k)
+        state = self._insert(prefix, state, jnp.int32(slot), token, key, temperature, top_p,
+                             top_k, jnp.bool_(sampling.top_logprobs))
+        return state, token, logprob
 
-    def generate(self, params: Params, state: DecodeState
+    def generate(self, params: Params, state: DecodeState, length: int
                  ) -> tuple[DecodeState, jax.Array, jax.Array]:
         """One token for every slot: (state, tokens [S] int32, logprobs [S] float32); `state`
-        is donated."""
-        return self._generate(params, state)
+        is donated. length: see `DecodeEngine.generate`; the step runs on the shortest cache
+        length that holds it (the cache resized first if it is shorter, or at least twice as
+        long)."""
+        if not 1 <= length <= self.config.max_len:
+            raise ValueError(f"generate: length {length} is outside 1..{self.config.max_len}")
+        return self._generate(params, self._fit(state, length, shrink=True))
 
     def compiled(self) -> dict[str, jax.stages.Compiled]:
         """The decode step and the prefill of each bucket (at `prefill_rows` prompts),
         compiled from shapes on this engine's shardings, for their `memory_analysis()` and
         `cost_analysis()` (nothing is run or allocated: the model's parameters may be
         ShapeDtypeStructs; benchmarks/aot.py)."""
-        state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                             jax.eval_shape(self.init_decode_state), self._state_sharding)
+        state = self._abstract_state()
         out = {"decode step": self._generate.lower(self.abstract_params, state).compile()}
         rows = self.config.prefill_rows
         for bucket in self.buckets:
@@ -284,11 +311,12 @@ class Engine:
     def device_bytes(self) -> int:
         """Bytes one device holds of the parameters and the decode state (nearly all of it
         the KV cache), from their shapes and shardings: nothing is allocated (rollout.sizing
-        checks it against the devices' memory before the first allocation)."""
-        state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                             jax.eval_shape(self.init_decode_state), self._state_sharding)
+        checks it against the devices' memory before the first allocation), at the longest
+        cache, plus the one layer a resize holds twice."""
+        state = self._abstract_state()
+        layer = (state.cache.k[0], state.cache.v[0])
         return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
-                   for a in jax.tree.leaves((self.abstract_params, state)))
+                   for a in jax.tree.leaves((self.abstract_params, state, layer)))
 
     # ---- helpers --------------------------------------------------------------------------
 
@@ -302,7 +330,8 @@ class Engine:
 
     def warm_up(self, params: Params, prompt_lengths: Sequence[int] | None = None) -> None:
         """Compiles the prefill (at every row count) and insert of the buckets that prompts of
-        `prompt_lengths` tokens use (default: every bucket), and the decode step."""
+        `prompt_lengths` tokens use (default: every bucket), and the decode step at the cache
+        lengths those prompts start in (longer ones compile when a slot first needs them)."""
         buckets = (self.buckets if prompt_lengths is None
                    else sorted({self.prefill_bucket(n) for n in prompt_lengths}))
         state = self.init_decode_state()
@@ -311,7 +340,35 @@ class Engine:
             for rows in self.config.row_counts():
                 prefix = self.prefill(params, [prompt] * rows)[0]
             state, _, _ = self.insert(prefix, state, 0, SamplingParams(temperature=0.0, seed=0))
-        jax.block_until_ready(self.generate(params, state))
+            state, tokens, _ = self.generate(params, state, len(prompt) + 1)
+        jax.block_until_ready(tokens)
+
+    def _fit(self, state: DecodeState, need: int, shrink: bool) -> DecodeState:
+        """`state` with a cache of the shortest of `cache_lengths` that holds `need` entries,
+        if its own is shorter or (shrink) at least twice that long."""
+        target = next(n for n in self.cache_lengths if n >= need)
+        current = state.cache.length
+        if target > current or (shrink and 2 * target <= current):
+            state = state._replace(cache=self._resize(state.cache, target))
+        return state
+
+    def _resize(self, cache: KVCache, length: int) -> KVCache:
+        """The cache cut or zero-padded to `length` entries, a layer at a time: each old
+        buffer is deleted as soon as its copy is made, so a resize holds one extra layer."""
+        def each(buffers, axis):
+            out = []
+            for buffer in buffers:
+                out.append(self._resize_layer(buffer, length, axis))
+                buffer.delete()
+            return tuple(out)
+        return KVCache(each(cache.k, 3), each(cache.v, 2))
+
+    def _abstract_state(self) -> DecodeState:
+        """The decode state's shapes and shardings at the longest cache."""
+        return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                            jax.eval_shape(functools.partial(self.init_decode_state,
+                                                              self.config.max_len)),
+                            self._state_sharding)
 
     def _decode_state_sharding(self) -> DecodeState:
         layers = self.model_config.num_layers
@@ -338,15 +395,18 @@ class Engine:
         return [Prefix(tuple(k[r:r + 1] for k in keys), tuple(v[r:r + 1] for v in values),
                        logits[r:r + 1], lengths[r]) for r in range(ids.shape[0])]
 
-    def _insert_fn(self, prefix: Prefix, state: DecodeState, slot, key, temperature, top_p,
-                   top_k, wants_top):
-        token, logprob = sample(prefix.last_logits, temperature[None], top_p[None], top_k[None],
+    def _first_token_fn(self, last_logits, key, temperature, top_p, top_k):
+        """A prefix's first token and its logprob (scalars) from its last_logits [1, V]."""
+        token, logprob = sample(last_logits, temperature[None], top_p[None], top_k[None],
                                 key[None], jnp.zeros(1, jnp.int32))
-        logprob = jax.tree.map(lambda a: a[0], self._with_top(logprob, prefix.last_logits,
-                                                              temperature[None]))
-        state = DecodeState(
+        return token[0], jax.tree.map(lambda a: a[0], self._with_top(logprob, last_logits,
+                                                                    temperature[None]))
+
+    def _insert_fn(self, prefix: Prefix, state: DecodeState, slot, token, key, temperature,
+                   top_p, top_k, wants_top):
+        return DecodeState(
             cache=state.cache.write_prefix(prefix.keys, prefix.values, slot),
-            tokens=state.tokens.at[slot].set(token[0]),
+            tokens=state.tokens.at[slot].set(token),
             positions=state.positions.at[slot].set(prefix.length),
             steps=state.steps.at[slot].set(1),
             keys=state.keys.at[slot].set(key),
@@ -354,14 +414,16 @@ class Engine:
             top_p=state.top_p.at[slot].set(top_p),
             top_k=state.top_k.at[slot].set(top_k),
             wants_top=state.wants_top.at[slot].set(wants_top))
-        return state, token[0], logprob
 
     def _generate_fn(self, params, state: DecodeState):
         model = nnx.merge(self.graphdef, params)
-        logits, cache = model.decode_step(state.tokens, state.positions, state.cache)
+        # A free slot keeps stepping; clamping keeps its writes inside the cache (a busy slot's
+        # position is below the cache length: `generate`'s length). The next position is kept
+        # unclamped by this cache's length: the next step's cache may be longer.
+        logits, cache = model.decode_step(
+            state.tokens, jnp.minimum(state.positions, state.cache.length - 1), state.cache)
         tokens, logprobs = sample(logits, state.temperature, state.top_p, state.top_k,
                                   state.keys, state.steps)
-        # A free slot keeps stepping; clamping keeps its writes inside the cache.
         positions = jnp.minimum(state.positions + 1, self.config.max_len - 1)
         state = state._replace(cache=cache, tokens=tokens, positions=positions,
                                steps=state.steps + 1)
@@ -385,3 +447,11 @@ class Engine:
 
         top = compute() if wanted is None else jax.lax.cond(wanted, compute, skip)
         return StepLogprobs(logprobs, *top)
+
+
+def _resized(buffer: jnp.ndarray, length: int, axis: int) -> jnp.ndarray:
+    """buffer cut, or zero-padded at its end, to `length` entries along `axis`."""
+    have = buffer.shape[axis]
+    if length <= have:
+        return jax.lax.slice_in_dim(buffer, 0, length, axis=axis)
+    return jnp.pad(buffer, [(0, length - have if a == axis else 0) for a in range(buffer.ndim)])

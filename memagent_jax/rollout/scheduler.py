@@ -168,7 +168,10 @@ class Scheduler:
             self._fill_free_slots(params, unread)
             busy = [(slot, active) for slot, active in enumerate(self._slots) if active]
             if busy:
-                self.state, tokens, logprobs = self.engine.generate(params, self.state)
+                # Entries the longest busy slot reads: its prompt and the tokens fed so far.
+                length = max(len(self.requests[a.request_id].prompt_ids) + a.asked
+                             for _, a in busy)
+                self.state, tokens, logprobs = self.engine.generate(params, self.state, length)
                 unread.append((busy, tokens, logprobs))
                 for _, active in busy:
                     self._asked(active)

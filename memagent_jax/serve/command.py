@@ -51,8 +51,9 @@ def add_parsers(sub) -> None:
                                      "default: env MEMAGENT_API_KEY, else none")
     p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
     p.add_argument("--max-len", type=tokens,
-                   help="the longest prompt + reply served, the KV cache length of every "
-                        "slot (default: the model's context window)")
+                   help="the longest prompt + reply served, the most KV entries a slot holds "
+                        "(default: the model's context window; a step reads only as far as "
+                        "the longest request in flight needs)")
     p.add_argument("--prefill-rows", type=int, default=1,
                    help="prompts prefilled together in one call")
     p.add_argument("--max-logprobs", type=int, default=20,

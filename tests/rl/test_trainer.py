@@ -116,10 +116,10 @@ def three_steps(task, tmp_path_factory) -> _Run:
     run.decoded_with_learners_arrays = []
     step = engine.generate
 
-    def generate(params, state):
+    def generate(params, state, length):
         run.decoded_with_learners_arrays.append(all(
             a is b for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(learner.params))))
-        return step(params, state)
+        return step(params, state, length)
 
     engine.generate = generate
     run.last = trainer.run()

@@ -110,6 +110,40 @@ def test_sampled_logprobs_are_at_the_requests_temperature(engine, params, refere
         assert np.abs(np.array(completion.logprobs) - np.array(expected)).max() <= 1e-4
 
 
+def test_the_cache_follows_the_longest_slot_and_changes_no_token(model, params, reference,
+                                                                 monkeypatch):
+    """max_len 2048 on 2 slots: one request grows from 1500 to 1900 entries while short ones
+    pass through the other slot, then short ones alone. The cache takes the lengths the
+    longest busy slot needs (1536 up to 2048, then back to 1024 once it has finished) and every
+    greedy token and log-probability equals transformers' forward over the sequence."""
+    engine = Engine(model, EngineConfig(slots=2, max_len=2048))
+    assert engine.cache_lengths == (1024, 1280, 1536, 1792, 2048)
+    lengths = []
+    step = engine.generate
+
+    def generate(params, state, length):
+        state, tokens, logprobs = step(params, state, length)
+        if not lengths or lengths[-1] != state.cache.length:
+            lengths.append(state.cache.length)
+        return state, tokens, logprobs
+
+    monkeypatch.setattr(engine, "generate", generate)
+    long, short = _prompts(1, 1500, 1500, seed=7)[0], _prompts(6, 17, 32, seed=8)
+    requests = ([Request(long, max_new_tokens=400, sampling=GREEDY)] +
+                [Request(p, max_new_tokens=80, sampling=GREEDY) for p in short])
+    results = complete(engine, params, requests)
+    assert lengths == [1536, 1792, 2048, 1024]
+    for request, (completion,) in zip(requests, results):
+        sequence = torch.tensor([request.prompt_ids + tuple(completion.token_ids)])
+        with torch.no_grad():
+            logits = torch.log_softmax(reference(sequence).logits[0].float(), -1)
+        start = len(request.prompt_ids) - 1
+        expected = logits[start:start + len(completion.token_ids)]
+        assert completion.token_ids == expected.argmax(-1).tolist()
+        chosen = expected[torch.arange(len(expected)), completion.token_ids].numpy()
+        assert np.abs(np.array(completion.logprobs) - chosen).max() <= 1e-4
+
+
 def test_seed_gives_same_tokens_whatever_the_slot_and_order(engine, params):
     prompts = _prompts(6, 3, 60, seed=2)
     sampling = [SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=100 + i)
@@ -128,7 +162,8 @@ def test_slots_take_the_next_request_without_idle_steps(engine, params, monkeypa
     one that stops at a stop id is seen a step late, its slot's extra token discarded."""
     steps = []
     step = engine.generate
-    monkeypatch.setattr(engine, "generate", lambda p, state: steps.append(1) or step(p, state))
+    monkeypatch.setattr(engine, "generate",
+                        lambda p, state, length: steps.append(1) or step(p, state, length))
     prompts = _prompts(8, 5, 40, seed=5)
     results = complete(engine, params,
                        [Request(p, max_new_tokens=5, sampling=GREEDY) for p in prompts])

@@ -85,7 +85,7 @@ class ScriptedEngine(DecodeEngine):
         state[slot] = list(script)
         return state, state[slot].pop(0), -1.0
 
-    def generate(self, params, state):
+    def generate(self, params, state, length):
         tokens = [s.pop(0) if s else EOS for s in state]
         return state, np.array(tokens), np.full(len(state), -1.0)
 

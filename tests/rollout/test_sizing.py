@@ -116,5 +116,6 @@ def test_device_bytes_are_what_one_device_holds_once_allocated(axes):
     model = random_model(SMALL, mesh=mesh)
     engine = Engine(model, EngineConfig(slots=4, max_len=64), mesh)
     estimate = engine.device_bytes()
-    held = jax.tree.leaves((split_params(model)[1], engine.init_decode_state()))
+    state = engine.init_decode_state(64)  # the longest cache, and one layer twice (a resize)
+    held = jax.tree.leaves((split_params(model)[1], state, state.cache.k[0], state.cache.v[0]))
     assert estimate == sum(a.addressable_shards[0].data.nbytes for a in held)

@@ -122,9 +122,9 @@ def slow_engine(server, monkeypatch):
     engine = server.worker.engine
     original = engine.generate
 
-    def generate(params, state):
+    def generate(params, state, length):
         time.sleep(0.01)
-        return original(params, state)
+        return original(params, state, length)
 
     monkeypatch.setattr(engine, "generate", generate)
 
@@ -161,7 +161,7 @@ def test_a_full_queue_answers_429_and_then_serves_again(model_dir, monkeypatch):
     with serving(model_dir, max_requests=2) as server:
         original = server.worker.engine.generate
         monkeypatch.setattr(server.worker.engine, "generate",
-                            lambda p, s: (time.sleep(0.01), original(p, s))[1])
+                            lambda p, s, n: (time.sleep(0.01), original(p, s, n))[1])
         results = []
         threads = [threading.Thread(target=lambda: results.append(request(
             server, CHAT, {**GOOD, "max_tokens": 60, "ignore_eos": True})))
