@@ -130,9 +130,8 @@ class LearnerConfig:
             if not self.rollout_correction > 0:
                 fail("rollout_correction", "must be a positive cap (or null to switch it off)")
             if self.old_logprobs == "rollout" or self.loss != "dapo":
-                fail("rollout_correction", "corrects recomputed old log-probabilities towards "
-                     "the rollout's: it needs old_logprobs: recompute and loss: dapo (with "
-                     "old_logprobs: rollout every weight would be 1)")
+                fail("rollout_correction", "needs old_logprobs: recompute and loss: dapo "
+                     "(with the rollout's own old log-probs every weight is 1)")
         if self.bucket_lengths is not None and (not self.bucket_lengths
                                                 or min(self.bucket_lengths) < 2):
             fail("bucket_lengths", "must be a non-empty list of lengths >= 2")
