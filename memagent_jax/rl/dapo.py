@@ -116,8 +116,8 @@ def truncated_is_weights(old_logp: np.ndarray, rollout_logp: np.ndarray, cap: fl
 def rollout_mismatch(logp, rollout_logp, weights, xp=jnp) -> dict:
     """How far the learner's log-probabilities of the sampled tokens are from the sampler's.
 
-    logp, rollout_logp, weights: arrays of one shape, e.g. [rows, T] (weights 0 off the
-    response tokens; summing to 1 they make a token mean). With r = logp - rollout_logp,
+    logp, rollout_logp: arrays of one shape, e.g. [rows, T]; weights broadcast to it (0 off
+    the response tokens; summing to 1 they make a token mean). With r = logp - rollout_logp,
     returns weighted token sums: rollout_logprob_abs_diff = sum(w |r|), and rollout_kl_k3 =
     sum(w (exp(r) - 1 - r)), Schulman's k3 estimate of KL(sampler || learner) (the tokens are
     the sampler's draws; each term is >= 0). Not clamped: a measurement, not a loss. xp: jnp
