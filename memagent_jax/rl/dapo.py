@@ -4,7 +4,11 @@
 rollout policy, clipped to [1 - eps_low, 1 + eps_high] ("clip-higher" when eps_high > eps_low),
 dual clip for negative advantages, token-mean over every response token of the mini-batch (or
 per rank, as verl's data-parallel workers took it: `row_weights`), plus
-an optional KL penalty to a frozen reference (verl's `low_var_kl`) and an optional entropy bonus.
+an optional KL penalty to a frozen reference (verl's `low_var_kl`), an optional entropy bonus,
+and optional per-token weights (verl's truncated importance sampling, `truncated_is_weights`).
+
+`rollout_mismatch` measures how far the learner's log-probabilities of the sampled tokens are
+from the sampler's (the engine's), the number a bf16 engine makes non-zero.
 
 `overlong_penalty` and `informative_groups` are DAPO's overlong reward shaping and dynamic
 sampling filter; they work on host numpy arrays before any row reaches the learner.
@@ -12,6 +16,7 @@ sampling filter; they work on host numpy arrays before any row reaches the learn
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -24,7 +29,7 @@ _KL_LIMIT = 10.0
 def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
                 eps_high: float = 0.28, dual_clip: float | None = 3.0, ref_logp=None,
                 kl_coef: float = 0.0, entropy=None, entropy_coef: float = 0.0,
-                row_weights=None):
+                row_weights=None, token_weights=None):
     """The mini-batch loss to minimise, and its metrics.
 
     logp, old_logp, mask: [rows, T] (log-probabilities of the tokens under the policy being
@@ -37,6 +42,10 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
     passes 1 / (the mini-batch's token count) for every row, so the micro-batch losses sum to
     the mini-batch token-mean; with `loss_agg: per_rank_token_mean` each row's weight is that of
     its rank's piece (learner.py).
+    token_weights: [rows, T], each token's policy-gradient term (after both clips) multiplied
+    by it, not differentiated (a constant of the loss): the truncated importance-sampling
+    weights of `truncated_is_weights`; None: 1. The KL and entropy terms and the clip metrics
+    are not weighted, as in verl.
 
     Returns (loss [], metrics): pg_loss, clip_fraction (tokens whose ratio the clip bound),
     dual_clip_fraction, approx_kl (to the sampling policy), kl (to the reference, 0 without one),
@@ -66,6 +75,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
         pg = jnp.where(advantages < 0, jnp.minimum(pg, bound), pg)
     else:
         metrics["dual_clip_fraction"] = jnp.zeros((), jnp.float32)
+    if token_weights is not None:
+        pg = pg * jax.lax.stop_gradient(jnp.asarray(token_weights, jnp.float32))
     pg_loss = token_mean(pg)
     loss = pg_loss
     metrics["pg_loss"] = pg_loss
@@ -89,6 +100,31 @@ def low_var_kl(logp, ref_logp):
     r - log r - 1 with r = p_ref / p, an unbiased, always non-negative estimate of KL(p||ref)."""
     log_ratio = jnp.clip(ref_logp - logp, -_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
     return jnp.clip(jnp.exp(log_ratio) - log_ratio - 1.0, -_KL_LIMIT, _KL_LIMIT)
+
+
+def truncated_is_weights(old_logp: np.ndarray, rollout_logp: np.ndarray, cap: float
+                         ) -> np.ndarray:
+    """verl's truncated importance sampling (TIS) weights, [rows, T] float32 from two [rows, T]
+    host arrays: min(exp(old_logp - rollout_logp), cap), the learner's probability of each
+    sampled token over the sampler's, truncated at `cap` (> 0). Not log-clamped, as verl's:
+    a ratio that overflows is the cap, one that underflows 0."""
+    with np.errstate(over="ignore"):
+        ratio = np.exp(np.asarray(old_logp, np.float32) - np.asarray(rollout_logp, np.float32))
+    return np.minimum(ratio, np.float32(cap))
+
+
+def rollout_mismatch(logp, rollout_logp, weights, xp=jnp) -> dict:
+    """How far the learner's log-probabilities of the sampled tokens are from the sampler's.
+
+    logp, rollout_logp: arrays of one shape, e.g. [rows, T]; weights broadcast to it (0 off
+    the response tokens; summing to 1 they make a token mean). With r = logp - rollout_logp,
+    returns weighted token sums: rollout_logprob_abs_diff = sum(w |r|), and rollout_kl_k3 =
+    sum(w (exp(r) - 1 - r)), Schulman's k3 estimate of KL(sampler || learner) (the tokens are
+    the sampler's draws; each term is >= 0). Not clamped: a measurement, not a loss. xp: jnp
+    (in a jitted function) or np (host arrays, computed in their dtype)."""
+    r = logp - rollout_logp
+    return {"rollout_logprob_abs_diff": xp.sum(xp.abs(r) * weights),
+            "rollout_kl_k3": xp.sum((xp.expm1(r) - r) * weights)}
 
 
 def overlong_penalty(response_lengths, max_response_tokens: int, buffer: int,

@@ -12,6 +12,12 @@ section 3):
    contiguous mini-batches) and each token weighs 1 / (ranks x its piece's token count);
 3. a mini-batch whose loss or gradient norm is not finite is skipped: parameters and optimiser
    state stay as they were, and the skip is counted.
+With `rollout_correction` C, each token's policy-gradient loss is multiplied by verl's truncated
+importance-sampling weight min(exp(old - rollout log-prob), C) (dapo.truncated_is_weights).
+Each update also reports how far the learner's log-probabilities of the sampled tokens are from
+the engine's (dapo.rollout_mismatch): over the whole batch from the recomputed old
+log-probabilities, or, with `old_logprobs="rollout"` (no recompute), from the first
+mini-batch's forward, which runs before any update (the rows of that mini-batch only).
 Every optimiser update of one `update` call uses the learning rate of that training step
 (verl advances its scheduler once per step, not per update).
 
@@ -48,7 +54,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen2 import Params, Qwen2, split_params
 from memagent_jax.models.sharding import batch_sharding
-from memagent_jax.rl.dapo import policy_loss
+from memagent_jax.rl.dapo import policy_loss, rollout_mismatch, truncated_is_weights
 from memagent_jax.rl.logprobs import token_logprobs
 from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather, plan_micro_batches,
                                   scatter)
@@ -84,6 +90,7 @@ class LearnerConfig:
     remat: bool = False                 # recompute each layer in the backward
     logit_chunk_tokens: int | None = 1024   # LM-head positions at once (null: all; logprobs.py)
     old_logprobs: str = "recompute"     # "recompute" before the first update, or "rollout"
+    rollout_correction: float | None = None  # TIS cap C: pg loss x min(p_old/p_rollout, C)
     normalize_std: bool = False         # divide advantages by the group's std (the trainer)
     loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"  # (1)
     loss_agg_ranks: int | None = None   # ranks for per_rank_token_mean (null: data x fsdp)
@@ -119,6 +126,12 @@ class LearnerConfig:
             fail("micro_batch_tokens", "set micro_batch_rows or micro_batch_tokens")
         if self.old_logprobs not in ("recompute", "rollout"):
             fail("old_logprobs", "must be 'recompute' or 'rollout'")
+        if self.rollout_correction is not None:
+            if not self.rollout_correction > 0:
+                fail("rollout_correction", "must be a positive cap (or null to switch it off)")
+            if self.old_logprobs == "rollout" or self.loss != "dapo":
+                fail("rollout_correction", "needs old_logprobs: recompute and loss: dapo "
+                     "(with the rollout's own old log-probs every weight is 1)")
         if self.bucket_lengths is not None and (not self.bucket_lengths
                                                 or min(self.bucket_lengths) < 2):
             fail("bucket_lengths", "must be a non-empty list of lengths >= 2")
@@ -153,6 +166,9 @@ class Learner:
 
     def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None):
         self.config, self.mesh = config, mesh
+        # Without a recompute, the first mini-batch's forward is the one pass of the learner
+        # over sampled tokens under the parameters that sampled them (see `update`).
+        self._mismatch_in_graph = config.loss == "dapo" and config.old_logprobs == "rollout"
         self.graphdef, params = split_params(model)
         stored = {jnp.dtype(x.dtype).name for x in jax.tree.leaves(params)}
         if stored != {"float32"}:
@@ -284,6 +300,8 @@ class Learner:
                  "row_weights": per_row(jnp.float32), "prompt_lengths": per_row(jnp.int32)}
         if self._ref_params is not None:
             batch["ref_logprobs"] = per_token(jnp.float32)
+        if self.config.rollout_correction is not None:
+            batch["is_weights"] = per_token(jnp.float32)
         return {"train step": self._train_step.lower(
                     params, opt_state, scalar(jnp.int32), accumulator, batch,
                     scalar(jnp.float32), scalar(jnp.bool_), width=width).compile(),
@@ -322,12 +340,32 @@ class Learner:
         """One training step: a rollout batch of PPO updates, all at this step's learning rate;
         returns mean loss, pg_loss, clip_fraction, dual_clip_fraction, approx_kl, kl, entropy,
         grad_norm over the applied updates, the lr, updates and skipped_updates counts, and
-        tokens (response tokens trained on, all epochs)."""
+        tokens (response tokens trained on, all epochs).
+
+        A DAPO update also returns rollout_logprob_abs_diff and rollout_kl_k3
+        (`dapo.rollout_mismatch`: the learner's log-probabilities of the sampled tokens, before
+        this update, against the rollout's): the token mean over every response token from the
+        recomputed old log-probabilities, or with old_logprobs "rollout" over the first
+        mini-batch's tokens as the loss weighs them (NaN if that forward was not finite). With
+        rollout_correction: rollout_is_weight and rollout_is_capped_fraction, the mean
+        importance weight and the fraction of tokens at the cap."""
         config = self.config
+        recompute = config.old_logprobs == "recompute" and config.loss == "dapo"
+        old = self.logprobs(rows) if recompute else rows.rollout_logprobs
         arrays = {**self._row_arrays(rows), "loss_mask": rows.loss_mask,
-                  "advantages": rows.advantages,
-                  "old_logprobs": (self.logprobs(rows) if config.old_logprobs == "recompute"
-                                   and config.loss == "dapo" else rows.rollout_logprobs)}
+                  "advantages": rows.advantages, "old_logprobs": old}
+        extra = {}
+        mask = rows.loss_mask > 0
+        if recompute:  # float64 on the response tokens alone: f32 runs differ by ~1e-7
+            extra = {k: float(v) for k, v in rollout_mismatch(
+                old[mask].astype(np.float64), rows.rollout_logprobs[mask].astype(np.float64),
+                1.0 / max(mask.sum(), 1), xp=np).items()}
+        if config.rollout_correction is not None:
+            arrays["is_weights"] = truncated_is_weights(old, rows.rollout_logprobs,
+                                                        config.rollout_correction)
+            extra["rollout_is_weight"] = float(arrays["is_weights"][mask].mean())
+            extra["rollout_is_capped_fraction"] = float(
+                (arrays["is_weights"][mask] >= config.rollout_correction).mean())
         if self._ref_params is not None:
             arrays["ref_logprobs"] = self.logprobs(rows, self._ref_params)
         if self._accumulator is None:
@@ -339,7 +377,7 @@ class Learner:
             for indices, weights in self._mini_batches(rows, rng):
                 results.append(self._update_mini_batch(arrays, rows, indices, weights, lr))
         self._train_steps += 1
-        return self._summarise(jax.device_get(results), rows)
+        return {**self._summarise(jax.device_get(results), rows), **extra}
 
     # ---- the mini-batch loop ------------------------------------------------------------
 
@@ -392,6 +430,9 @@ class Learner:
         applied = [r for r in results if not r["skipped"]]
         summary = {}
         for name in self._metric_names() + ("grad_norm",):
+            if name in _MISMATCH_METRICS:  # the first mini-batch's, before any update
+                summary[name] = float(results[0][name])
+                continue
             values = [float(r[name]) for r in applied]
             summary[name] = float(np.mean(values)) if values else float("nan")
         summary["lr"] = float(applied[-1]["lr"]) if applied else float("nan")
@@ -430,11 +471,17 @@ class Learner:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
         if config.loss == "sft":
             return sft_loss(logp, batch["loss_mask"], batch["row_weights"], entropy)
-        return policy_loss(logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
-                           eps_low=config.eps_low, eps_high=config.eps_high,
-                           dual_clip=config.dual_clip, ref_logp=batch.get("ref_logprobs"),
-                           kl_coef=config.kl_coef, entropy=entropy,
-                           entropy_coef=config.entropy_coef, row_weights=batch["row_weights"])
+        loss, metrics = policy_loss(
+            logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
+            eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
+            ref_logp=batch.get("ref_logprobs"), kl_coef=config.kl_coef, entropy=entropy,
+            entropy_coef=config.entropy_coef, row_weights=batch["row_weights"],
+            token_weights=batch.get("is_weights"))
+        if self._mismatch_in_graph:  # old_logprobs are the rollout's
+            weights = batch["loss_mask"] * batch["row_weights"][:, None]
+            metrics.update(rollout_mismatch(jax.lax.stop_gradient(logp), batch["old_logprobs"],
+                                            weights))
+        return loss, metrics
 
     def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish, width):
         """One micro-batch: accumulate its gradient; if `finish`, apply the mini-batch's update
@@ -468,10 +515,10 @@ class Learner:
 
     # ---- helpers ------------------------------------------------------------------------
 
-    @staticmethod
-    def _metric_names() -> tuple[str, ...]:
+    def _metric_names(self) -> tuple[str, ...]:
+        """The loss's metrics, summed over a mini-batch's micro-batches."""
         return ("loss", "pg_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "kl",
-                "entropy")
+                "entropy") + (_MISMATCH_METRICS if self._mismatch_in_graph else ())
 
     def _update_metric_names(self) -> tuple[str, ...]:
         return self._metric_names() + ("grad_norm", "lr", "skipped")
@@ -485,6 +532,9 @@ class Learner:
         metrics = {name: jax.device_put(jnp.float32(0), self._scalar)
                    for name in self._metric_names()}
         return grads, metrics
+
+
+_MISMATCH_METRICS = ("rollout_logprob_abs_diff", "rollout_kl_k3")
 
 
 def _zeros_like(tree):
