@@ -38,7 +38,7 @@ import memagent_rows
 import numpy as np
 
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models import preset_config, read_config
+from memagent_jax.models import ModelConfig, preset_config, read_config
 from memagent_jax.rl.config import TrainConfig, load_train_config
 from memagent_jax.rl.learner import Learner, mini_batches
 from memagent_jax.rl.rows import default_bucket_lengths, plan_micro_batches
@@ -88,8 +88,8 @@ ORIGINAL = {"chips": 32, "step_s": 2400.0, "update_s": 2100.0}
 
 @dataclasses.dataclass(frozen=True)
 class Rows:
-    """One step's training rows, one per turn: prompt, response, length, trajectory, turn,
-    final [R]."""
+    """One step's training rows, one per turn: prompt and response tokens, trajectory, turn (its
+    index in the trajectory), final [R]; length their tokens."""
     prompt: np.ndarray
     response: np.ndarray
     trajectory: np.ndarray
@@ -120,7 +120,7 @@ class Setup:
     """What the projection reads: the config, the model's shape, the mesh's axis sizes, the
     target chip, the step's rows and the engine's KV length and prefill buckets."""
     config: TrainConfig
-    shape: object
+    shape: ModelConfig
     axes: dict[str, int]
     chip: Chip
     rows: Rows
