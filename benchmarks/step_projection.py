@@ -107,6 +107,9 @@ def step_rows(config: TrainConfig) -> Rows:
     if m.max_chunks is None:
         raise ConfigError("memagent.max_chunks", "the projection needs the training documents' "
                                                  "chunk cap (the 7B configs' 8)")
+    if m.max_memory_tokens < memagent_rows.MEMORY_MIN:
+        raise ConfigError("memagent.max_memory_tokens", f"{m.max_memory_tokens} is below the "
+                          f"shortest memory the assumed rows draw ({memagent_rows.MEMORY_MIN})")
     t = memagent_rows.turn_lengths(config.prompts_per_step * config.rollout.n,
                                    chunk=m.chunk_tokens, memory=m.max_memory_tokens,
                                    max_chunks=m.max_chunks, seed=config.seed)
@@ -144,7 +147,8 @@ def setup(config: TrainConfig, chip: str | None = None, preset: str = "qwen2.5-7
                                              f"({', '.join(f'{k}: {v}' for k, v in TARGETS.items())}"
                                              "); give --chip")
     m = config.model
-    shape = read_config(m.path) if m.path and os.path.isdir(m.path) else preset_config(preset)
+    shape = (read_config(m.path) if m.path and os.path.isdir(m.path)
+             else preset_config(m.preset or preset))
     budgets = config.memagent
     engine = config.engine.sized_for(budgets.chunk_tokens + budgets.max_memory_tokens
                                      + budgets.max_problem_tokens + budgets.max_final_tokens
@@ -411,9 +415,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         s = setup(load_train_config(args.config, args.overrides), args.chip, args.preset)
+        print(report(s, " ".join([args.config] + args.overrides)))
     except UserError as e:
         sys.exit(f"error: {e}")
-    print(report(s, " ".join([args.config] + args.overrides)))
 
 
 if __name__ == "__main__":
