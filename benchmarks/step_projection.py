@@ -190,18 +190,20 @@ def update_passes(s: Setup, count: Callable) -> dict[str, tuple[float, float]]:
     learner, rows = s.config.learner, s.rows
     everything = count(s, range(len(rows.prompt)))
     passes = {}
+    forward = everything.tokens, flop_model.forward(s.shape, everything)
     if learner.old_logprobs == "recompute":
-        passes["old log-probs (forward)"] = everything.tokens, flop_model.forward(s.shape,
-                                                                                  everything)
+        passes["old log-probs (forward)"] = forward
     if learner.kl_coef != 0:
-        passes["KL reference (forward)"] = everything.tokens, flop_model.forward(s.shape,
-                                                                                 everything)
+        passes["KL reference (forward)"] = forward
+    # The learner's mini-batches (global_token_mean's shuffle seed changes which rows share a
+    # micro-batch, not the padding's share by much; per_rank_token_mean's split is fixed).
     split = mini_batches(learner, rows.response, rows.trajectory, rows.turn, rows.final,
                          np.random.default_rng(0), s.axes["data"] * s.axes["fsdp"])
     work = sum((count(s, indices) for indices, _ in split), flop_model.Work())
+    train = flop_model.train(s.shape, work, remat=learner.remat,
+                             head_remat=learner.logit_chunk_tokens is not None)
     passes["train (forward + backward)"] = (learner.ppo_epochs * work.tokens,
-                                            learner.ppo_epochs * flop_model.train(
-        s.shape, work, remat=learner.remat, head_remat=learner.logit_chunk_tokens is not None))
+                                            learner.ppo_epochs * train)
     return passes
 
 
