@@ -11,9 +11,14 @@ arguments, outputs and temporaries, their sum against the chip's memory, and the
 
 Programs: the train step (one micro-batch's gradient plus the AdamW update) and the log-prob
 pass at the learner's largest micro-batch (`micro_batch_tokens` rows of the longest bucket), the
-decode step over `engine.slots`, and the prefill of each bucket. Between them the run also
-holds what the table's rows do not share (the engine's KV cache and bf16 copy sit beside the
-learner's state between updates; the config comments count them).
+decode step over `engine.slots`, and the prefill of each bucket. Two FLOP columns, per chip:
+XLA's count, which takes a scanned loop's body once (the learner's programs scan over the
+layers and over the LM head's logit chunks, so it undercounts them by about the layer count),
+and the model's (benchmarks/flops.py: the whole program's model FLOPs over the chips, as if
+split evenly; where XLA's count of an unscanned engine program is higher, a data axis repeats
+the work). Between them the run also holds what the table's rows do not share (the engine's KV
+cache and bf16 copy sit beside the learner's state between updates; the config comments count
+them).
 
     python benchmarks/aot.py --config configs/train/qwen2.5-7b_tpu_v5p.yaml --topology v5p:2x4x4
     python benchmarks/aot.py --config configs/train/qwen2.5-7b_gpu8.yaml --hbm-gb 80
@@ -28,6 +33,8 @@ import os
 import platform
 import sys
 import time
+
+import flops as flop_model  # benchmarks/flops.py, beside this script
 
 
 def main() -> None:
@@ -96,8 +103,20 @@ def main() -> None:
           f"params {shape.dtype}, compute {compute}, attention {m.attention}; "
           f"micro-batch {rows} x {length}, slots {config.engine.slots}, "
           f"max_len {engine.config.max_len}; chip memory {hbm:g} GB")
+    learner_work = flop_model.batch(rows, length, length)
+    slots, prefill_rows = config.engine.slots, config.engine.prefill_rows
+    model_flops = {  # the whole program's, by the names Learner.compiled and Engine.compiled give
+        "train step": flop_model.train(shape, learner_work, config.learner.remat,
+                                       config.learner.logit_chunk_tokens is not None),
+        "log-probs": flop_model.forward(shape, learner_work),
+        # every slot's one token attends the whole max_len cache
+        "decode step": flop_model.forward(shape, flop_model.Work(
+            slots, slots * engine.config.max_len, slots)),
+        **{f"prefill {prefill_rows} x {bucket}": flop_model.forward(
+            shape, flop_model.batch(prefill_rows, bucket, 1)) for bucket in engine.buckets}}
     print(f"{'program':24s} {'args GiB':>9s} {'out GiB':>8s} {'temp GiB':>9s} "
-          f"{'peak GiB':>9s} {'peak/HBM':>9s} {'TFLOP':>8s} {'compile s':>10s}")
+          f"{'peak GiB':>9s} {'peak/HBM':>9s} {'XLA TFLOP':>10s} {'model TFLOP':>12s} "
+          f"{'compile s':>10s}")
     programs = {"learner": [lambda: learner.compiled(rows, length)],
                 "engine": [engine.compiled]}
     programs = programs.get(args.programs, programs["learner"] + programs["engine"])
@@ -116,7 +135,8 @@ def main() -> None:
             peak = args_b + out_b + temp_b - memory.alias_size_in_bytes
             flops = float(cost.get("flops", float("nan"))) if cost else float("nan")
             print(f"{name:24s} {args_b / 2**30:9.2f} {out_b / 2**30:8.2f} {temp_b / 2**30:9.2f} "
-                  f"{peak / 2**30:9.2f} {peak / (hbm * 1e9):9.3f} {flops / 1e12:8.2f} "
+                  f"{peak / 2**30:9.2f} {peak / (hbm * 1e9):9.3f} {flops / 1e12:10.2f} "
+                  f"{model_flops.get(name, float('nan')) / len(devices) / 1e12:12.2f} "
                   f"{seconds:10.1f}", flush=True)
     sys.stdout.flush()
 

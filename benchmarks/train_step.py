@@ -9,7 +9,7 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
 - ours: the whole update (recompute + train step), and the recompute alone, best of --repeats
   after one untimed warm-up update (compilation); tokens/s counts every token the model runs
   (prompt and response, no padding here: rows are exactly one bucket long);
-- model FLOPs (PaLM's MFU convention): a train step costs 6 N + 12 L T H D per token, the
+- model FLOPs (PaLM's MFU convention, benchmarks/flops.py): a train step costs 6 N + 12 L T H D per token, the
   recompute forward 2 N + 4 L T H D, with N the parameters that multiply (the decoder
   layers' on every token, the LM head's on response tokens only, the only ones whose
   log-probabilities the loss needs; the embedding gather is not a matmul) and T the row
@@ -42,6 +42,7 @@ import os
 import platform
 import time
 
+import flops as flop_model  # benchmarks/flops.py, beside this script
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -81,19 +82,6 @@ def synthetic_rows(config, rows: int, prompt_len: int, response_len: int, seed: 
         rng.integers(0, vocab, response_len).tolist(),
         (-rng.uniform(0.1, 5.0, response_len)).tolist(), "length", "")]) for _ in range(rows)]
     return rows_from_trajectories(trajectories, rng.standard_normal(rows))
-
-
-def row_flops(config, prompt_len: int, response_len: int) -> tuple[float, float]:
-    """(train-step FLOPs, forward FLOPs) of one row: the layers on every token, the LM head
-    on the response's."""
-    c = config
-    length = prompt_len + response_len
-    per_layer = (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
-                 + 3 * c.hidden_size * c.intermediate_size)
-    attention = 4 * c.num_layers * length * c.num_heads * c.head_dim  # QK^T and PV, forward
-    layers = length * (2 * c.num_layers * per_layer + attention)
-    head = response_len * 2 * c.hidden_size * c.vocab_size
-    return 3 * (layers + head), layers + head
 
 
 def bench_ours(config, args, rows) -> dict[str, float]:
@@ -198,8 +186,8 @@ def main() -> None:
     length = args.prompt_len + args.response_len
     rows = synthetic_rows(config, args.rows, args.prompt_len, args.response_len)
     tokens = int(rows.lengths.sum())
-    train_flops, forward_flops = (args.rows * f for f in row_flops(config, args.prompt_len,
-                                                                   args.response_len))
+    work = flop_model.batch(args.rows, length, args.response_len)
+    train_flops, forward_flops = flop_model.train(config, work), flop_model.forward(config, work)
 
     device = jax.devices()[0]
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, JAX device "

@@ -149,6 +149,36 @@ class LearnerConfig:
                           (1 + math.cos(math.pi * progress)))
 
 
+def mini_batches(config: LearnerConfig, tokens: np.ndarray, trajectory: np.ndarray,
+                 turn: np.ndarray, final: np.ndarray, rng, ranks: int
+                 ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """One epoch's mini-batches of R rows: [(row indices, [R] weight of each row's tokens)].
+    tokens [R]: each row's response tokens; trajectory, turn, final [R]: as `TrainingRows`
+    holds them; ranks: per_rank_token_mean's data-parallel ranks when config.loss_agg_ranks is
+    not set (a function of lengths and order only: benchmarks/step_projection.py plans with it)."""
+
+    def weight(pieces, ranks):
+        return 1.0 / (ranks * max(float(tokens[pieces].sum()), 1.0))
+
+    out = []
+    if config.loss_agg == "global_token_mean":
+        for indices in np.array_split(rng.permutation(len(tokens)), config.mini_batches):
+            out.append((indices, np.full(len(tokens), weight(indices, 1), np.float32)))
+    else:
+        # verl's order: every trajectory's first update, then every second update, ...,
+        # then every final answer (its agent answers once all documents are read).
+        ranks = config.loss_agg_ranks or ranks
+        order = np.lexsort((trajectory, np.where(final, 0, turn), final))
+        pieces = [np.array_split(p, config.mini_batches)
+                  for p in np.array_split(order, ranks)]
+        for m in range(config.mini_batches):
+            weights = np.zeros(len(tokens), np.float32)
+            for piece in pieces:
+                weights[piece[m]] = weight(piece[m], ranks)
+            out.append((np.concatenate([piece[m] for piece in pieces]), weights))
+    return [(indices, weights) for indices, weights in out if len(indices)]
+
+
 class Learner:
     """Trains the parameters of `model`; see the module docstring.
 
@@ -390,31 +420,8 @@ class Learner:
                                   row_multiple=self._row_multiple)
 
     def _mini_batches(self, rows: TrainingRows, rng):
-        """One epoch's mini-batches: [(row indices, [R] weight of each row's tokens)]."""
-        config = self.config
-        tokens = rows.loss_mask.sum(axis=1)
-
-        def weight(pieces, ranks):
-            return 1.0 / (ranks * max(float(tokens[pieces].sum()), 1.0))
-
-        out = []
-        if config.loss_agg == "global_token_mean":
-            for indices in np.array_split(rng.permutation(len(rows)), config.mini_batches):
-                out.append((indices, np.full(len(rows), weight(indices, 1), np.float32)))
-        else:
-            # verl's order: every trajectory's first update, then every second update, ...,
-            # then every final answer (its agent answers once all documents are read).
-            ranks = config.loss_agg_ranks or self._row_multiple
-            order = np.lexsort((rows.trajectory, np.where(rows.final, 0, rows.turn),
-                                rows.final))
-            pieces = [np.array_split(p, config.mini_batches)
-                      for p in np.array_split(order, ranks)]
-            for m in range(config.mini_batches):
-                weights = np.zeros(len(rows), np.float32)
-                for piece in pieces:
-                    weights[piece[m]] = weight(piece[m], ranks)
-                out.append((np.concatenate([piece[m] for piece in pieces]), weights))
-        return [(indices, weights) for indices, weights in out if len(indices)]
+        return mini_batches(self.config, rows.loss_mask.sum(axis=1), rows.trajectory, rows.turn,
+                            rows.final, rng, self._row_multiple)
 
     def _update_mini_batch(self, arrays, rows: TrainingRows, indices, weights, lr):
         arrays = dict(arrays, row_weights=weights)

@@ -1,0 +1,81 @@
+"""Model FLOPs of a Qwen2 model's work: the one per-token FLOP model the benchmarks share
+(train_step.py's utilisation, aot.py's TFLOP column, step_projection.py's step time).
+
+PaLM's convention: a matmul of [m, k] @ [k, n] is 2 m k n FLOPs; a token's forward costs
+2 x (the decoder layers' matmul weights) plus 4 L H D per position it attends to (QK^T and PV,
+every layer) plus 2 x hidden x vocabulary where the LM head runs. Attention counts the whole
+T x T square of a row of T tokens (the causal kernels skip most of the upper half; the measured
+utilisations use the same count, so a time derived from them stays consistent). The embedding
+gather, norms, activations and the optimiser are not counted.
+
+`Work` is what a pass runs: tokens through the layers, positions attended (summed over those
+tokens) and positions through the LM head; `forward` and `train` turn it into FLOPs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """tokens: through the decoder layers; attended: positions attended, summed over those
+    tokens (a row of T tokens: T * T); head: positions through the LM head."""
+    tokens: float = 0.0
+    attended: float = 0.0
+    head: float = 0.0
+
+    def __add__(self, other: Work) -> Work:
+        return Work(self.tokens + other.tokens, self.attended + other.attended,
+                    self.head + other.head)
+
+    def __mul__(self, k: float) -> Work:
+        return Work(self.tokens * k, self.attended * k, self.head * k)
+
+    __rmul__ = __mul__
+
+
+def row(length: int, head: int) -> Work:
+    """One row of `length` tokens whose LM head runs on `head` positions."""
+    return Work(length, float(length) * length, head)
+
+
+def batch(rows: int, length: int, head: int) -> Work:
+    """A [rows, length] micro-batch, each row's LM head on `head` positions (its window)."""
+    return row(length, head) * rows
+
+
+def layer_weights(config) -> int:
+    """Matmul weights of one decoder layer (q, k, v, o and the gated MLP)."""
+    c = config
+    return (c.hidden_size * c.head_dim * (2 * c.num_heads + 2 * c.num_kv_heads)
+            + 3 * c.hidden_size * c.intermediate_size)
+
+
+def matmul_weights(config) -> int:
+    """N of "2 N per token": the decoder layers' matmul weights (the LM head's counted apart)."""
+    return config.num_layers * layer_weights(config)
+
+
+def layers_forward(config, work: Work) -> float:
+    """The decoder layers' forward FLOPs."""
+    c = config
+    return (2 * matmul_weights(c) * work.tokens
+            + 4 * c.num_layers * c.num_heads * c.head_dim * work.attended)
+
+
+def head_forward(config, work: Work) -> float:
+    """The LM head's forward FLOPs."""
+    return 2 * config.hidden_size * config.vocab_size * work.head
+
+
+def forward(config, work: Work) -> float:
+    """One forward pass (a log-prob pass, a prefill, a decode step)."""
+    return layers_forward(config, work) + head_forward(config, work)
+
+
+def train(config, work: Work, remat: bool = False, head_remat: bool = False) -> float:
+    """Forward and backward (the backward twice the forward); remat: the layers' forward once
+    more in the backward; head_remat: the LM head's likewise (the learner's logit chunks)."""
+    return (forward(config, work) * 3 + layers_forward(config, work) * remat
+            + head_forward(config, work) * head_remat)

@@ -1,0 +1,89 @@
+"""benchmarks/step_projection.py: the RL step's time on paper for the 7B configs, its update
+FLOPs against a hand count, and a config it cannot read refused in one line naming the key."""
+
+import dataclasses
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import step_projection
+
+from memagent_jax.rl.config import load_train_config
+
+GPU8 = os.path.join(ROOT, "configs/train/qwen2.5-7b_gpu8.yaml")
+TPU = os.path.join(ROOT, "configs/train/qwen2.5-7b_tpu_v5p.yaml")
+
+
+@pytest.mark.parametrize("path, target", [(GPU8, "8 x NVIDIA H100"), (TPU, "32 x TPU v5p")],
+                         ids=["gpu8", "tpu_v5p"])
+def test_both_7b_configs_project_a_step_beside_the_original(path, target, capsys):
+    step_projection.main(["--config", path])
+    out = capsys.readouterr().out
+    assert target in out.splitlines()[0]
+    for line in ("rollout: ", "  update 1 ", "  final ", "old log-probs (forward)",
+                 "KL reference (forward)", "train (forward + backward)", "step: ",
+                 "original (BytedTsinghua-SIA/MemAgent #31): ~2400 s a step, ~2100 s"):
+        assert line in out, line
+    # Every rate is printed beside where it comes from.
+    assert out.count("measured: ") + out.count("assumed: ") >= 4
+
+
+# Qwen2.5-7B by hand: each layer's q, k, v, o (3584 x 128 x (2 x 28 + 2 x 4)) and gated MLP
+# (3 x 3584 x 18944) weights, 28 layers; the LM head 3584 x 152064; attention 4 L H D a position.
+N = 28 * (3584 * 128 * 64 + 3 * 3584 * 18944)
+ATTENTION = 4 * 28 * 28 * 128
+HEAD = 2 * 3584 * 152064
+
+
+def forward_by_hand(tokens, attended, head):
+    return 2 * N * tokens + ATTENTION * attended + HEAD * head
+
+
+def test_update_flops_equal_a_hand_count():
+    s = step_projection.setup(load_train_config(GPU8))
+    # Two rows: 5000 + 500 and 1000 + 24 tokens, one trajectory's two turns.
+    rows = step_projection.Rows(np.array([5000, 1000]), np.array([500, 24]), np.array([0, 0]),
+                                np.array([0, 1]), np.array([False, True]))
+    s = dataclasses.replace(s, rows=rows)
+    real = step_projection.update_passes(s, step_projection.real)
+    forward = forward_by_hand(5500 + 1024, 5500 ** 2 + 1024 ** 2, 524)
+    assert real["old log-probs (forward)"] == (6524, pytest.approx(forward, rel=1e-12))
+    assert real["KL reference (forward)"][1] == pytest.approx(forward, rel=1e-12)
+    # Forward + backward (3 forwards), remat's forward of the layers, the logit chunks' head.
+    assert real["train (forward + backward)"][1] == pytest.approx(4 * forward, rel=1e-12)
+
+    # As the learner pads: both rows in one micro-batch at the longest one's bucket (6144 of the
+    # config's), its rows a multiple of data x fsdp = 4, the LM head on a window of the longest
+    # response rounded up to a power of two.
+    padded = step_projection.update_passes(s, step_projection.padded)
+    by_hand = forward_by_hand(4 * 6144, 4 * 6144 ** 2, 4 * 512)
+    assert padded["old log-probs (forward)"] == (4 * 6144, pytest.approx(by_hand, rel=1e-12))
+    assert padded["train (forward + backward)"][1] == pytest.approx(4 * by_hand, rel=1e-12)
+
+    # The rollout's final turn: its 1000-token prompt prefilled at the engine's 1024 bucket on
+    # fsdp x tensor = 4 chips; its 24 tokens decoded over each slot's filled cache (1000 + 1 up
+    # to 1000 + 24 positions of 28 x 4 x 128 keys and values in bf16), KV heads split over
+    # tensor and slots over data (2 x 2), and a step's weights (its shard, 1/4 of the bf16 copy)
+    # shared by the config's 128 slots.
+    final = step_projection.rollout_turns(s)[-1]
+    assert final["turn"] == "final"
+    assert final["prefill_flops"] == pytest.approx(forward_by_hand(1024, 1024 ** 2, 1))
+    assert final["prefill_s"] == pytest.approx(final["prefill_flops"] / (4 * 0.317 * 670e12))
+    kv = (24 * 1000 + 24 * 25 / 2) * 2 * 2 * 28 * 4 * 128 / 4
+    weights = 24 * 2 * (N + 2 * 3584 * 152064) / 4 / 128
+    assert final["decode_s"] == pytest.approx((kv + weights) / 1723e9)
+
+
+@pytest.mark.parametrize("override, key", [("memagent.max_chunks=null", "memagent.max_chunks"),
+                                           ("mesh.fsdp=-1", "mesh.fsdp"),
+                                           ("model.attention=xla", "model.attention")])
+def test_a_config_it_cannot_read_is_one_line_naming_the_key(override, key):
+    with pytest.raises(SystemExit) as exit:
+        step_projection.main(["--config", GPU8, override])
+    message = str(exit.value.code)
+    assert message.startswith(f"error: {key}: ") and "\n" not in message
