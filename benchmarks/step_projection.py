@@ -13,8 +13,10 @@ budgets (benchmarks/memagent_rows.py, its distributions printed).
   parameters' fsdp x tensor shards and is repeated by every data group. Decode: engine.slots
   slots kept full (continuous batching), slots split over data; every step each chip reads its
   shard of the bf16 weights and its slots' KV cache (replicated over fsdp, KV heads split over
-  tensor where it divides them), up to each slot's own filled length (every slot's whole
-  max_len printed beside). Prefill and decode take turns on the chips, so their times add.
+  tensor where it divides them) as the engine holds it: every slot up to the cache length of
+  the longest busy slot, taken as the longest turn's (a data group's slots nearly always hold
+  an update turn); beside it, each slot up to its own filled length (a ragged kernel's read),
+  and every slot's whole max_len (the engine before its cache followed the slots). Prefill and decode take turns on the chips, so their times add.
 - Update (rl/learner.py): the old-log-prob recompute and the KL reference pass (when kl_coef !=
   0) over every row, then per PPO epoch each mini-batch's forward and backward (the backward
   twice the forward; remat's extra forward of the layers; the LM head's, whose logit chunks are
@@ -129,6 +131,7 @@ class Setup:
     rows: Rows
     max_len: int
     buckets: tuple[int, ...]
+    cache_length: int   # the engine's KV length while the longest turn decodes
 
     @property
     def chips(self) -> int:
@@ -154,8 +157,11 @@ def setup(config: TrainConfig, chip: str | None = None, preset: str = "qwen2.5-7
                                      + budgets.max_problem_tokens + budgets.max_final_tokens
                                      + TEMPLATE_TOKENS)
     axes = {axis: config.mesh.get(axis, 1) for axis in ("data", "fsdp", "tensor")}
-    return Setup(config, shape, axes, CHIPS[chip], step_rows(config), engine.max_len,
-                 engine.buckets())
+    rows = step_rows(config)
+    longest = int((rows.prompt + rows.response).max())
+    cache_length = next(n for n in engine.cache_lengths() if n >= longest)
+    return Setup(config, shape, axes, CHIPS[chip], rows, engine.max_len, engine.buckets(),
+                 cache_length)
 
 
 # ---- the update ------------------------------------------------------------------------
@@ -222,8 +228,8 @@ def kv_bytes(shape) -> int:
 
 def rollout_turns(s: Setup) -> list[dict]:
     """Per turn of a trajectory (update 1, 2, ..., final): rows, mean prompt and response,
-    prefill FLOPs and seconds, decode tokens, KV bytes a chip reads (filled, whole cache),
-    decode seconds."""
+    prefill FLOPs and seconds, decode tokens, KV bytes a chip reads (the engine's cache length,
+    each slot's filled length, the whole max_len), decode seconds for each."""
     config, rows, shape, a = s.config, s.rows, s.shape, s.axes
     n, slots = config.rollout.n, config.engine.slots
     shards = a["fsdp"] * a["tensor"]
@@ -240,7 +246,8 @@ def rollout_turns(s: Setup) -> list[dict]:
         prefill = shared * sum(flop_model.forward(shape, flop_model.row(int(b), 1))
                                for b in bucket)
         filled = (response * prompt + response * (response + 1) / 2).sum()  # positions read
-        kv = filled * kv_bytes(shape) / kv_split
+        kv = response.sum() * s.cache_length * kv_bytes(shape) / kv_split
+        ragged = filled * kv_bytes(shape) / kv_split
         whole = response.sum() * s.max_len * kv_bytes(shape) / kv_split
         weights = response.sum() * weights_per_token
         out.append({"turn": label, "rows": int(where.sum()), "prompt": prompt.mean(),
@@ -248,6 +255,7 @@ def rollout_turns(s: Setup) -> list[dict]:
                     "prefill_s": prefill / (shards * s.chip.prefill.value),
                     "tokens": response.sum(), "kv": kv, "whole": whole, "weights": weights,
                     "decode_s": (weights + kv) / s.chip.decode.value,
+                    "decode_ragged_s": (weights + ragged) / s.chip.decode.value,
                     "decode_whole_s": (weights + whole) / s.chip.decode.value})
     return out
 
@@ -318,13 +326,13 @@ def _rollout(s: Setup, lines: list[str]) -> float:
         f"decode step reads each chip's weight shard in place (gathering it instead would move "
         f"the other {shards - 1}/{shards} over the interconnect every step); a prefill is one "
         f"prompt on {shards} chips' shards, repeated by each of {a['data']} data groups; "
-        "insert, sampling and host time not counted; each slot's KV read up to its own filled "
-        "length (a read up to the longest slot's length bucket lies between that and the whole "
-        "cache)")
+        f"insert, sampling and host time not counted; the engine's KV cache {s.cache_length} long "
+        "(the cache length holding the longest turn) on every decode step")
     say(f"  {'turn':10s} {'rows':>6s} {'prompt':>7s} {'reply':>6s} {'prefill TFLOP':>14s} "
         f"{'prefill s':>10s} {'decode tokens':>14s} {'KV TB a chip':>13s} {'decode s':>9s}")
     total = {"turn": "total", "rows": len(s.rows.prompt), **{k: sum(t[k] for t in turns) for k in (
-        "prefill_flops", "prefill_s", "tokens", "kv", "weights", "decode_s", "decode_whole_s")}}
+        "prefill_flops", "prefill_s", "tokens", "kv", "weights", "decode_s", "decode_ragged_s",
+        "decode_whole_s")}}
     for t in turns + [total]:
         mean = (f"{t['prompt']:7.0f} {t['response']:6.0f}" if "prompt" in t else " " * 14)
         say(f"  {t['turn']:10s} {t['rows']:6d} {mean} "
@@ -333,8 +341,9 @@ def _rollout(s: Setup, lines: list[str]) -> float:
     steps = total["tokens"] / slots
     say(f"  decode: {steps:.0f} steps of {total['decode_s'] / steps * 1e3:.1f} ms (a chip "
         f"reads {weight_bytes(shape) / shards / 1e9:.2f} GB of weights a step and "
-        f"{total['kv'] / steps / 1e9:.2f} GB of KV on average); reading every slot's whole "
-        f"max_len cache instead: {total['decode_whole_s']:.1f} s; the decode's FLOPs at the prefill rate: "
+        f"{total['kv'] / steps / 1e9:.2f} GB of KV); each slot reading only its own filled "
+        f"length (a ragged kernel): {total['decode_ragged_s']:.1f} s; every slot's whole max_len "
+        f"cache: {total['decode_whole_s']:.1f} s; the decode's FLOPs at the prefill rate: "
         f"{decode_compute_s(s):.1f} s (bandwidth-bound)")
     rollout_s = total["prefill_s"] + total["decode_s"]
     say(f"  rollout: {rollout_s:.0f} s (prefill {total['prefill_s']:.0f} + decode "

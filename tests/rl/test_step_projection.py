@@ -66,17 +66,23 @@ def test_update_flops_equal_a_hand_count():
     assert padded["train (forward + backward)"][1] == pytest.approx(4 * by_hand, rel=1e-12)
 
     # The rollout's final turn: its 1000-token prompt prefilled at the engine's 1024 bucket on
-    # fsdp x tensor = 4 chips; its 24 tokens decoded over each slot's filled cache (1000 + 1 up
-    # to 1000 + 24 positions of 28 x 4 x 128 keys and values in bf16), KV heads split over
-    # tensor and slots over data (2 x 2), and a step's weights (its shard, 1/4 of the bf16 copy)
-    # shared by the config's 128 slots.
+    # fsdp x tensor = 4 chips; its 24 tokens decoded over the engine's cache, as long as the
+    # longest turn needs (5500 tokens: the 6144 cache length), of 28 x 4 x 128 keys and values
+    # in bf16, KV heads split over tensor and slots over data (2 x 2); a ragged read would
+    # take each slot's filled cache (1000 + 1 up to 1000 + 24 positions); and a step's weights
+    # (its shard, 1/4 of the bf16 copy) are shared by the config's 128 slots.
     final = step_projection.rollout_turns(s)[-1]
     assert final["turn"] == "final"
     assert final["prefill_flops"] == pytest.approx(forward_by_hand(1024, 1024 ** 2, 1))
     assert final["prefill_s"] == pytest.approx(final["prefill_flops"] / (4 * 0.317 * 670e12))
-    kv = (24 * 1000 + 24 * 25 / 2) * 2 * 2 * 28 * 4 * 128 / 4
+    position = 2 * 2 * 28 * 4 * 128 / 4
     weights = 24 * 2 * (N + 2 * 3584 * 152064) / 4 / 128
-    assert final["decode_s"] == pytest.approx((kv + weights) / 1723e9)
+    assert s.cache_length == 8192  # the longest of the generated turns (7,2xx tokens)
+    s = dataclasses.replace(s, cache_length=6144)
+    final = step_projection.rollout_turns(s)[-1]
+    assert final["decode_s"] == pytest.approx((24 * 6144 * position + weights) / 1723e9)
+    ragged = (24 * 1000 + 24 * 25 / 2) * position
+    assert final["decode_ragged_s"] == pytest.approx((ragged + weights) / 1723e9)
 
 
 @pytest.mark.parametrize("override, key", [("memagent.max_chunks=null", "memagent.max_chunks"),
