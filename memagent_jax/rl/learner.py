@@ -97,9 +97,9 @@ class LearnerConfig:
     # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
     # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
     # ranks (docs/algorithm.md section 3).
-    # (2) rl/packing.py; the same values as one row per sequence, on 4-20% of the padding at
-    # MemAgent's lengths (BENCHMARKS.md, "Packed learner rows"). Not with attention cudnn,
-    # which cannot take segment ids (models/attention.py `attend_fused`).
+    # (2) rl/packing.py: the values of one row per sequence on less padding (MemAgent's rows
+    # at the 7B plan: 18% of the slots padded -> 13%; BENCHMARKS.md, "Packed learner rows").
+    # Not with attention cudnn, which cannot take segment ids (models/attention.py).
 
     def __post_init__(self):
         def fail(name, message):
