@@ -17,7 +17,7 @@ ones (per-row values broadcast to their tokens), the positions [S, W] where the 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
