@@ -84,7 +84,7 @@ def test_packed_rows_give_each_rows_logits_and_gradient(attention, alone):
         if attention == "reference":  # the masked path: attend() with the segments' mask
             logits = m(tokens, segment_ids=segments)
         else:
-            logits = m.logits(m.hidden(tokens, segment_ids=segments, remat=True))
+            logits = m.logits(m.hidden(tokens, segment_ids=segments))
         per_row = [logits[s, at:at + len(r)] for (s, at), r in zip(places, rows)]
         return sum(jnp.sum(x * w) for x, w in zip(per_row, weights)), per_row
 

@@ -41,10 +41,14 @@ def test_packed_plan_holds_every_row_once_within_the_budget():
 
 @pytest.fixture(scope="module")
 def rows():
-    return random_rows(seed=3, trajectories=16)
+    """32 rows of 6-18 tokens: unpacked, every micro-batch is 8 rows of 32 tokens (two per
+    mini-batch); packed, 8 sequences of 32 (one per mini-batch): one compile of each."""
+    rows = random_rows(seed=3, trajectories=16)
+    return dataclasses.replace(rows, **{f.name: getattr(rows, f.name)[:32]
+                                        for f in dataclasses.fields(rows)})
 
 
-CONFIG = LearnerConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-3, micro_batch_rows=2,
+CONFIG = LearnerConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-3, micro_batch_rows=8,
                        bucket_lengths=(32,), mini_batches=2, kl_coef=0.1)
 
 
