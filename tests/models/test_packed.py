@@ -12,6 +12,7 @@ from flax import nnx
 
 from memagent_jax.models import random_model
 from memagent_jax.models.attention import attend, attend_causal, segment_starts
+from memagent_jax.models.qwen2 import _segment_positions
 from tests.builders import LEARNER_MODEL
 
 pytestmark = pytest.mark.filterwarnings("ignore:attention 'splash' off TPU")
@@ -147,7 +148,12 @@ def test_blocked_kernel_with_segments_equals_the_masked_reference(layouts, block
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=1e-6 * scale)
 
 
-def test_segment_starts():
+def test_positions_restart_at_each_segment():
+    """Rope is relative, so a row's values cannot show where its positions start: checked
+    here directly (the engine, whose log-probs the learner's are compared with, starts each
+    turn at 0)."""
     ids = jnp.asarray([[1, 1, 2, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 2]])
     np.testing.assert_array_equal(segment_starts(ids), [[0, 0, 2, 2, 2, 5, 6, 6],
                                                         [0] * 7 + [7]])
+    np.testing.assert_array_equal(_segment_positions(ids), [[0, 1, 0, 1, 2, 0, 0, 1],
+                                                            list(range(7)) + [0]])
