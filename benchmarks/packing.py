@@ -62,14 +62,14 @@ def main() -> None:
     rng = np.random.default_rng(0)
     passes = {"log-prob pass": [np.arange(len(lengths))],
               "update": np.array_split(rng.permutation(len(lengths)), args.mini_batches)}
-    print(f"{'buckets':<28}{'pass':<15}{'layout':<9}{'padded':>8}{'slots/tokens':>14}"
+    print(f"{'buckets':<40}{'pass':<15}{'layout':<9}{'padded':>8}{'slots/tokens':>14}"
           f"{'head/response':>15}{'micro-batches':>15}{'plan s':>8}")
     for name, buckets in [("config " + str(list(CONFIG_BUCKETS)), CONFIG_BUCKETS),
                           ("powers of two (null)", default_bucket_lengths(int(lengths.max())))]:
         for label, groups in passes.items():
             for pack in (False, True):
                 padded, head, count, seconds = measure(lengths, prompts, groups, buckets, pack)
-                print(f"{name:<28}{label:<15}{'packed' if pack else 'rows':<9}{padded:8.1%}"
+                print(f"{name:<40}{label:<15}{'packed' if pack else 'rows':<9}{padded:8.1%}"
                       f"{1 / (1 - padded):14.3f}{head:15.3f}{count:15d}{seconds:8.2f}")
 
 

@@ -1,10 +1,11 @@
 """Micro-batches of sequences: training rows packed several to a sequence, or one each.
 
 A micro-batch is S sequences of one bucket length L. Packed (`learner.pack`), rows are placed
-first-fit-decreasing into sequences of the longest bucket the token budget holds, each row a
-segment of its own (segment ids 1, 2, ... in order, the padding at the end 0): the model
-attends within a segment only and restarts positions at each (models/qwen2.py `hidden`), so
-every row gets the values it would get alone, with next to no padding. The sequences are
+first-fit-decreasing into sequences of the longest bucket the token budget holds once per
+data shard, each row a segment of its own (segment ids 1, 2, ... in order, the padding at the
+end 0): the model attends within a segment only and restarts positions at each
+(models/qwen2.py `hidden`), so every row gets the values it would get alone, on less padding
+(a sequence holds whole rows only: BENCHMARKS.md, "Packed learner rows"). The sequences are
 then cut into micro-batches as rows.py cuts rows (by the bucket of their filled length, at
 the same token budget). Unpacked, each sequence is one row, the micro-batches rows.py's.
 
@@ -91,10 +92,10 @@ def plan_sequences(lengths: np.ndarray, indices, buckets: Sequence[int], *, pack
                    row_multiple: int = 1) -> list[SequencePlan]:
     """Rows `indices` as micro-batches of sequences: each of `rows` sequences, or of
     tokens // bucket, in multiples of `row_multiple` (rows.py `plan_micro_batches`). pack:
-    first-fit-decreasing into sequences of the longest bucket within the token budget (with
-    `rows`: the longest bucket; never shorter than the bucket of the longest row, whose too
-    long rows get rows.py's error), each then padded to the bucket of its filled length;
-    else one row per sequence."""
+    first-fit-decreasing into sequences of the longest bucket of which `row_multiple` fit the
+    token budget (with `rows`: the longest bucket; never shorter than the bucket of the
+    longest row, whose too long rows get rows.py's error), each then padded to the bucket of
+    its filled length; else one row per sequence."""
     indices = list(indices)
     if not pack:
         return [_layout([[r] for r in plan.index if r >= 0], lengths, len(plan.index),
@@ -102,7 +103,7 @@ def plan_sequences(lengths: np.ndarray, indices, buckets: Sequence[int], *, pack
                 for plan in plan_micro_batches(lengths, indices, buckets, rows=rows,
                                                tokens=tokens, row_multiple=row_multiple)]
     longest = bucket_length(int(max(lengths[i] for i in indices)), buckets)
-    within = [b for b in buckets if tokens is None or b <= tokens]
+    within = [b for b in buckets if tokens is None or b * row_multiple <= tokens]
     capacity = max([longest] + within)
     bins = first_fit_decreasing(lengths, indices, capacity)
     filled = np.array([sum(int(lengths[r]) for r in members) for members in bins])
