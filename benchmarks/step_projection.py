@@ -21,7 +21,8 @@ budgets (benchmarks/memagent_rows.py, its distributions printed).
   0) over every row, then per PPO epoch each mini-batch's forward and backward (the backward
   twice the forward; remat's extra forward of the layers; the LM head's, whose logit chunks are
   rematerialised) over all chips. Token counts, one column each (`TOKEN_COUNTS`): "padded"
-  as the learner plans micro-batches today (`plan_micro_batches` per mini-batch), "real" the
+  a row a sequence at its bucket (`learner.pack: false`), "packed" rows packed several to a
+  sequence (`learner.pack: true`; both as rl/packing.py plans them per mini-batch), "real" the
   rows' own tokens.
 FLOPs: benchmarks/flops.py (PaLM's convention, as the measured utilisations count them).
 """
@@ -32,7 +33,6 @@ import argparse
 import dataclasses
 import os
 import sys
-import types
 from collections.abc import Callable
 
 import flops as flop_model
@@ -42,8 +42,9 @@ import numpy as np
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models import ModelConfig, preset_config, read_config
 from memagent_jax.rl.config import TrainConfig, load_train_config
-from memagent_jax.rl.learner import Learner, mini_batches
-from memagent_jax.rl.rows import default_bucket_lengths, plan_micro_batches
+from memagent_jax.rl.learner import mini_batches
+from memagent_jax.rl.packing import plan_sequences, response_positions
+from memagent_jax.rl.rows import default_bucket_lengths
 
 TEMPLATE_TOKENS = 256   # the chat templates' share of the KV length (as benchmarks/aot.py)
 
@@ -166,17 +167,37 @@ def setup(config: TrainConfig, chip: str | None = None, preset: str = "qwen2.5-7
 
 # ---- the update ------------------------------------------------------------------------
 
-def padded(s: Setup, indices) -> flop_model.Work:
-    """The micro-batches the learner plans for rows `indices` (Learner._plan and _width)."""
+def _planned(s: Setup, indices, pack: bool) -> flop_model.Work:
+    """The micro-batches of sequences the learner plans for rows `indices` (Learner._plan),
+    the LM head on each sequence's response positions (packing.response_positions); attention
+    over the whole sequence (causal, as PaLM's convention counts it), or packed within each row
+    (a segment) and within the padding."""
     learner, rows = s.config.learner, s.rows
     buckets = learner.bucket_lengths or default_bucket_lengths(int(rows.length.max()))
-    plans = plan_micro_batches(
-        rows.length, indices, buckets, rows=learner.micro_batch_rows,
+    plans = plan_sequences(
+        rows.length, indices, buckets, pack=pack, rows=learner.micro_batch_rows,
         tokens=None if learner.micro_batch_rows else learner.micro_batch_tokens,
         row_multiple=s.axes["data"] * s.axes["fsdp"])
-    shape = types.SimpleNamespace(lengths=rows.length, prompt_lengths=rows.prompt)
-    return sum((flop_model.batch(len(p.index), p.length, Learner._width(shape, p))
-                for p in plans), flop_model.Work())
+    work = flop_model.Work()
+    for plan in plans:
+        head = response_positions(plan, rows.prompt, rows.length).shape[1]
+        attended = plan.sequences * float(plan.length) ** 2
+        if plan.packed:
+            segments = [np.bincount(segment)[1:].astype(float) for segment in plan.segment]
+            attended = sum((n ** 2).sum() + (plan.length - n.sum()) ** 2 for n in segments)
+        work = work + flop_model.Work(plan.sequences * plan.length, attended,
+                                      plan.sequences * head)
+    return work
+
+
+def padded(s: Setup, indices) -> flop_model.Work:
+    """A row a sequence, padded to its bucket (`learner.pack: false`)."""
+    return _planned(s, indices, pack=False)
+
+
+def packed(s: Setup, indices) -> flop_model.Work:
+    """Rows packed several to a sequence (`learner.pack: true`, rl/packing.py)."""
+    return _planned(s, indices, pack=True)
 
 
 def real(s: Setup, indices) -> flop_model.Work:
@@ -187,7 +208,7 @@ def real(s: Setup, indices) -> flop_model.Work:
 
 
 # name -> work(setup, row indices): one more way of counting tokens is one more entry.
-TOKEN_COUNTS: dict[str, Callable] = {"padded": padded, "real": real}
+TOKEN_COUNTS: dict[str, Callable] = {"padded": padded, "packed": packed, "real": real}
 
 
 def update_passes(s: Setup, count: Callable) -> dict[str, tuple[float, float]]:

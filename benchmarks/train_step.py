@@ -26,7 +26,14 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
         [--repeats 2] [--matmul-size 4096] [--attention xla]
-        [--remat] [--no-torch] [--full-logits]
+        [--remat] [--no-torch] [--full-logits] [--memagent DOCS [--scale 16]]
+
+--memagent DOCS draws the rows instead from the turns of DOCS MemAgent documents at the 7B
+configs' budgets (benchmarks/memagent_rows.py), every length divided by --scale, and plans
+them as configs/train/qwen2.5-7b_gpu8.yaml does (its bucket lengths and micro-batch tokens,
+divided by --scale): our update is timed with one row per sequence (`learner.pack: false`,
+before) and packed (after); the peer runs the same micro-batches of rows (longest first,
+each cut to its longest row, at the same token budget). tokens/s counts real tokens only.
 
 --full-logits runs the LM head on as many positions as a row has, as the learner did before it
 took the response window only (the before/after of that change, one run each).
@@ -47,10 +54,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.memagent_rows import describe, turn_lengths
 from memagent_jax.models import preset_config, random_model
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.memagent import Trajectory, Turn
+
+# configs/train/qwen2.5-7b_gpu8.yaml's learner plan (--memagent divides it by --scale).
+GPU8_BUCKETS = (1024, 2048, 4096, 6144, 8448)
+GPU8_MICRO_BATCH_TOKENS = 33792
 
 
 def best_time(fn, repeats: int) -> float:
@@ -75,24 +87,47 @@ def matmul_flops(size: int, dtype: str, repeats: int) -> float:
 
 def synthetic_rows(config, rows: int, prompt_len: int, response_len: int, seed: int = 0):
     """rows single-turn trajectories with random ids, logprobs and advantages."""
+    return random_rows(config, [[(prompt_len, response_len)] for _ in range(rows)], seed)
+
+
+def random_rows(config, trajectories, seed: int = 0):
+    """Trajectories of turns with the given (prompt, response) lengths: random ids, logprobs
+    and advantages."""
     rng = np.random.default_rng(seed)
     vocab = config.vocab_size
-    trajectories = [Trajectory("", [Turn(
-        "final", rng.integers(0, vocab, prompt_len).tolist(),
-        rng.integers(0, vocab, response_len).tolist(),
-        (-rng.uniform(0.1, 5.0, response_len)).tolist(), "length", "")]) for _ in range(rows)]
-    return rows_from_trajectories(trajectories, rng.standard_normal(rows))
+    flat = [Trajectory("", [Turn(
+        "final", rng.integers(0, vocab, p).tolist(), rng.integers(0, vocab, n).tolist(),
+        (-rng.uniform(0.1, 5.0, n)).tolist(), "length", "") for p, n in turns])
+        for turns in trajectories]
+    return rows_from_trajectories(flat, rng.standard_normal(len(flat)))
 
 
-def bench_ours(config, args, rows) -> dict[str, float]:
+def memagent_rows(config, documents: int, scale: int):
+    """The turns of `documents` MemAgent trajectories at the 7B budgets, lengths / scale."""
+    turns = turn_lengths(documents)
+    trajectories = [[] for _ in range(documents)]
+    for p, n, d in zip(turns.prompt, turns.response, turns.document):
+        trajectories[d].append((max(1, int(p) // scale), max(1, int(n) // scale)))
+    return random_rows(config, trajectories)
+
+
+def learner_plan(args) -> dict:
+    """The LearnerConfig fields that cut the rows into micro-batches."""
+    if args.memagent:
+        return {"micro_batch_tokens": GPU8_MICRO_BATCH_TOKENS // args.scale,
+                "bucket_lengths": tuple(b // args.scale for b in GPU8_BUCKETS)}
+    return {"micro_batch_rows": args.micro_batch_rows,
+            "bucket_lengths": (args.prompt_len + args.response_len,)}
+
+
+def bench_ours(config, args, rows, pack: bool = True) -> dict[str, float]:
     if args.full_logits:
-        Learner._width = staticmethod(lambda rows, plan: plan.length)
+        Learner._micro_batch = staticmethod(_whole_row_head(Learner._micro_batch))
     model = random_model(config, seed=0, dtype=args.dtype,  # stored as config.dtype
                          attention=args.attention)
-    length = args.prompt_len + args.response_len
     learner = Learner(model, LearnerConfig(
-        lr=1e-6, warmup_steps=0, kl_coef=0.0, micro_batch_rows=args.micro_batch_rows,
-        bucket_lengths=(length,), remat=args.remat))
+        lr=1e-6, warmup_steps=0, kl_coef=0.0, remat=args.remat, pack=pack,
+        **learner_plan(args)))
     start = time.perf_counter()
     learner.update(rows)  # compiles the recompute and the train step
     warm_up = time.perf_counter() - start
@@ -104,6 +139,33 @@ def bench_ours(config, args, rows) -> dict[str, float]:
     full = best_time(update, args.repeats)
     recompute = best_time(lambda: learner.logprobs(rows), args.repeats)
     return {"warm_up": warm_up, "update": full, "recompute": recompute}
+
+
+def _whole_row_head(micro_batch):
+    """The learner's micro-batch with the LM head on every position from 1 (--full-logits)."""
+    def whole(plan, rows, per_token, per_row):
+        batch = micro_batch(plan, rows, per_token, per_row)
+        batch["positions"] = np.broadcast_to(np.arange(1, plan.length + 1, dtype=np.int32),
+                                             (plan.sequences, plan.length)).copy()
+        return batch
+    return whole
+
+
+def torch_micro_batches(args, rows) -> list[np.ndarray]:
+    """The peer's micro-batches of row indices: --micro-batch-rows consecutive rows, or with
+    --memagent the rows longest first, as many per micro-batch as the token budget holds at
+    the length of its longest."""
+    if not args.memagent:
+        step = args.micro_batch_rows
+        return [np.arange(i, min(i + step, len(rows))) for i in range(0, len(rows), step)]
+    budget = learner_plan(args)["micro_batch_tokens"]
+    order = np.argsort(-rows.lengths, kind="stable")
+    groups, start = [], 0
+    while start < len(order):
+        count = max(1, budget // int(rows.lengths[order[start]]))
+        groups.append(order[start:start + count])
+        start += count
+    return groups
 
 
 def bench_torch(config, args, rows) -> float:
@@ -121,10 +183,14 @@ def bench_torch(config, args, rows) -> float:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = Qwen2ForCausalLM(hf_config).to(device, torch.float32).train()
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
-    tokens = torch.as_tensor(rows.tokens, dtype=torch.long, device=device)
-    mask = torch.as_tensor(rows.loss_mask[:, 1:], device=device)
-    advantages = torch.as_tensor(rows.advantages, device=device)[:, None]
-    step = args.micro_batch_rows
+    groups = []
+    for index in torch_micro_batches(args, rows):  # (tokens, loss mask, advantages), cut
+        width = int(rows.lengths[index].max())
+        groups.append((torch.as_tensor(rows.tokens[index, :width], dtype=torch.long,
+                                       device=device),
+                       torch.as_tensor(rows.loss_mask[index, 1:width], device=device),
+                       torch.as_tensor(rows.advantages[index], device=device)[:, None]))
+    total = float(rows.loss_mask.sum())
     autocast = torch.autocast(device.type, dtype=getattr(torch, args.dtype),
                               enabled=args.dtype != "float32")
 
@@ -135,16 +201,13 @@ def bench_torch(config, args, rows) -> float:
 
     def update():
         with torch.no_grad():
-            old = torch.cat([token_logprobs(tokens[i:i + step])
-                             for i in range(0, len(tokens), step)])
+            old = [token_logprobs(tokens) for tokens, _, _ in groups]
         optimiser.zero_grad()
-        total = mask.sum()
-        for i in range(0, len(tokens), step):
-            logp = token_logprobs(tokens[i:i + step])
-            ratio = torch.exp(logp - old[i:i + step])
-            a = advantages[i:i + step]
+        for (tokens, mask, a), old_logp in zip(groups, old):
+            logp = token_logprobs(tokens)
+            ratio = torch.exp(logp - old_logp)
             loss = torch.maximum(-a * ratio, -a * ratio.clamp(0.8, 1.28))
-            (loss * mask[i:i + step]).sum().div(total).backward()
+            (loss * mask).sum().div(total).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimiser.step()
         if device.type == "cuda":
@@ -178,25 +241,42 @@ def main() -> None:
     parser.add_argument("--full-logits", action="store_true",
                         help="the LM head on every position (the learner before its response "
                              "window)")
+    parser.add_argument("--memagent", type=int, default=None, metavar="DOCS",
+                        help="rows: the turns of DOCS MemAgent documents, lengths / --scale; "
+                             "times the update unpacked and packed")
+    parser.add_argument("--scale", type=int, default=16,
+                        help="with --memagent: divides the turn lengths and the 7B plan")
     args = parser.parse_args()
 
     config = preset_config(args.preset, dtype="float32")
     if args.layers:
         config = config.replace(num_layers=args.layers)
     length = args.prompt_len + args.response_len
-    rows = synthetic_rows(config, args.rows, args.prompt_len, args.response_len)
+    if args.memagent:
+        rows = memagent_rows(config, args.memagent, args.scale)
+    else:
+        rows = synthetic_rows(config, args.rows, args.prompt_len, args.response_len)
     tokens = int(rows.lengths.sum())
-    work = flop_model.batch(args.rows, length, args.response_len)
+    work = sum((flop_model.row(int(n), int(n - p))
+                for p, n in zip(rows.prompt_lengths, rows.lengths)), flop_model.Work())
     train_flops, forward_flops = flop_model.train(config, work), flop_model.forward(config, work)
 
     device = jax.devices()[0]
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, JAX device "
           f"{device.device_kind} ({device.platform}), jax {jax.__version__}")
+    if args.memagent:
+        plan = learner_plan(args)
+        batch = (f"batch: the {len(rows)} turns of {args.memagent} MemAgent documents, lengths "
+                 f"/ {args.scale} ({int(rows.lengths.min())}-{int(rows.lengths.max())} tokens, "
+                 f"{tokens} in all; {describe()}), micro-batches of "
+                 f"{plan['micro_batch_tokens']} tokens, buckets {list(plan['bucket_lengths'])}")
+    else:
+        batch = (f"batch: {args.rows} rows x {length} tokens ({args.prompt_len} prompt + "
+                 f"{args.response_len} response), micro-batches of {args.micro_batch_rows} "
+                 "rows")
     print(f"model: {args.preset} widths, {config.num_layers} layers, float32 "
-          f"parameters, {args.dtype} compute; "
-          f"batch: {args.rows} rows x {length} tokens ({args.prompt_len} prompt + "
-          f"{args.response_len} response), micro-batches of {args.micro_batch_rows} rows, "
-          f"attention {args.attention}, remat {args.remat}")
+          f"parameters, {args.dtype} compute; {batch}, attention {args.attention}, "
+          f"remat {args.remat}")
 
     peak = matmul_flops(args.matmul_size, args.dtype, args.repeats)
     print(f"matmul {args.matmul_size}^2 {args.dtype}: {peak / 1e9:.1f} GFLOP/s "
@@ -204,22 +284,29 @@ def main() -> None:
 
     # The peer runs first and hands its GPU memory back: JAX's allocator keeps what it takes.
     torch_seconds = None if args.no_torch else bench_torch(config, args, rows)
-    ours = bench_ours(config, args, rows)
-    step = ours["update"] - ours["recompute"]
     update_flops = train_flops + forward_flops
-    print(f"\nours: first update (compiles) {ours['warm_up']:.1f} s")
-    print(f"{'':24}{'seconds':>9}{'tokens/s':>11}{'GFLOP/s':>10}{'of matmul':>11}")
-    for name, seconds, flops in [("update (recompute+step)", ours["update"], update_flops),
-                                 ("  recompute (forward)", ours["recompute"], forward_flops),
-                                 ("  train step", step, train_flops)]:
-        print(f"{name:24}{seconds:9.2f}{tokens / seconds:11.1f}{flops / seconds / 1e9:10.1f}"
-              f"{flops / seconds / peak:10.1%}")
+    # Rows of exactly one bucket leave nothing to pack; cudnn cannot (learner.pack).
+    layouts = ([("rows", False), ("packed", True)] if args.memagent
+               else [("", args.attention != "cudnn")])
+    for label, pack in layouts:
+        ours = bench_ours(config, args, rows, pack)
+        step = ours["update"] - ours["recompute"]
+        print(f"\nours{' ' + label if label else ''}: first update (compiles) "
+              f"{ours['warm_up']:.1f} s")
+        print(f"{'':24}{'seconds':>9}{'tokens/s':>11}{'GFLOP/s':>10}{'of matmul':>11}")
+        for name, seconds, flops in [("update (recompute+step)", ours["update"], update_flops),
+                                     ("  recompute (forward)", ours["recompute"],
+                                      forward_flops),
+                                     ("  train step", step, train_flops)]:
+            print(f"{name:24}{seconds:9.2f}{tokens / seconds:11.1f}"
+                  f"{flops / seconds / 1e9:10.1f}{flops / seconds / peak:10.1%}")
 
     if torch_seconds is not None:
         print(f"\npeer: PyTorch {__import__('torch').__version__} update "
               f"{torch_seconds:.2f} s, {tokens / torch_seconds:.1f} tokens/s, "
               f"{update_flops / torch_seconds / peak:.1%} of matmul")
-        print(f"ours / PyTorch tokens/s: {torch_seconds / ours['update']:.2f}x")
+        print(f"ours{' packed' if args.memagent else ''} / PyTorch tokens/s: "
+              f"{torch_seconds / ours['update']:.2f}x")
 
 if __name__ == "__main__":
     main()

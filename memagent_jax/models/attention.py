@@ -9,7 +9,8 @@ long-sequence path for inference and training wherever no fused kernel serves. `
 is the decode step's: a few queries over a head-major KV cache (keys stored transposed).
 `attend_fused` runs causal attention from position 0 (a prefill, a training forward) through
 jax.nn.dot_product_attention, which on GPU can be cuDNN flash attention (no T x T tensor in
-memory).
+memory). The training forward's paths take segment ids: several rows packed in one sequence,
+each attending within itself only.
 """
 
 from __future__ import annotations
@@ -33,15 +34,20 @@ def attend(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mask: jnp.ndarray) ->
 
 
 def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                  block_size: int | None = None) -> jnp.ndarray:
+                  block_size: int | None = None,
+                  segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
     """Causal attention where query i sees keys 0..i: q [B, T, Hq, D], k, v [B, T, Hkv, D].
+    segment_ids [B, T] int (packed rows, each a contiguous run of one id): query i then sees
+    only the keys j <= i of its own segment; None: one segment.
 
     Query block i runs over key blocks 0..i (the diagonal one masked), keeping the running max,
     normaliser and weighted sum in float32; the blocks above the diagonal are skipped, not
-    computed and masked as `attend` would. Differentiable: the gradient is flash attention's
-    backward (`_blocked`), which recomputes each tile's probabilities from the saved
-    log-sum-exp, so it too holds only block x block tiles. block_size None: `default_block`.
-    Returns [B, T, Hq, D].
+    computed and masked as `attend` would, and with segments so are the key blocks that end
+    before the earliest segment start among the block's queries (over the batch). A tile where
+    a query sees no key yet contributes nothing (no NaN). Differentiable: the gradient is flash
+    attention's backward (`_blocked`), which recomputes each tile's probabilities from the
+    saved log-sum-exp, so it too holds only block x block tiles and skips the same tiles.
+    block_size None: `default_block`. Returns [B, T, Hq, D].
     """
     b, t, hq, d = q.shape
     hkv = k.shape[2]
@@ -51,6 +57,12 @@ def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     if n * block != t:  # padded keys lie after every real query, so the mask hides them
         pad = ((0, 0), (0, n * block - t), (0, 0), (0, 0))
         q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
+    segments = None
+    if segment_ids is not None:
+        # The padding positions: a segment of their own (-1), after every real query.
+        ids = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, n * block - t)),
+                      constant_values=-1)
+        segments = (ids.reshape(b, n, block),) + _block_bounds(ids, block)
     # Head-major tiles, transposed once here rather than inside every tile's product: a query
     # block holds the G query heads of one key-value head as G x block rows (ordered (g, i)),
     # so each tile is one plain [G * block, D] x [D, block] matmul per key-value head.
@@ -58,9 +70,35 @@ def attend_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     q = q.reshape(b, hkv, n, g * block, d) * jnp.asarray(d ** -0.5, q.dtype)
     k = k.reshape(b, n, block, hkv, d).transpose(0, 3, 1, 2, 4)
     v = v.reshape(b, n, block, hkv, d).transpose(0, 3, 1, 2, 4)
-    out = _blocked(q, k, v)  # [n, B, Hkv, G * block, D]
+    out = _blocked(q, k, v, segments)  # [n, B, Hkv, G * block, D]
     out = out.reshape(n, b, hkv, g, block, d).transpose(1, 0, 4, 2, 3, 5)
     return out.reshape(b, n * block, hq, d)[:, :t]
+
+
+def segment_starts(segment_ids: jnp.ndarray) -> jnp.ndarray:
+    """segment_ids [B, T] (each segment one contiguous run) -> [B, T] int32: the index of the
+    first token of each token's segment."""
+    index = jnp.arange(segment_ids.shape[1], dtype=jnp.int32)
+    return jax.lax.cummax(jnp.where(_segment_begins(segment_ids), index, 0), axis=1)
+
+
+def _segment_begins(ids: jnp.ndarray) -> jnp.ndarray:
+    return jnp.concatenate([jnp.ones_like(ids[:, :1], bool), ids[:, 1:] != ids[:, :-1]], axis=1)
+
+
+def _block_bounds(ids: jnp.ndarray, block: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """ids [B, n * block] (contiguous segments) -> (first [n]: the first key block any query of
+    query block i can see, last [n]: one past the last query block any key of key block j is
+    seen from), over the whole batch."""
+    length = ids.shape[1]
+    index = jnp.arange(length, dtype=jnp.int32)
+    start = segment_starts(ids)
+    ends = jnp.concatenate([_segment_begins(ids)[:, 1:], jnp.ones_like(ids[:, :1], bool)],
+                           axis=1)
+    end = jax.lax.cummin(jnp.where(ends, index + 1, length), axis=1, reverse=True)
+    first = start[:, ::block].min(axis=0) // block
+    last = (end[:, block - 1::block].max(axis=0) - 1) // block + 1
+    return first, last
 
 
 def default_block(group: int) -> int:
@@ -72,19 +110,32 @@ def default_block(group: int) -> int:
 
 
 # The kernels below take q [B, Hkv, n, M, D] with M = G x block rows (already scaled by
-# D^-0.5), k, v [B, Hkv, n, block, D], and give out [n, B, Hkv, M, D] in v.dtype: the layout
-# the loop over query blocks stacks, so the forward writes it without a transpose.
+# D^-0.5), k, v [B, Hkv, n, block, D], and segments: None, or (ids [B, n, block], first [n],
+# last [n]) as attend_causal builds them; they give out [n, B, Hkv, M, D] in v.dtype: the
+# layout the loop over query blocks stacks, so the forward writes it without a transpose.
 
 @jax.custom_vjp
-def _blocked(q, k, v):
-    return _blocked_forward(q, k, v)[0]
+def _blocked(q, k, v, segments):
+    return _blocked_forward(q, k, v, segments)[0]
 
 
-def _blocked_forward(q, k, v):
+def _visible(i, j, on_diagonal, segments, group):
+    """[B or 1, 1, M, block] bool: which keys of key block j each query row of query block i
+    sees (causal, and within its segment)."""
+    causal = ((j < i) | on_diagonal)[None, None]
+    if segments is None:
+        return causal
+    ids = segments[0]
+    rows = jnp.tile(ids[:, i], (1, group))  # [B, M]: row r is query r % block of the block
+    return causal & (rows[:, None, :, None] == ids[:, j][:, None, None, :])
+
+
+def _blocked_forward(q, k, v, segments):
     """-> (out [n, B, Hkv, M, D], lse [n, B, Hkv, M] float32: each query row's log-sum-exp of
     scores, which is all the backward needs to rebuild its probabilities)."""
     b, hkv, n, m, d = q.shape
-    on_diagonal = _on_diagonal(m, k.shape[3])
+    block = k.shape[3]
+    on_diagonal = _on_diagonal(m, block)
 
     def query_block(i):
         q_i = q[:, :, i]
@@ -93,10 +144,14 @@ def _blocked_forward(q, k, v):
             running_max, normaliser, acc = carry
             scores = jnp.einsum("bhmd,bhkd->bhmk", q_i, k[:, :, j],
                                 preferred_element_type=jnp.float32)
-            scores = jnp.where((j < i) | on_diagonal, scores, -jnp.inf)
+            scores = jnp.where(_visible(i, j, on_diagonal, segments, m // block), scores,
+                               -jnp.inf)
             new_max = jnp.maximum(running_max, scores.max(axis=-1))
-            probs = jnp.exp(scores - new_max[..., None])
-            rescale = jnp.exp(running_max - new_max)
+            # A row that has seen no key yet (its segment starts later) keeps max -inf: shift
+            # by 0 instead, so its probabilities and rescale are exp(-inf) = 0, not NaN.
+            shift = jnp.where(new_max == -jnp.inf, 0.0, new_max)
+            probs = jnp.exp(scores - shift[..., None])
+            rescale = jnp.exp(running_max - shift)
             normaliser = normaliser * rescale + probs.sum(axis=-1)
             acc = acc * rescale[..., None] + jnp.einsum(
                 "bhmk,bhkd->bhmd", probs.astype(v.dtype), v[:, :, j],
@@ -106,24 +161,26 @@ def _blocked_forward(q, k, v):
         shape = (b, hkv, m)
         init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
                 jnp.zeros(shape + (d,), jnp.float32))
-        # Key blocks after the diagonal are skipped, not masked: a trip count that depends on
-        # i, which is why reverse mode needs the hand-written backward below.
-        running_max, normaliser, acc = jax.lax.fori_loop(0, i + 1, key_block, init)
+        # Key blocks after the diagonal (and before every segment of the block) are skipped,
+        # not masked: trip counts that depend on i, which is why reverse mode needs the
+        # hand-written backward below.
+        first = 0 if segments is None else segments[1][i]
+        running_max, normaliser, acc = jax.lax.fori_loop(first, i + 1, key_block, init)
         return (acc / normaliser[..., None]).astype(v.dtype), running_max + jnp.log(normaliser)
 
     return jax.lax.map(query_block, jnp.arange(n))
 
 
-def _blocked_fwd(q, k, v):
-    out, lse = _blocked_forward(q, k, v)
-    return out, (q, k, v, out, lse)
+def _blocked_fwd(q, k, v, segments):
+    out, lse = _blocked_forward(q, k, v, segments)
+    return out, (q, k, v, segments, out, lse)
 
 
 def _blocked_bwd(residuals, d_out):
     """Flash attention's backward (Dao 2023, algorithm 2): for each key block j, the query
     blocks i >= j recompute P = exp(S - lse) tile by tile; dV_j and dK_j accumulate in the
     loop's carry, and dQ_i in a [n, ...] buffer updated in place."""
-    q, k, v, out, lse = residuals
+    q, k, v, segments, out, lse = residuals
     b, hkv, n, m, d = q.shape
     block = k.shape[3]
     on_diagonal = _on_diagonal(m, block)
@@ -138,7 +195,8 @@ def _blocked_bwd(residuals, d_out):
             dq, dk_j, dv_j = carry
             q_i, do_i = q[:, :, i], d_out[i]
             scores = f32("bhmd,bhkd->bhmk", q_i, k_j)
-            scores = jnp.where((j < i) | on_diagonal, scores, -jnp.inf)
+            scores = jnp.where(_visible(i, j, on_diagonal, segments, m // block), scores,
+                               -jnp.inf)
             probs = jnp.exp(scores - lse[i][..., None])
             dv_j = dv_j + f32("bhmk,bhmd->bhkd", probs.astype(v.dtype), do_i)
             d_probs = f32("bhmd,bhkd->bhmk", do_i, v_j)
@@ -148,7 +206,8 @@ def _blocked_bwd(residuals, d_out):
             return dq, dk_j, dv_j
 
         zeros = jnp.zeros((b, hkv, block, d), jnp.float32)
-        dq, dk_j, dv_j = jax.lax.fori_loop(j, n, query_block, (dq, zeros, zeros))
+        last = n if segments is None else segments[2][j]
+        dq, dk_j, dv_j = jax.lax.fori_loop(j, last, query_block, (dq, zeros, zeros))
         return dq, (dk_j, dv_j)
 
     dq = jnp.zeros((n, b, hkv, m, d), jnp.float32)
@@ -156,7 +215,7 @@ def _blocked_bwd(residuals, d_out):
     dq = jnp.transpose(dq, (1, 2, 0, 3, 4)).astype(q.dtype)
     dk = jnp.transpose(dk, (1, 2, 0, 3, 4)).astype(k.dtype)
     dv = jnp.transpose(dv, (1, 2, 0, 3, 4)).astype(v.dtype)
-    return dq, dk, dv
+    return dq, dk, dv, None  # the segments are integers: no cotangent
 
 
 _blocked.defvjp(_blocked_fwd, _blocked_bwd)
@@ -191,9 +250,25 @@ def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
 
 
 def attend_fused(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                 implementation: Literal["xla", "cudnn"] | None = None) -> jnp.ndarray:
+                 implementation: Literal["xla", "cudnn"] | None = None,
+                 segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
     """Causal attention from position 0 (a prefill, a training forward and its gradient)
     through jax.nn.dot_product_attention: q [B, T, Hq, D]; k, v [B, T, Hkv, D].
     implementation None lets JAX choose (cuDNN flash attention on a GPU when the shapes allow;
-    no T x T tensor in memory)."""
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation=implementation)
+    no T x T tensor in memory).
+
+    segment_ids [B, T] int (packed rows): a [B, 1, T, T] same-segment mask beside the causal
+    one, for implementation None / "xla" only (whose scores are [B, H, T, T] anyway).
+    jax.nn.dot_product_attention (jax 0.10) has no segment ids or per-segment offsets; its
+    cuDNN path would turn the mask into a [B, 1, T, T] bias, the T x T tensor that path exists
+    to avoid, so "cudnn" refuses segments (cuDNN's packed layout, q/kv offsets, is reachable
+    only through jax._src: docs/architecture.md, "Packed rows")."""
+    if segment_ids is None:
+        return jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                            implementation=implementation)
+    if implementation == "cudnn":
+        raise ValueError("attention 'cudnn' cannot take segment ids (packed rows): "
+                         "jax.nn.dot_product_attention expresses them only as a T x T bias")
+    same = segment_ids[:, None, :, None] == segment_ids[:, None, None, :]
+    return jax.nn.dot_product_attention(q, k, v, mask=same, is_causal=True,
+                                        implementation=implementation)

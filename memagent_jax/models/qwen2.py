@@ -44,7 +44,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import attend, attend_cache, attend_causal, attend_fused
+from memagent_jax.models.attention import (attend, attend_cache, attend_causal, attend_fused,
+                                           segment_starts)
 from memagent_jax.models.config import ATTENTION_CHOICES, ModelConfig
 from memagent_jax.models.rope import apply_rope, inverse_frequencies
 from memagent_jax.models.splash import splash_causal
@@ -175,33 +176,51 @@ class Qwen2(nnx.Module):
                                    ("embed", "vocab"), param_dtype)
 
     def __call__(self, input_ids: jnp.ndarray, attention_mask: jnp.ndarray | None = None, *,
-                 remat: bool = False):
+                 segment_ids: jnp.ndarray | None = None, remat: bool = False):
         """input_ids [B, T] int; attention_mask [B, T] (1 = token, 0 = padding, on either side).
 
         Positions count real tokens only, so a padded row gives the logits the same sequence
         would give unpadded. Without a mask every row runs causally from position 0 with the
         configured attention (right-padded rows may pass None too: padding after a token never
         affects it); its "xla" and "cudnn" kernels never build a [T, T] mask or scores, in the
-        gradient either. With a mask, the reference path (`attend`). remat: under differentiation,
-        keep only each layer's input and recompute the rest of the layer in the backward
-        (training memory; the values are the same).
+        gradient either. With a mask, the reference path (`attend`); so too with segment_ids
+        [B, T] (packed rows, as `hidden` takes them) instead of a mask. remat: under
+        differentiation, keep only each layer's input and recompute the rest of the layer in
+        the backward (training memory; the values are the same).
         Returns logits [B, T, V] float32 (rows at padding are meaningless).
         """
-        b, t = input_ids.shape
-        if attention_mask is None:
+        t = input_ids.shape[1]
+        causal = jnp.tril(jnp.ones((t, t), bool))[None]
+        if segment_ids is not None:
+            if attention_mask is not None:
+                raise ValueError("give an attention_mask or segment_ids, not both")
+            positions = _segment_positions(segment_ids)
+            visible = causal & (segment_ids[:, :, None] == segment_ids[:, None, :])
+        elif attention_mask is None:
             return self.logits(self.hidden(input_ids, remat=remat))
-        mask = attention_mask.astype(bool)
-        positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-        visible = jnp.tril(jnp.ones((t, t), bool))[None] & mask[:, None, :]
+        else:
+            mask = attention_mask.astype(bool)
+            positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+            visible = causal & mask[:, None, :]
         return self.logits(self._scan(input_ids, positions,
                                       lambda q, k, v: attend(q, k, v, visible), remat))
 
-    def hidden(self, input_ids: jnp.ndarray, *, remat: bool = False) -> jnp.ndarray:
+    def hidden(self, input_ids: jnp.ndarray, *, remat: bool = False,
+               segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
         """input_ids [B, T] -> the final norm's output [B, T, D]: `__call__` without a mask and
-        before the LM head (`logits`), for callers that apply the head a chunk at a time."""
+        before the LM head (`logits`), for callers that apply the head a chunk at a time.
+
+        segment_ids [B, T] int: packed rows, each a contiguous run of one id (the padding at
+        the end a run of its own): every token attends only to the tokens of its segment, and
+        positions restart at 0 at each segment's first token, so each row gets the values it
+        would get alone. Every attention but "cudnn" takes them (attention.py, `attend_fused`).
+        """
         b, t = input_ids.shape
-        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        return self._scan(input_ids, positions, self._causal_attention(), remat)
+        if segment_ids is None:
+            positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        else:
+            positions = _segment_positions(segment_ids)
+        return self._scan(input_ids, positions, self._causal_attention(segment_ids), remat)
 
     def prefill(self, input_ids: jnp.ndarray, logits_index: jnp.ndarray):
         """Runs prompts from position 0: input_ids [B, T] (right padding is harmless: it comes
@@ -256,14 +275,15 @@ class Qwen2(nnx.Module):
         tied = self.config.tie_word_embeddings
         return row_logits(hidden, _weight(self.embed if tied else self.lm_head, self.dtype), tied)
 
-    def _causal_attention(self) -> Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], jnp.ndarray]:
-        """(q [B, T, Hq, K], k, v [B, T, Hkv, K]) -> [B, T, Hq, K], causal from position 0, by
-        the configured implementation."""
+    def _causal_attention(self, segment_ids: jnp.ndarray | None = None
+                          ) -> Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], jnp.ndarray]:
+        """(q [B, T, Hq, K], k, v [B, T, Hkv, K]) -> [B, T, Hq, K], causal from position 0
+        (within each segment, given segment_ids [B, T]), by the configured implementation."""
         if self.attention == "xla":
-            return attend_causal
+            return functools.partial(attend_causal, segment_ids=segment_ids)
         if self.attention == "splash":
-            return functools.partial(splash_causal, mesh=self.mesh)
-        return lambda q, k, v: attend_fused(q, k, v, _FUSED[self.attention])
+            return functools.partial(splash_causal, mesh=self.mesh, segment_ids=segment_ids)
+        return lambda q, k, v: attend_fused(q, k, v, _FUSED[self.attention], segment_ids)
 
     def _embed(self, input_ids: jnp.ndarray) -> jnp.ndarray:
         return jnp.take(self.embed[...], input_ids, axis=0).astype(self.dtype)
@@ -344,6 +364,11 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
     x32 = x.astype(jnp.float32)
     normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
     return weight * normed.astype(x.dtype)
+
+
+def _segment_positions(segment_ids: jnp.ndarray) -> jnp.ndarray:
+    """[B, T] -> [B, T] int32: each token's position within its segment (rope restarts at 0)."""
+    return jnp.arange(segment_ids.shape[1], dtype=jnp.int32) - segment_starts(segment_ids)
 
 
 @functools.lru_cache(maxsize=32)

@@ -26,18 +26,24 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 _BLOCKS = (512, 256, 128)
 
 
-def splash_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
-                  mesh: Mesh | None = None) -> jnp.ndarray:
+def splash_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mesh: Mesh | None = None,
+                  segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
     """Causal attention where query i sees keys 0..i: q [B, T, Hq, D], k, v [B, T, Hkv, D]
     -> [B, T, Hq, D] in q.dtype (softmax in float32 inside the kernel). mesh: the mesh the
     arguments are sharded on (None: one device). Rows padded at their end are fine: padding
-    comes after every real query."""
+    comes after every real query. segment_ids [B, T] int (packed rows): query i sees only the
+    keys j <= i with its segment id, the kernel's `SegmentIds` (masked inside the causal
+    blocks it computes; blocks wholly across segments are computed and masked, not skipped)."""
     b, t, hq, d = q.shape
     hkv = k.shape[2]
     padded = -(-t // _BLOCKS[-1]) * _BLOCKS[-1]
     if padded != t:  # padded keys lie after every real query, so the causal mask hides them
         pad = ((0, 0), (0, padded - t), (0, 0), (0, 0))
         q, k, v = jnp.pad(q, pad), jnp.pad(k, pad), jnp.pad(v, pad)
+    ids = None
+    if segment_ids is not None:  # the padding: a segment of its own, after every real query
+        ids = jnp.pad(segment_ids.astype(jnp.int32), ((0, 0), (0, padded - t)),
+                      constant_values=-1)
     # The kernel's layout: heads before positions ([B, H, T, D]); the scale is ours to apply.
     q = (q * jnp.asarray(d ** -0.5, q.dtype)).swapaxes(1, 2)
     k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
@@ -49,15 +55,26 @@ def splash_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray,
     batch_axes, head_axis = _split(mesh, b, hq, hkv)
     heads = 1 if head_axis is None else mesh.shape[head_axis]
     kernel = _kernel(padded, hq, heads, interpret)
+    def run(kernel, q, k, v, ids):
+        if ids is None:
+            return jax.vmap(kernel)(q, k, v)
+        return jax.vmap(lambda q, k, v, ids: kernel(
+            q, k, v, segment_ids=_segment_ids_type()(ids, ids)))(q, k, v, ids)
+
     if mesh is None:
-        out = jax.vmap(kernel)(q, k, v)
+        out = run(kernel, q, k, v, ids)
     else:
         spec = PartitionSpec(batch_axes or None, head_axis, None, None)
         tables = kernel.manual_sharding_spec(NamedSharding(mesh, PartitionSpec(head_axis, None)))
-        out = jax.shard_map(lambda kernel, q, k, v: jax.vmap(kernel)(q, k, v), mesh=mesh,
-                            in_specs=(tables, spec, spec, spec), out_specs=spec,
-                            check_vma=False)(kernel, q, k, v)
+        id_spec = None if ids is None else PartitionSpec(batch_axes or None, None)
+        out = jax.shard_map(run, mesh=mesh, in_specs=(tables, spec, spec, spec, id_spec),
+                            out_specs=spec, check_vma=False)(kernel, q, k, v, ids)
     return out.swapaxes(1, 2)[:, :t]
+
+
+def _segment_ids_type():
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
+    return splash_attention_kernel.SegmentIds
 
 
 def _split(mesh: Mesh | None, rows: int, q_heads: int, kv_heads: int

@@ -34,10 +34,11 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
 
     logp, old_logp, mask: [rows, T] (log-probabilities of the tokens under the policy being
     trained and under the policy that sampled them; mask 1 on response tokens). advantages:
-    [rows]. ref_logp: [rows, T] under the frozen reference, used when kl_coef != 0. entropy:
+    [rows], or [rows, T] per token (packed rows: learner.py). ref_logp: [rows, T] under the frozen reference, used when kl_coef != 0. entropy:
     [rows, T] the policy's per-token entropy (metric, and a bonus when entropy_coef != 0).
     dual_clip: c > 1, or None for plain PPO clipping.
-    row_weights: [rows], the weight of each response token of a row; default 1 / mask.sum(),
+    row_weights: [rows] (or [rows, T] per token), the weight of each response token of a row;
+    default 1 / mask.sum(),
     the token-mean over these rows. A learner that accumulates gradients over micro-batches
     passes 1 / (the mini-batch's token count) for every row, so the micro-batch losses sum to
     the mini-batch token-mean; with `loss_agg: per_rank_token_mean` each row's weight is that of
@@ -54,12 +55,12 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
     mask = jnp.asarray(mask, jnp.float32)
     if row_weights is None:
         row_weights = jnp.full(mask.shape[:1], 1.0 / jnp.maximum(mask.sum(), 1.0))
-    weights = mask * jnp.asarray(row_weights, jnp.float32)[:, None]
+    weights = mask * per_token(row_weights)
 
     def token_mean(x):
         return jnp.sum(x * weights)
 
-    advantages = jnp.asarray(advantages, jnp.float32)[:, None]
+    advantages = per_token(advantages)
     log_ratio = jnp.clip(logp - old_logp, -_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT)
     ratio = jnp.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -93,6 +94,13 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
             loss = loss - entropy_coef * mean_entropy
     metrics["loss"] = loss
     return loss, metrics
+
+
+def per_token(values):
+    """[rows] (one value per row) -> [rows, 1], broadcasting over its tokens; [rows, T] as is.
+    float32."""
+    values = jnp.asarray(values, jnp.float32)
+    return values[:, None] if values.ndim == 1 else values
 
 
 def low_var_kl(logp, ref_logp):

@@ -5,7 +5,8 @@ section 3):
 1. old log-probabilities: recomputed with the current parameters (the original's default), or
    the rollout's own (`old_logprobs="rollout"`); reference log-probabilities when kl_coef != 0;
 2. per PPO epoch, the rows are split into `mini_batches` mini-batches; each is one AdamW
-   update, its gradient accumulated over static-shape micro-batches (see rows.py). With
+   update, its gradient accumulated over static-shape micro-batches of sequences, each
+   holding several rows (`pack`, the default) or one (packing.py). With
    `loss_agg: global_token_mean` the rows are shuffled and every response token of a
    mini-batch weighs 1 / (its token count); with `per_rank_token_mean` they are split as verl's
    data-parallel ranks took them (turn-ordered, contiguous, one piece per rank, each cut into
@@ -54,10 +55,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen2 import Params, Qwen2, split_params
 from memagent_jax.models.sharding import batch_sharding
-from memagent_jax.rl.dapo import policy_loss, rollout_mismatch, truncated_is_weights
+from memagent_jax.rl.dapo import (per_token, policy_loss, rollout_mismatch,
+                                  truncated_is_weights)
 from memagent_jax.rl.logprobs import token_logprobs
-from memagent_jax.rl.rows import (TrainingRows, default_bucket_lengths, gather, plan_micro_batches,
-                                  scatter)
+from memagent_jax.rl.packing import gather, plan_sequences, response_positions, scatter
+from memagent_jax.rl.rows import TrainingRows, default_bucket_lengths
 from memagent_jax.rl.supervised import sft_loss
 from memagent_jax.runconfig import at_least
 
@@ -84,8 +86,9 @@ class LearnerConfig:
     entropy_coef: float = 0.0           # entropy bonus (0: entropy is a metric only)
     temperature: float = 1.0            # log-probs of logits / temperature: the rollout's
     mini_batches: int = 1               # optimiser updates per rollout batch and epoch
-    micro_batch_rows: int | None = None     # rows per micro-batch (set: overrides tokens)
+    micro_batch_rows: int | None = None     # sequences per micro-batch (set: overrides tokens)
     micro_batch_tokens: int | None = 8192   # padded tokens per micro-batch
+    pack: bool = True                   # several rows per sequence, segment ids (2)
     ppo_epochs: int = 1                 # passes over the rollout batch
     remat: bool = False                 # recompute each layer in the backward
     logit_chunk_tokens: int | None = 1024   # LM-head positions at once (null: all; logprobs.py)
@@ -102,6 +105,9 @@ class LearnerConfig:
     # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
     # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
     # ranks (docs/algorithm.md section 3).
+    # (2) rl/packing.py: the values of one row per sequence on less padding (MemAgent's rows
+    # at the 7B plan: 18% of the slots padded -> 13%; BENCHMARKS.md, "Packed learner rows").
+    # Not with attention cudnn, which cannot take segment ids (models/attention.py).
 
     def __post_init__(self):
         def fail(name, message):
@@ -195,6 +201,9 @@ class Learner:
     """
 
     def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None):
+        if config.pack and model.attention == "cudnn":
+            raise ConfigError("learner.pack", "attention 'cudnn' cannot take the segment ids "
+                              "of packed rows; set learner.pack false (or use attention xla)")
         self.config, self.mesh = config, mesh
         # Without a recompute, the first mini-batch's forward is the one pass of the learner
         # over sampled tokens under the parameters that sampled them (see `update`).
@@ -241,11 +250,10 @@ class Learner:
                             if config.kl_coef != 0.0 and config.loss == "dapo" else None)
 
         # Replicated: the host reads it, and on a pod no process holds every shard.
-        self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar,
-                                 static_argnames="width")
+        self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar)
         acc_shardings = (self._param_shardings, self._metric_shardings(self._metric_names()))
         self._train_step = jax.jit(
-            self._train_step_fn, donate_argnums=(0, 1, 3), static_argnames="width",
+            self._train_step_fn, donate_argnums=(0, 1, 3),
             out_shardings=(self._param_shardings, self._opt_shardings, self._scalar,
                            acc_shardings, self._metric_shardings(self._update_metric_names())))
 
@@ -305,10 +313,10 @@ class Learner:
     def compiled(self, rows: int, length: int, width: int | None = None
                  ) -> dict[str, jax.stages.Compiled]:
         """The train step (one micro-batch's gradient and the AdamW update) and the log-prob
-        pass, compiled from shapes for micro-batches of `rows` x `length` tokens with
-        responses of up to `width` tokens (None: length) on this learner's shardings, for their
-        `memory_analysis()` and `cost_analysis()` (nothing is run or allocated;
-        benchmarks/aot.py)."""
+        pass, compiled from shapes for micro-batches of `rows` sequences x `length` tokens
+        with up to `width` response tokens each (None: length), packed as the config says, on
+        this learner's shardings, for their `memory_analysis()` and `cost_analysis()` (nothing
+        is run or allocated; benchmarks/aot.py)."""
         width = width or length
 
         def like(x, sharding):
@@ -323,20 +331,22 @@ class Learner:
         accumulator = (grads, {name: scalar(jnp.float32) for name in self._metric_names()})
         per_token = functools.partial(jax.ShapeDtypeStruct, (rows, length),
                                       sharding=self._batch_sharding)
-        per_row = functools.partial(jax.ShapeDtypeStruct, (rows,),
-                                    sharding=self._batch_sharding)
-        batch = {"tokens": per_token(jnp.int32), "loss_mask": per_token(jnp.float32),
-                 "advantages": per_row(jnp.float32), "old_logprobs": per_token(jnp.float32),
-                 "row_weights": per_row(jnp.float32), "prompt_lengths": per_row(jnp.int32)}
+        batch = {name: per_token(jnp.float32) for name in (
+            "loss_mask", "advantages", "old_logprobs", "row_weights")}
+        batch["tokens"] = per_token(jnp.int32)
+        batch["positions"] = jax.ShapeDtypeStruct((rows, width), jnp.int32,
+                                                  sharding=self._batch_sharding)
+        if self.config.pack:
+            batch["segment_ids"] = per_token(jnp.int32)
         if self._ref_params is not None:
             batch["ref_logprobs"] = per_token(jnp.float32)
         if self.config.rollout_correction is not None:
             batch["is_weights"] = per_token(jnp.float32)
+        inputs = {name: batch[name] for name in self._INPUTS if name in batch}
         return {"train step": self._train_step.lower(
                     params, opt_state, scalar(jnp.int32), accumulator, batch,
-                    scalar(jnp.float32), scalar(jnp.bool_), width=width).compile(),
-                "log-probs": self._logprobs.lower(params, batch["tokens"],
-                                                  batch["prompt_lengths"], width=width).compile()}
+                    scalar(jnp.float32), scalar(jnp.bool_)).compile(),
+                "log-probs": self._logprobs.lower(params, inputs).compile()}
 
     def logprobs(self, rows: TrainingRows, params=None) -> np.ndarray:
         """[R, T] float32: each response token's log-probability (at the config's
@@ -345,26 +355,25 @@ class Learner:
         params = self._params if params is None else params
         out = np.zeros(rows.tokens.shape, np.float32)
         for plan in self._plan(rows, range(len(rows))):
-            batch = jax.device_put(gather(plan, self._row_arrays(rows)), self._batch_sharding)
-            values = self._logprobs(params, batch["tokens"], batch["prompt_lengths"],
-                                    width=self._width(rows, plan))
-            scatter(plan, np.asarray(values), out)
+            batch = jax.device_put(self._micro_batch(plan, rows, {"tokens": rows.tokens}, {}),
+                                   self._batch_sharding)
+            scatter(plan, np.asarray(self._logprobs(params, batch)), out)
         positions = np.arange(out.shape[1])[None, :]
         mask = (positions >= rows.prompt_lengths[:, None]) & (positions < rows.lengths[:, None])
         return np.where(mask, out, 0.0).astype(np.float32)
 
-    @staticmethod
-    def _row_arrays(rows: TrainingRows) -> dict[str, np.ndarray]:
-        """What every micro-batch holds: the tokens, and where each row's response starts."""
-        return {"tokens": rows.tokens, "prompt_lengths": rows.prompt_lengths}
+    # What the forward reads of a micro-batch (the log-prob pass takes nothing else).
+    _INPUTS = ("tokens", "segment_ids", "positions")
 
     @staticmethod
-    def _width(rows: TrainingRows, plan) -> int:
-        """The response window of a micro-batch (static: one compile per value): its longest
-        response, rounded up to a power of two (at least 16), at most its length."""
-        index = plan.index[plan.index >= 0]
-        longest = int((rows.lengths[index] - rows.prompt_lengths[index]).max())
-        return min(plan.length, max(16, 1 << (longest - 1).bit_length()))
+    def _micro_batch(plan, rows: TrainingRows, per_token, per_row) -> dict[str, np.ndarray]:
+        """A plan's arrays ([S, L], packing.py `gather`), with the segment ids when it packs
+        rows and the LM head's positions [S, W] (its response tokens)."""
+        batch = gather(plan, per_token, per_row)
+        if plan.packed:
+            batch["segment_ids"] = plan.segment
+        batch["positions"] = response_positions(plan, rows.prompt_lengths, rows.lengths)
+        return batch
 
     def update(self, rows: TrainingRows) -> dict[str, float]:
         """One training step: a rollout batch of PPO updates, all at this step's learning rate;
@@ -382,8 +391,7 @@ class Learner:
         config = self.config
         recompute = config.old_logprobs == "recompute" and config.loss == "dapo"
         old = self.logprobs(rows) if recompute else rows.rollout_logprobs
-        arrays = {**self._row_arrays(rows), "loss_mask": rows.loss_mask,
-                  "advantages": rows.advantages, "old_logprobs": old}
+        arrays = {"tokens": rows.tokens, "loss_mask": rows.loss_mask, "old_logprobs": old}
         extra = {}
         mask = rows.loss_mask > 0
         if recompute:  # float64 on the response tokens alone: f32 runs differ by ~1e-7
@@ -415,22 +423,25 @@ class Learner:
         config = self.config
         buckets = config.bucket_lengths or default_bucket_lengths(int(rows.lengths.max()))
         by_rows = config.micro_batch_rows is not None
-        return plan_micro_batches(rows.lengths, indices, buckets, rows=config.micro_batch_rows,
-                                  tokens=None if by_rows else config.micro_batch_tokens,
-                                  row_multiple=self._row_multiple)
+        return plan_sequences(rows.lengths, indices, buckets, pack=config.pack,
+                              rows=config.micro_batch_rows,
+                              tokens=None if by_rows else config.micro_batch_tokens,
+                              row_multiple=self._row_multiple)
 
     def _mini_batches(self, rows: TrainingRows, rng):
         return mini_batches(self.config, rows.loss_mask.sum(axis=1), rows.trajectory, rows.turn,
                             rows.final, rng, self._row_multiple)
 
     def _update_mini_batch(self, arrays, rows: TrainingRows, indices, weights, lr):
-        arrays = dict(arrays, row_weights=weights)
+        """arrays: the [R, T] per-token arrays; weights [R]: each row's token weight."""
+        per_row = {"advantages": rows.advantages, "row_weights": weights}
         plans = self._plan(rows, indices)
         for k, plan in enumerate(plans):
-            batch = jax.device_put(gather(plan, arrays), self._batch_sharding)
+            batch = jax.device_put(self._micro_batch(plan, rows, arrays, per_row),
+                                   self._batch_sharding)
             self._params, self._opt_state, self._step, self._accumulator, out = self._train_step(
                 self._params, self._opt_state, self._step, self._accumulator, batch, lr,
-                jnp.bool_(k == len(plans) - 1), width=self._width(rows, plan))
+                jnp.bool_(k == len(plans) - 1))
         return out
 
     def _summarise(self, results, rows: TrainingRows) -> dict[str, float]:
@@ -450,30 +461,33 @@ class Learner:
 
     # ---- pure functions (jitted in __init__) --------------------------------------------
 
-    def _token_logprobs(self, params, tokens, starts, width, remat=False, entropy=False):
-        """params: pure dict; tokens [B, L] right-padded, starts [B] (each row's first
-        response position) -> (logp [B, L], entropy [B, L] or None) at the config's
-        temperature on the `width` positions from starts (0 elsewhere), the LM head applied
-        `logit_chunk_tokens` positions at a time (rl/logprobs.py).
+    def _token_logprobs(self, params, batch, remat=False, entropy=False):
+        """params: pure dict; batch: tokens [S, L] (rows end to end, then padding),
+        segment_ids [S, L] when packed, positions [S, W] (the response tokens) -> (logp
+        [S, L], entropy [S, L] or None) at the config's temperature on those positions (0
+        elsewhere), the LM head applied `logit_chunk_tokens` positions at a time
+        (rl/logprobs.py).
 
-        No attention mask: the padding sits after every real token, so the model's causal path
-        from position 0 (its configured attention: the blocked kernel, or cuDNN's on a GPU; no
-        [L, L] scores in the forward or the gradient) gives the real positions exactly what a
-        mask would. The recompute of old
-        log-probabilities runs the same path, so before the first update the ratios are exactly
-        1. remat: checkpoint the model's layers (for the differentiated loss; same values)."""
+        No attention mask: the padding sits after every real token and each packed row is a
+        segment (attention within it, positions from 0), so the model's causal path (its
+        configured attention: the blocked kernel, splash, or cuDNN's on a GPU; no [L, L]
+        scores in the forward or the gradient) gives each row exactly what it alone would
+        give. The recompute of old log-probabilities runs the same path, so before the first
+        update the ratios are exactly 1. remat: checkpoint the model's layers (for the
+        differentiated loss; same values)."""
         model = nnx.merge(self.graphdef, params)
-        return token_logprobs(lambda h: model.logits(h) / self.config.temperature,
-                              model.hidden(tokens, remat=remat), tokens,
-                              self.config.logit_chunk_tokens, entropy, starts, width)
+        hidden = model.hidden(batch["tokens"], remat=remat,
+                              segment_ids=batch.get("segment_ids"))
+        return token_logprobs(lambda h: model.logits(h) / self.config.temperature, hidden,
+                              batch["tokens"], self.config.logit_chunk_tokens, entropy,
+                              batch["positions"])
 
-    def _logprobs_fn(self, params, tokens, starts, width):
-        return self._token_logprobs(params, tokens, starts, width)[0]
+    def _logprobs_fn(self, params, batch):
+        return self._token_logprobs(params, batch)[0]
 
-    def _loss_fn(self, params, batch, width):
+    def _loss_fn(self, params, batch):
         config = self.config
-        logp, entropy = self._token_logprobs(params, batch["tokens"], batch["prompt_lengths"],
-                                             width, config.remat, True)
+        logp, entropy = self._token_logprobs(params, batch, config.remat, True)
         if config.entropy_coef == 0.0 or config.loss == "sft":
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
         if config.loss == "sft":
@@ -485,17 +499,16 @@ class Learner:
             entropy_coef=config.entropy_coef, row_weights=batch["row_weights"],
             token_weights=batch.get("is_weights"))
         if self._mismatch_in_graph:  # old_logprobs are the rollout's
-            weights = batch["loss_mask"] * batch["row_weights"][:, None]
+            weights = batch["loss_mask"] * per_token(batch["row_weights"])
             metrics.update(rollout_mismatch(jax.lax.stop_gradient(logp), batch["old_logprobs"],
                                             weights))
         return loss, metrics
 
-    def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish, width):
+    def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish):
         """One micro-batch: accumulate its gradient; if `finish`, apply the mini-batch's update
         at learning rate `lr` (or skip it when the loss or gradient norm is not finite) and
         reset the accumulator."""
-        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(params, batch,
-                                                                              width)
+        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(params, batch)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), accumulator[0], grads)
         metric_sum = {k: accumulator[1][k] + metrics[k] for k in accumulator[1]}
 

@@ -7,9 +7,9 @@ only [B, T] results, and the backward recomputes one chunk's logits at a time. E
 values depend on its own logits only, so chunking changes no value.
 
 Training needs them only where the response lies (a memory turn's prompt holds a chunk of
-thousands of tokens, its reply a few hundred at most), so with `starts` and `width` the LM head
-runs on a window of `width` positions from each row's first response token only, as verl
-slices the response before its log-softmax; the values there are the same.
+thousands of tokens, its reply a few hundred at most), so with `positions` the LM head runs on
+the given positions of each row only (its response tokens, or those of every row packed in a
+sequence), as verl slices the response before its log-softmax; the values there are the same.
 """
 
 from __future__ import annotations
@@ -22,22 +22,22 @@ import jax.numpy as jnp
 
 def token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.Array,
                    tokens: jax.Array, chunk_tokens: int | None = None, entropy: bool = True,
-                   starts: jax.Array | None = None, width: int | None = None
-                   ) -> tuple[jax.Array, jax.Array | None]:
+                   positions: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
     """hidden [B, T, D] (the model's final-norm output), tokens [B, T];
     logits_fn: hidden [B, C, D] -> logits [B, C, V] (divided by the temperature).
     Returns (logp [B, T]: log p(tokens[:, t] | tokens[:, :t]), 0 at t = 0; entropy [B, T] of
     the distribution token t was drawn from, 0 at t = 0, or None). chunk_tokens: positions
-    per chunk (None: all at once, holding [B, T, V]). starts [B] (>= 1), width (static): only
-    positions starts[b] .. starts[b] + width - 1 (those below T) are computed, the rest are 0."""
+    per chunk (None: all at once, holding [B, T, V]). positions [B, W] int (each >= 1; those
+    >= T are padding, dropped): only these positions are computed, the rest are 0. With
+    packed rows, position t must not be a row's first token (t - 1 is in another row)."""
     b, t, _ = hidden.shape
-    if starts is None:
+    if positions is None:
         logp, ent = _positions(logits_fn, hidden[:, :-1], tokens[:, 1:], chunk_tokens, entropy)
 
         def place(x):
             return jnp.pad(x, ((0, 0), (1, 0)))
     else:
-        where = starts[:, None] + jnp.arange(width)[None, :]          # [B, W] token positions
+        where = positions                                              # [B, W] token positions
         before = jnp.clip(where - 1, 0, t - 1)
         h = jnp.take_along_axis(hidden, before[..., None], axis=1)     # [B, W, D]
         y = jnp.take_along_axis(tokens, jnp.clip(where, 0, t - 1), axis=1)

@@ -8,10 +8,11 @@ recipe instead: `credit="amortise"` divides a trajectory's advantage evenly over
 turns, and `train_final_turn=False` leaves the final-answer turns out.
 
 Rows live on the host as numpy arrays. The learner feeds them to jitted functions in
-micro-batches of a few fixed shapes: rows sorted by length are cut into groups, each padded to
-the smallest bucket length that holds its longest row and to a row count from a short list
-(a token budget per micro-batch, shrunk to a power of two for the last few rows of a bucket),
-so a handful of shapes compile and padding stays a bounded fraction of each micro-batch.
+micro-batches of a few fixed shapes: rows (or the sequences rl/packing.py packs them into)
+sorted by length are cut into groups, each padded to the smallest bucket length that holds its
+longest member and to a count from a short list (a token budget per micro-batch, shrunk to a
+power of two for the last few of a bucket), so a handful of shapes compile and padding stays
+a bounded fraction of each micro-batch.
 """
 
 from __future__ import annotations
@@ -130,8 +131,9 @@ def bucket_length(length: int, buckets: Sequence[int]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class MicroBatchPlan:
-    """index [B] int: rows of TrainingRows in this micro-batch, -1 for padding rows; length:
-    the bucket length every row is padded to."""
+    """index [B] int: the items planned (rows of TrainingRows, or rl/packing.py's packed
+    sequences) in this micro-batch, -1 for padding; length: the bucket length every item is
+    padded to."""
     index: np.ndarray
     length: int
 
@@ -166,28 +168,3 @@ def plan_micro_batches(lengths: np.ndarray, indices: Iterable[int], buckets: Seq
         plans.append(MicroBatchPlan(index, bucket))
         start += len(taken)
     return plans
-
-
-def gather(plan: MicroBatchPlan, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The plan's rows of each array, padded: [R, T] arrays -> [B, length] (cut or 0-padded
-    on the right), [R] arrays -> [B]. Padding rows are all 0 (so their loss mask is 0)."""
-    valid = plan.index >= 0
-    rows = np.where(valid, plan.index, 0)
-    out = {}
-    for name, array in arrays.items():
-        taken = array[rows]
-        if array.ndim == 2:
-            width = min(array.shape[1], plan.length)
-            padded = np.zeros((len(rows), plan.length), array.dtype)
-            padded[:, :width] = taken[:, :width]
-            taken = padded
-        taken[~valid] = 0
-        out[name] = taken
-    return out
-
-
-def scatter(plan: MicroBatchPlan, values: np.ndarray, into: np.ndarray) -> None:
-    """Writes a micro-batch's [B, length] values back into rows of into [R, T] (in place)."""
-    valid = plan.index >= 0
-    width = min(into.shape[1], plan.length)
-    into[plan.index[valid], :width] = values[valid, :width]

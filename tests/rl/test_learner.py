@@ -237,21 +237,13 @@ def test_kl_reference_is_only_built_when_used():
 
 
 def test_train_step_builds_no_square_score_tensor():
-    """Right-padded rows run without a mask, on the model's blocked causal attention: at
-    bucket length 1024 the compiled train step (forward and gradient) holds no
+    """Packed rows run without a mask, on the model's blocked causal attention with segment
+    ids: at bucket length 1024 the compiled train step (forward and gradient) holds no
     [.., 1024, 1024] buffer."""
     length = 1024
     learner = Learner(random_model(LEARNER_MODEL, seed=11),
                       LearnerConfig(micro_batch_rows=1, bucket_lengths=(length,)))
-    batch = {"tokens": np.zeros((1, length), np.int32),
-             "loss_mask": np.ones((1, length), np.float32),
-             "advantages": np.ones(1, np.float32),
-             "old_logprobs": np.zeros((1, length), np.float32),
-             "row_weights": np.full(1, 1 / length, np.float32),
-             "prompt_lengths": np.ones(1, np.int32)}
-    hlo = learner._train_step.lower(learner._params, learner._opt_state, learner._step,
-                                    learner._zero_accumulator(), batch, np.float32(1e-3),
-                                    np.bool_(True), width=length - 1).compile().as_text()
+    hlo = learner.compiled(1, length)["train step"].as_text()
     assert f"{length},{length}]" not in hlo
 
 

@@ -71,8 +71,9 @@ def test_a_response_window_gives_the_whole_logits_values_there_and_0_elsewhere(c
     head = jnp.asarray(rng.normal(size=(8, 37)), jnp.float32)
     tokens = jnp.asarray(rng.integers(0, 37, (3, 20)), jnp.int32)
     starts = jnp.asarray([5, 1, 17])  # the last row's window runs past the end: dropped
+    window = starts[:, None] + jnp.arange(6)[None, :]
     logp, entropy = token_logprobs(lambda h: h @ head / 0.7, hidden, tokens, chunk,
-                                   starts=starts, width=6)
+                                   positions=window)
     want_logp, want_entropy = _reference(hidden, head, tokens)
     positions = np.arange(20)[None, :]
     inside = (positions >= np.asarray(starts)[:, None]) & (
@@ -81,7 +82,7 @@ def test_a_response_window_gives_the_whole_logits_values_there_and_0_elsewhere(c
     np.testing.assert_allclose(entropy, np.where(inside, want_entropy, 0), atol=1e-5)
 
     weights = jnp.asarray(rng.uniform(size=(3, 20)) * inside, jnp.float32)
-    window = jax.grad(lambda h: jnp.sum(weights * token_logprobs(
-        lambda x: x @ head / 0.7, h, tokens, chunk, False, starts, 6)[0]))(hidden)
+    in_window = jax.grad(lambda h: jnp.sum(weights * token_logprobs(
+        lambda x: x @ head / 0.7, h, tokens, chunk, False, window)[0]))(hidden)
     whole = jax.grad(lambda h: jnp.sum(weights * _reference(h, head, tokens)[0]))(hidden)
-    np.testing.assert_allclose(window, whole, atol=1e-5)
+    np.testing.assert_allclose(in_window, whole, atol=1e-5)

@@ -1,0 +1,78 @@
+"""Packed learner rows (rl/packing.py, `learner.pack`): the plan holds every row once, within
+the token budget and with less padding; the packed log-prob pass and update equal the
+unpacked ones under both loss aggregations."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from memagent_jax.errors import ConfigError, UserError
+from memagent_jax.models import random_model
+from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.packing import gather, padded_fraction, plan_sequences, scatter
+from tests.builders import LEARNER_MODEL, random_rows
+
+
+def test_packed_plan_holds_every_row_once_within_the_budget():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 300, 200)
+    tokens = np.zeros((200, 300), np.int32)
+    for r, n in enumerate(lengths):
+        tokens[r, :n] = rng.integers(1, 1000, n)
+    buckets = (64, 128, 256, 512)
+    packed = plan_sequences(lengths, range(200), buckets, pack=True, tokens=2048,
+                            row_multiple=2)
+    plain = plan_sequences(lengths, range(200), buckets, pack=False, tokens=2048,
+                           row_multiple=2)
+    for plan in packed:
+        assert plan.length in buckets and plan.row.size <= 2048 and plan.sequences % 2 == 0
+    back = np.zeros_like(tokens)
+    for plan in packed:
+        scatter(plan, gather(plan, {"tokens": tokens}, {})["tokens"], back)
+    np.testing.assert_array_equal(back, tokens)  # every token back in its place
+    counts = np.bincount(np.concatenate([p.row[(p.row >= 0)] for p in packed]), minlength=200)
+    np.testing.assert_array_equal(counts, lengths)
+    assert padded_fraction(packed) < 0.1 < padded_fraction(plain)
+    with pytest.raises(UserError, match="exceeds the largest bucket"):
+        plan_sequences(np.array([600]), [0], buckets, pack=True, tokens=2048)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    """32 rows of 6-18 tokens: unpacked, every micro-batch is 8 rows of 32 tokens (two per
+    mini-batch); packed, 8 sequences of 32 (one per mini-batch): one compile of each."""
+    rows = random_rows(seed=3, trajectories=16)
+    return dataclasses.replace(rows, **{f.name: getattr(rows, f.name)[:32]
+                                        for f in dataclasses.fields(rows)})
+
+
+CONFIG = LearnerConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-3, micro_batch_rows=8,
+                       bucket_lengths=(32,), mini_batches=2, kl_coef=0.1)
+
+
+@pytest.mark.parametrize("agg", [{"loss_agg": "global_token_mean"},
+                                 {"loss_agg": "per_rank_token_mean", "loss_agg_ranks": 2}])
+def test_packed_logprobs_and_update_equal_the_unpacked_ones(rows, agg):
+    """The log-prob pass, then one update (old and reference log-probs recomputed, two
+    mini-batches): same metrics and same new parameters."""
+    learners = {pack: Learner(random_model(LEARNER_MODEL, seed=4),
+                              dataclasses.replace(CONFIG, pack=pack, **agg))
+                for pack in (True, False)}
+    logprobs = {pack: learner.logprobs(rows) for pack, learner in learners.items()}
+    assert np.abs(logprobs[True]).sum() > 0
+    np.testing.assert_allclose(logprobs[True], logprobs[False], atol=1e-5)
+    metrics = {pack: learner.update(rows) for pack, learner in learners.items()}
+    for name in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+        assert abs(metrics[True][name] - metrics[False][name]) <= 1e-5 * max(
+            1.0, abs(metrics[False][name])), name
+    for a, b in zip(jax.tree.leaves(learners[True].params),
+                    jax.tree.leaves(learners[False].params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+def test_packing_with_cudnn_attention_names_the_key():
+    with pytest.raises(ConfigError) as caught:
+        Learner(random_model(LEARNER_MODEL, seed=0, attention="cudnn"), LearnerConfig())
+    assert caught.value.key == "learner.pack"
