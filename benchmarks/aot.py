@@ -99,7 +99,8 @@ def main() -> None:
     print(f"# {args.config} {' '.join(args.overrides)}")
     print(f"# {platform.machine()}, jax {jax.__version__}; devices: "
           f"{args.topology or f'{len(devices)} simulated CPU'} ({devices[0].device_kind}); "
-          f"mesh {dict(mesh.shape)}; model {args.preset if not (m.path and os.path.isdir(m.path)) else m.path} "
+          f"mesh {dict(mesh.shape)}; "
+          f"model {m.path if m.path and os.path.isdir(m.path) else args.preset} "
           f"params {shape.dtype}, compute {compute}, attention {m.attention}; "
           f"micro-batch {rows} x {length}, slots {config.engine.slots}, "
           f"max_len {engine.config.max_len}; chip memory {hbm:g} GB")

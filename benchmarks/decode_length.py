@@ -1,12 +1,13 @@
 """Decode step time against max_len at a fixed occupancy: the cache sized to what is filled.
 
 Every slot holds a prompt of `--occupancy` tokens; the script times decode steps
-(`Engine.generate`, each waited for; the slots grow by `--steps` x (`--repeats` + 1) tokens) for each `--max-lens` value, two ways in one run:
+(`Engine.generate`, each waited for; the slots grow by `--steps` x (`--repeats` + 1) tokens)
+for each `--max-lens` value, two ways in one run:
 - ours: the engine as it runs (`EngineConfig.cache_lengths`: the cache is as long as the
   longest slot needs, in quarter-octave lengths from 1024);
-- whole cache: the same engine with its cache pinned at max_len (`prefill_buckets` = (max_len,)
-  leaves one cache length), which every step reads in full: the engine before the cache
-  followed the slots;
+- whole cache: the same engine with its cache pinned at max_len (one prefill bucket, the
+  prompts' length, leaves max_len the one cache length), which every step reads in full: the
+  engine before the cache followed the slots;
 - the limit: bytes a step must read (every weight once, and each slot's keys and values up to
   the occupancy) / the machine's copy bandwidth (benchmarks/decode.py `DeviceBandwidth`,
   measured right before each row).
@@ -65,7 +66,7 @@ def step_time(model, params, config: EngineConfig, occupancy: int, steps: int,
     run()  # compiles
     seconds = best_time(run, repeats) / steps
     cache_length = state.cache.length
-    del state, engine
+    del state
     gc.collect()
     return seconds, cache_length
 
@@ -81,6 +82,9 @@ def main() -> None:
     parser.add_argument("--bandwidth-gb", type=float, default=1.0)
     args = parser.parse_args()
     max_lens = [int(n) for n in args.max_lens.split(",")]
+    if not args.occupancy < 1024 <= min(max_lens):
+        parser.error("--occupancy must be below 1024 and every --max-lens at least 1024 (the "
+                     "whole-cache engine pins its cache through a prefill bucket below 1024)")
     device = jax.devices()[0]
     print(f"machine: {platform.machine()} {cpu_model_name()}, {os.cpu_count()} cores; jax "
           f"{jax.__version__} on {device.platform} ({device.device_kind}); {args.slots} slots "
@@ -99,9 +103,11 @@ def main() -> None:
             ours, length = step_time(model, params, EngineConfig(slots=args.slots,
                                                                  max_len=max_len),
                                      args.occupancy, args.steps, args.repeats)
-            whole, _ = step_time(model, params, EngineConfig(slots=args.slots, max_len=max_len,
-                                                             prefill_buckets=(max_len,)),
-                                 args.occupancy, args.steps, args.repeats)
+            # One prefill bucket, the prompts' own (below 1024), beside max_len: the cache's
+            # one length is max_len.
+            whole, _ = step_time(model, params, EngineConfig(
+                slots=args.slots, max_len=max_len, prefill_buckets=(args.occupancy,)),
+                args.occupancy, args.steps, args.repeats)
             first = first or (ours, whole)
             rows.append((name, max_len, length, ours, whole, limit_s, first))
             print(f"{name} max_len {max_len}: ours {ours * 1e3:.2f} ms (cache {length}), whole "

@@ -16,7 +16,8 @@ budgets (benchmarks/memagent_rows.py, its distributions printed).
   tensor where it divides them) as the engine holds it: every slot up to the cache length of
   the longest busy slot, taken as the longest turn's (a data group's slots nearly always hold
   an update turn); beside it, each slot up to its own filled length (a ragged kernel's read),
-  and every slot's whole max_len (the engine before its cache followed the slots). Prefill and decode take turns on the chips, so their times add.
+  and every slot's whole max_len (the engine before its cache followed the slots). Prefill and
+  decode take turns on the chips, so their times add.
 - Update (rl/learner.py): the old-log-prob recompute and the KL reference pass (when kl_coef !=
   0) over every row, then per PPO epoch each mini-batch's forward and backward (the backward
   twice the forward; remat's extra forward of the layers; the LM head's, whose logit chunks are
@@ -147,9 +148,9 @@ def setup(config: TrainConfig, chip: str | None = None, preset: str = "qwen2.5-7
                                               "projection needs every axis's size")
     chip = chip or TARGETS.get(config.model.attention)
     if chip is None:
+        targets = ", ".join(f"{k}: {v}" for k, v in TARGETS.items())
         raise ConfigError("model.attention", f"{config.model.attention!r} names no target chip "
-                                             f"({', '.join(f'{k}: {v}' for k, v in TARGETS.items())}"
-                                             "); give --chip")
+                                             f"({targets}); give --chip")
     m = config.model
     shape = (read_config(m.path) if m.path and os.path.isdir(m.path)
              else preset_config(m.preset or preset))
@@ -409,16 +410,17 @@ def _original(s: Setup, rollout_s: float, update: dict, lines: list[str]) -> Non
         f"~{o['update_s']:.0f} s of it the actor update, on {o['chips']} H100 (4 nodes of 8; "
         f"train batch 128, mini-batch 8, rollout n 16; verl): {chip_s:,.0f} H100-seconds a step; "
         f"at {s.chips} chips, scaled linearly: {chip_s / s.chips:,.0f} s a step, update_actor "
-        f"{o['update_s'] * o['chips'] / s.chips:,.0f} s, the rest {rest * o['chips'] / s.chips:,.0f}"
-        " s (H100 seconds)")
+        f"{o['update_s'] * o['chips'] / s.chips:,.0f} s, the rest "
+        f"{rest * o['chips'] / s.chips:,.0f} s (H100 seconds)")
     if chip is not CHIPS["h100"]:
         say(f"  {chip.name} at the update rate assumed here: "
             f"{chip.train.value / CHIPS['h100'].train.value:.2f}x an H100's measured one")
     train = "train (forward + backward)"
     for name, passes in update.items():
         step = rollout_s + sum(passes.values())
-        say(f"  ours, {name}: {step * s.chips:,.0f} chip-seconds a step ({step * s.chips / chip_s:.2f}"
-            f" of #31's); the forward and backward {passes[train]:,.0f} s (#31's update_actor, "
+        say(f"  ours, {name}: {step * s.chips:,.0f} chip-seconds a step "
+            f"({step * s.chips / chip_s:.2f} of #31's); the forward and backward "
+            f"{passes[train]:,.0f} s (#31's update_actor, "
             f"scaled: {o['update_s'] * o['chips'] / s.chips:,.0f}), the rollout and both "
             f"log-prob passes {step - passes[train]:,.0f} s (#31's rest, scaled: "
             f"{rest * o['chips'] / s.chips:,.0f})")

@@ -9,13 +9,13 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
 - ours: the whole update (recompute + train step), and the recompute alone, best of --repeats
   after one untimed warm-up update (compilation); tokens/s counts every token the model runs
   (prompt and response, no padding here: rows are exactly one bucket long);
-- model FLOPs (PaLM's MFU convention, benchmarks/flops.py): a train step costs 6 N + 12 L T H D per token, the
-  recompute forward 2 N + 4 L T H D, with N the parameters that multiply (the decoder
-  layers' on every token, the LM head's on response tokens only, the only ones whose
-  log-probabilities the loss needs; the embedding gather is not a matmul) and T the row
-  length (the convention counts
-  the whole T x T attention, though the blocked causal path skips most of the upper half;
-  with --remat the recomputed forward is not counted either);
+- model FLOPs (PaLM's MFU convention, benchmarks/flops.py): a train step costs
+  6 N + 12 L T H D per token, the recompute forward 2 N + 4 L T H D, with N the parameters
+  that multiply (the decoder layers' on every token, the LM head's on response tokens only,
+  the only ones whose log-probabilities the loss needs; the embedding gather is not a matmul)
+  and T the row length (the convention counts the whole T x T attention, though the blocked
+  causal path skips most of the upper half; with --remat the recomputed forward is not
+  counted either);
   utilisation = model FLOP/s / measured matmul FLOP/s;
 - peer (unless --no-torch): the same update written plainly in PyTorch on `transformers`'
   Qwen2ForCausalLM with the same shapes and random weights: a no-grad forward for the old

@@ -34,7 +34,8 @@ def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
 
     logp, old_logp, mask: [rows, T] (log-probabilities of the tokens under the policy being
     trained and under the policy that sampled them; mask 1 on response tokens). advantages:
-    [rows], or [rows, T] per token (packed rows: learner.py). ref_logp: [rows, T] under the frozen reference, used when kl_coef != 0. entropy:
+    [rows], or [rows, T] per token (packed rows: learner.py). ref_logp: [rows, T] under the
+    frozen reference, used when kl_coef != 0. entropy:
     [rows, T] the policy's per-token entropy (metric, and a bonus when entropy_coef != 0).
     dual_clip: c > 1, or None for plain PPO clipping.
     row_weights: [rows] (or [rows, T] per token), the weight of each response token of a row;

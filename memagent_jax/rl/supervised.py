@@ -13,8 +13,9 @@ from memagent_jax.rl.dapo import per_token
 
 def sft_loss(logp, mask, row_weights, entropy=None):
     """logp, mask [rows, T] (mask 1 on reply tokens), row_weights [rows] or [rows, T] as
-    `dapo.policy_loss` takes them -> (the weighted token sum of -logp, metrics with policy_loss's names: loss and
-    pg_loss the same negative log-likelihood, the clip and KL metrics 0, entropy when given)."""
+    `dapo.policy_loss` takes them -> (the weighted token sum of -logp, metrics with
+    policy_loss's names: loss and pg_loss the same negative log-likelihood, the clip and KL
+    metrics 0, entropy when given)."""
     weights = jnp.asarray(mask, jnp.float32) * per_token(row_weights)
     nll = -jnp.sum(logp * weights)
     zero = jnp.zeros((), jnp.float32)

@@ -221,8 +221,8 @@ class Engine:
 
     def check_params(self, params: Params) -> None:
         """Raises ValueError unless `params` has the model's tree, shapes and dtypes, holds
-        device arrays, and none of them was donated away (a learner's update takes the parameters it is given: use
-        its current ones). Shardings are checked by every call: the jitted functions require
+        device arrays, and none of them was donated away (a learner's update takes the
+        parameters it is given: use its current ones). Shardings are checked by every call: the jitted functions require
         the model's."""
         if jax.tree.structure(params) != jax.tree.structure(self.abstract_params):
             raise ValueError("engine: the parameters' tree differs from the model's")
