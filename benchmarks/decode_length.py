@@ -5,9 +5,9 @@ Every slot holds a prompt of `--occupancy` tokens; the script times decode steps
 for each `--max-lens` value, two ways in one run:
 - ours: the engine as it runs (`EngineConfig.cache_lengths`: the cache is as long as the
   longest slot needs, in quarter-octave lengths from 1024);
-- whole cache: the same engine with its cache pinned at max_len (one prefill bucket, the
-  prompts' length, leaves max_len the one cache length), which every step reads in full: the
-  engine before the cache followed the slots;
+- whole cache: the same engine's jitted step on a cache of max_len entries, without the
+  resizing `generate` does, so every step reads it in full: the engine before the cache
+  followed the slots;
 - the limit: bytes a step must read (every weight once, and each slot's keys and values up to
   the occupancy) / the machine's copy bandwidth (benchmarks/decode.py `DeviceBandwidth`,
   measured right before each row).
@@ -44,13 +44,16 @@ def model_for(name: str):
 
 
 def step_time(model, params, config: EngineConfig, occupancy: int, steps: int,
-              repeats: int) -> tuple[float, int]:
+              repeats: int, whole: bool) -> tuple[float, int]:
     """(seconds per decode step with every slot holding `occupancy` tokens, the cache length
-    the steps ran on)."""
+    the steps ran on). whole: the engine's jitted step on a max_len cache, without the
+    resizing `generate` does (the engine before its cache followed the slots)."""
     engine = Engine(model, config)
     rng = np.random.default_rng(0)
     greedy = SamplingParams(temperature=0.0, seed=0)
-    state = engine.init_decode_state()
+    state = engine.init_decode_state(config.max_len if whole else None)
+    step = ((lambda params, state, length: engine._generate(params, state)) if whole
+            else engine.generate)
     for slot in range(config.slots):
         prompt = rng.integers(3, model.config.vocab_size, occupancy).tolist()
         state, _, _ = engine.insert(engine.prefill(params, [prompt])[0], state, slot, greedy)
@@ -60,7 +63,7 @@ def step_time(model, params, config: EngineConfig, occupancy: int, steps: int,
         nonlocal state, fed
         for _ in range(steps):
             fed += 1
-            state, tokens, _ = engine.generate(params, state, occupancy + fed)
+            state, tokens, _ = step(params, state, occupancy + fed)
             jax.block_until_ready(tokens)
 
     run()  # compiles
@@ -82,9 +85,6 @@ def main() -> None:
     parser.add_argument("--bandwidth-gb", type=float, default=1.0)
     args = parser.parse_args()
     max_lens = [int(n) for n in args.max_lens.split(",")]
-    if not args.occupancy < 1024 <= min(max_lens):
-        parser.error("--occupancy must be below 1024 and every --max-lens at least 1024 (the "
-                     "whole-cache engine pins its cache through a prefill bucket below 1024)")
     device = jax.devices()[0]
     print(f"machine: {platform.machine()} {cpu_model_name()}, {os.cpu_count()} cores; jax "
           f"{jax.__version__} on {device.platform} ({device.device_kind}); {args.slots} slots "
@@ -100,14 +100,11 @@ def main() -> None:
         limit_s = (weight_bytes + kv_bytes * (args.occupancy + 1)) / (bandwidth()["copy"] * GB)
         first = None
         for max_len in max_lens:
-            ours, length = step_time(model, params, EngineConfig(slots=args.slots,
-                                                                 max_len=max_len),
-                                     args.occupancy, args.steps, args.repeats)
-            # One prefill bucket, the prompts' own (below 1024), beside max_len: the cache's
-            # one length is max_len.
-            whole, _ = step_time(model, params, EngineConfig(
-                slots=args.slots, max_len=max_len, prefill_buckets=(args.occupancy,)),
-                args.occupancy, args.steps, args.repeats)
+            config = EngineConfig(slots=args.slots, max_len=max_len)
+            ours, length = step_time(model, params, config, args.occupancy, args.steps,
+                                     args.repeats, whole=False)
+            whole, _ = step_time(model, params, config, args.occupancy, args.steps,
+                                 args.repeats, whole=True)
             first = first or (ours, whole)
             rows.append((name, max_len, length, ours, whole, limit_s, first))
             print(f"{name} max_len {max_len}: ours {ours * 1e3:.2f} ms (cache {length}), whole "

@@ -286,8 +286,9 @@ def main() -> None:
     torch_seconds = None if args.no_torch else bench_torch(config, args, rows)
     update_flops = train_flops + forward_flops
     # Rows of exactly one bucket leave nothing to pack; cudnn cannot (learner.pack).
-    layouts = ([("rows", False), ("packed", True)] if args.memagent
-               else [("", args.attention != "cudnn")])
+    packs = args.attention != "cudnn"
+    layouts = ([("rows", False)] + [("packed", True)] * packs if args.memagent
+               else [("", packs)])
     for label, pack in layouts:
         ours = bench_ours(config, args, rows, pack)
         step = ours["update"] - ours["recompute"]

@@ -86,7 +86,8 @@ class LearnerConfig:
     entropy_coef: float = 0.0           # entropy bonus (0: entropy is a metric only)
     temperature: float = 1.0            # log-probs of logits / temperature: the rollout's
     mini_batches: int = 1               # optimiser updates per rollout batch and epoch
-    micro_batch_rows: int | None = None     # sequences per micro-batch (set: overrides tokens)
+    micro_batch_rows: int | None = None     # sequences per micro-batch (set: overrides tokens;
+                                            # packed into the longest row's bucket)
     micro_batch_tokens: int | None = 8192   # padded tokens per micro-batch
     pack: bool = True                   # several rows per sequence, segment ids (2)
     ppo_epochs: int = 1                 # passes over the rollout batch
@@ -473,7 +474,8 @@ class Learner:
         configured attention: the blocked kernel, splash, or cuDNN's on a GPU; no [L, L]
         scores in the forward or the gradient) gives each row exactly what it alone would
         give. The recompute of old log-probabilities runs the same path, so before the first
-        update the ratios are exactly 1. remat: checkpoint the model's layers (for the
+        update the ratios are 1 up to rounding (a row may sit at another offset of another
+        sequence there than in its mini-batch: ~1e-7 in float32). remat: checkpoint the model's layers (for the
         differentiated loss; same values)."""
         model = nnx.merge(self.graphdef, params)
         hidden = model.hidden(batch["tokens"], remat=remat,

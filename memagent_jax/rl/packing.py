@@ -103,7 +103,9 @@ def plan_sequences(lengths: np.ndarray, indices, buckets: Sequence[int], *, pack
                 for plan in plan_micro_batches(lengths, indices, buckets, rows=rows,
                                                tokens=tokens, row_multiple=row_multiple)]
     longest = bucket_length(int(max(lengths[i] for i in indices)), buckets)
-    within = [b for b in buckets if tokens is None or b * row_multiple <= tokens]
+    # A row count (no token budget) packs into the longest row's bucket: the micro-batches'
+    # shape stays what unpacked rows would give.
+    within = [b for b in buckets if tokens is not None and b * row_multiple <= tokens]
     capacity = max([longest] + within)
     bins = first_fit_decreasing(lengths, indices, capacity)
     filled = np.array([sum(int(lengths[r]) for r in members) for members in bins])

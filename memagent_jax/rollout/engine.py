@@ -3,8 +3,8 @@
 `DecodeEngine` is the interface the scheduler drives (JetStream's `engine_api.Engine` shape):
 `prefill(params, prompts)` runs up to `prefill_rows` prompts at a bucketed length into prefixes
 (their KV caches and last logits); `insert(prefix, state, slot, ...)` puts one into a free slot
-of the decode state, sampling its first token; `generate(params, state)` advances every slot by
-one token. Parameters are passed into every call that runs the model: the engine holds none, so
+of the decode state, sampling its first token; `generate(params, state, length)` advances every
+slot by one token. Parameters are passed into every call that runs the model: the engine holds none, so
 a learner's update (which donates its old buffers) can never leave a stale copy behind here.
 
 `Engine` implements it for a Qwen2 model. It owns a fixed number of decode slots, each with a KV
@@ -72,10 +72,12 @@ class EngineConfig:
         return dataclasses.replace(self, max_len=kv_length(tokens))
 
     def cache_lengths(self) -> tuple[int, ...]:
-        """The KV lengths a decode state takes, ascending: the prefill buckets from 1024 on (a
-        cache of at most a quarter more than its longest slot needs), or max_len alone when it
-        is at most 1024 (below that the cache costs little beside the weights)."""
-        return tuple(b for b in self.buckets() if b >= min(1024, self.max_len))
+        """The KV lengths a decode state takes, ascending: the default prefill buckets from 1024
+        on, whatever prefill_buckets says (a cache of at most a quarter more than its longest
+        slot needs), or max_len alone when it is at most 1024 (below that the cache costs
+        little beside the weights)."""
+        return tuple(b for b in default_prefill_buckets(self.max_len)
+                     if b >= min(1024, self.max_len))
 
     def buckets(self) -> tuple[int, ...]:
         """The prompt lengths a prefill is padded to, ascending; the last is max_len."""
@@ -336,7 +338,12 @@ class Engine:
                    else sorted({self.prefill_bucket(n) for n in prompt_lengths}))
         state = self.init_decode_state()
         for bucket in buckets:
-            prompt = [0] * min(bucket, self.config.max_len - 1)
+            # A token short of the bucket (where that is still the bucket): its first step then
+            # runs on the cache length that holds the bucket, where a prompt of it starts.
+            n = min(bucket, self.config.max_len - 1)
+            if n > 1 and self.prefill_bucket(n - 1) == bucket:
+                n -= 1
+            prompt = [0] * n
             for rows in self.config.row_counts():
                 prefix = self.prefill(params, [prompt] * rows)[0]
             state, _, _ = self.insert(prefix, state, 0, SamplingParams(temperature=0.0, seed=0))

@@ -35,6 +35,10 @@ def test_packed_plan_holds_every_row_once_within_the_budget():
     counts = np.bincount(np.concatenate([p.row[(p.row >= 0)] for p in packed]), minlength=200)
     np.testing.assert_array_equal(counts, lengths)
     assert padded_fraction(packed) < 0.1 < padded_fraction(plain)
+    # A row count (no token budget) packs into the longest row's bucket, not the largest one.
+    by_rows = plan_sequences(lengths[lengths <= 120], range(int((lengths <= 120).sum())),
+                             buckets, pack=True, rows=4)
+    assert max(plan.length for plan in by_rows) == 128
     with pytest.raises(UserError, match="exceeds the largest bucket"):
         plan_sequences(np.array([600]), [0], buckets, pack=True, tokens=2048)
 
