@@ -49,7 +49,8 @@ class EngineConfig:
     SECTION: ClassVar[str] = "engine"
     slots: int = 8              # sequences decoded together
     max_len: int | None = None  # KV entries per slot, prompt + reply (None: `kv_length` of need)
-    prefill_buckets: tuple[int, ...] | None = None  # prompt lengths compiled (max_len always)
+    prefill_buckets: tuple[int, ...] | None = None  # prompt lengths compiled (max_len always;
+                                                    # from 1024 on also the cache's lengths)
     prefill_rows: int = 1       # most prompts per prefill call (compiled for 1, 2, 4, ...)
     top_logprobs: int = 0       # alternatives per token returned (OpenAI's top_logprobs)
 
@@ -72,12 +73,11 @@ class EngineConfig:
         return dataclasses.replace(self, max_len=kv_length(tokens))
 
     def cache_lengths(self) -> tuple[int, ...]:
-        """The KV lengths a decode state takes, ascending: the default prefill buckets from 1024
-        on, whatever prefill_buckets says (a cache of at most a quarter more than its longest
-        slot needs), or max_len alone when it is at most 1024 (below that the cache costs
-        little beside the weights)."""
-        return tuple(b for b in default_prefill_buckets(self.max_len)
-                     if b >= min(1024, self.max_len))
+        """The KV lengths a decode state takes, ascending: the prefill buckets from 1024 on (by
+        default a cache of at most a quarter more than its longest slot needs; a config that
+        lists its buckets lists the cache lengths it compiles with them), or max_len alone
+        when it is at most 1024 (below that the cache costs little beside the weights)."""
+        return tuple(b for b in self.buckets() if b >= min(1024, self.max_len))
 
     def buckets(self) -> tuple[int, ...]:
         """The prompt lengths a prefill is padded to, ascending; the last is max_len."""

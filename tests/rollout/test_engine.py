@@ -118,9 +118,9 @@ def test_the_cache_follows_the_longest_slot_and_changes_no_token(model, params, 
     greedy token and log-probability equals transformers' forward over the sequence."""
     engine = Engine(model, EngineConfig(slots=2, max_len=2048))
     assert engine.cache_lengths == (1024, 1280, 1536, 1792, 2048)
-    # Whatever prompt lengths a config compiles, the cache keeps following the slots.
-    assert EngineConfig(max_len=2048, prefill_buckets=(128,)).cache_lengths() == (
-        engine.cache_lengths)
+    # A config that lists its prefill buckets lists the cache lengths (from 1024) with them.
+    assert EngineConfig(max_len=2048, prefill_buckets=(128, 1536)).cache_lengths() == (1536,
+                                                                                       2048)
     lengths = []
     step = engine.generate
 
