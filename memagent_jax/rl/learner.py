@@ -353,15 +353,20 @@ class Learner:
         """[R, T] float32: each response token's log-probability (at the config's
         temperature) under the current (or the given pure-dict) parameters, aligned with
         rows.tokens; 0 on the prompt and beyond each row's length."""
-        params = self._params if params is None else params
-        out = np.zeros(rows.tokens.shape, np.float32)
+        return self._logprobs_under(rows, [self._params if params is None else params])[0]
+
+    def _logprobs_under(self, rows: TrainingRows, param_sets: list) -> list[np.ndarray]:
+        """`logprobs` under each of `param_sets`, the rows planned and each micro-batch
+        gathered and sent to the devices once for all of them."""
+        outs = [np.zeros(rows.tokens.shape, np.float32) for _ in param_sets]
         for plan in self._plan(rows, range(len(rows))):
             batch = jax.device_put(self._micro_batch(plan, rows, {"tokens": rows.tokens}, {}),
                                    self._batch_sharding)
-            scatter(plan, np.asarray(self._logprobs(params, batch)), out)
-        positions = np.arange(out.shape[1])[None, :]
+            for params, out in zip(param_sets, outs):
+                scatter(plan, np.asarray(self._logprobs(params, batch)), out)
+        positions = np.arange(rows.tokens.shape[1])[None, :]
         mask = (positions >= rows.prompt_lengths[:, None]) & (positions < rows.lengths[:, None])
-        return np.where(mask, out, 0.0).astype(np.float32)
+        return [np.where(mask, out, 0.0).astype(np.float32) for out in outs]
 
     # What the forward reads of a micro-batch (the log-prob pass takes nothing else).
     _INPUTS = ("tokens", "segment_ids", "positions")
@@ -391,7 +396,9 @@ class Learner:
         importance weight and the fraction of tokens at the cap."""
         config = self.config
         recompute = config.old_logprobs == "recompute" and config.loss == "dapo"
-        old = self.logprobs(rows) if recompute else rows.rollout_logprobs
+        reference = [] if self._ref_params is None else [self._ref_params]
+        computed = self._logprobs_under(rows, [self._params] * recompute + reference)
+        old = computed[0] if recompute else rows.rollout_logprobs
         arrays = {"tokens": rows.tokens, "loss_mask": rows.loss_mask, "old_logprobs": old}
         extra = {}
         mask = rows.loss_mask > 0
@@ -406,7 +413,7 @@ class Learner:
             extra["rollout_is_capped_fraction"] = float(
                 (arrays["is_weights"][mask] >= config.rollout_correction).mean())
         if self._ref_params is not None:
-            arrays["ref_logprobs"] = self.logprobs(rows, self._ref_params)
+            arrays["ref_logprobs"] = computed[-1]
         if self._accumulator is None:
             self._accumulator = self._zero_accumulator()
         rng = np.random.default_rng((config.seed, self.step))
