@@ -1,6 +1,6 @@
 """Compile time of the Qwen2.5 programs versus depth: scanned layers vs unrolled ones.
 
-`memagent_jax.models.qwen2` runs the full-sequence forward (the train step's) as one
+`memagent_jax.models.qwen` runs the full-sequence forward (the train step's) as one
 `jax.lax.scan` over the layers (weights stacked inside the program), so its compiled program is
 the size of one layer and compile time should not grow with depth: Qwen2.5-72B (80 layers)
 should compile about as fast as Qwen2.5-0.5B (24). The engine's prefill and decode step are
@@ -40,13 +40,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from memagent_jax.models import KVCache, Qwen2, preset_config, split_params  # noqa: E402
+from memagent_jax.models import KVCache, Qwen, preset_config, split_params  # noqa: E402
 
 PROGRAMS = ("forward", "prefill", "decode", "unrolled")
 
 
-def unrolled_forward(model: Qwen2, input_ids: jnp.ndarray, attention_mask: jnp.ndarray):
-    """`Qwen2.__call__` traced with its layer scan fully unrolled (`jax.lax.scan(unroll=True)`):
+def unrolled_forward(model: Qwen, input_ids: jnp.ndarray, attention_mask: jnp.ndarray):
+    """`Qwen.__call__` traced with its layer scan fully unrolled (`jax.lax.scan(unroll=True)`):
     the peer program, whose HLO holds one copy of the layer per decoder layer, as a port
     without the scan would compile."""
     scan = jax.lax.scan
@@ -60,7 +60,7 @@ def unrolled_forward(model: Qwen2, input_ids: jnp.ndarray, attention_mask: jnp.n
 def program(kind: str, config, args):
     """(function of (state, *inputs), abstract arguments) for one program of one shape."""
     dtype = jnp.dtype(args.dtype)
-    model = nnx.eval_shape(lambda: Qwen2(config, dtype=dtype, param_dtype=dtype,
+    model = nnx.eval_shape(lambda: Qwen(config, dtype=dtype, param_dtype=dtype,
                                          rngs=nnx.Rngs(0)))
     graphdef, state = split_params(model)
     b, t = args.batch, args.seq

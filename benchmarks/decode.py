@@ -223,7 +223,7 @@ def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
     up, down per layer, then the LM head; no attention, norms, rope, cache or sampling) over
     the model's own per-layer arrays: what the step would cost if nothing else took time."""
     from memagent_jax.models import split_params
-    from memagent_jax.models.qwen2 import row_logits
+    from memagent_jax.models.qwen import row_logits
 
     tied = model.config.tie_word_embeddings
     head = model.embed[...] if tied else model.lm_head[...]

@@ -1,4 +1,4 @@
-"""Model FLOPs of a Qwen2 model's work: the one per-token FLOP model the benchmarks share
+"""Model FLOPs of a Qwen model's work: the one per-token FLOP model the benchmarks share
 (train_step.py's utilisation, aot.py's TFLOP column, step_projection.py's step time).
 
 PaLM's convention: a matmul of [m, k] @ [k, n] is 2 m k n FLOPs; a token's forward costs

@@ -1,4 +1,4 @@
-"""Builds tiny random `transformers` Qwen2 models: the reference our model is tested against."""
+"""Builds tiny random `transformers` Qwen models: the reference our model is tested against."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ _MODULE_OF = {
     "build_model": "loading", "load_model": "loading", "random_model": "loading",
     "read_config": "loading", "save_checkpoint": "loading", "save_hf": "loading",
     "PRESETS": "presets", "preset_config": "presets",
-    "KVCache": "qwen2", "Params": "qwen2", "Qwen2": "qwen2", "split_params": "qwen2",
+    "KVCache": "qwen", "Params": "qwen", "Qwen": "qwen", "split_params": "qwen",
     "job_mesh": "sharding", "make_mesh": "sharding", "param_shardings": "sharding",
 }
 

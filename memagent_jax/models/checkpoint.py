@@ -2,7 +2,7 @@
 
 A converted model (`memagent-jax convert`, `save_checkpoint`):
     CKPT/model_config.json   the HF config.json of the model (torch_dtype = stored dtype)
-    CKPT/params/             Orbax checkpoint of the parameters (the `qwen2.Params` tree)
+    CKPT/params/             Orbax checkpoint of the parameters (the `qwen.Params` tree)
     CKPT/hf_files/           tokenizer and generation files of the source, for export
 written under a temporary name and renamed when complete.
 
@@ -30,7 +30,7 @@ from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import mapping
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.hf_checkpoint import copy_side_files
-from memagent_jax.models.qwen2 import Params
+from memagent_jax.models.qwen import Params
 
 CONFIG_FILE = "model_config.json"
 PARAMS_DIR = "params"

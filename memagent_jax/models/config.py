@@ -1,4 +1,4 @@
-"""Model configuration: Qwen2 hyper-parameters read from (and written back to) HF config.json.
+"""Model configuration: Qwen hyper-parameters read from (and written back to) HF config.json.
 
 Hugging Face config files carry the rotary settings in one of two forms:
 - older: top-level `rope_theta` and `rope_scaling` ({"type"|"rope_type": "yarn", "factor": ...});
@@ -17,7 +17,7 @@ from memagent_jax.errors import UserError
 
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
-# How the model attends from position 0 (prefill, the training forward): see `qwen2.Qwen2`.
+# How the model attends from position 0 (prefill, the training forward): see `qwen.Qwen`.
 ATTENTION_CHOICES = ("xla", "dot_product", "cudnn", "splash")
 # Keys this class models itself; everything else in a source config.json is carried over verbatim.
 _MODELED_KEYS = {
@@ -30,7 +30,7 @@ _MODELED_KEYS = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Qwen2 hyper-parameters. `rope_scaling` is None or a dict with `rope_type` "yarn" and
+    """Qwen hyper-parameters. `rope_scaling` is None or a dict with `rope_type` "yarn" and
     the YaRN keys (`factor`, `original_max_position_embeddings`, optional `beta_fast`,
     `beta_slow`, `attention_factor`, `mscale`, `mscale_all_dim`, `truncate`)."""
 
@@ -74,7 +74,7 @@ class ModelConfig:
                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
         if d.get("hidden_act", "silu") != "silu":
             raise UserError(f"{source}: key 'hidden_act' = {d['hidden_act']!r} is not supported "
-                            "(Qwen2 uses 'silu')")
+                            "(Qwen uses 'silu')")
         if d.get("use_sliding_window"):
             raise UserError(f"{source}: key 'use_sliding_window' = true is not supported "
                             "(Qwen2.5 checkpoints use full attention)")
@@ -164,7 +164,7 @@ def _read_rope(d: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | 
         if not isinstance(params, dict):
             raise UserError(f"{source}: key 'rope_parameters' must be an object")
         if "rope_type" not in params and "type" not in params and "full_attention" in params:
-            params = params["full_attention"]  # per-layer-type form; Qwen2 has one type
+            params = params["full_attention"]  # per-layer-type form; Qwen has one type
         theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
         scaling = dict(params)
     else:

@@ -21,7 +21,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import mapping
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.qwen2 import Params
+from memagent_jax.models.qwen import Params
 from memagent_jax.models.safetensors_io import TensorInfo, read_header, write_file
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -96,7 +96,7 @@ def _check_tensors(infos, config, targets, hf_dir):
             name == "lm_head.weight" and config.tie_word_embeddings)
         if name not in expected and not ignorable:
             raise UserError(f"{infos[name].file}: unexpected tensor '{name}' for a "
-                            f"{config.num_layers}-layer Qwen2 config")
+                            f"{config.num_layers}-layer Qwen config")
     return plan
 
 

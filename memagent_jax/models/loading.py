@@ -16,7 +16,7 @@ from memagent_jax import pretrained
 from memagent_jax.errors import UserError
 from memagent_jax.models import checkpoint, hf_checkpoint
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.qwen2 import Params, Qwen2, param_specs, split_params
+from memagent_jax.models.qwen import Params, Qwen, param_specs, split_params
 from memagent_jax.models.sharding import param_shardings
 
 _DTYPES = ("float32", "bfloat16", "float16")
@@ -24,13 +24,13 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh | None = None,
                param_dtype: str | None = None, attention: str = "xla"
-               ) -> tuple[Qwen2, ModelConfig]:
+               ) -> tuple[Qwen, ModelConfig]:
     """Loads an HF directory (config.json + safetensors) or one of our checkpoint directories;
     a shipped model's name (`pretrained.names()`) is its directory, as in every command.
 
     dtype: compute dtype, and parameter dtype unless `param_dtype` is given; None keeps the
     dtype the weights are stored in. mesh: parameters are placed with `param_shardings`;
-    None puts them on the default device. attention: see `qwen2.Qwen2`.
+    None puts them on the default device. attention: see `qwen.Qwen`.
     Returns (model, config); config.dtype is the parameter dtype of the returned model.
     """
     path = pretrained.resolve(path)
@@ -69,17 +69,17 @@ def abstract_params(config: ModelConfig, mesh=None) -> Params:
 
 
 def build_model(config: ModelConfig, params: Params, dtype: str = "float32",
-                attention: str = "xla") -> Qwen2:
-    """A Qwen2 module holding the given parameter arrays (or ShapeDtypeStructs; no random init
+                attention: str = "xla") -> Qwen:
+    """A Qwen module holding the given parameter arrays (or ShapeDtypeStructs; no random init
     is run), on the mesh they are sharded on."""
     sharding = getattr(params["embed"], "sharding", None)
     mesh = sharding.mesh if isinstance(sharding, jax.sharding.NamedSharding) else None
-    abstract = nnx.eval_shape(lambda: Qwen2(config, dtype=dtype, param_dtype=config.dtype,
+    abstract = nnx.eval_shape(lambda: Qwen(config, dtype=dtype, param_dtype=config.dtype,
                                             attention=attention, mesh=mesh, rngs=nnx.Rngs(0)))
     return nnx.merge(nnx.graphdef(abstract), params)
 
 
-def save_hf(model: Qwen2, config: ModelConfig, out_dir: str, tokenizer_dir: str | None = None,
+def save_hf(model: Qwen, config: ModelConfig, out_dir: str, tokenizer_dir: str | None = None,
             max_shard_bytes: int = hf_checkpoint.DEFAULT_MAX_SHARD_BYTES) -> None:
     """Exports an HF directory loadable by `transformers.AutoModelForCausalLM.from_pretrained`,
     in the parameters' dtype; tokenizer/generation files are copied from tokenizer_dir."""
@@ -88,7 +88,7 @@ def save_hf(model: Qwen2, config: ModelConfig, out_dir: str, tokenizer_dir: str 
                                   max_shard_bytes)
 
 
-def save_checkpoint(model: Qwen2, config: ModelConfig, out_dir: str,
+def save_checkpoint(model: Qwen, config: ModelConfig, out_dir: str,
                     side_files_dir: str | None = None) -> None:
     """Writes our Orbax checkpoint directory (see `checkpoint.py`)."""
     config = config.replace(dtype=jnp.dtype(model.embed[...].dtype).name)
@@ -96,10 +96,10 @@ def save_checkpoint(model: Qwen2, config: ModelConfig, out_dir: str,
 
 
 def random_model(config: ModelConfig, seed: int = 0, dtype: str = "float32",
-                 attention: str = "xla", mesh: jax.sharding.Mesh | None = None) -> Qwen2:
+                 attention: str = "xla", mesh: jax.sharding.Mesh | None = None) -> Qwen:
     """A model with random weights (norms 1, the rest N(0, 0.02)) stored as config.dtype, on
     `mesh`'s shardings (None: one device)."""
-    model = Qwen2(config, param_dtype=config.dtype, rngs=nnx.Rngs(seed))
+    model = Qwen(config, param_dtype=config.dtype, rngs=nnx.Rngs(seed))
     params = jax.device_put(split_params(model)[1], param_shardings(config, mesh))
     return build_model(config, params, dtype=dtype, attention=attention)
 

@@ -1,7 +1,7 @@
 """The one table between Hugging Face tensor names and our parameters, used in both directions.
 
 Both sides store each layer separately (HF `model.layers.{i}...`, ours `layers/{i}/...`, the
-path of a leaf in the `qwen2.Params` tree); HF keeps linear weights as [out, in], we keep kernels
+path of a leaf in the `qwen.Params` tree); HF keeps linear weights as [out, in], we keep kernels
 as [in..., out...] with attention heads split out.
 Each row says which kind of reshaping links the two layouts:
 - "linear": ours [*in, *out] (the first `in_dims` axes are inputs) <-> HF [prod(out), prod(in)];

@@ -1,4 +1,4 @@
-"""Rotary position embeddings, computed as `transformers` does for Qwen2 (default and YaRN).
+"""Rotary position embeddings, computed as `transformers` does for Qwen (default and YaRN).
 
 The inverse frequencies are a host-side constant of the config; positions are per token, so
 left-padded rows, cache prefills at an offset and single decode steps all share one code path.

@@ -1,6 +1,6 @@
 """Device mesh and parameter shardings.
 
-Parameters name a logical axis per dimension (`logical_axes` in qwen2.py); `RULES` maps logical
+Parameters name a logical axis per dimension (`logical_axes` in qwen.py); `RULES` maps logical
 axes to mesh axes, as MaxText's logical axis rules do. A dimension that the mesh axis does not
 divide (e.g. 4 KV heads over tensor=8) is replicated instead, so every Qwen2.5 size loads on
 every mesh; the cost is memory, never a wrong result.
@@ -16,7 +16,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from memagent_jax.errors import UserError
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.qwen2 import Params, param_specs
+from memagent_jax.models.qwen import Params, param_specs
 
 MESH_AXES = ("data", "fsdp", "tensor")
 DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}

@@ -53,7 +53,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.errors import ConfigError
-from memagent_jax.models.qwen2 import Params, Qwen2, split_params
+from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl.dapo import (per_token, policy_loss, rollout_mismatch,
                                   truncated_is_weights)
@@ -201,7 +201,7 @@ class Learner:
     topology's) gives a learner that holds no arrays: only `compiled()` works on it.
     """
 
-    def __init__(self, model: Qwen2, config: LearnerConfig = LearnerConfig(), mesh=None):
+    def __init__(self, model: Qwen, config: LearnerConfig = LearnerConfig(), mesh=None):
         if config.pack and model.attention == "cudnn":
             raise ConfigError("learner.pack", "attention 'cudnn' cannot take the segment ids "
                               "of packed rows; set learner.pack false (or use attention xla)")

@@ -4,7 +4,7 @@ A micro-batch is S sequences of one bucket length L. Packed (`learner.pack`), ro
 first-fit-decreasing into sequences of the longest bucket the token budget holds once per
 data shard, each row a segment of its own (segment ids 1, 2, ... in order, the padding at the
 end 0): the model attends within a segment only and restarts positions at each
-(models/qwen2.py `hidden`), so every row gets the values it would get alone, on less padding
+(models/qwen.py `hidden`), so every row gets the values it would get alone, on less padding
 (a sequence holds whole rows only: BENCHMARKS.md, "Packed learner rows"). The sequences are
 then cut into micro-batches as rows.py cuts rows (by the bucket of their filled length, at
 the same token budget). Unpacked, each sequence is one row, the micro-batches rows.py's.

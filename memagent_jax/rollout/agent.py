@@ -19,7 +19,7 @@ import jax
 
 from memagent_jax import pretrained
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models import (ModelConfig, Params, Qwen2, load_model, preset_config,
+from memagent_jax.models import (ModelConfig, Params, Qwen, load_model, preset_config,
                                  random_model, split_params)
 from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.rollout.engine import Engine, EngineConfig
@@ -42,7 +42,7 @@ class ModelSection:
     compute_dtype: Literal["float32", "bfloat16"] | None = None
     # The weights' stored dtype (None: compute_dtype; training: float32 master weights).
     param_dtype: Literal["float32", "bfloat16"] | None = None
-    attention: str = "xla"        # prefill and training-forward attention (`qwen2.Qwen2`)
+    attention: str = "xla"        # prefill and training-forward attention (`qwen.Qwen`)
     init_seed: int = 0            # the preset's random weights
 
     def __post_init__(self):
@@ -81,7 +81,7 @@ class ModelSection:
 class Policy(NamedTuple):
     """A loaded model: its module (parameters on the mesh), config, tokenizer (None without
     tokenizer files) and stop ids (the model directory's EOS ids, else the tokenizer's)."""
-    model: Qwen2
+    model: Qwen
     config: ModelConfig
     tokenizer: object
     stop_ids: tuple[int, ...]
@@ -123,7 +123,7 @@ def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None
     return Policy(model, config, tokenizer, stops)
 
 
-def build_engine(model: Qwen2, config: EngineConfig, mesh: jax.sharding.Mesh | None,
+def build_engine(model: Qwen, config: EngineConfig, mesh: jax.sharding.Mesh | None,
                  tokens: int, key: str = "engine.max_len", why: str | None = None) -> Engine:
     """An engine for `model`, with max_len `kv_length(tokens)` unless the config sets it,
     checked against the model's context window and the devices' memory before anything is
@@ -139,7 +139,7 @@ def build_engine(model: Qwen2, config: EngineConfig, mesh: jax.sharding.Mesh | N
     return engine
 
 
-def build_agent(model: Qwen2, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
+def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
                 mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> MemoryAgent:
     """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
     `memagent`'s budgets allow (`turn_parts`) unless `engine.max_len` is set; a turn too long

@@ -7,7 +7,7 @@ of the decode state, sampling its first token; `generate(params, state, length)`
 slot by one token. Parameters are passed into every call that runs the model: the engine holds none, so
 a learner's update (which donates its old buffers) can never leave a stale copy behind here.
 
-`Engine` implements it for a Qwen2 model. It owns a fixed number of decode slots, each with a KV
+`Engine` implements it for a Qwen model. It owns a fixed number of decode slots, each with a KV
 cache of up to `max_len` entries. The cache is only as long as the longest busy slot needs, in
 a few compiled lengths (`EngineConfig.cache_lengths`): a step reads all of its cache, so it
 costs what the filled part costs whatever max_len is, and the cache grows (or shrinks, once the
@@ -34,7 +34,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.errors import ConfigError
-from memagent_jax.models.qwen2 import KVCache, Params, Qwen2, split_params
+from memagent_jax.models.qwen import KVCache, Params, Qwen, split_params
 from memagent_jax.models.sharding import partition_spec
 from memagent_jax.rollout.sampling import SamplingParams, request_key, sample, top_logprobs
 from memagent_jax.runconfig import at_least
@@ -183,14 +183,14 @@ class DecodeEngine(Protocol):
 
 
 class Engine:
-    """`DecodeEngine` for a Qwen2 model; see the module docstring.
+    """`DecodeEngine` for a Qwen model; see the module docstring.
 
     model: gives the structure, config, compute dtype and attention, and the shapes, dtypes
     and shardings every `params` passed in must have (its own arrays are not kept).
     config.max_len must be set (`EngineConfig.sized_for`). mesh: the mesh the parameters are
     sharded on, or None for a model on one device."""
 
-    def __init__(self, model: Qwen2, config: EngineConfig, mesh: jax.sharding.Mesh | None = None):
+    def __init__(self, model: Qwen, config: EngineConfig, mesh: jax.sharding.Mesh | None = None):
         if config.max_len is None:
             raise ValueError("Engine needs config.max_len (see EngineConfig.sized_for)")
         self.config = config

@@ -58,7 +58,7 @@ def carry_turns(agent, document, index: int) -> list[Carry]:
 
 
 def score_carries(model, carries: list[Carry], on_batch=None) -> list[Score]:
-    """Each carry's weakest reply token under `model` (an nnx Qwen2), teacher-forced: the
+    """Each carry's weakest reply token under `model` (an nnx Qwen), teacher-forced: the
     prompt and the reply in one right-padded row, no mask (padding after a token never
     affects it). on_batch(carries done) after every forward pass."""
     import jax

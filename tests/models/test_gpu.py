@@ -19,7 +19,7 @@ import pytest
 from flax import nnx
 
 from memagent_jax.models import preset_config
-from memagent_jax.models.qwen2 import Qwen2, split_params
+from memagent_jax.models.qwen import Qwen, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
@@ -30,9 +30,9 @@ pytestmark = pytest.mark.skipif(jax.devices()[0].platform not in ("gpu", "cuda")
 CONFIG = preset_config("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=2)
 
 
-def model(attention: str) -> Qwen2:
+def model(attention: str) -> Qwen:
     # The same seed gives the same weights whatever the attention implementation.
-    return Qwen2(CONFIG, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, attention=attention,
+    return Qwen(CONFIG, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, attention=attention,
                  rngs=nnx.Rngs(0))
 
 
@@ -41,7 +41,7 @@ def relative_error(a, b) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
-def prefill(m: Qwen2, ids: jnp.ndarray):
+def prefill(m: Qwen, ids: jnp.ndarray):
     return m.prefill(ids, jnp.full(ids.shape[:1], ids.shape[1] - 1))
 
 

@@ -1,4 +1,4 @@
-"""Our Qwen2 against transformers' Qwen2ForCausalLM: same random weights, same logits (f32)."""
+"""Our Qwen against transformers' Qwen2ForCausalLM: same random weights, same logits (f32)."""
 
 import json
 

@@ -12,7 +12,7 @@ from flax import nnx
 
 from memagent_jax.models import random_model
 from memagent_jax.models.attention import attend, attend_causal, segment_starts
-from memagent_jax.models.qwen2 import _segment_positions
+from memagent_jax.models.qwen import _segment_positions
 from tests.builders import LEARNER_MODEL
 
 pytestmark = pytest.mark.filterwarnings("ignore:attention 'splash' off TPU")

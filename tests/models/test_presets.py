@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from memagent_jax.models import Qwen2, preset_config
+from memagent_jax.models import Qwen, preset_config
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.qwen2 import KVCache, param_specs
+from memagent_jax.models.qwen import KVCache, param_specs
 
 PUBLISHED_PARAMS = {  # billions, docs/algorithm.md section 6
     "qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62,
@@ -24,7 +24,7 @@ def test_preset_parameter_count_matches_published(name):
                             is_leaf=lambda x: isinstance(x, tuple) and isinstance(x[0], tuple))
     count = sum(math.prod(shape) for shape, _ in specs)
     assert abs(count / 1e9 - PUBLISHED_PARAMS[name]) <= 0.006 * PUBLISHED_PARAMS[name] + 0.005
-    abstract = nnx.eval_shape(lambda: Qwen2(config, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: Qwen(config, rngs=nnx.Rngs(0)))
     assert sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))) == count
 
 
@@ -32,7 +32,7 @@ def _matmuls(num_layers: int, program: str) -> int:
     """dot_general ops in the lowered program: the layer code traced once or once per layer."""
     config = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
                          num_layers=num_layers, num_heads=4, num_kv_heads=2, head_dim=8)
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen2(config, rngs=nnx.Rngs(0))))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen(config, rngs=nnx.Rngs(0))))
     ids = jax.ShapeDtypeStruct((1, 16), jnp.int32)
     if program == "forward":
         lowered = jax.jit(lambda s, x: nnx.merge(graphdef, s)(x)).lower(state, ids)

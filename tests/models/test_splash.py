@@ -82,7 +82,7 @@ def test_splash_off_tpu_says_it_is_interpret_mode():
 
 
 def test_a_model_with_splash_attention_equals_the_blocked_kernel_and_its_gradient():
-    """Qwen2 (tiny preset, 8 devices {data 2, fsdp 2, tensor 2}): logits, and the gradient of
+    """Qwen (tiny preset, 8 devices {data 2, fsdp 2, tensor 2}): logits, and the gradient of
     a loss through the rematerialised layer scan, as with attention 'xla'."""
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     config = preset_config("tiny").replace(dtype="float32")

@@ -1,5 +1,5 @@
 """Several PPO updates in one training step against a hand-written DAPO step: a plain-JAX
-Qwen2 forward, the clipped token-mean loss, its gradient and optax's AdamW, written out here
+Qwen forward, the clipped token-mean loss, its gradient and optax's AdamW, written out here
 from the formulas of docs/algorithm.md section 3, with the old log-probabilities fixed from the
 parameters before the step. Two PPO epochs of three mini-batches: from the second update on,
 the parameters have moved away from those that sampled the rows, so the ratio departs from 1
@@ -63,7 +63,7 @@ def _rope(x):
 
 
 def _logits(params, tokens):
-    """Qwen2's forward over our parameter tree, with plain softmax attention."""
+    """Qwen's forward over our parameter tree, with plain softmax attention."""
     causal = np.tril(np.ones((tokens.shape[1],) * 2, bool))
     x = params["embed"][tokens]
     for i in range(CONFIG.num_layers):

@@ -1,4 +1,4 @@
-"""Qwen2 / Qwen2.5 in Flax NNX: typed Attention / MLP / DecoderLayer modules, run three ways.
+"""Qwen / Qwen2.5 in Flax NNX: typed Attention / MLP / DecoderLayer modules, run three ways.
 
 The parameters, as `split_params` gives them (the one representation the learner, the engine,
 checkpoints and export pass around, `Params`):
@@ -79,7 +79,7 @@ class KVCache(NamedTuple):
         return self.v[0].shape[2]
 
     def write_prefix(self, keys, values, row) -> KVCache:
-        """Puts a prefill's keys and values (per layer [R, T, Hkv, K], as `Qwen2.prefill`
+        """Puts a prefill's keys and values (per layer [R, T, Hkv, K], as `Qwen.prefill`
         returns them) at positions 0..T-1 of rows row..row+R-1 (row may be traced)."""
         def put(layer, new, transpose):
             new = new.transpose(transpose).astype(layer.dtype)
@@ -148,8 +148,8 @@ class DecoderLayer(nnx.Module):
         return x + self.mlp(rms_norm(x, _weight(self.mlp_norm, self.dtype), self.eps)), aux
 
 
-class Qwen2(nnx.Module):
-    """Qwen2 causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
+class Qwen(nnx.Module):
+    """Qwen causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
     `attention` one of ATTENTION_CHOICES (for the prefill and the unmasked forward: "xla" the
     blocked causal kernel of attention.py, "dot_product" jax.nn.dot_product_attention with the
     implementation JAX picks, "cudnn" forced cuDNN flash attention, GPU and bf16/fp16 only,
@@ -337,7 +337,7 @@ def split_params(module: nnx.Module) -> tuple[nnx.GraphDef, Params]:
 def param_specs(config: ModelConfig) -> Params:
     """Every parameter of the model as (shape, logical axes), in the `Params` tree. Traced for
     one layer (every layer has the same), so an 80-layer model costs no more than a 1-layer."""
-    abstract = nnx.eval_shape(lambda: Qwen2(config.replace(num_layers=1), rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: Qwen(config.replace(num_layers=1), rngs=nnx.Rngs(0)))
     specs = nnx.to_pure_dict(jax.tree.map(
         lambda v: (v.get_value().shape, v.get_metadata()["logical_axes"]), nnx.state(abstract),
         is_leaf=lambda x: isinstance(x, nnx.Variable)))
