@@ -1,4 +1,5 @@
-"""Builds tiny random `transformers` Qwen models: the reference our model is tested against."""
+"""Builds tiny random `transformers` Qwen2 / Qwen3 models: the reference our model is tested
+against."""
 
 from __future__ import annotations
 
@@ -9,17 +10,22 @@ TINY = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_lay
             rms_norm_eps=1e-6, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
 
 
-def hf_model(seed: int = 0, dtype: str = "float32", **overrides):
-    """A transformers Qwen2ForCausalLM with every weight (norms and biases too) drawn at random,
-    so no parameter can be mis-mapped unnoticed. The scale makes attention sharp and logits
-    O(1): with near-uniform attention a wrong rotary angle would hide under the tolerance.
-    overrides are Qwen2Config keys."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+# TINY's Qwen3 counterpart: head_dim 16, not hidden / heads = 8 (Qwen3 sets it apart).
+TINY_QWEN3 = dict(TINY, head_dim=16)
 
+
+def hf_model(seed: int = 0, dtype: str = "float32", arch: str = "qwen2", **overrides):
+    """A transformers Qwen2ForCausalLM (arch "qwen2", TINY) or Qwen3ForCausalLM ("qwen3",
+    TINY_QWEN3) with every weight (norms and biases too) drawn at random, so no parameter can
+    be mis-mapped unnoticed. The scale makes attention sharp and logits O(1): with near-uniform
+    attention a wrong rotary angle would hide under the tolerance. overrides are config keys."""
+    import torch
+    import transformers
+
+    prefix, base = {"qwen2": ("Qwen2", TINY), "qwen3": ("Qwen3", TINY_QWEN3)}[arch]
     torch.manual_seed(seed)
-    config = Qwen2Config(**{**TINY, **overrides})
-    model = Qwen2ForCausalLM(config).eval()
+    config = getattr(transformers, f"{prefix}Config")(**{**base, **overrides})
+    model = getattr(transformers, f"{prefix}ForCausalLM")(config).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -30,9 +36,9 @@ def hf_model(seed: int = 0, dtype: str = "float32", **overrides):
 
 
 def write_hf_model(path, seed: int = 0, dtype: str = "float32", max_shard_size=None,
-                   **overrides) -> str:
+                   arch: str = "qwen2", **overrides) -> str:
     """Saves hf_model(...) with save_pretrained (safetensors); returns the directory."""
-    model = hf_model(seed, dtype, **overrides)
+    model = hf_model(seed, dtype, arch, **overrides)
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(str(path), **kwargs)
     return str(path)

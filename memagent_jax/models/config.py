@@ -1,4 +1,11 @@
-"""Model configuration: Qwen hyper-parameters read from (and written back to) HF config.json.
+"""Model configuration: Qwen2 / Qwen3 hyper-parameters read from (and written back to) HF
+config.json.
+
+The two architectures differ in the attention only (`qwen.Attention`): Qwen2 adds biases to the
+q/k/v projections; Qwen3 has none and normalises each query and key head (RMSNorm over
+head_dim) before the rotary positions. `head_dim` is read as given (Qwen3's is 128 whatever
+hidden_size / num_attention_heads is). Qwen3's mixture-of-experts models (Qwen3MoeForCausalLM)
+are not supported.
 
 Hugging Face config files carry the rotary settings in one of two forms:
 - older: top-level `rope_theta` and `rope_scaling` ({"type"|"rope_type": "yarn", "factor": ...});
@@ -15,7 +22,8 @@ from typing import Any
 
 from memagent_jax.errors import UserError
 
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
+# model_type -> the architecture name HF writes for it.
+ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
 # How the model attends from position 0 (prefill, the training forward): see `qwen.Qwen`.
 ATTENTION_CHOICES = ("xla", "dot_product", "cudnn", "splash")
@@ -25,14 +33,16 @@ _MODELED_KEYS = {
     "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps",
     "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
     "tie_word_embeddings", "hidden_act", "torch_dtype", "dtype", "use_sliding_window",
+    "attention_bias",
 }
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Qwen hyper-parameters. `rope_scaling` is None or a dict with `rope_type` "yarn" and
-    the YaRN keys (`factor`, `original_max_position_embeddings`, optional `beta_fast`,
-    `beta_slow`, `attention_factor`, `mscale`, `mscale_all_dim`, `truncate`)."""
+    """Qwen2 / Qwen3 hyper-parameters. `model_type` is config.json's ("qwen2" or "qwen3").
+    `rope_scaling` is None or a dict with `rope_type` "yarn" and the YaRN keys (`factor`,
+    `original_max_position_embeddings`, optional `beta_fast`, `beta_slow`,
+    `attention_factor`, `mscale`, `mscale_all_dim`, `truncate`)."""
 
     vocab_size: int
     hidden_size: int
@@ -48,6 +58,22 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     dtype: str = "float32"  # the dtype the weights are stored in (HF `torch_dtype`)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # other config.json keys
+    model_type: str = "qwen2"
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Biases on the q, k and v projections (Qwen2)."""
+        return self.model_type == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        """RMSNorm of every query and key head before the rotary positions (Qwen3)."""
+        return self.model_type == "qwen3"
+
+    @property
+    def untied(self) -> bool:
+        """An LM head of its own (not the embedding table)."""
+        return not self.tie_word_embeddings
 
     @property
     def heads_per_kv_head(self) -> int:
@@ -68,16 +94,20 @@ class ModelConfig:
         """Reads an HF config dict; `source` names the file in error messages."""
         archs = d.get("architectures") or []
         model_type = d.get("model_type")
-        if model_type != "qwen2" or (archs and not set(archs) & set(SUPPORTED_ARCHITECTURES)):
+        if model_type not in ARCHITECTURES or (archs and ARCHITECTURES[model_type] not in archs):
             found = ",".join(archs) or f"model_type={model_type}"
             raise UserError(f"{source}: unsupported architecture '{found}' "
-                            f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+                            f"(supported: {', '.join(ARCHITECTURES.values())})")
         if d.get("hidden_act", "silu") != "silu":
             raise UserError(f"{source}: key 'hidden_act' = {d['hidden_act']!r} is not supported "
-                            "(Qwen uses 'silu')")
-        if d.get("use_sliding_window"):
-            raise UserError(f"{source}: key 'use_sliding_window' = true is not supported "
-                            "(Qwen2.5 checkpoints use full attention)")
+                            "(Qwen2 and Qwen3 use 'silu')")
+        if d.get("use_sliding_window") or "sliding_attention" in (d.get("layer_types") or ()):
+            raise UserError(f"{source}: sliding-window attention ('use_sliding_window' / "
+                            "'layer_types') is not supported (Qwen2.5 and Qwen3 checkpoints "
+                            "use full attention)")
+        if model_type == "qwen3" and d.get("attention_bias"):
+            raise UserError(f"{source}: key 'attention_bias' = true is not supported "
+                            "(Qwen3 checkpoints have no attention biases)")
         for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                     "num_attention_heads"):
             if not isinstance(d.get(key), int) or d[key] <= 0:
@@ -104,6 +134,7 @@ class ModelConfig:
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             dtype=str(d.get("torch_dtype") or d.get("dtype") or "float32"),
             extra={k: v for k, v in d.items() if k not in _MODELED_KEYS},
+            model_type=model_type,
         )
 
     @classmethod
@@ -125,8 +156,8 @@ class ModelConfig:
             rope.update(self.rope_scaling)
         d = dict(self.extra)
         d.update(
-            architectures=["Qwen2ForCausalLM"],
-            model_type="qwen2",
+            architectures=[ARCHITECTURES[self.model_type]],
+            model_type=self.model_type,
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=self.intermediate_size,
@@ -145,6 +176,8 @@ class ModelConfig:
             rope_scaling=dict(self.rope_scaling, type="yarn") if self.rope_scaling else None,
             torch_dtype=self.dtype,
         )
+        if self.model_type == "qwen3":
+            d["attention_bias"] = False
         return d
 
     def replace(self, **changes) -> ModelConfig:
@@ -164,7 +197,7 @@ def _read_rope(d: dict[str, Any], source: str) -> tuple[float, dict[str, Any] | 
         if not isinstance(params, dict):
             raise UserError(f"{source}: key 'rope_parameters' must be an object")
         if "rope_type" not in params and "type" not in params and "full_attention" in params:
-            params = params["full_attention"]  # per-layer-type form; Qwen has one type
+            params = params["full_attention"]  # per-layer-type form; one type here
         theta = params.get("rope_theta", d.get("rope_theta", 10000.0))
         scaling = dict(params)
     else:

@@ -25,17 +25,25 @@ class Row:
     hf: str            # HF tensor name; '{i}' likewise
     kind: str          # "linear" | "vector" | "same"
     in_dims: int = 1   # for "linear": how many leading axes of ours are inputs
+    needs: str = ""    # a ModelConfig flag the tensor exists under ("": always)
 
 
 TABLE = (
     Row("embed", "model.embed_tokens.weight", "same"),
     Row("layers/{i}/attn_norm", "model.layers.{i}.input_layernorm.weight", "vector"),
     Row("layers/{i}/attn/q_kernel", "model.layers.{i}.self_attn.q_proj.weight", "linear"),
-    Row("layers/{i}/attn/q_bias", "model.layers.{i}.self_attn.q_proj.bias", "vector"),
+    Row("layers/{i}/attn/q_bias", "model.layers.{i}.self_attn.q_proj.bias", "vector",
+        needs="qkv_bias"),
     Row("layers/{i}/attn/k_kernel", "model.layers.{i}.self_attn.k_proj.weight", "linear"),
-    Row("layers/{i}/attn/k_bias", "model.layers.{i}.self_attn.k_proj.bias", "vector"),
+    Row("layers/{i}/attn/k_bias", "model.layers.{i}.self_attn.k_proj.bias", "vector",
+        needs="qkv_bias"),
     Row("layers/{i}/attn/v_kernel", "model.layers.{i}.self_attn.v_proj.weight", "linear"),
-    Row("layers/{i}/attn/v_bias", "model.layers.{i}.self_attn.v_proj.bias", "vector"),
+    Row("layers/{i}/attn/v_bias", "model.layers.{i}.self_attn.v_proj.bias", "vector",
+        needs="qkv_bias"),
+    Row("layers/{i}/attn/q_norm", "model.layers.{i}.self_attn.q_norm.weight", "vector",
+        needs="qk_norm"),
+    Row("layers/{i}/attn/k_norm", "model.layers.{i}.self_attn.k_norm.weight", "vector",
+        needs="qk_norm"),
     Row("layers/{i}/attn/o_kernel", "model.layers.{i}.self_attn.o_proj.weight", "linear",
         in_dims=2),
     Row("layers/{i}/mlp_norm", "model.layers.{i}.post_attention_layernorm.weight", "vector"),
@@ -43,14 +51,15 @@ TABLE = (
     Row("layers/{i}/mlp/up_kernel", "model.layers.{i}.mlp.up_proj.weight", "linear"),
     Row("layers/{i}/mlp/down_kernel", "model.layers.{i}.mlp.down_proj.weight", "linear"),
     Row("final_norm", "model.norm.weight", "vector"),
-    Row("lm_head", "lm_head.weight", "linear"),
+    Row("lm_head", "lm_head.weight", "linear", needs="untied"),
 )
 # Tensors some HF checkpoints carry that the model recomputes or shares: skipped on load.
 IGNORED_HF_SUFFIXES = (".rotary_emb.inv_freq",)
 
 
 def rows(config: ModelConfig) -> tuple[Row, ...]:
-    return tuple(r for r in TABLE if not (r.ours == "lm_head" and config.tie_word_embeddings))
+    """The rows of the tensors `config`'s model has."""
+    return tuple(r for r in TABLE if not r.needs or getattr(config, r.needs))
 
 
 def tensors(config: ModelConfig) -> list[tuple[Row, str, str]]:

@@ -1,19 +1,21 @@
-"""Qwen / Qwen2.5 in Flax NNX: typed Attention / MLP / DecoderLayer modules, run three ways.
+"""Qwen2 / Qwen2.5 and Qwen3 (dense) in Flax NNX: typed Attention / MLP / DecoderLayer modules,
+one model for both architectures (`ModelConfig.model_type`), run three ways.
 
 The parameters, as `split_params` gives them (the one representation the learner, the engine,
 checkpoints and export pass around, `Params`):
 
     {"embed": [V, D],
      "layers": {0: {"attn_norm": [D],
-                    "attn": {"q_kernel": [D, Hq, K], "q_bias": [Hq, K],
+                    "attn": {"q_kernel": [D, Hq, K], "q_bias": [Hq, K],    # biases: Qwen2
                              "k_kernel": [D, Hkv, K], "k_bias": [Hkv, K],
                              "v_kernel": [D, Hkv, K], "v_bias": [Hkv, K],
+                             "q_norm": [K], "k_norm": [K],                 # head norms: Qwen3
                              "o_kernel": [Hq, K, D]},
                     "mlp_norm": [D],
                     "mlp": {"gate_kernel": [D, F], "up_kernel": [D, F], "down_kernel": [F, D]}},
                 1: ...},
      "final_norm": [D],
-     "lm_head": [D, V]}            # untied models only (Qwen2.5-7B and up)
+     "lm_head": [D, V]}            # untied models only (Qwen2.5-7B, Qwen3-8B and up)
 
 one array per layer and weight, as in HF checkpoints. Every parameter carries its logical axes
 (`logical_axes` metadata: "embed", "heads", ...), which `sharding.py` maps onto a mesh.
@@ -89,26 +91,38 @@ class KVCache(NamedTuple):
 
 
 class Attention(nnx.Module):
-    """Grouped-query self-attention with rotary positions; biases on q, k and v only."""
+    """Grouped-query self-attention with rotary positions: Qwen2's biases on q, k and v, or
+    Qwen3's RMSNorm of each query and key head (one [K] weight each, shared by the heads)
+    before the rotation."""
 
     def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs):
         d, hq, hkv, k = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         self.config, self.dtype = config, dtype
         self.q_kernel = _random(rngs, (d, hq, k), ("embed", "heads", None), param_dtype)
-        self.q_bias = _random(rngs, (hq, k), ("heads", None), param_dtype)
         self.k_kernel = _random(rngs, (d, hkv, k), ("embed", "kv_heads", None), param_dtype)
-        self.k_bias = _random(rngs, (hkv, k), ("kv_heads", None), param_dtype)
         self.v_kernel = _random(rngs, (d, hkv, k), ("embed", "kv_heads", None), param_dtype)
-        self.v_bias = _random(rngs, (hkv, k), ("kv_heads", None), param_dtype)
+        if config.qkv_bias:
+            self.q_bias = _random(rngs, (hq, k), ("heads", None), param_dtype)
+            self.k_bias = _random(rngs, (hkv, k), ("kv_heads", None), param_dtype)
+            self.v_bias = _random(rngs, (hkv, k), ("kv_heads", None), param_dtype)
+        if config.qk_norm:
+            self.q_norm = _ones((k,), param_dtype)
+            self.k_norm = _ones((k,), param_dtype)
         self.o_kernel = _random(rngs, (hq, k, d), ("heads", None, "embed"), param_dtype)
 
     def __call__(self, h: jnp.ndarray, positions: jnp.ndarray, attention: AttentionFn):
         """h [B, T, D] (normed) at positions [B, T] -> ([B, T, D], the attention's aux)."""
         w = functools.partial(_weight, dtype=self.dtype)
-        inv_freq, factor = _rope_constants(self.config)
-        q = jnp.einsum("btd,dhk->bthk", h, w(self.q_kernel)) + w(self.q_bias)
-        k = jnp.einsum("btd,dhk->bthk", h, w(self.k_kernel)) + w(self.k_bias)
-        v = jnp.einsum("btd,dhk->bthk", h, w(self.v_kernel)) + w(self.v_bias)
+        config = self.config
+        inv_freq, factor = _rope_constants(config)
+        q = jnp.einsum("btd,dhk->bthk", h, w(self.q_kernel))
+        k = jnp.einsum("btd,dhk->bthk", h, w(self.k_kernel))
+        v = jnp.einsum("btd,dhk->bthk", h, w(self.v_kernel))
+        if config.qkv_bias:
+            q, k, v = q + w(self.q_bias), k + w(self.k_bias), v + w(self.v_bias)
+        if config.qk_norm:
+            q = rms_norm(q, w(self.q_norm), config.rms_norm_eps)
+            k = rms_norm(k, w(self.k_norm), config.rms_norm_eps)
         out, aux = attention(apply_rope(q, positions, inv_freq, factor),
                              apply_rope(k, positions, inv_freq, factor), v)
         return jnp.einsum("bthk,hkd->btd", out, w(self.o_kernel)), aux
@@ -149,12 +163,12 @@ class DecoderLayer(nnx.Module):
 
 
 class Qwen(nnx.Module):
-    """Qwen causal LM. `dtype` is the compute dtype, `param_dtype` the storage dtype,
-    `attention` one of ATTENTION_CHOICES (for the prefill and the unmasked forward: "xla" the
-    blocked causal kernel of attention.py, "dot_product" jax.nn.dot_product_attention with the
-    implementation JAX picks, "cudnn" forced cuDNN flash attention, GPU and bf16/fp16 only,
-    "splash" TPU's Pallas kernel, splash.py). mesh: the mesh the model's arrays are sharded on,
-    which "splash" runs its kernel over (None: one device)."""
+    """Qwen2 / Qwen3 causal LM (`config.model_type`). `dtype` is the compute dtype,
+    `param_dtype` the storage dtype, `attention` one of ATTENTION_CHOICES (for the prefill and
+    the unmasked forward: "xla" the blocked causal kernel of attention.py, "dot_product"
+    jax.nn.dot_product_attention with the implementation JAX picks, "cudnn" forced cuDNN flash
+    attention, GPU and bf16/fp16 only, "splash" TPU's Pallas kernel, splash.py). mesh: the mesh
+    the model's arrays are sharded on, which "splash" runs its kernel over (None: one device)."""
 
     def __init__(self, config: ModelConfig, *, dtype=jnp.float32, param_dtype=jnp.float32,
                  attention: str = "xla", mesh: jax.sharding.Mesh | None = None,

@@ -172,7 +172,9 @@ def test_rewritten_tensor_has_wrong_shape(capsys, hf_single, tmp_path):
 @pytest.mark.parametrize("model_type,archs,named", [
     ("llama", ["LlamaForCausalLM"], "LlamaForCausalLM"),
     ("qwen2", ["Qwen2ForSequenceClassification"], "Qwen2ForSequenceClassification"),
-    ("qwen3", None, "qwen3"),
+    ("qwen3_moe", None, "qwen3_moe"),  # Qwen3's mixture-of-experts models are out of scope
+    ("qwen3", ["Qwen3MoeForCausalLM"], "Qwen3MoeForCausalLM"),
+    ("qwen2", ["Qwen3ForCausalLM"], "Qwen3ForCausalLM"),  # architecture and type disagree
 ])
 def test_unsupported_architecture(capsys, hf_single, tmp_path, model_type, archs, named):
     hf = _copy(hf_single, tmp_path)
@@ -211,6 +213,20 @@ def test_unsupported_rope_type(capsys, hf_single, tmp_path, edit, rope_type, key
     out = str(tmp_path / "ckpt")
     fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
                   config, f"'{rope_type}'", f"'{key}'")
+
+
+@pytest.mark.parametrize("key,value,named", [
+    ("attention_bias", True, "'attention_bias'"),
+    ("layer_types", ["full_attention", "sliding_attention"], "'layer_types'"),
+])
+def test_qwen3_variant_not_supported(capsys, tmp_path, key, value, named):
+    """A Qwen3 config.json with q/k/v/o biases or sliding-window layers (no Qwen3 checkpoint
+    has them) is refused by name rather than loaded wrong."""
+    hf = write_hf_model(tmp_path / "hf", seed=0, arch="qwen3")
+    capsys.readouterr()  # transformers' progress bar
+    config = _edit_config(hf, lambda c: c.update({key: value}))
+    out = str(tmp_path / "ckpt")
+    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, config, named)
 
 
 def test_hf_dir_does_not_exist(capsys, tmp_path):

@@ -18,11 +18,13 @@ def _state_dict(path):
     return AutoModelForCausalLM.from_pretrained(path).state_dict()
 
 
-@pytest.mark.parametrize("dtype,tied", [("bfloat16", False), ("bfloat16", True),
-                                        ("float32", False)])
-def test_convert_then_export_is_bit_exact(tmp_path, dtype, tied):
+@pytest.mark.parametrize("dtype,tied,arch", [("bfloat16", False, "qwen2"),
+                                             ("bfloat16", True, "qwen2"),
+                                             ("float32", False, "qwen2"),
+                                             ("bfloat16", True, "qwen3")])
+def test_convert_then_export_is_bit_exact(tmp_path, dtype, tied, arch):
     src = write_hf_model(tmp_path / "src", seed=5, dtype=dtype, tie_word_embeddings=tied,
-                         max_shard_size="20KB")  # a sharded source with an index
+                         arch=arch, max_shard_size="20KB")  # a sharded source with an index
     assert os.path.isfile(os.path.join(src, "model.safetensors.index.json"))
     write_tiny_tokenizer(src)
     assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
@@ -39,6 +41,8 @@ def test_convert_then_export_is_bit_exact(tmp_path, dtype, tied):
         assert torch.equal(tensor, after[name]), name
     hf_config = json.loads(open(os.path.join(out, "config.json")).read())
     assert hf_config["torch_dtype"] == dtype and hf_config["tie_word_embeddings"] == tied
+    assert hf_config["model_type"] == arch and hf_config["head_dim"] == (16 if arch == "qwen3"
+                                                                         else 8)
     assert os.path.isfile(os.path.join(out, "generation_config.json"))
     tokenizer = PreTrainedTokenizerFast.from_pretrained(out)
     assert tokenizer("hello world")["input_ids"] == [3, 4]
@@ -60,8 +64,9 @@ def test_export_writes_a_generation_config_where_the_source_has_none(tmp_path):
     assert generation.do_sample is False
 
 
-def test_export_loads_in_transformers_with_equal_logits(tmp_path):
-    src = write_hf_model(tmp_path / "src", seed=6, rope_parameters={
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_export_loads_in_transformers_with_equal_logits(tmp_path, arch):
+    src = write_hf_model(tmp_path / "src", seed=6, arch=arch, rope_parameters={
         "rope_type": "yarn", "rope_theta": 10000.0, "factor": 2.0,
         "original_max_position_embeddings": 32})
     model, config = load_model(src)
@@ -70,6 +75,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path):
     source = AutoModelForCausalLM.from_pretrained(src).eval()
     exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out")).eval()
     assert exported.config.rope_parameters["rope_type"] == "yarn"
+    assert type(exported).__name__ == f"{arch.title()}ForCausalLM"
     assert np.abs(hf_logits(exported, ids) - hf_logits(source, ids)).max() <= 1e-5
     assert np.abs(np.asarray(model(jnp.asarray(ids))) - hf_logits(source, ids)).max() <= 1e-4
 
@@ -85,9 +91,10 @@ def test_load_from_checkpoint_casts_dtype(tmp_path):
     np.testing.assert_array_equal(np.asarray(from_ckpt(ids)), np.asarray(from_hf(ids)))
 
 
-def test_random_model_command_writes_a_loadable_preset(tmp_path):
+@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen3"])
+def test_random_model_command_writes_a_loadable_preset(tmp_path, preset):
     out = str(tmp_path / "tiny")
-    assert main(["random-model", "--preset", "tiny", "--out", out, "--seed", "3"]) == 0
+    assert main(["random-model", "--preset", preset, "--out", out, "--seed", "3"]) == 0
     reference = AutoModelForCausalLM.from_pretrained(out).eval()
     model, _ = load_model(out)
     ids = np.arange(12)[None]

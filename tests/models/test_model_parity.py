@@ -1,4 +1,5 @@
-"""Our Qwen against transformers' Qwen2ForCausalLM: same random weights, same logits (f32)."""
+"""Our Qwen against transformers' Qwen2ForCausalLM and Qwen3ForCausalLM: same random weights,
+same logits (f32)."""
 
 import json
 
@@ -28,6 +29,12 @@ CASES = {
     # window, where the scaling acts).
     "yarn_theta_1e6": {"rope_parameters": {**YARN, "rope_theta": 1e6}},
     "theta_1e6": {"rope_parameters": {"rope_type": "default", "rope_theta": 1e6}},
+    # Qwen3: head norms, no q/k/v biases, head_dim 16 where hidden / heads is 8 (TINY_QWEN3).
+    "qwen3_untied_gqa2": {"arch": "qwen3"},
+    "qwen3_tied": {"arch": "qwen3", "tie_word_embeddings": True},
+    "qwen3_gqa_ratio7": {"arch": "qwen3", "hidden_size": 56, "num_attention_heads": 7,
+                         "num_key_value_heads": 1},
+    "qwen3_yarn_theta_1e6": {"arch": "qwen3", "rope_parameters": {**YARN, "rope_theta": 1e6}},
 }
 
 
@@ -45,14 +52,15 @@ def test_logits_match_transformers(tmp_path, case):
     assert _compare_unpadded(tmp_path, **CASES[case]) <= TOL
 
 
-def test_yarn_theta_1e6_greedy_decoding_matches_transformers(tmp_path):
-    """Qwen2.5's long-context rope (YaRN over theta 1e6) on the decoding path: a 56-token
-    prompt prefilled, then 16 greedy tokens decoded, predicted at positions 55-70 (the last 7
-    past the original 64-position window): transformers' greedy generate's tokens, each
+@pytest.mark.parametrize("case", ["yarn_theta_1e6", "qwen3_yarn_theta_1e6"])
+def test_yarn_theta_1e6_greedy_decoding_matches_transformers(tmp_path, case):
+    """Qwen2.5's and Qwen3's long-context rope (YaRN over theta 1e6) on the decoding path: a
+    56-token prompt prefilled, then 16 greedy tokens decoded, predicted at positions 55-70 (the
+    last 7 past the original 64-position window): transformers' greedy generate's tokens, each
     log-prob within TOL."""
     import torch
 
-    overrides = CASES["yarn_theta_1e6"]
+    overrides = CASES[case]
     model, _ = load_model(write_hf_model(tmp_path / "hf", seed=5, **overrides))
     prompt = [int(t) for t in np.random.RandomState(4).randint(3, 101, 56)]
     greedy = SamplingParams(temperature=0.0, seed=0)
@@ -119,11 +127,12 @@ def test_old_rope_config_form_matches(tmp_path):
     assert np.abs(np.asarray(model(jnp.asarray(ids))) - plain).max() > 1e-3
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_padded_batch_matches_each_sequence_alone(tmp_path, side):
-    path = write_hf_model(tmp_path / "hf", seed=3)
+def test_padded_batch_matches_each_sequence_alone(tmp_path, side, arch):
+    path = write_hf_model(tmp_path / "hf", seed=3, arch=arch)
     model, _ = load_model(path)
-    reference = hf_model(seed=3)
+    reference = hf_model(seed=3, arch=arch)
     rng = np.random.RandomState(2)
     lengths, width = [5, 17, 12], 17
     ids = np.zeros((3, width), np.int32)
@@ -139,18 +148,18 @@ def test_padded_batch_matches_each_sequence_alone(tmp_path, side):
         assert np.abs(logits[row, cols] - expected).max() <= TOL
 
 
-@pytest.mark.parametrize("tied", [False, True])
-def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path, tied):
+@pytest.mark.parametrize("tied,arch", [(False, "qwen2"), (True, "qwen2"), (False, "qwen3")])
+def test_kv_cache_prefill_then_decode_matches_full_forward(tmp_path, tied, arch):
     """Two prompts of different lengths prefilled (right-padded to a bucket), their keys and
     values copied into a longer per-layer cache, then N decode steps; the prefill's last-token
     logits and every step's logits equal the full forward's at that position (the tied head
     is computed vocabulary-major on these paths)."""
-    path = write_hf_model(tmp_path / "hf", seed=4, tie_word_embeddings=tied)
+    path = write_hf_model(tmp_path / "hf", seed=4, arch=arch, tie_word_embeddings=tied)
     model, config = load_model(path)
     rng = np.random.RandomState(3)
     full = rng.randint(3, 101, (2, 20))
     prompt_lengths, bucket, steps = np.array([6, 11]), 16, 8
-    reference = [hf_logits(hf_model(seed=4, tie_word_embeddings=tied),
+    reference = [hf_logits(hf_model(seed=4, arch=arch, tie_word_embeddings=tied),
                            full[i:i + 1, :prompt_lengths[i] + steps])[0]
                  for i in range(2)]
 

@@ -17,15 +17,39 @@ PUBLISHED_PARAMS = {  # billions, docs/algorithm.md section 6
 }
 
 
-@pytest.mark.parametrize("name", list(PUBLISHED_PARAMS))
-def test_preset_parameter_count_matches_published(name):
-    config = preset_config(name)
+# Qwen3 model cards: "Number of Parameters" and "(Non-Embedding)", in billions as printed
+# (docs/algorithm.md section 6).
+QWEN3_PUBLISHED = {
+    "qwen3-0.6b": ("0.6", "0.44"), "qwen3-1.7b": ("1.7", "1.4"), "qwen3-4b": ("4.0", "3.6"),
+    "qwen3-8b": ("8.2", "6.95"), "qwen3-14b": ("14.8", "13.2"), "qwen3-32b": ("32.8", "31.2"),
+}
+
+
+def _count(config: ModelConfig) -> int:
     specs = jax.tree.leaves(param_specs(config),
                             is_leaf=lambda x: isinstance(x, tuple) and isinstance(x[0], tuple))
     count = sum(math.prod(shape) for shape, _ in specs)
-    assert abs(count / 1e9 - PUBLISHED_PARAMS[name]) <= 0.006 * PUBLISHED_PARAMS[name] + 0.005
     abstract = nnx.eval_shape(lambda: Qwen(config, rngs=nnx.Rngs(0)))
     assert sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param))) == count
+    return count
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_PARAMS))
+def test_preset_parameter_count_matches_published(name):
+    count = _count(preset_config(name))
+    assert abs(count / 1e9 - PUBLISHED_PARAMS[name]) <= 0.006 * PUBLISHED_PARAMS[name] + 0.005
+
+
+@pytest.mark.parametrize("name", list(QWEN3_PUBLISHED))
+def test_qwen3_preset_parameter_counts_round_to_the_model_card(name):
+    """Both of a Qwen3 card's counts, total and without the embedding (and the untied LM
+    head), round to the printed figure (head norms and no q/k/v biases included)."""
+    config = preset_config(name)
+    count = _count(config)
+    embedding = config.vocab_size * config.hidden_size * (1 + config.untied)
+    for printed, value in zip(QWEN3_PUBLISHED[name], (count, count - embedding)):
+        half_unit = 0.5 * 10.0 ** -len(printed.partition(".")[2])
+        assert abs(value / 1e9 - float(printed)) <= half_unit, (printed, value)
 
 
 def _matmuls(num_layers: int, program: str) -> int:

@@ -20,6 +20,8 @@ from memagent_jax.rollout.memagent import Trajectory, Turn
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8)
+# Qwen3: head norms instead of q/k/v biases, head_dim apart from hidden / heads.
+CONFIG_QWEN3 = CONFIG.replace(model_type="qwen3", head_dim=16)
 SETTINGS = dict(lr=2e-2, lr_schedule="constant", warmup_steps=0, kl_coef=0.0,
                 entropy_coef=0.0, temperature=1.0, eps_low=0.2, eps_high=0.28, dual_clip=3.0,
                 weight_decay=0.01, adam_b1=0.9, adam_b2=0.999, max_grad_norm=1.0,
@@ -40,13 +42,13 @@ def _rows():
     return rows_from_trajectories(flat, rng.randn(9))
 
 
-def _initial_params():
+def _initial_params(config):
     """Every weight drawn at random (norms around 1, so a mis-read norm shows too)."""
     rng = np.random.RandomState(5)
     return jax.tree_util.tree_map_with_path(
         lambda path, x: (rng.normal(1.0, 0.1, x.shape) if "norm" in jax.tree_util.keystr(path)
                          else rng.normal(0.0, 0.05, x.shape)).astype(np.float32),
-        abstract_params(CONFIG))
+        abstract_params(config))
 
 
 def _rms_norm(x, weight):
@@ -55,7 +57,7 @@ def _rms_norm(x, weight):
 
 def _rope(x):
     """Rotary embedding of x [B, T, H, D] at positions 0..T-1 (half-rotation layout)."""
-    dim = CONFIG.head_dim
+    dim = x.shape[-1]
     angles = np.arange(x.shape[1])[:, None] / CONFIG.rope_theta ** (np.arange(0, dim, 2) / dim)
     angles = np.concatenate([angles, angles], -1)[None, :, None, :]
     rotated = jnp.concatenate([-x[..., dim // 2:], x[..., :dim // 2]], -1)
@@ -63,17 +65,19 @@ def _rope(x):
 
 
 def _logits(params, tokens):
-    """Qwen's forward over our parameter tree, with plain softmax attention."""
+    """Qwen's forward over our parameter tree, with plain softmax attention: Qwen2's q/k/v
+    biases or Qwen3's query and key head norms, whichever the tree has."""
     causal = np.tril(np.ones((tokens.shape[1],) * 2, bool))
     x = params["embed"][tokens]
-    for i in range(CONFIG.num_layers):
-        layer = params["layers"][i]
+    for layer in params["layers"].values():
         attn, h = layer["attn"], _rms_norm(x, layer["attn_norm"])
-        q, k, v = (jnp.einsum("btd,dhk->bthk", h, attn[f"{n}_kernel"]) + attn[f"{n}_bias"]
+        q, k, v = (jnp.einsum("btd,dhk->bthk", h, attn[f"{n}_kernel"]) + attn.get(f"{n}_bias", 0)
                    for n in "qkv")
-        group = CONFIG.num_heads // CONFIG.num_kv_heads  # query head j reads kv head j // group
+        if "q_norm" in attn:
+            q, k = _rms_norm(q, attn["q_norm"]), _rms_norm(k, attn["k_norm"])
+        group = q.shape[2] // k.shape[2]  # query head j reads kv head j // group
         k, v = jnp.repeat(_rope(k), group, axis=2), jnp.repeat(v, group, axis=2)
-        scores = jnp.einsum("bqhk,bshk->bhqs", _rope(q), k) / np.sqrt(CONFIG.head_dim)
+        scores = jnp.einsum("bqhk,bshk->bhqs", _rope(q), k) / np.sqrt(q.shape[-1])
         weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1)
         x = x + jnp.einsum("bqhk,hkd->bqd", jnp.einsum("bhqs,bshk->bqhk", weights, v),
                            attn["o_kernel"])
@@ -135,13 +139,16 @@ def _hand_written_step(params, rows):
     return old, params, history
 
 
-def test_two_epochs_of_mini_batch_updates_match_a_hand_written_dapo_step():
+@pytest.mark.parametrize("config,attention", [(CONFIG, "xla"), (CONFIG_QWEN3, "splash")],
+                         ids=["qwen2-xla", "qwen3-splash"])
+def test_two_epochs_of_mini_batch_updates_match_a_hand_written_dapo_step(config, attention):
+    """Also Qwen3 with splash attention (Pallas interpret mode off a TPU) in the learner."""
     rows = _rows()
-    initial = _initial_params()
+    initial = _initial_params(config)
     old, expected, history = _hand_written_step(jax.tree.map(jnp.asarray, initial), rows)
 
-    learner = Learner(build_model(CONFIG, jax.tree.map(jnp.asarray, initial)),
-                      LearnerConfig(**SETTINGS))
+    learner = Learner(build_model(config, jax.tree.map(jnp.asarray, initial),
+                                  attention=attention), LearnerConfig(**SETTINGS))
     # The forward written here is the model's: same log-probabilities before the step, on
     # the responses (the learner computes nothing on the prompts).
     response = rows.loss_mask > 0
