@@ -44,10 +44,10 @@ def write_hf_model(path, seed: int = 0, dtype: str = "float32", max_shard_size=N
     return str(path)
 
 
-def write_tiny_model(path, seed: int) -> str:
-    """`write_hf_model(path, seed)` with `write_tiny_tokenizer` beside it: a model every command
-    takes text prompts for; returns the directory."""
-    write_tiny_tokenizer(write_hf_model(path, seed=seed))
+def write_tiny_model(path, seed: int, arch: str = "qwen2") -> str:
+    """`write_hf_model(path, seed, arch=arch)` with `write_tiny_tokenizer` beside it: a model
+    every command takes text prompts for; returns the directory."""
+    write_tiny_tokenizer(write_hf_model(path, seed=seed, arch=arch))
     return str(path)
 
 
