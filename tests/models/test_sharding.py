@@ -14,7 +14,7 @@ from memagent_jax.cli import main
 from memagent_jax.errors import UserError
 from memagent_jax.models import load_model, make_mesh
 from memagent_jax.models.sharding import batch_sharding
-from tests.hf_reference import write_hf_model
+from tests.hf_reference import hf_logits, hf_model, write_hf_model
 
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=8,
              num_key_value_heads=4)
@@ -64,6 +64,20 @@ def test_checkpoint_restores_onto_a_mesh(hf_dir, ids, unsharded_logits, tmp_path
     model, _ = load_model(str(tmp_path / "ckpt"), mesh=mesh)
     assert model.layers[0].mlp.gate_kernel[...].sharding.spec == P("fsdp", "tensor")
     np.testing.assert_allclose(_forward(model, ids, batch_sharding(mesh)), unsharded_logits,
+                               atol=1e-4, rtol=0)
+
+
+def test_a_sharded_qwen3_model_equals_transformers(tmp_path, ids):
+    """Qwen3 over data 2 x fsdp 2 x tensor 2: its head norms ([head_dim], shared by the heads)
+    replicated, its projections split as Qwen2's; logits as transformers' Qwen3ForCausalLM."""
+    path = write_hf_model(tmp_path / "qwen3", seed=10, arch="qwen3", **SHAPE)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    model, _ = load_model(path, mesh=mesh)
+    attn = model.layers[0].attn
+    assert attn.q_norm[...].sharding.spec == attn.k_norm[...].sharding.spec == P(None)
+    assert attn.q_kernel[...].sharding.spec == P("fsdp", "tensor", None)
+    np.testing.assert_allclose(_forward(model, ids, batch_sharding(mesh)),
+                               hf_logits(hf_model(seed=10, arch="qwen3", **SHAPE), ids),
                                atol=1e-4, rtol=0)
 
 
