@@ -52,7 +52,7 @@ small)
         --peer-batch-sizes "" --prefill-rows 8 --attention dot_product --profile
     ;;
 train)
-    step test_gpu 120 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/models/test_gpu.py
+    step test_gpu 200 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/models/test_gpu.py
     step train_0.5b 120 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
         --dtype bfloat16 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192

@@ -6,7 +6,7 @@ attention.
 Run on a GPU machine with `JAX_PLATFORMS=cuda python -m pytest tests/models/test_gpu.py`
 (conftest.py pins the rest of the suite to simulated CPU devices unless JAX_PLATFORMS is set).
 Weights are random bf16 at the Qwen2.5-0.5B widths (head_dim 64, 14 query / 2 key-value heads)
-with 2 layers; bf16 results of two attention kernels differ by rounding, so the bounds are
+and the Qwen3-0.6B ones (head norms, head_dim 128, 16 / 8 heads), with 2 layers; bf16 results of two attention kernels differ by rounding, so the bounds are
 relative norms, not equality.
 """
 
@@ -27,13 +27,15 @@ from memagent_jax.rollout.scheduler import Request, complete
 pytestmark = pytest.mark.skipif(jax.devices()[0].platform not in ("gpu", "cuda"),
                                 reason="needs a CUDA GPU")
 
-CONFIG = preset_config("qwen2.5-0.5b", dtype="bfloat16").replace(num_layers=2)
+@pytest.fixture(params=["qwen2.5-0.5b", "qwen3-0.6b"])
+def config(request):
+    return preset_config(request.param, dtype="bfloat16").replace(num_layers=2)
 
 
-def model(attention: str) -> Qwen:
+def model(config, attention: str) -> Qwen:
     # The same seed gives the same weights whatever the attention implementation.
-    return Qwen(CONFIG, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, attention=attention,
-                 rngs=nnx.Rngs(0))
+    return Qwen(config, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16, attention=attention,
+                rngs=nnx.Rngs(0))
 
 
 def relative_error(a, b) -> float:
@@ -46,30 +48,30 @@ def prefill(m: Qwen, ids: jnp.ndarray):
 
 
 @pytest.mark.parametrize("length", [256, 2048])
-def test_cudnn_prefill_matches_xla(length):
-    ids = jax.random.randint(jax.random.PRNGKey(length), (2, length), 0, CONFIG.vocab_size)
-    logits, keys, _ = nnx.jit(prefill)(model("cudnn"), ids)
-    ref_logits, ref_keys, _ = nnx.jit(prefill)(model("xla"), ids)
+def test_cudnn_prefill_matches_xla(config, length):
+    ids = jax.random.randint(jax.random.PRNGKey(length), (2, length), 0, config.vocab_size)
+    logits, keys, _ = nnx.jit(prefill)(model(config, "cudnn"), ids)
+    ref_logits, ref_keys, _ = nnx.jit(prefill)(model(config, "xla"), ids)
     assert np.isfinite(np.asarray(logits)).all()
     assert relative_error(logits, ref_logits) < 2e-2
     assert relative_error(keys[0], ref_keys[0]) < 2e-2
 
 
-def test_cudnn_is_in_the_compiled_prefill():
+def test_cudnn_is_in_the_compiled_prefill(config):
     ids = jnp.zeros((1, 512), jnp.int32)
-    hlo = nnx.jit(prefill).lower(model("cudnn"), ids).compile().as_text()
+    hlo = nnx.jit(prefill).lower(model(config, "cudnn"), ids).compile().as_text()
     assert "cudnn" in hlo.lower() and "fmha" in hlo.lower()
-    ref = nnx.jit(prefill).lower(model("xla"), ids).compile().as_text()
+    ref = nnx.jit(prefill).lower(model(config, "xla"), ids).compile().as_text()
     assert "fmha" not in ref.lower()
 
 
-def test_cudnn_training_gradient_matches_xla():
+def test_cudnn_training_gradient_matches_xla(config):
     """The unmasked forward (what the learner differentiates) takes cuDNN's fused attention in
     its gradient too, and the gradient agrees with the blocked XLA kernel's."""
-    ids = jax.random.randint(jax.random.PRNGKey(1), (2, 1024), 0, CONFIG.vocab_size)
+    ids = jax.random.randint(jax.random.PRNGKey(1), (2, 1024), 0, config.vocab_size)
     grads, hlo = {}, {}
     for attention in ("cudnn", "xla"):
-        graphdef, state = nnx.split(model(attention))
+        graphdef, state = nnx.split(model(config, attention))
         loss = lambda state: jnp.mean(nnx.merge(graphdef, state)(ids)[:, :, :64] ** 2)
         grad = jax.jit(jax.grad(loss))
         hlo[attention] = grad.lower(state).compile().as_text().lower()
@@ -79,17 +81,17 @@ def test_cudnn_training_gradient_matches_xla():
         assert relative_error(fused, ref) < 5e-2
 
 
-def test_cudnn_engine_greedy_matches_xla():
+def test_cudnn_engine_greedy_matches_xla(config):
     """Prefill + decode steps through the engine: the first greedy token of every prompt is
     the same, and the log-probabilities agree up to where the two greedy paths part (a bf16
     near-tie can flip a later token)."""
     rng = np.random.default_rng(0)
-    requests = [Request(tuple(rng.integers(0, CONFIG.vocab_size, n).tolist()),
+    requests = [Request(tuple(rng.integers(0, config.vocab_size, n).tolist()),
                         max_new_tokens=16, sampling=SamplingParams(temperature=0.0, seed=0))
                 for n in (5, 100, 300, 700)]
     outs = {}
     for attention in ("cudnn", "xla"):
-        loaded = model(attention)
+        loaded = model(config, attention)
         engine = Engine(loaded, EngineConfig(slots=2, max_len=1024))
         outs[attention] = [r[0] for r in complete(engine, split_params(loaded)[1], requests)]
     for fused, ref in zip(outs["cudnn"], outs["xla"]):
