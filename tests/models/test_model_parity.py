@@ -35,12 +35,14 @@ CASES = {
     "qwen3_gqa_ratio7": {"arch": "qwen3", "hidden_size": 56, "num_attention_heads": 7,
                          "num_key_value_heads": 1},
     "qwen3_yarn_theta_1e6": {"arch": "qwen3", "rope_parameters": {**YARN, "rope_theta": 1e6}},
+    # The unmasked forward on jax.nn.dot_product_attention (cuDNN's kernel on a GPU).
+    "qwen3_dot_product": {"arch": "qwen3", "attention": "dot_product"},
 }
 
 
-def _compare_unpadded(tmp_path, seq_len=80, **overrides):
+def _compare_unpadded(tmp_path, seq_len=80, attention="xla", **overrides):
     path = write_hf_model(tmp_path / "hf", seed=1, **overrides)
-    model, _ = load_model(path)
+    model, _ = load_model(path, attention=attention)
     ids = np.random.RandomState(0).randint(0, 101, (2, seq_len))
     ours = np.asarray(model(jnp.asarray(ids)))
     ref = hf_logits(hf_model(seed=1, **overrides), ids)
