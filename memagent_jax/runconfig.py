@@ -241,6 +241,9 @@ def _convert(kind, value, source: str, key: str) -> Any:
         return {k: _convert(args[1], v, source, f"{key}.{k}") if args else v
                 for k, v in value.items()}
     if origin is typing.Literal:
+        if isinstance(value, bool):  # YAML reads a bare off (no, on, ...) as a boolean
+            words = [a for a in args if isinstance(a, str) and yaml.safe_load(a) is value]
+            value = words[0] if len(words) == 1 else value
         if value not in args:
             raise UserError(f"{_at(source)}key '{key}' must be one of "
                             f"{', '.join(map(repr, args))}, got {value!r}")

@@ -44,10 +44,11 @@ def write_hf_model(path, seed: int = 0, dtype: str = "float32", max_shard_size=N
     return str(path)
 
 
-def write_tiny_model(path, seed: int, arch: str = "qwen2") -> str:
+def write_tiny_model(path, seed: int, arch: str = "qwen2", thinking: bool = False) -> str:
     """`write_hf_model(path, seed, arch=arch)` with `write_tiny_tokenizer` beside it: a model
-    every command takes text prompts for; returns the directory."""
-    write_tiny_tokenizer(write_hf_model(path, seed=seed, arch=arch))
+    every command takes text prompts for; returns the directory. thinking: the Qwen3-like
+    tokenizer."""
+    write_tiny_tokenizer(write_hf_model(path, seed=seed, arch=arch), thinking=thinking)
     return str(path)
 
 
@@ -58,10 +59,21 @@ def hf_logits(model, input_ids: np.ndarray) -> np.ndarray:
         return model(torch.as_tensor(np.asarray(input_ids))).logits.float().numpy()
 
 
-def write_tiny_tokenizer(path) -> list[str]:
+# Qwen3's thinking switch in the tiny template: with enable_thinking false the generation prompt
+# holds an empty think block (Qwen3's `<|im_start|>assistant\n<think>\n\n</think>\n\n`).
+THINKING_TEMPLATE = ("{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+                     "{% if add_generation_prompt %}<s> "
+                     "{% if enable_thinking is defined and enable_thinking is false %}"
+                     "<think> </think> {% endif %}{% endif %}")
+
+
+def write_tiny_tokenizer(path, thinking: bool = False) -> list[str]:
     """Saves a real (word-level) fast tokenizer standing in for Qwen's, with a chat template;
     returns its words, whose ids are their list indices (all below TINY's vocab_size). The
-    MemAgent templates' words are in the vocabulary, so prompts decode back to readable text."""
+    MemAgent templates' words are in the vocabulary, so prompts decode back to readable text.
+    thinking: a Qwen3-like tokenizer instead: `<think>`, `</think>` and `\\boxed` one token each
+    (added tokens, after every other word, so the other words keep their ids; `\\boxed x`
+    decodes to an answer) and THINKING_TEMPLATE."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -73,11 +85,16 @@ def write_tiny_tokenizer(path) -> list[str]:
     for word, _ in split(UPDATE_TEMPLATE + FINAL_TEMPLATE + INITIAL_MEMORY + " what ?"):
         if word not in words:
             words.append(word)
+    think = ["<think>", "</think>", "\\boxed"] if thinking else []
+    words += think
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_tokens(think)  # matched whole, before the pre-tokenizer splits them
     assert len(words) <= TINY["vocab_size"]
     wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>")
-    wrapped.chat_template = ("{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
-                             "{% if add_generation_prompt %}<s> {% endif %}")
+    wrapped.chat_template = (
+        THINKING_TEMPLATE if thinking else
+        "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"
+        "{% if add_generation_prompt %}<s> {% endif %}")
     wrapped.save_pretrained(str(path))
     return words

@@ -7,7 +7,8 @@ Sections and what they change:
   then only read for the tokenizer, and `served_name` is the model name sent.
 - method: "memagent" (the chunk-memory loop) or "full_context" (the whole document in one
   prompt, centre-truncated to the model window: the baseline of the paper's table).
-- memagent: the memory agent's token budgets (`MemAgentConfig`, shared with train and `run`);
+- memagent: the memory agent's token budgets and `thinking` (`MemAgentConfig`, shared with train
+  and `run`);
   full_context: the baseline's window and reply length.
 - sampling: n answers per question at temperature/top_p (the paper: n=1, 0.7, 0.95).
 - engine: decode slots, KV length (default: what the method needs), prefill buckets

@@ -44,6 +44,7 @@ class ServerMemAgentMethod(MemAgentMethod):
                 max_memory_tokens=budgets.max_memory_tokens,
                 max_final_tokens=budgets.max_final_tokens, temperature=s.temperature,
                 top_p=s.top_p, api_key=os.environ.get("API_KEY"), seed=seed,
+                thinking=budgets.thinking,
                 on_turn=lambda *_: on_turn())
             reply = record["final_reply"]
             tokens = record["final_tokens"]

@@ -6,7 +6,8 @@ errors naming the key), each checking its own values as it is built:
                 (`rollout.agent.ModelSection`, shared with eval)
     mesh        device mesh axis sizes (data, fsdp, tensor; -1 takes the remaining devices)
     data        training source(s) in the hotpotqa parquet layout, validation source, verifier
-    memagent    the workflow's token budgets (`MemAgentConfig`, shared with eval and `run`)
+    memagent    the workflow's token budgets and `thinking` (`MemAgentConfig`, shared with eval
+                and `run`)
     engine      decode slots, KV length, prefill buckets (`EngineConfig`, shared likewise)
     rollout     n samples per prompt and how they are sampled
     dynamic_sampling, overlong   DAPO's batch filter and soft length penalty

@@ -145,8 +145,8 @@ class Trainer:
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
         directory loads as a model (`export`, `run`, `eval`, `generate`), and the memory
-        loop's budgets it trains with (`memagent.json`, which `run` and `demo` default to;
-        max_chunks, a training-time cut, left out). Written once."""
+        loop's budgets and `thinking` setting it trains with (`memagent.json`, which `run` and
+        `demo` default to; max_chunks, a training-time cut, left out). Written once."""
         directory = os.path.join(self.config.checkpoint_dir, checkpoint.TRAINING_MODEL_DIR)
         if "://" in directory or distributed.broadcast(os.path.isdir(directory)):
             return

@@ -15,6 +15,7 @@ from memagent_jax.commandline import (add_command, add_model_flags, from_flags, 
                                       tokens)
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.fileutil import check_input_file, check_output_file
+from memagent_jax.rollout.thinking import THINKING_CHOICES  # stdlib-only
 
 
 def add_parsers(sub) -> None:
@@ -55,6 +56,10 @@ def add_parsers(sub) -> None:
                    help="the longest memory a turn may write (default: the model's, else 1024)")
     p.add_argument("--max-final-tokens", type=tokens,
                    help="the longest final answer (default: the model's, else 1024)")
+    p.add_argument("--thinking", choices=THINKING_CHOICES,
+                   help="a thinking model's <think>...</think> (Qwen3): keep it in the memory, "
+                        "strip it from the memory, or turn thinking off in the chat template "
+                        "(default: the model's memagent.json, else keep)")
     p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
     p.add_argument("--seed", type=int, default=0, help="the sampling seed")
@@ -143,7 +148,8 @@ def _run(args) -> None:
         (args.tokenizer or args.model) if args.url else args.model))
     config = from_flags(MemAgentConfig, **pretrained.budgets(
         model_dir, chunk_tokens=args.chunk_tokens,
-        max_memory_tokens=args.max_memory_tokens, max_final_tokens=args.max_final_tokens))
+        max_memory_tokens=args.max_memory_tokens, max_final_tokens=args.max_final_tokens,
+        thinking=args.thinking))
     document = _read_document(args.doc)
     if args.url:  # the tokenizer chunks the document
         tokenizer_dir = model_dir
@@ -177,6 +183,7 @@ def _run(args) -> None:
                                    max_final_tokens=config.max_final_tokens,
                                    temperature=args.temperature, top_p=args.top_p,
                                    api_key=os.environ.get("API_KEY"), timeout=args.timeout,
+                                   thinking=config.thinking,
                                    on_turn=lambda n, kind, reply: show(kind, reply))
         else:
             record = _run_locally(args, agent, params, sample, show)

@@ -5,7 +5,8 @@ generator: it yields each turn's memory and chunk and receives the new memory. T
 it, each in its own representation:
 - `MemoryAgent`, on the local engine, in token ids as the original's trainer: each prompt is
   the template's ids with the question's, the memory's (the previous reply's ids, end-of-text
-  and padding removed) and the chunk's ids spliced in (`templates.TokenPrompts`). It runs many
+  and padding removed; under `thinking: strip` only what follows its last </think>) and the
+  chunk's ids spliced in (`templates.TokenPrompts`). It runs many
   samples at once, each a chain of requests on the scheduler (turn k's reply builds turn
   k+1's prompt), so samples with different numbers of chunks share the slots without waiting
   for each other, and records every turn's token ids and logprobs (one RL training row per
@@ -23,30 +24,45 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import zlib
-from typing import Callable, ClassVar, Generator
+from typing import Callable, ClassVar, Generator, Literal
 
-from memagent_jax.errors import UserError
+from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
 from memagent_jax.rollout.templates import TokenPrompts
-from memagent_jax.runconfig import at_least
+from memagent_jax.rollout.thinking import THINK_END, THINKING_CHOICES, strip_thinking_ids
+from memagent_jax.runconfig import at_least, config_key
 
 
 @dataclasses.dataclass(frozen=True)
 class MemAgentConfig:
     """The `memagent` section of the train and eval configs (and `run`'s flags): the token
-    budgets of docs/algorithm.md section 1."""
+    budgets of docs/algorithm.md section 1, and what a thinking model's thinking does."""
     SECTION: ClassVar[str] = "memagent"
     chunk_tokens: int = 5000        # document tokens read per turn
     max_memory_tokens: int = 1024   # the longest memory an update turn may write
     max_final_tokens: int = 1024    # the longest final answer
     max_problem_tokens: int = 1024  # the question's tokens kept
     max_chunks: int | None = None   # keep the first and last halves of N chunks (None: all)
+    # A thinking model's <think>...</think> (Qwen3; docs/algorithm.md section 7, item 11):
+    # keep: the chat template as shipped; a reply's ids (minus stop, EOS, pad) are the next
+    #   memory, thinking included (the original's trainer);
+    # strip: the template as shipped; the memory is the reply after its last </think>,
+    #   stripped of surrounding whitespace (empty if nothing follows it), a reply without one
+    #   whole (the original's evaluation);
+    # off: the template rendered with enable_thinking=False (an empty think block in every
+    #   prompt; `run --url` sends it as chat_template_kwargs); the memory as in keep.
+    # The final answer (after the last </think>) and the reward are the same in all three; a
+    # model that never writes </think> (Qwen2.5) gets identical prompts and memories.
+    thinking: Literal["keep", "strip", "off"] = "keep"
 
     def __post_init__(self):
         at_least(self, 1, "chunk_tokens", "max_memory_tokens", "max_final_tokens",
                  "max_problem_tokens", "max_chunks")
+        if self.thinking not in THINKING_CHOICES:
+            raise ConfigError(config_key(self, "thinking"), f"must be one of "
+                              f"{', '.join(THINKING_CHOICES)}, got {self.thinking!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +88,10 @@ class Turn:
     response_ids: list[int]
     response_logprobs: list[float]
     finish_reason: str
-    reply: str  # the response as text: the new memory after an update turn
+    reply: str  # the whole response as text (stop, EOS and padding ids removed)
+    # An update turn's new memory as text: the reply, or under `thinking: strip` what follows
+    # its last </think> (None for the final turn).
+    memory: str | None = None
 
 
 @dataclasses.dataclass
@@ -83,7 +102,8 @@ class Trajectory:
 
     @property
     def memories(self) -> list[str]:
-        return [t.reply for t in self.turns if t.kind == "update"]
+        """The memories as carried from turn to turn (after `thinking: strip`)."""
+        return [t.memory for t in self.turns if t.kind == "update"]
 
     @property
     def final_reply(self) -> str:
@@ -92,18 +112,21 @@ class Trajectory:
     def record(self) -> dict:
         """`run --json`'s record (`run_record`)."""
         return run_record(self.problem, self.answer, [
-            {"kind": t.kind, "reply": t.reply, "finish_reason": t.finish_reason,
-             "response_tokens": len(t.response_ids)} for t in self.turns])
+            {"kind": t.kind, "reply": t.reply, "memory": t.memory,
+             "finish_reason": t.finish_reason, "response_tokens": len(t.response_ids)}
+            for t in self.turns])
 
 
 def run_record(problem: str, answer: str | None, turns: list[dict]) -> dict:
     """One read of a document as `run --json` prints it, the same on the local engine and
-    against a server (`run_on_server`): turns are {"kind", "reply", "finish_reason",
-    "response_tokens" (None when a server does not report usage)}; "memories" are the update
-    turns' replies, "final_reply", "finish_reason" and "final_tokens" the final turn's."""
+    against a server (`run_on_server`): turns are {"kind", "reply" (the whole reply), "memory"
+    (an update turn's new memory, the reply after `thinking: strip`; None for the final
+    turn), "finish_reason", "response_tokens" (None when a server does not report usage)};
+    "memories" are the update turns' memories, "final_reply", "finish_reason" and
+    "final_tokens" the final turn's."""
     final = turns[-1] if turns else {}
     return {"problem": problem, "answer": answer,
-            "memories": [t["reply"] for t in turns if t["kind"] == "update"],
+            "memories": [t["memory"] for t in turns if t["kind"] == "update"],
             "final_reply": final.get("reply", ""), "finish_reason": final.get("finish_reason"),
             "final_tokens": final.get("response_tokens"), "turns": turns}
 
@@ -166,7 +189,7 @@ def turn_parts(tokenizer, config: MemAgentConfig) -> dict[str, int]:
     around the longest "question", "memory" and "chunk", plus the longest "reply". (A memory
     is at most a reply's ids, or the initial memory's; the final prompt is the update prompt
     without its chunk.)"""
-    prompts = TokenPrompts(tokenizer)
+    prompts = TokenPrompts(tokenizer, config.thinking)
     return {"template": prompts.update_overhead, "question": config.max_problem_tokens,
             "memory": max(config.max_memory_tokens, len(prompts.initial_memory)),
             "chunk": config.chunk_tokens,
@@ -187,11 +210,25 @@ class MemoryAgent:
                 f"per turn; the engine holds {scheduler.engine.config.max_len}")
         self.scheduler, self.tokenizer, self.config = scheduler, tokenizer, config
         self.stop_ids = stop_ids
-        self.prompts = TokenPrompts(tokenizer)
+        self.prompts = TokenPrompts(tokenizer, config.thinking)
         # What the original strips from a reply before it becomes the next memory (`unpad`
         # with remove_eos): padding and end-of-text, here also every stop id.
         self.not_memory = frozenset(stop_ids) | {
             t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None}
+        self._think_end = tuple(tokenizer.encode(THINK_END, add_special_tokens=False))
+        self._blank: dict[int, bool] = {}  # id -> decodes to whitespace only
+
+    def memory_ids(self, reply_ids: list[int]) -> list[int]:
+        """The next memory from a reply's ids (stop, EOS and padding ids already removed): the
+        reply, or under `thinking: strip` `strip_thinking_ids` of it."""
+        if self.config.thinking != "strip":
+            return list(reply_ids)
+        return strip_thinking_ids(reply_ids, self._think_end, self._is_blank)
+
+    def _is_blank(self, token: int) -> bool:
+        if token not in self._blank:
+            self._blank[token] = not self.tokenizer.decode([token]).strip()
+        return self._blank[token]
 
     def read(self, problem: str, document: str, strict: bool = True) -> Sample:
         """`read_sample` with this agent's tokenizer and budgets."""
@@ -257,10 +294,16 @@ class _Run:
                        self.agent.stop_ids, n)
 
     def finish_turn(self, completion: Completion, sampling: SamplingParams) -> None:
-        memory = [t for t in completion.token_ids if t not in self.agent.not_memory]
-        reply = self.agent.tokenizer.decode(memory, skip_special_tokens=True)
+        agent = self.agent
+        said = [t for t in completion.token_ids if t not in agent.not_memory]
+        reply = agent.tokenizer.decode(said, skip_special_tokens=True)
+        memory, text = None, None
+        if self.kind == "update":
+            memory = agent.memory_ids(said)
+            text = reply if memory == said else agent.tokenizer.decode(
+                memory, skip_special_tokens=True)
         turn = Turn(self.kind, self.prompt_ids, completion.token_ids, completion.logprobs,
-                    completion.finish_reason, reply)
+                    completion.finish_reason, reply, text)
         self.trajectory.turns.append(turn)
         if self.on_turn is not None:
             self.on_turn(self.sample, turn)

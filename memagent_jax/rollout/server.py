@@ -2,9 +2,11 @@
 
 Same turns as on the local engine (`memory_turns`), one HTTP request per turn, as the original
 quickstart does with vLLM or a hosted model. A chat API takes text, so here the workflow runs in
-text: each chunk's ids are decoded, the memory is the reply's text, and the server tokenizes
-each message whole. The URL is the API base (".../v1", or an Azure deployment URL); the key
-comes from the API_KEY environment variable.
+text: each chunk's ids are decoded, the memory is the reply's text (`thinking: strip`: what
+follows its last </think>, `strip_thinking_text`), and the server tokenizes each message whole
+(`thinking: off`: with "chat_template_kwargs": {"enable_thinking": false}, as vLLM takes it).
+The URL is the API base (".../v1", or an Azure deployment URL); the key comes from the API_KEY
+environment variable.
 """
 
 from __future__ import annotations
@@ -18,17 +20,22 @@ from memagent_jax.errors import UserError
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.memagent import Sample, memory_turns, run_record
 from memagent_jax.rollout.templates import INITIAL_MEMORY, final_prompt, update_prompt
+from memagent_jax.rollout.thinking import strip_thinking_text, template_kwargs
 
 
 def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: float,
-         top_p: float, api_key: str | None, timeout: float, seed: int | None = None) -> dict:
+         top_p: float, api_key: str | None, timeout: float, seed: int | None = None,
+         template_vars: dict | None = None) -> dict:
     """One chat completion: its first choice ({"message": {"content"}, "finish_reason"}),
-    with the response's "usage" when the server reports it. Raises OSError/ValueError on
-    failure."""
+    with the response's "usage" when the server reports it. template_vars: the chat
+    template's extra variables, sent as "chat_template_kwargs" (vLLM's field). Raises
+    OSError/ValueError on failure."""
     request = {"model": model, "messages": [{"role": "user", "content": message}],
                "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
     if seed is not None:
         request["seed"] = seed
+    if template_vars:
+        request["chat_template_kwargs"] = template_vars
     body = json.dumps(request).encode()
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -43,18 +50,18 @@ def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: fl
 def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
                   max_memory_tokens: int, max_final_tokens: int, temperature: float,
                   top_p: float, api_key: str | None, timeout: float = 300.0,
-                  seed: int | None = None,
+                  seed: int | None = None, thinking: str = "keep",
                   on_turn: Callable[[int, str, str], None] | None = None) -> dict:
     """Runs every turn; returns `run_record`'s record (the local engine's keys; a turn's
     response_tokens from the server's usage, None without it). tokenizer: the one that cut
-    the sample (decodes its chunks).
+    the sample (decodes its chunks). thinking: `MemAgentConfig.thinking`.
     seed: turn k (from 1) asks the server for seed + k (None: no seed). on_turn(turn number,
     kind, reply) after each turn. A failed request raises a UserError naming the turn."""
     turns = memory_turns([tokenizer.decode(c) for c in sample.chunks], INITIAL_MEMORY)
-    records, reply, number = [], None, 0
+    records, new_memory, reply, number = [], None, None, 0
     while True:
         try:
-            kind, memory, chunk = turns.send(reply)
+            kind, memory, chunk = turns.send(new_memory)
         except StopIteration:
             break
         number += 1
@@ -64,7 +71,8 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
         try:
             choice = chat(url, model, message, max_tokens=cap, temperature=temperature,
                           top_p=top_p, api_key=api_key, timeout=timeout,
-                          seed=None if seed is None else (seed + number) & 0x7FFFFFFF)
+                          seed=None if seed is None else (seed + number) & 0x7FFFFFFF,
+                          template_vars=template_kwargs(thinking))
             reply = choice["message"]["content"] or ""
         except urllib.error.HTTPError as e:
             raise UserError(f"{url}: turn {number} ({kind}): server answered HTTP {e.code} "
@@ -72,8 +80,12 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
             raise UserError(f"{url}: turn {number} ({kind}): request failed "
                             f"({type(e).__name__}: {e})") from None
+        new_memory = None
+        if kind == "update":
+            new_memory = strip_thinking_text(reply) if thinking == "strip" else reply
         if on_turn is not None:
             on_turn(number, kind, reply)
-        records.append({"kind": kind, "reply": reply, "finish_reason": choice.get("finish_reason"),
+        records.append({"kind": kind, "reply": reply, "memory": new_memory,
+                        "finish_reason": choice.get("finish_reason"),
                         "response_tokens": (choice.get("usage") or {}).get("completion_tokens")})
     return run_record(sample.problem, final_answer(reply), records)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 
 from memagent_jax.errors import UserError
+from memagent_jax.rollout.thinking import template_kwargs
 
 INITIAL_MEMORY = "No previous memory"
 
@@ -62,16 +63,21 @@ def final_prompt(problem: str, memory: str) -> str:
     return FINAL_TEMPLATE.format(problem=problem, memory=memory)
 
 
-def chat_prompt_ids(tokenizer, user_message: str) -> list[int]:
-    """The message as one user turn of the tokenizer's chat template, ready for generation."""
-    return chat_ids(tokenizer, [{"role": "user", "content": user_message}])
+def chat_prompt_ids(tokenizer, user_message: str, thinking: str = "keep") -> list[int]:
+    """The message as one user turn of the tokenizer's chat template, ready for generation
+    (`thinking`: the `memagent.thinking` setting; off renders with enable_thinking=False)."""
+    return chat_ids(tokenizer, [{"role": "user", "content": user_message}],
+                    **template_kwargs(thinking))
 
 
-def chat_ids(tokenizer, messages: list[dict]) -> list[int]:
+def chat_ids(tokenizer, messages: list[dict], **template_vars) -> list[int]:
     """A conversation ({"role", "content"} messages) through the tokenizer's chat template,
-    with the generation prompt: the ids the model continues (`serve`'s chat completions)."""
+    with the generation prompt: the ids the model continues (`serve`'s chat completions).
+    template_vars: the template's extra variables (a request's `chat_template_kwargs`, e.g.
+    enable_thinking)."""
     _require_chat_template(tokenizer)
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
+                                        **template_vars)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return an encoding
         ids = ids["input_ids"]
     return list(ids)
@@ -90,12 +96,14 @@ class TokenPrompts:
     """The two prompts as token ids for one tokenizer (module docstring). `update(problem,
     memory, chunk)` and `final(problem, memory)` take token id sequences; `initial_memory` is
     "No previous memory" tokenized; `update_overhead` the update prompt's own tokens (chat
-    markup and template text)."""
+    markup and template text). thinking: the `memagent.thinking` setting (off: the template
+    rendered with enable_thinking=False)."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, thinking: str = "keep"):
         _require_chat_template(tokenizer)
         wrapper = tokenizer.apply_chat_template([{"role": "user", "content": "{message}"}],
-                                                tokenize=False, add_generation_prompt=True)
+                                                tokenize=False, add_generation_prompt=True,
+                                                **template_kwargs(thinking))
         self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
         self._update = self._pieces(wrapper, update_prompt("{problem}", "{memory}", "{chunk}"))
         self._final = self._pieces(wrapper, final_prompt("{problem}", "{memory}"))

@@ -3,8 +3,9 @@
 `parse_chat(body)` and `parse_completion(body)` turn a decoded JSON body into a `Generation`
 or raise `APIError`, which carries the HTTP status and OpenAI's error object
 (`{"error": {"message", "type", "param", "code"}}`, `param` naming the field at fault). Fields
-follow OpenAI's API reference; `top_k`, `ignore_eos` and `return_tokens_as_token_ids` are
-vLLM's extensions.
+follow OpenAI's API reference; `top_k`, `ignore_eos`, `return_tokens_as_token_ids` and
+`chat_template_kwargs` (the chat template's extra variables, e.g. Qwen3's
+`{"enable_thinking": false}`) are vLLM's extensions.
 Sampling features the engine does not have (penalties, logit bias, tools, JSON mode, echo,
 best_of) are refused with a 400 rather than silently ignored; unknown fields are ignored, as
 vLLM does, so clients that send extras keep working.
@@ -41,7 +42,8 @@ class Generation:
     completions: one or more prompts, each a str or a list of token ids (one choice group of n
     per prompt). max_tokens None: whatever the engine's length leaves. seed None: a fresh one.
     top_logprobs: alternatives per token (0: none); logprobs: whether to return them at all.
-    ignore_eos: generate max_tokens whatever the model's EOS (benchmarks)."""
+    ignore_eos: generate max_tokens whatever the model's EOS (benchmarks). template_vars
+    (chat): the request's chat_template_kwargs, passed to the chat template."""
     kind: Literal["chat", "completion"]
     model: str
     prompts: tuple
@@ -58,6 +60,7 @@ class Generation:
     include_usage: bool = False
     tokens_as_ids: bool = False
     ignore_eos: bool = False
+    template_vars: dict = dataclasses.field(default_factory=dict)
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -84,8 +87,14 @@ def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
     response_format = body.get("response_format")
     if response_format not in (None, {"type": "text"}):
         raise bad("only response_format {'type': 'text'} is supported", "response_format")
+    template_vars = body.get("chat_template_kwargs")
+    if template_vars is None:
+        template_vars = {}
+    if not isinstance(template_vars, dict):
+        raise bad(f"'chat_template_kwargs' must be an object, got {template_vars!r}",
+                  "chat_template_kwargs")
     return Generation("chat", _model(body), (checked,), max_tokens, logprobs=logprobs,
-                      top_logprobs=top, **_common(body))
+                      top_logprobs=top, template_vars=template_vars, **_common(body))
 
 
 def parse_completion(body: Any, max_top_logprobs: int, vocab_size: int) -> Generation:

@@ -71,10 +71,14 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
     tokenizer = served.tokenizer
     if gen.kind == "chat":
         try:
-            prompts = [await served.encode(lambda: chat_ids(tokenizer, list(gen.prompts[0])))]
+            prompts = [await served.encode(lambda: chat_ids(tokenizer, list(gen.prompts[0]),
+                                                            **gen.template_vars))]
         except UserError as e:
             raise bad(str(e), "messages") from None
         except Exception as e:  # a template that rejects the conversation (role order, ...)
+            if gen.template_vars:  # or the variables (a name apply_chat_template takes itself)
+                raise bad(f"the chat template rejected the messages or chat_template_kwargs: "
+                          f"{e}", "messages") from None
             raise bad(f"the chat template rejected the messages: {e}", "messages") from None
     else:
         prompts = [list(p) if isinstance(p, list) else

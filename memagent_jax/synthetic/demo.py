@@ -81,13 +81,13 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
         chunk = first_token(words, fact.text.split()) // config.chunk_tokens + 1
         print(f"  fact in chunk {chunk:>5}: {fact.text}" + ("   <- needed" if fact.needed else ""))
     print("memory, at the turns where it changed:")
-    changes = [(i, t.reply) for i, t in enumerate(trajectory.turns[:-1])
-               if i == 0 or t.reply != trajectory.turns[i - 1].reply]
+    memories = trajectory.memories
+    changes = [(i, m) for i, m in enumerate(memories) if i == 0 or m != memories[i - 1]]
     for i, memory in changes[:show]:
         print(f"  after chunk {i + 1:>5}: {abbreviate(memory)}")
     if len(changes) > show:
         print(f"  ... {len(changes) - show} more changes; after the last chunk: "
-              f"{abbreviate(trajectory.turns[-2].reply)}")
+              f"{abbreviate(memories[-1])}")
     answer = (trajectory.answer or "").strip()  # the boxed text as the model spaced it
     correct = answer == document.answer
     print(f"answer: {answer}   truth: {document.answer}   "

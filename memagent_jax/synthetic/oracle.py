@@ -51,8 +51,9 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
         kind, previous, chunk = workflow.send(memory)
         prompt = (prompts.update(sample.problem_ids, previous, chunk) if kind == "update"
                   else prompts.final(sample.problem_ids, previous))
+        text = tokenizer.decode(reply)
         trajectory.turns.append(Turn(kind, prompt, [*reply, end], [0.0] * (len(reply) + 1),
-                                     "stop", tokenizer.decode(reply)))
+                                     "stop", text, text if kind == "update" else None))
         memory = reply
     trajectory.answer = example.ground_truths[0]
     return trajectory
@@ -108,9 +109,10 @@ def memory_ids(agent: MemoryAgent, memory: str) -> list[int]:
 def update_turn(agent: MemoryAgent, question: str, problem, memory: list[int], chunk,
                 reply: list[int]) -> Trajectory:
     """A trajectory of one update turn of `agent`: `reply` to (problem, memory, chunk)."""
+    text = agent.tokenizer.decode(reply[:-1])
     return Trajectory(question, [Turn(
         "update", agent.prompts.update(problem, memory, chunk), reply, [0.0] * len(reply),
-        "stop", agent.tokenizer.decode(reply[:-1]))])
+        "stop", text, text)])
 
 
 def end_token(agent: MemoryAgent) -> int:

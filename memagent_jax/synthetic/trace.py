@@ -176,7 +176,7 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     for index, ((trajectory,), document, sample) in enumerate(zip(groups, documents, samples)):
         traces.append(trace_document(
             index, document, [agent.tokenizer.decode(c) for c in sample.chunks],
-            [turn.reply for turn in trajectory.turns[:-1]], (trajectory.answer or "").strip(),
+            trajectory.memories, (trajectory.answer or "").strip(),
             config.chunk_tokens))
         print(describe(traces[-1]))
     for line in summarize(traces, config.chunk_tokens):

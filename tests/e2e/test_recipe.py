@@ -56,7 +56,7 @@ def test_the_dapo_config_runs_dapo_through_the_memory_loop(tmp_path):
     budgets = json.loads((out / "checkpoints" / "model" / "hf_files" / "memagent.json")
                          .read_text())
     assert budgets == {"chunk_tokens": 256, "max_memory_tokens": 40, "max_final_tokens": 20,
-                       "max_problem_tokens": 16}
+                       "max_problem_tokens": 16, "thinking": "keep"}
 
 
 @pytest.mark.slow

@@ -31,9 +31,10 @@ def doc(tmp_path):
 
 class _ChatServer:
     """A stand-in OpenAI-compatible server on 127.0.0.1 that records every request.
-    fail_on / slow_on: the 1-based request number answered with HTTP 500 / after a delay."""
+    fail_on / slow_on: the 1-based request number answered with HTTP 500 / after a delay.
+    think: each reply thinks first (THOUGHT, FINAL_THOUGHT)."""
 
-    def __init__(self, fail_on=None, slow_on=None):
+    def __init__(self, fail_on=None, slow_on=None, think=False):
         self.requests = []
         server = self
 
@@ -51,6 +52,8 @@ class _ChatServer:
                 final = body["messages"][0]["content"].startswith(
                     "You are presented with a problem and a previous memory")
                 content = "so \\boxed{Paris}" if final else f"memory {number}"
+                if think:
+                    content = FINAL_THOUGHT if final else THOUGHT.format(number)
                 payload = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -98,6 +101,50 @@ def test_url_mode_sends_exactly_the_expected_prompts(model_dir, doc, capsys, mon
     assert (first["body"]["temperature"], first["body"]["top_p"]) == (0.7, 0.95)
     assert server.requests[-1]["body"]["max_tokens"] == 16
     assert capsys.readouterr().out.strip().splitlines()[-1] == "Paris"
+
+
+THOUGHT = "<think>\nmemory {0}? no, </think> not yet</think>\n\nmemory {0}\n"
+FINAL_THOUGHT = "<think>\\boxed{Rome}</think>\n\nso \\boxed{Paris}"
+
+
+@pytest.mark.parametrize("thinking", ["keep", "strip", "off"])
+def test_url_mode_thinking(model_dir, doc, capsys, thinking):
+    """run --url --thinking: strip carries what follows a reply's last </think> (stripped);
+    keep and off the whole reply; off asks the server for enable_thinking false in every
+    request (vLLM's chat_template_kwargs). The turns' replies are whole and the answer is the
+    final reply's after its last </think> in all three."""
+    server = _ChatServer(think=True)
+    try:
+        assert _run_url(server, model_dir, doc, "--thinking", thinking, "--json") == 0
+    finally:
+        server.close()
+    record = json.loads(capsys.readouterr().out)
+    replies = [THOUGHT.format(n) for n in (1, 2, 3)]
+    memories = [f"memory {n}" for n in (1, 2, 3)] if thinking == "strip" else replies
+    assert record["memories"] == memories
+    assert [t["reply"] for t in record["turns"]] == replies + [FINAL_THOUGHT]
+    assert record["answer"] == "Paris"
+    tokenizer = load_tokenizer(model_dir)
+    ids = tokenizer(open(doc).read(), add_special_tokens=False)["input_ids"]
+    chunks = [tokenizer.decode(ids[i:i + 20]) for i in range(0, 50, 20)]
+    expected = [update_prompt("what is the answer", m, c)
+                for m, c in zip(["No previous memory"] + memories, chunks)]
+    expected.append(final_prompt("what is the answer", memories[-1]))
+    bodies = [r["body"] for r in server.requests]
+    assert [b["messages"][0]["content"] for b in bodies] == expected
+    kwargs = [{"enable_thinking": False}] * 4 if thinking == "off" else [None] * 4
+    assert [b.get("chat_template_kwargs") for b in bodies] == kwargs
+
+
+def test_local_run_thinking_strip(model_dir, doc, capsys):
+    """`run --thinking strip` on the local engine: the record's memories are the turns'
+    memories (a random model writes no </think>: its replies whole)."""
+    assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
+                 "--chunk-tokens", "20", "--max-memory-tokens", "4", "--max-final-tokens", "4",
+                 "--temperature", "0", "--thinking", "strip", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["memories"] == [t["memory"] for t in record["turns"][:3]]
+    assert record["memories"] == [t["reply"] for t in record["turns"][:3]]
 
 
 @pytest.mark.parametrize("fault,extra,message", [
