@@ -230,7 +230,7 @@ def test_the_readme_model_runs_and_generates_text(tmp_path, capsys):
     ("run", ["document tokens per turn (default: the model's memagent.json, else 5000)",
              "(default: the model's, else 1024)", "(default: 0.7)", "(default: 0.95)"]),
     ("generate", ["tokens per completion (default: 256)", "1: off (default: 1.0)"]),
-    ("random-model", ["qwen2.5-72b (default: tiny)"]),
+    ("random-model", ["qwen3-32b (default: tiny)"]),
 ])
 def test_help_shows_the_defaults(capsys, command, shown):
     with pytest.raises(SystemExit):
