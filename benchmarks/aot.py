@@ -23,7 +23,8 @@ them).
     python benchmarks/aot.py --config configs/train/qwen2.5-7b_tpu_v5p.yaml --topology v5p:2x4x4
     python benchmarks/aot.py --config configs/train/qwen2.5-7b_gpu8.yaml --hbm-gb 80
     (key=value overrides as `train` takes them; --preset picks the model shape when the
-    config's model.path is not on this machine; --programs learner|engine compiles half)
+    config's model.path is not on this machine, by default the preset the path names;
+    --programs learner|engine compiles half)
 """
 
 from __future__ import annotations
@@ -42,8 +43,9 @@ def main() -> None:
     parser.add_argument("--config", required=True)
     parser.add_argument("--topology", help="a TPU topology, e.g. v5p:2x4x4 (needs libtpu)")
     parser.add_argument("--devices", type=int, default=8, help="simulated CPU devices")
-    parser.add_argument("--preset", default="qwen2.5-7b",
-                        help="the model shape, when model.path is not on this machine")
+    parser.add_argument("--preset", default=None,
+                        help="the model shape, when model.path is not on this machine (default: "
+                             "the preset model.path's last component names, else qwen2.5-7b)")
     parser.add_argument("--hbm-gb", type=float, default=None,
                         help="the chip's memory (default: 95 for TPU v5p, else 80)")
     parser.add_argument("--template-tokens", type=int, default=256,
@@ -58,7 +60,7 @@ def main() -> None:
 
     import jax
 
-    from memagent_jax.models import make_mesh, preset_config, read_config
+    from memagent_jax.models import make_mesh
     from memagent_jax.models.loading import abstract_params, build_model
     from memagent_jax.rl.config import load_train_config
     from memagent_jax.rl.learner import Learner
@@ -75,8 +77,7 @@ def main() -> None:
     hbm = args.hbm_gb or (95.0 if args.topology and "v5p" in args.topology else 80.0)
     mesh = make_mesh(config.mesh, devices=devices)
     m = config.model
-    shape = (read_config(m.path) if m.path and os.path.isdir(m.path)
-             else preset_config(args.preset))
+    shape = flop_model.model_shape(m, args.preset)
     shape = shape.replace(dtype=m.param_dtype or "float32")
     compute = m.compute_dtype or "bfloat16"
     model = build_model(shape, abstract_params(shape, mesh), dtype=compute,
@@ -100,7 +101,9 @@ def main() -> None:
     print(f"# {platform.machine()}, jax {jax.__version__}; devices: "
           f"{args.topology or f'{len(devices)} simulated CPU'} ({devices[0].device_kind}); "
           f"mesh {dict(mesh.shape)}; "
-          f"model {m.path if m.path and os.path.isdir(m.path) else args.preset} "
+          f"model {m.path} ({shape.model_type}, {shape.num_layers} layers, hidden "
+          f"{shape.hidden_size}, {shape.num_heads}/{shape.num_kv_heads} heads of "
+          f"{shape.head_dim}{', tied head' if shape.tie_word_embeddings else ''}) "
           f"params {shape.dtype}, compute {compute}, attention {m.attention}; "
           f"micro-batch {rows} x {length}, slots {config.engine.slots}, "
           f"max_len {engine.config.max_len}; chip memory {hbm:g} GB")

@@ -15,6 +15,7 @@ tokens) and positions through the LM head; `forward` and `train` turn it into FL
 from __future__ import annotations
 
 import dataclasses
+import os
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +39,26 @@ class Work:
 def row(length: int, head: int) -> Work:
     """One row of `length` tokens whose LM head runs on `head` positions."""
     return Work(length, float(length) * length, head)
+
+
+def model_shape(model, preset: str | None = None):
+    """The ModelConfig a train config's `model` section names: its model.path's config.json
+    where that directory is on this machine; else `preset` (a command's --preset),
+    model.preset, or the preset the path's last component spells (~/ckpt/qwen3-4b and
+    ~/models/Qwen3-4B-Instruct-2507: qwen3-4b); else Qwen2.5-7B (the first configs' model)."""
+    from memagent_jax.models import preset_config, read_config
+    from memagent_jax.models.presets import PRESETS
+    path = os.path.expanduser(model.path) if model.path else None
+    if path and os.path.isdir(path):
+        return read_config(path)
+    name = preset or getattr(model, "preset", None)
+    if name is None and path:
+        base = os.path.basename(os.path.normpath(path)).lower()
+        for suffix in ("-instruct-2507", "-instruct", "-base", ""):
+            if base.endswith(suffix) and base[:len(base) - len(suffix)] in PRESETS:
+                name = base[:len(base) - len(suffix)]
+                break
+    return preset_config(name or "qwen2.5-7b")
 
 
 def batch(rows: int, length: int, head: int) -> Work:

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import sys
 from collections.abc import Callable
 
@@ -41,7 +40,7 @@ import memagent_rows
 import numpy as np
 
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models import ModelConfig, preset_config, read_config
+from memagent_jax.models import ModelConfig
 from memagent_jax.rl.config import TrainConfig, load_train_config
 from memagent_jax.rl.learner import mini_batches
 from memagent_jax.rl.packing import plan_sequences, response_positions
@@ -140,7 +139,7 @@ class Setup:
         return int(np.prod(list(self.axes.values())))
 
 
-def setup(config: TrainConfig, chip: str | None = None, preset: str = "qwen2.5-7b") -> Setup:
+def setup(config: TrainConfig, chip: str | None = None, preset: str | None = None) -> Setup:
     """Raises ConfigError (one line, naming the key) for what the projection cannot read."""
     for axis, size in config.mesh.items():
         if size < 1:
@@ -152,8 +151,7 @@ def setup(config: TrainConfig, chip: str | None = None, preset: str = "qwen2.5-7
         raise ConfigError("model.attention", f"{config.model.attention!r} names no target chip "
                                              f"({targets}); give --chip")
     m = config.model
-    shape = (read_config(m.path) if m.path and os.path.isdir(m.path)
-             else preset_config(m.preset or preset))
+    shape = flop_model.model_shape(m, preset)
     budgets = config.memagent
     engine = config.engine.sized_for(budgets.chunk_tokens + budgets.max_memory_tokens
                                      + budgets.max_problem_tokens + budgets.max_final_tokens
@@ -443,8 +441,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chip", choices=sorted(CHIPS),
                         help="the target (default: from model.attention, "
                              f"{', '.join(f'{k}: {v}' for k, v in TARGETS.items())})")
-    parser.add_argument("--preset", default="qwen2.5-7b",
-                        help="the model shape, when model.path is not on this machine")
+    parser.add_argument("--preset", default=None,
+                        help="the model shape, when model.path is not on this machine (default: "
+                             "the preset model.path's last component names, else qwen2.5-7b)")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_args(argv)
     try:

@@ -115,12 +115,12 @@ def task(tmp_path_factory):
                       val_size=2, seed=3)
 
 
-def _small(task, root, mesh):
-    """Overrides that shrink a shipped 7B config to the tiny preset and a needle task, keeping
+def _small(task, root, mesh, preset="tiny"):
+    """Overrides that shrink a shipped config to a tiny preset and a needle task, keeping
     everything else (bf16 compute over float32 master weights, KL, per-rank loss weighting
     over 32 ranks, 16 mini-batches, warm-up, remat, validation n=4)."""
     return [
-        "model.path=null", "model.preset=tiny", f"model.tokenizer={task['tokenizer']}",
+        "model.path=null", f"model.preset={preset}", f"model.tokenizer={task['tokenizer']}",
         "model.attention=xla", f"mesh={mesh}", f"data.train=[{task['train']}]",
         f"data.val={task['val']}", "validation.size=2", "validation.every=2",
         "memagent.chunk_tokens=32", "memagent.max_memory_tokens=12",
@@ -133,19 +133,22 @@ def _small(task, root, mesh):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, mesh", [
-    ("qwen2.5-7b_gpu8.yaml", "{data: 2, fsdp: 2, tensor: 2}"),
-    ("qwen2.5-7b_tpu_v5p.yaml", "{data: 2, fsdp: 4, tensor: 1}"),
+@pytest.mark.parametrize("name, mesh, preset", [
+    ("qwen2.5-7b_gpu8.yaml", "{data: 2, fsdp: 2, tensor: 2}", "tiny"),
+    ("qwen2.5-7b_tpu_v5p.yaml", "{data: 2, fsdp: 4, tensor: 1}", "tiny"),
+    # Its own mesh (tensor 4 over tiny-qwen3's 4 query heads; its 2 KV heads replicated), with
+    # the head norms; the TPU config's 4B mesh (data 4 x tensor 4) needs 16 devices.
+    ("qwen3-4b_gpu8.yaml", "{data: 2, fsdp: 1, tensor: 4}", "tiny-qwen3"),
 ])
-def test_shipped_7b_configs_train_in_bf16_compute(name, mesh, task, tmp_path):
-    """The shipped 7B configs, tiny preset substituted, run two steps end to end: master
+def test_shipped_configs_train_in_bf16_compute(name, mesh, preset, task, tmp_path):
+    """The shipped 7B and 4B configs, a tiny preset substituted, run two steps end to end: master
     weights and checkpoints in float32, the engine decoding a bf16 copy, the first training
     step at lr 0 (warm-up counted in training steps), the second at lr / 20, and the
     rollout-vs-learner mismatch in TensorBoard non-zero."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config = load_train_config(os.path.join(ROOT, "configs", "train", name),
-                               _small(task, tmp_path, mesh))
+                               _small(task, tmp_path, mesh, preset))
     assert (config.model.param_dtype, config.model.compute_dtype) == ("float32", "bfloat16")
     trainer = Trainer(config)
     engine = trainer.agent.scheduler.engine

@@ -1,5 +1,6 @@
-"""benchmarks/step_projection.py: the RL step's time on paper for the 7B configs, its update
-FLOPs against a hand count, and a config it cannot read refused in one line naming the key."""
+"""benchmarks/step_projection.py: the RL step's time on paper for the 7B and Qwen3-4B configs,
+its update FLOPs against a hand count, and a config it cannot read refused in one line naming
+the key."""
 
 import dataclasses
 import os
@@ -17,14 +18,21 @@ from memagent_jax.rl.config import load_train_config
 
 GPU8 = os.path.join(ROOT, "configs/train/qwen2.5-7b_gpu8.yaml")
 TPU = os.path.join(ROOT, "configs/train/qwen2.5-7b_tpu_v5p.yaml")
+QWEN3_GPU8 = os.path.join(ROOT, "configs/train/qwen3-4b_gpu8.yaml")
+QWEN3_TPU = os.path.join(ROOT, "configs/train/qwen3-4b_tpu_v5p.yaml")
+QWEN2_7B = "model: 28 layers, hidden 3584, 28/4 heads"
+QWEN3_4B = "model: 36 layers, hidden 2560, 32/8 heads"  # the preset its model.path names
 
 
-@pytest.mark.parametrize("path, target", [(GPU8, "8 x NVIDIA H100"), (TPU, "32 x TPU v5p")],
-                         ids=["gpu8", "tpu_v5p"])
-def test_both_7b_configs_project_a_step_beside_the_original(path, target, capsys):
+@pytest.mark.parametrize("path, target, model", [
+    (GPU8, "8 x NVIDIA H100", QWEN2_7B), (TPU, "32 x TPU v5p", QWEN2_7B),
+    (QWEN3_GPU8, "8 x NVIDIA H100", QWEN3_4B), (QWEN3_TPU, "16 x TPU v5p", QWEN3_4B)],
+    ids=["gpu8", "tpu_v5p", "qwen3-4b_gpu8", "qwen3-4b_tpu_v5p"])
+def test_the_7b_and_4b_configs_project_a_step_beside_the_original(path, target, model, capsys):
     step_projection.main(["--config", path])
     out = capsys.readouterr().out
     assert target in out.splitlines()[0]
+    assert out.splitlines()[1].startswith(model)
     for line in ("rollout: ", "  update 1 ", "  final ", "old log-probs (forward)",
                  "KL reference (forward)", "train (forward + backward)", "step: ",
                  "original (BytedTsinghua-SIA/MemAgent #31): ~2400 s a step, ~2100 s"):

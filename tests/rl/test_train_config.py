@@ -54,11 +54,14 @@ def no_device_work(monkeypatch):
     monkeypatch.setattr(Trainer, "_build", forbidden)
 
 
-@pytest.mark.parametrize("name", ["tiny_cpu.yaml", "qwen2.5-7b_gpu8.yaml",
-                                  "qwen2.5-7b_tpu_v5p.yaml"])
+DEVICES = {"tiny_cpu.yaml": 1, "qwen2.5-7b_gpu8.yaml": 8, "qwen2.5-7b_tpu_v5p.yaml": 32,
+           "qwen3-4b_gpu8.yaml": 8, "qwen3-4b_tpu_v5p.yaml": 16}
+
+
+@pytest.mark.parametrize("name", list(DEVICES))
 def test_shipped_configs_load_and_validate(name):
     config = load_train_config(os.path.join(CONFIGS, "train", name))
-    if name.startswith("qwen2.5-7b"):  # the original's (docs/algorithm.md section 3)
+    if name != "tiny_cpu.yaml":  # the original's (docs/algorithm.md section 3)
         assert (config.prompts_per_step, config.rollout.n) == (128, 16)
         assert config.learner.mini_batches == 16 and config.learner.ppo_epochs == 1
         assert (config.learner.lr, config.learner.warmup_steps) == (1e-6, 20)
@@ -79,7 +82,7 @@ def test_shipped_configs_load_and_validate(name):
         assert (config.memagent.chunk_tokens, config.memagent.max_memory_tokens,
                 config.memagent.max_final_tokens, config.memagent.max_chunks) == (5000, 1024,
                                                                                    1024, 8)
-    devices = {"tiny_cpu.yaml": 1, "qwen2.5-7b_gpu8.yaml": 8, "qwen2.5-7b_tpu_v5p.yaml": 32}[name]
+    devices = DEVICES[name]
     axes = check_devices(config, devices)
     assert axes["data"] * axes["fsdp"] * axes["tensor"] == devices
 
