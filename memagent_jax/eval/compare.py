@@ -32,16 +32,19 @@ def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 
         centre = (k + z^2 / 2) / (n + z^2)
         half   = z / (n + z^2) * sqrt(k (n - k) / n + z^2 / 4)
-        (centre - half, centre + half), clipped to [0, 1]
+        (centre - half, centre + half)
 
     (the values of p whose score test |k/n - p| / sqrt(p (1 - p) / n) <= z). Unlike the
-    normal approximation it stays inside [0, 1] and is not empty at k = 0 or k = n."""
+    normal approximation it stays inside [0, 1] and is not empty at k = 0 or k = n, where its
+    lower (upper) end is exactly 0 (1): returned so, not as a rounding's -1e-17."""
     if n <= 0 or not 0 <= k <= n:
         raise ValueError(f"expected 0 <= k <= n and n > 0, got k={k}, n={n}")
     z2 = z * z
     centre = (k + z2 / 2) / (n + z2)
     half = z / (n + z2) * math.sqrt(k * (n - k) / n + z2 / 4)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    low = 0.0 if k == 0 else max(0.0, centre - half)
+    high = 1.0 if k == n else min(1.0, centre + half)
+    return low, high
 
 
 def sign_test(a_only: int, b_only: int) -> float:
