@@ -5,6 +5,8 @@ runner with scripted answers), with its refusals."""
 import json
 import math
 import shutil
+import subprocess
+import sys
 
 import pytest
 
@@ -202,3 +204,12 @@ def test_refusals_of_what_is_not_a_finished_eval(runs, capsys, tmp_path):
     samples.write_text(samples.read_text()[:-20])  # an eval interrupted mid-line
     assert main(["eval-compare", str(log)]) == 2
     assert "its last line is torn" in capsys.readouterr().err
+
+
+def test_the_command_imports_the_standard_library_only():
+    code = ("import sys, memagent_jax.cli, memagent_jax.eval.compare; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'numpy', 'yaml', "
+            "'scipy', 'tqdm'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]"
