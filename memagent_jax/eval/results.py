@@ -39,16 +39,7 @@ class ResultLog:
                 f.truncate(complete)
                 f.flush()
                 os.fsync(f.fileno())
-        for number, line in enumerate(data[:complete].splitlines(), start=1):
-            try:
-                record = json.loads(line)
-                row = record["row"]
-            except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-                raise UserError(f"{self.path} line {number}: not a result line; the file is "
-                                "damaged (move it away to re-run that set)") from None
-            if row in self.records:
-                raise UserError(f"{self.path} line {number}: row {row} appears twice")
-            self.records[row] = record
+        self.records = _parse(data[:complete], self.path)
 
     def append(self, record: dict) -> None:
         """Durably adds one sample's result (record["row"] must be new)."""
@@ -61,6 +52,32 @@ class ResultLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def read_results(path: str) -> dict[int, dict]:
+    """The per-sample results of a finished log, {row: record}, read only (a log whose last
+    line is torn belongs to an unfinished eval: refused, the file left as it is)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data and not data.endswith(b"\n"):
+        raise UserError(f"{path}: its last line is torn (an interrupted eval; run it again to "
+                        "finish)")
+    return _parse(data, path)
+
+
+def _parse(data: bytes, path: str) -> dict[int, dict]:
+    records: dict[int, dict] = {}
+    for number, line in enumerate(data.splitlines(), start=1):
+        try:
+            record = json.loads(line)
+            row = record["row"]
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+            raise UserError(f"{path} line {number}: not a result line; the file is "
+                            "damaged (move it away to re-run that set)") from None
+        if row in records:
+            raise UserError(f"{path} line {number}: row {row} appears twice")
+        records[row] = record
+    return records
 
 
 class OutputDir:
