@@ -54,7 +54,7 @@ def model_shape(model, preset: str | None = None):
     name = preset or getattr(model, "preset", None)
     if name is None and path:
         base = os.path.basename(os.path.normpath(path)).lower()
-        for suffix in ("-instruct-2507", "-instruct", "-base", ""):
+        for suffix in ("-instruct-2507", "-thinking-2507", "-instruct", "-base", ""):
             if base.endswith(suffix) and base[:len(base) - len(suffix)] in PRESETS:
                 name = base[:len(base) - len(suffix)]
                 break

@@ -5,7 +5,7 @@ MemAgent reads a document chunk by chunk with a fixed-size prompt per chunk (tem
 token should not grow from 16K to 1M tokens (goal: long / short <= 1.1). This script measures
 that, and the speed against a straightforward `transformers` implementation of the same loop.
 
-- Model: a random-weight Qwen (`tests.hf_reference.write_hf_model`, default hidden 128, 2
+- Model: a random-weight Qwen2 (`tests.hf_reference.write_hf_model`, default hidden 128, 2
   layers, float32) and the word-level test tokenizer (`write_tiny_tokenizer`, every word one
   token, a chat template), written to one directory. Documents are random vocabulary words.
   This model does emit EOS in some turns, so by default neither side stops at it: every turn
@@ -221,7 +221,7 @@ def main() -> None:
     print(machine())
     sized = EngineConfig().sized_for(required_length(tokenizer, config))
     max_len, buckets = sized.max_len, sized.buckets()
-    print(f"model: Qwen hidden {args.hidden}, {args.layers} layers, {args.heads}/"
+    print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/"
           f"{args.kv_heads} heads, vocab "
           f"{model.config.vocab_size}, float32, random weights, {args.attention} attention; "
           f"chunk {args.chunk_tokens} tokens, memory cap {args.memory_tokens}, final cap "

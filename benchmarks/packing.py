@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from benchmarks.memagent_rows import describe, turn_lengths
+from memagent_rows import describe, turn_lengths  # beside this script
 from memagent_jax.rl.packing import padded_fraction, plan_sequences, response_positions
 from memagent_jax.rl.rows import default_bucket_lengths
 

@@ -1,7 +1,7 @@
 """`memagent-jax serve` throughput: 64 concurrent clients against one client at a time, beside
 the same comparison for `transformers` served naively.
 
-- Model: a random-weight Qwen (`tests.hf_reference.write_hf_model`, default hidden 256, 4
+- Model: a random-weight Qwen2 (`tests.hf_reference.write_hf_model`, default hidden 256, 4
   layers, vocabulary 4096, float32) with the word-level test tokenizer, in one directory.
 - Requests: `--requests` (64) completions of prompts of token ids, lengths spread evenly from
   16 to 256, each asking `--max-tokens` (32) greedy tokens with `ignore_eos` (vLLM's; every

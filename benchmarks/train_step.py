@@ -18,10 +18,11 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
   counted either);
   utilisation = model FLOP/s / measured matmul FLOP/s;
 - peer (unless --no-torch): the same update written plainly in PyTorch on `transformers`'
-  Qwen2ForCausalLM with the same shapes and random weights: a no-grad forward for the old
-  log-probs, then per micro-batch forward + token log-probs + PPO-clip loss + backward, one
-  torch.optim.AdamW step; on the GPU when torch sees one, float32 parameters (as ours: the
-  learner's master weights) and the forward under autocast to --dtype (as ours computes).
+  Qwen2ForCausalLM (Qwen3ForCausalLM for a Qwen3 preset) with the same shapes and random
+  weights: a no-grad forward for the old log-probs, then per micro-batch forward + token
+  log-probs + PPO-clip loss + backward, one torch.optim.AdamW step; on the GPU when torch
+  sees one, float32 parameters (as ours: the learner's master weights) and the forward under
+  autocast to --dtype (as ours computes).
 
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
@@ -54,7 +55,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.memagent_rows import describe, turn_lengths
+from memagent_rows import describe, turn_lengths  # beside this script
 from memagent_jax.models import preset_config, random_model
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rows import rows_from_trajectories
@@ -171,17 +172,14 @@ def torch_micro_batches(args, rows) -> list[np.ndarray]:
 def bench_torch(config, args, rows) -> float:
     """Seconds per update of the plain PyTorch version (see the module docstring)."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    hf_config = Qwen2Config(
-        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-        intermediate_size=config.intermediate_size, num_hidden_layers=config.num_layers,
-        num_attention_heads=config.num_heads, num_key_value_heads=config.num_kv_heads,
-        tie_word_embeddings=config.tie_word_embeddings, rope_theta=config.rope_theta,
-        max_position_embeddings=4096, attn_implementation="sdpa")
+    # The preset's own architecture (Qwen2ForCausalLM or Qwen3ForCausalLM), as config.json says.
+    hf_config = AutoConfig.for_model(**config.to_hf_dict())
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = Qwen2ForCausalLM(hf_config).to(device, torch.float32).train()
+    model = AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa").to(
+        device, torch.float32).train()
     optimiser = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
     groups = []
     for index in torch_micro_batches(args, rows):  # (tokens, loss mask, advantages), cut

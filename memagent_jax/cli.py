@@ -48,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line: every package's subcommands, in the order --help lists them."""
     parser = argparse.ArgumentParser(
         prog="memagent-jax",
-        description="MemAgent on JAX: Qwen2.5 models, the chunk-memory loop, DAPO training.")
+        description="MemAgent on JAX: Qwen2.5 and Qwen3 models, the chunk-memory loop, DAPO "
+                    "training.")
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     models_command.add_parsers(sub)

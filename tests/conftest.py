@@ -30,7 +30,7 @@ from tests.hf_reference import write_hf_model  # noqa: E402
 
 @pytest.fixture
 def tiny_hf_dir(tmp_path):
-    """An HF directory holding a tiny random Qwen (float32, untied); returns its path."""
+    """An HF directory holding a tiny random Qwen2 (float32, untied); returns its path."""
     return write_hf_model(tmp_path / "hf", seed=0)
 
 

@@ -27,7 +27,7 @@ MESSAGES = [{"role": "user", "content": "hello world the answer is"},
 
 
 def tiny_model_dir(tmp_path_factory) -> str:
-    """A tiny random Qwen (weights seeded SEED) with the word-level tokenizer."""
+    """A tiny random Qwen2 (weights seeded SEED) with the word-level tokenizer."""
     return write_tiny_model(tmp_path_factory.mktemp("serve") / "m", seed=SEED)
 
 

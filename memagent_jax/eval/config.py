@@ -116,12 +116,18 @@ class EvalConfig:
                 or os.path.basename(os.path.normpath(self.model.path)))
 
     def identity(self) -> dict:
-        """The settings a run's results depend on: a resumed run must match them."""
+        """The settings a run's results depend on: a resumed run must match them.
+        `memagent.thinking` is named only when it is not "keep" (full_context reads it too),
+        so runs from before the setting existed resume under its default."""
         method = self.memagent if self.method == "memagent" else self.full_context
+        settings = dataclasses.asdict(method)
+        settings.pop("thinking", None)
+        thinking = self.memagent.thinking
         return {"model.path": (self.model.path or f"preset {self.model.preset}, seed "
                                                   f"{self.model.init_seed}"),
                 "model.compute_dtype": self.model.compute_dtype,
                 "model.param_dtype": self.model.param_dtype,
-                "method": self.method, self.method: dataclasses.asdict(method),
+                "method": self.method, self.method: settings,
                 "sampling": dataclasses.asdict(self.sampling),
+                **({"memagent.thinking": thinking} if thinking != "keep" else {}),
                 **({"model.url": self.model.url} if self.model.url else {})}

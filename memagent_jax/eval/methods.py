@@ -118,7 +118,10 @@ class MemAgentMethod:
 class FullContextMethod:
     def __init__(self, config: EvalConfig, tokenizer):
         self.config, self.tokenizer = config, tokenizer
-        self.overhead = len(chat_prompt_ids(tokenizer, ""))  # chat template + system prompt
+        # A thinking model's switch (memagent.thinking: off renders the one prompt with
+        # enable_thinking=False; the answer is read after </think> whatever the setting).
+        self.thinking = config.memagent.thinking
+        self.overhead = len(chat_prompt_ids(tokenizer, "", self.thinking))  # template, system
         self.max_input: int | None = config.full_context.max_input_tokens
         self.engine, self.params, self.stop_ids = None, None, ()
 
@@ -172,7 +175,7 @@ class FullContextMethod:
                 half = budget // 2
                 cut = self.tokenizer.decode(ids[:half] + ids[len(ids) - half:],
                                             skip_special_tokens=True)
-            prompt = chat_prompt_ids(self.tokenizer, cut)
+            prompt = chat_prompt_ids(self.tokenizer, cut, self.thinking)
             if len(prompt) <= limit:
                 return prompt, len(self.tokenizer(record["context"],
                                                   add_special_tokens=False)["input_ids"])

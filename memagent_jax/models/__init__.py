@@ -1,4 +1,4 @@
-"""Qwen2.5 in Flax NNX and its Hugging Face / Orbax files.
+"""Qwen2.5 and Qwen3 (dense) in Flax NNX and their Hugging Face / Orbax files.
 
 The names below load their module on first use (PEP 562 `__getattr__`): the CLI imports
 `models.command` to build its parser, and importing a submodule runs this file first, so it must

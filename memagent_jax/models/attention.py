@@ -104,8 +104,8 @@ def _block_bounds(ids: jnp.ndarray, block: int) -> tuple[jnp.ndarray, jnp.ndarra
 def default_block(group: int) -> int:
     """Rows and keys per tile for `group` query heads per KV head: a tile's product has group x
     block query rows, and below about 512 of them the per-tile overhead of the loop dominates
-    (docs/log/benchmarks.md, "Prefill attention block size"). Every Qwen2.5 model has 5 to 8
-    query heads per KV head (128-blocks); small test models often 2."""
+    (docs/log/benchmarks.md, "Prefill attention block size"). Qwen2.5 models have 5 to 8
+    query heads per KV head (128-blocks); Qwen3 0.6B-8B 2 to 4 (256), 14B-32B 5 and 8."""
     return 256 if group <= 4 else 128
 
 

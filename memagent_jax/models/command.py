@@ -34,7 +34,8 @@ def add_parsers(sub) -> None:
     p = add_command(sub, "random-model", help="write an HF directory with random weights in a "
                                               "Qwen2.5 or Qwen3 shape, and a word-level tokenizer")
     p.add_argument("--preset", default="tiny",
-                   help="tiny, qwen2.5-0.5b ... qwen2.5-72b, qwen3-0.6b ... qwen3-32b")
+                   help="qwen2.5-0.5b ... qwen2.5-72b, qwen3-0.6b ... qwen3-32b; test shapes: "
+                        "tiny, tiny-qwen3, small")
     p.add_argument("--out", required=True, metavar="HF_DIR")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the stored weights' dtype")

@@ -60,6 +60,11 @@ class ModelConfig:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)  # other config.json keys
     model_type: str = "qwen2"
 
+    def __post_init__(self):
+        if self.model_type not in ARCHITECTURES:
+            raise ValueError(f"model_type must be one of {list(ARCHITECTURES)}, "
+                             f"got {self.model_type!r}")
+
     @property
     def qkv_bias(self) -> bool:
         """Biases on the q, k and v projections (Qwen2)."""
@@ -126,7 +131,10 @@ class ModelConfig:
             num_layers=d["num_hidden_layers"],
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+            # transformers' default where config.json has none: Qwen3Config's 128, Qwen2's
+            # hidden / heads.
+            head_dim=d.get("head_dim") or (128 if model_type == "qwen3"
+                                           else d["hidden_size"] // heads),
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=rope_theta,
             rope_scaling=rope_scaling,

@@ -2,8 +2,8 @@
 
 Parameters name a logical axis per dimension (`logical_axes` in qwen.py); `RULES` maps logical
 axes to mesh axes, as MaxText's logical axis rules do. A dimension that the mesh axis does not
-divide (e.g. 4 KV heads over tensor=8) is replicated instead, so every Qwen2.5 size loads on
-every mesh; the cost is memory, never a wrong result.
+divide (e.g. 4 KV heads over tensor=8) is replicated instead, so every Qwen2.5 and Qwen3
+size loads on every mesh; the cost is memory, never a wrong result.
 """
 
 from __future__ import annotations

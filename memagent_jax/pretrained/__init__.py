@@ -8,7 +8,7 @@ is) plus `memagent.json`, the memory loop's budgets it was trained with (MemAgen
 fields), which `run` and `demo` use unless given others. A directory on disk of the same name
 takes precedence over the shipped model.
 
-`memagent-tiny` is the synthetic recipe's DAPO model (docs/synthetic.md): a Qwen of 128
+`memagent-tiny` is the synthetic recipe's DAPO model (docs/synthetic.md): a Qwen2 of 128
 hidden units and 4 layers over the synthetic tasks' word-level tokenizer, `demo`'s default.
 """
 

@@ -10,9 +10,10 @@ kept for the `lenient_boxed` reward only.
 
 from __future__ import annotations
 
+from memagent_jax.rollout.thinking import THINK_END
+
 _BOXED_SPACE = "\\boxed "
 _BOXED_BRACE = "\\boxed{"
-_THINK_END = "</think>"
 
 
 def _closing_brace(text: str, start: int) -> int | None:
@@ -61,7 +62,7 @@ def final_answer(reply: str) -> str | None:
     the part after the last one (stripped) is searched, or the whole reply if that part is
     empty; the answer is `extract_boxed` of that text, over all of it and with its case."""
     text = reply.strip()
-    after_thinking = text.rpartition(_THINK_END)[2].strip()
+    after_thinking = text.rpartition(THINK_END)[2].strip()
     return extract_boxed(after_thinking or text)
 
 

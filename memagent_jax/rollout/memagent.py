@@ -33,6 +33,7 @@ from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
 from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.rollout.thinking import THINK_END, THINKING_CHOICES, strip_thinking_ids
 from memagent_jax.runconfig import at_least, config_key
+from memagent_jax.tokenizer import unknown_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,7 +216,10 @@ class MemoryAgent:
         # with remove_eos): padding and end-of-text, here also every stop id.
         self.not_memory = frozenset(stop_ids) | {
             t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None}
-        self._think_end = tuple(tokenizer.encode(THINK_END, add_special_tokens=False))
+        think_end = tuple(tokenizer.encode(THINK_END, add_special_tokens=False))
+        # A tokenizer without the token reads it as its unknown id, which would match any
+        # unknown word of a reply: then no reply has thinking to strip.
+        self._think_end = () if unknown_id(tokenizer) in think_end else think_end
         self._blank: dict[int, bool] = {}  # id -> decodes to whitespace only
 
     def memory_ids(self, reply_ids: list[int]) -> list[int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import math
 import time
@@ -66,17 +67,30 @@ class Update:
     finished: bool
 
 
+def _renderer_arguments(tokenizer) -> set[str]:
+    """The named parameters of the tokenizer's `apply_chat_template` (the template itself,
+    truncation, return types, ...), which a request's template variables must not override."""
+    parameters = inspect.signature(tokenizer.apply_chat_template).parameters.values()
+    return {p.name for p in parameters
+            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} | {"chat_template"}
+
+
 async def prepare(served: Served, gen: Generation) -> list[list[int]]:
     """Each prompt's token ids, every one fitting the engine with the requested max_tokens."""
     tokenizer = served.tokenizer
     if gen.kind == "chat":
+        clash = sorted(set(gen.template_vars) & _renderer_arguments(tokenizer))
+        if clash:  # vLLM likewise renders them as the template's variables only
+            raise bad(f"'chat_template_kwargs' may not set {', '.join(clash)}: the chat "
+                      "template renderer's own arguments, not template variables",
+                      "chat_template_kwargs")
         try:
             prompts = [await served.encode(lambda: chat_ids(tokenizer, list(gen.prompts[0]),
                                                             **gen.template_vars))]
         except UserError as e:
             raise bad(str(e), "messages") from None
         except Exception as e:  # a template that rejects the conversation (role order, ...)
-            if gen.template_vars:  # or the variables (a name apply_chat_template takes itself)
+            if gen.template_vars:  # or the variables
                 raise bad(f"the chat template rejected the messages or chat_template_kwargs: "
                           f"{e}", "messages") from None
             raise bad(f"the chat template rejected the messages: {e}", "messages") from None

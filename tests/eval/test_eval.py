@@ -282,6 +282,27 @@ def test_full_context_prompt_is_centre_truncated(model_dir, sets):
     assert "hello world" in tokenizer.decode(full)
 
 
+def test_full_context_reads_thinking_off_and_names_it_in_the_identity(sets, tmp_path):
+    """memagent.thinking: off reaches the baseline's one prompt too (the Qwen3-like template's
+    empty think block at its end), and a run's identity names the setting only when it is not
+    the default, so directories from before the setting resume under keep."""
+    model_dir = write_tiny_model(tmp_path / "m", seed=3, thinking=True)
+    tokenizer = load_tokenizer(model_dir)
+    record = {"context": "hello world", "input": "what is the answer"}
+    prompts, identities = {}, {}
+    for thinking in ("keep", "off"):
+        config = _config(model_dir, sets, "unused", "method=full_context",
+                         f"memagent.thinking={thinking}")
+        method = FullContextMethod(config, tokenizer)
+        method.max_input = 40
+        prompts[thinking] = method.prompt_ids(record)[0]
+        identities[thinking] = config.identity()
+    block = tokenizer.encode("<think> </think>", add_special_tokens=False)
+    assert prompts["off"] == prompts["keep"] + block
+    assert "memagent.thinking" not in identities["keep"]
+    assert identities["off"] == dict(identities["keep"], **{"memagent.thinking": "off"})
+
+
 def _png_ok(path):
     from PIL import Image
     image = np.asarray(Image.open(path).convert("RGB"), dtype=np.int32)

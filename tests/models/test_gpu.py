@@ -6,8 +6,8 @@ attention.
 Run on a GPU machine with `JAX_PLATFORMS=cuda python -m pytest tests/models/test_gpu.py`
 (conftest.py pins the rest of the suite to simulated CPU devices unless JAX_PLATFORMS is set).
 Weights are random bf16 at the Qwen2.5-0.5B widths (head_dim 64, 14 query / 2 key-value heads)
-and the Qwen3-0.6B ones (head norms, head_dim 128, 16 / 8 heads), with 2 layers; bf16 results of two attention kernels differ by rounding, so the bounds are
-relative norms, not equality.
+and the Qwen3-0.6B ones (head norms, head_dim 128, 16 / 8 heads), with 2 layers; bf16 results
+of two attention kernels differ by rounding, so the bounds are relative norms, not equality.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from memagent_jax.rollout.scheduler import Request, complete
 
 pytestmark = pytest.mark.skipif(jax.devices()[0].platform not in ("gpu", "cuda"),
                                 reason="needs a CUDA GPU")
+
 
 @pytest.fixture(params=["qwen2.5-0.5b", "qwen3-0.6b"])
 def config(request):

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from memagent_jax.models import Qwen, preset_config
+from memagent_jax.models.presets import preset_hf_dict
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.qwen import KVCache, param_specs
 
@@ -84,3 +85,11 @@ def test_engine_programs_run_each_layer_on_its_own_weights(program):
     their matmuls grow with depth, 9 per layer (q, k, v, o, gate, up, down, and the two
     attention products)."""
     assert _matmuls(6, program) - _matmuls(2, program) == 4 * 9
+
+
+def test_a_qwen3_config_without_head_dim_reads_transformers_default():
+    """Qwen3Config's head_dim defaults to 128, not hidden / heads (80 for the 4B shape)."""
+    from transformers import Qwen3Config
+
+    d = {k: v for k, v in preset_hf_dict("qwen3-4b").items() if k != "head_dim"}
+    assert ModelConfig.from_hf_dict(d).head_dim == Qwen3Config(**d).head_dim == 128

@@ -136,15 +136,21 @@ def test_url_mode_thinking(model_dir, doc, capsys, thinking):
     assert [b.get("chat_template_kwargs") for b in bodies] == kwargs
 
 
-def test_local_run_thinking_strip(model_dir, doc, capsys):
-    """`run --thinking strip` on the local engine: the record's memories are the turns'
-    memories (a random model writes no </think>: its replies whole)."""
-    assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
-                 "--chunk-tokens", "20", "--max-memory-tokens", "4", "--max-final-tokens", "4",
-                 "--temperature", "0", "--thinking", "strip", "--json"]) == 0
-    record = json.loads(capsys.readouterr().out)
-    assert record["memories"] == [t["memory"] for t in record["turns"][:3]]
-    assert record["memories"] == [t["reply"] for t in record["turns"][:3]]
+def test_local_run_thinking_reaches_the_prompts(tmp_path, doc, capsys):
+    """`run --thinking` on the local engine, with the Qwen3-like tokenizer: off renders every
+    prompt with the template's empty think block, so the same greedy model says something
+    else than under keep; the record's memories are its turns' memories."""
+    model = write_tiny_model(tmp_path / "m", seed=14, thinking=True)
+    records = {}
+    for thinking in ("keep", "off"):
+        assert main(["run", "--model", model, "--doc", doc, "--question", "what is the answer",
+                     "--chunk-tokens", "20", "--max-memory-tokens", "4",
+                     "--max-final-tokens", "4", "--temperature", "0", "--thinking", thinking,
+                     "--json"]) == 0
+        records[thinking] = json.loads(capsys.readouterr().out)
+        assert records[thinking]["memories"] == [t["memory"] for t in
+                                                 records[thinking]["turns"][:3]]
+    assert records["keep"]["memories"] != records["off"]["memories"]
 
 
 @pytest.mark.parametrize("fault,extra,message", [
@@ -230,7 +236,7 @@ def test_the_readme_model_runs_and_generates_text(tmp_path, capsys):
     ("run", ["document tokens per turn (default: the model's memagent.json, else 5000)",
              "(default: the model's, else 1024)", "(default: 0.7)", "(default: 0.95)"]),
     ("generate", ["tokens per completion (default: 256)", "1: off (default: 1.0)"]),
-    ("random-model", ["qwen3-32b (default: tiny)"]),
+    ("random-model", ["tiny, tiny-qwen3, small (default: tiny)"]),
 ])
 def test_help_shows_the_defaults(capsys, command, shown):
     with pytest.raises(SystemExit):

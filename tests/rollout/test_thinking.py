@@ -118,6 +118,16 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(plain):
     assert read["keep"][1] == ["hello world", "world the", "the answer"]
 
 
+def test_strip_leaves_a_reply_whole_where_the_tokenizer_has_no_think_end(plain):
+    """Without a `</think>` token the tokenizer reads it with its unknown id (here `<`, unknown,
+    `>`): a reply with an unknown word between those two is not the end of a thought."""
+    agent = MemoryAgent(Scheduler(ScriptedEngine(plain)), plain, _config("strip"), (EOS,))
+    think_end = _ids(plain, "</think>")
+    assert plain.convert_tokens_to_ids("[UNK]") in think_end
+    reply = _ids(plain, "hello world") + think_end + _ids(plain, "memory hello")
+    assert agent.memory_ids(reply) == reply
+
+
 PIECES = ["<think>", "</think>", " ", "\n\n", "a", "b c", "x"]  # a vocabulary of 7 ids
 
 

@@ -56,3 +56,17 @@ def test_chat_template_kwargs_must_be_an_object(client):
     error = e.value.response.json()["error"]
     assert error["param"] == "chat_template_kwargs" and "must be an object" in error["message"]
     assert _chat(client).choices[0].finish_reason in ("stop", "length")  # still serving
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"chat_template": "{{ 'x' }}"}, "chat_template"),
+    ({"max_length": 2, "truncation": True}, "max_length, truncation"),
+    ({"return_tensors": "np", "enable_thinking": False}, "return_tensors"),
+])
+def test_chat_template_kwargs_may_not_set_the_renderers_arguments(client, kwargs, named):
+    """Only template variables: a key that apply_chat_template itself takes (another template,
+    truncation, a return type) would change the prompt behind the request's back."""
+    with pytest.raises(openai.BadRequestError) as e:
+        _chat(client, chat_template_kwargs=kwargs)
+    error = e.value.response.json()["error"]
+    assert error["param"] == "chat_template_kwargs" and f"may not set {named}" in error["message"]
