@@ -98,12 +98,16 @@ class Attention(nnx.Module):
     def __init__(self, config: ModelConfig, dtype, param_dtype, rngs: nnx.Rngs):
         d, hq, hkv, k = config.hidden_size, config.num_heads, config.num_kv_heads, config.head_dim
         self.config, self.dtype = config, dtype
+        # Drawn kernel, bias, kernel, bias, ...: the order random_model's seeds always drew
+        # them in (the synthetic recipe starts from such weights).
         self.q_kernel = _random(rngs, (d, hq, k), ("embed", "heads", None), param_dtype)
-        self.k_kernel = _random(rngs, (d, hkv, k), ("embed", "kv_heads", None), param_dtype)
-        self.v_kernel = _random(rngs, (d, hkv, k), ("embed", "kv_heads", None), param_dtype)
         if config.qkv_bias:
             self.q_bias = _random(rngs, (hq, k), ("heads", None), param_dtype)
+        self.k_kernel = _random(rngs, (d, hkv, k), ("embed", "kv_heads", None), param_dtype)
+        if config.qkv_bias:
             self.k_bias = _random(rngs, (hkv, k), ("kv_heads", None), param_dtype)
+        self.v_kernel = _random(rngs, (d, hkv, k), ("embed", "kv_heads", None), param_dtype)
+        if config.qkv_bias:
             self.v_bias = _random(rngs, (hkv, k), ("kv_heads", None), param_dtype)
         if config.qk_norm:
             self.q_norm = _ones((k,), param_dtype)
