@@ -42,7 +42,7 @@ def test_the_recipe_is_a_chain_of_numbered_steps():
     """Each step starts from the previous step's last checkpoint, and names at most the
     previous step as its base."""
     import yaml
-    steps = sorted(f for f in FILES if f.startswith("synthetic"))
+    steps = sorted(f for f in FILES if os.path.dirname(f) == "synthetic")
     assert [os.path.basename(f)[:2] for f in steps] == [f"{i:02d}" for i in range(len(steps))]
     for previous, step in zip(steps, steps[1:]):
         with open(os.path.join(CONFIGS, step)) as f:
@@ -51,3 +51,17 @@ def test_the_recipe_is_a_chain_of_numbered_steps():
         before = load_train_config(os.path.join(CONFIGS, previous))
         after = load_train_config(os.path.join(CONFIGS, step))
         assert after.model.path == f"{before.checkpoint_dir}/{before.steps}", step
+
+
+@pytest.mark.parametrize("name", [f for f in FILES if f.startswith(os.path.join("synthetic",
+                                                                               "arms"))])
+def test_an_arm_branches_off_the_step_it_names(name):
+    """A run beside the chain (synthetic/arms/) starts from the last checkpoint of the step
+    it names as its base."""
+    import yaml
+    with open(os.path.join(CONFIGS, name)) as f:
+        base = yaml.safe_load(f)["base"]
+    step = load_train_config(os.path.normpath(os.path.join(CONFIGS, os.path.dirname(name),
+                                                           base)))
+    assert load_train_config(os.path.join(CONFIGS, name)).model.path == (
+        f"{step.checkpoint_dir}/{step.steps}")
