@@ -1,5 +1,5 @@
 """The shipped agent, `memagent-tiny` (memagent_jax/pretrained; trained by the synthetic recipe,
-docs/synthetic.md): addressed by name, a Qwen that `transformers` loads with our logits, and a
+docs/synthetic.md): addressed by name, a Qwen2 that `transformers` loads with our logits, and a
 memory agent that answers fresh multikey documents of 8K tokens (a seed no training or
 evaluation set of the recipe used)."""
 
