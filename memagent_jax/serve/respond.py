@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -67,12 +68,18 @@ class Update:
     finished: bool
 
 
-def _renderer_arguments(tokenizer) -> set[str]:
+def _renderer_arguments(tokenizer) -> frozenset[str]:
     """The named parameters of the tokenizer's `apply_chat_template` (the template itself,
     truncation, return types, ...), which a request's template variables must not override."""
-    parameters = inspect.signature(tokenizer.apply_chat_template).parameters.values()
-    return {p.name for p in parameters
-            if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)} | {"chat_template"}
+    return _named_parameters(type(tokenizer).apply_chat_template) | {"chat_template"}
+
+
+@functools.lru_cache(maxsize=8)
+def _named_parameters(function) -> frozenset[str]:
+    """Read once per tokenizer class, not per request."""
+    parameters = inspect.signature(function).parameters.values()
+    return frozenset(p.name for p in parameters
+                     if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
 
 
 async def prepare(served: Served, gen: Generation) -> list[list[int]]:
