@@ -23,11 +23,14 @@ def add_parsers(sub) -> None:
     distributed.add_flags(p)
 
     p = add_command(sub, "curves", help="training curves of runs (their TensorBoard scalars), "
-                                        "one after another, as a PNG")
+                                        "one after another or overlaid, as a PNG")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training output directories")
     p.add_argument("--out", required=True, metavar="PNG")
     p.add_argument("--tags", nargs="+", default=list(DEFAULT_TAGS), help="scalars to draw")
     p.add_argument("--names", nargs="+", help="the runs' legend names (default: directories)")
+    p.add_argument("--overlay", action="store_true",
+                   help="draw the runs over each other, each from step 0 (runs that start from "
+                        "one checkpoint, e.g. the arms of an ablation), not one after another")
     p.set_defaults(func=_curves)
 
 
@@ -44,5 +47,5 @@ def _curves(args) -> None:
     check_output_file(args.out)
     if args.names and len(args.names) != len(args.runs):
         raise UserError(f"--names: {len(args.names)} names for {len(args.runs)} runs")
-    plot_curves(args.runs, args.out, tuple(args.tags), args.names)
+    plot_curves(args.runs, args.out, tuple(args.tags), args.names, args.overlay)
     print(f"wrote {args.out}")

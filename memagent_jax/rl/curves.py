@@ -4,7 +4,8 @@ Reads the scalars with TensorBoard's own reader (`EventAccumulator`), so the pic
 what `tensorboard --logdir` shows. Several runs (a recipe's steps: a supervised warm-up, then
 DAPO from its checkpoint) are drawn one after another on a common step axis, each from where
 the previous one ended, with a dashed line where a run starts; a tag a run does not log is
-left out of that run's stretch.
+left out of that run's stretch. With `overlay`, runs that start from one checkpoint (the arms
+of an ablation) are drawn over each other, each from its own step 0.
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ def read_scalars(run: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
-                names: list[str] | None = None) -> None:
-    """One panel per tag, the runs in sequence (module docstring); written to `out` (PNG)."""
+                names: list[str] | None = None, overlay: bool = False) -> None:
+    """One panel per tag, the runs in sequence or overlaid (module docstring); written to
+    `out` (PNG)."""
     with needs("train", "drawing curves"):
         import matplotlib
         matplotlib.use("Agg")
@@ -53,7 +55,7 @@ def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
     offsets, offset = [], 0
     for values in scalars:
         offsets.append(offset)
-        offset += max((step for series in values.values() for step, _ in series), default=0)
+        offset += 0 if overlay else max((step for series in values.values() for step, _ in series), default=0)
     for panel, tag in zip(axes.flat, tags):
         for number, (values, start, name) in enumerate(zip(scalars, offsets, names)):
             series = values.get(tag, [])

@@ -73,6 +73,12 @@ def add_data_parsers(kinds) -> None:
                         "reads)")
     p.add_argument("--out", required=True, metavar="DIR",
                    help="also gets tokenizer/, the word-level tokenizer of the vocabulary")
+    p.add_argument("--fact-at-chunk-end", type=int, metavar="TOKENS",
+                   help="move the last fact the answer needs so that it ends in the last "
+                        "TOKENS tokens of a chunk, not the first (documents where the recipe's "
+                        "models often miss it)")
+    p.add_argument("--chunk-tokens", type=tokens, default=256,
+                   help="the chunk size --fact-at-chunk-end places by (the reader's)")
     p.set_defaults(func=_synthetic)
 
 
@@ -121,6 +127,9 @@ def _synthetic(args) -> None:
         if length < shortest:
             raise UserError(f"--lengths {length}: a {args.task} document needs at least "
                             f"{shortest} tokens")
+    if args.fact_at_chunk_end is not None:
+        for length in args.lengths:
+            synthetic.check_chunk_end(length, args.chunk_tokens, args.fact_at_chunk_end)
     if args.num_samples <= 0:
         raise UserError(f"--num-samples must be positive, got {args.num_samples}")
     check_output_dir(args.out, "--out")
@@ -132,8 +141,15 @@ def _synthetic(args) -> None:
     if not os.path.isdir(tokenizer):
         write_tokenizer(tokenizer, synthetic.vocabulary())
 
+    def sample(length, i):
+        made = synthetic.make_sample(args.task, length, args.seed, i)
+        if args.fact_at_chunk_end is None:
+            return made
+        return synthetic.fact_at_chunk_end(made, args.chunk_tokens, args.fact_at_chunk_end,
+                                           args.seed, i)
+
     def samples(length, make):
-        return (make(synthetic.make_sample(args.task, length, args.seed, i), args.task, length,
+        return (make(sample(length, i), args.task, length,
                      i) for i in tqdm(range(args.num_samples), desc=f"{args.task} {length}",
                                      unit="sample", file=sys.stderr))
 

@@ -144,6 +144,56 @@ def make_sample(task: str, length: int, seed: int, index: int) -> Sample:
     return _document(rng, w, facts, depths, length, question, answer)
 
 
+def fact_at_chunk_end(sample: Sample, chunk_tokens: int, window: int, seed: int,
+                      index: int) -> Sample:
+    """`sample` with the last fact its answer needs moved, as a whole sentence, so that its
+    full stop is among the last `window` tokens of a chunk of `chunk_tokens` (the place where
+    the recipe's models most often fail to read a fact), in the chunk it was in, or in a chunk
+    after the first drawn by (seed, index) if it was in the first. The document's length and
+    its other sentences are unchanged; `facts` stays in document order."""
+    tokens = sample.context.split()
+    check_chunk_end(len(tokens), chunk_tokens, window)
+    chunks = len(tokens) // chunk_tokens
+    rng = random.Random(f"chunk-end:{seed}:{index}")
+    moved = [f for f in sample.facts if f.needed][-1]
+    words_ = moved.text.split()
+    start = _find(tokens, words_)
+    rest = tokens[:start] + tokens[start + len(words_):]
+    chunk = start // chunk_tokens or rng.randrange(1, chunks)
+    # Sentence boundaries of the rest (after a full stop) at which the fact, inserted whole,
+    # ends in the window: filler sentences are at most 10 tokens, so there is one.
+    last = (chunk + 1) * chunk_tokens - 1
+    boundaries = [b for b in range(len(rest) + 1)
+                  if (b == 0 or rest[b - 1] == ".")
+                  and last - window < b + len(words_) - 1 <= last]
+    at = rng.choice(boundaries)
+    tokens = rest[:at] + words_ + rest[at:]
+    order = sorted(sample.facts, key=lambda f: _find(tokens, f.text.split()))
+    return dataclasses.replace(sample, context=" ".join(tokens), facts=tuple(order))
+
+
+def check_chunk_end(length: int, chunk_tokens: int, window: int) -> None:
+    """Raises UserError unless `fact_at_chunk_end` can place a fact in documents of `length`
+    tokens: whole chunks, two at least, and a window that always holds a sentence boundary."""
+    from memagent_jax.errors import UserError
+    if length % chunk_tokens or length < 2 * chunk_tokens:
+        raise UserError(f"--fact-at-chunk-end: a document of {length} tokens is not two or "
+                        f"more whole chunks of {chunk_tokens} tokens")
+    if not 10 <= window <= chunk_tokens:
+        raise UserError(f"--fact-at-chunk-end {window}: the window must be 10 tokens (the "
+                        f"longest filler sentence) to {chunk_tokens} (a chunk)")
+
+
+def _find(tokens: list[str], words_: list[str]) -> int:
+    """The first index at which `words_` occur in `tokens` (a fact's text, unique in its
+    document: its key is)."""
+    first = words_[0]
+    for i, token in enumerate(tokens):
+        if token == first and tokens[i:i + len(words_)] == words_:
+            return i
+    raise ValueError(f"{' '.join(words_)!r} is not in the document")
+
+
 def filler_text(length: int, seed: int, index: int) -> str:
     """Text `index` of (length, seed): `length` tokens of the documents' filler sentences and
     no fact."""

@@ -1,5 +1,5 @@
 """`memagent-jax curves`: a run's TensorBoard scalars, read back with TensorBoard's reader, as
-one PNG; runs drawn one after another; bad input is one line."""
+one PNG; runs drawn one after another or overlaid; bad input is one line."""
 
 import pytest
 
@@ -29,13 +29,21 @@ def test_scalars_round_trip_and_runs_are_drawn_in_sequence(tmp_path, monkeypatch
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     import matplotlib.pyplot as plt
-    drawn = {}
-    monkeypatch.setattr(plt, "close", lambda figure: drawn.setdefault("figure", figure))
-    plot_curves([sft, rl], str(tmp_path / "again.png"), ("reward/mean",))
-    (panel,) = [a for a in drawn["figure"].axes if a.get_visible()]
-    sft_line, rl_line = panel.get_lines()[:2]
-    assert list(sft_line.get_xdata()) == list(range(1, 11))
-    assert list(rl_line.get_xdata()) == list(range(11, 16))  # after the warm-up's 10 steps
+    drawn = []
+    monkeypatch.setattr(plt, "close", drawn.append)
+
+    def lines(**options):
+        plot_curves([sft, rl], str(tmp_path / "again.png"), ("reward/mean",), **options)
+        (panel,) = [a for a in drawn.pop().axes if a.get_visible()]
+        return [list(line.get_xdata()) for line in panel.get_lines()]
+
+    sft_steps, rl_steps, *marks = lines()
+    assert sft_steps == list(range(1, 11))
+    assert rl_steps == list(range(11, 16))  # after the warm-up's 10 steps
+    assert marks == [[10, 10]]  # a dashed line where the second run starts
+    # Arms from one checkpoint (`--overlay`): each from its own first step, no start line.
+    assert lines(overlay=True) == [list(range(1, 11)), list(range(1, 6))]
+    assert main(["curves", sft, rl, "--out", str(tmp_path / "arms.png"), "--overlay"]) == 0
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

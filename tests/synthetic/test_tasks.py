@@ -135,8 +135,45 @@ def test_the_cli_writes_sets_eval_reads_and_rows_the_trainer_reads(tmp_path, cap
         assert json.load(f)[0]["synthetic_task"] == "multikey"
 
 
+@pytest.mark.parametrize("task", synthetic.TASKS)
+def test_fact_at_chunk_end_puts_the_answers_last_fact_in_a_chunks_last_tokens(tmp_path, task):
+    """Read as the agent reads (transformers' tokenizer, `chunk_ids`): the last needed fact is
+    whole in one chunk, not the first, and ends in its last 10 tokens; nothing else changes."""
+    from memagent_jax.rollout.memagent import chunk_ids
+    out = tmp_path / "late"
+    assert main(["data", "synthetic", "--task", task, "--lengths", "1024", "2048",
+                 "--num-samples", "40", "--seed", "3", "--layout", "train",
+                 "--fact-at-chunk-end", "10", "--out", str(out)]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(str(out / "tokenizer"))
+    rows = load_source(str(out / f"train_{task}.parquet"))
+    tails, chunk_indices = set(), set()
+    for row in rows:
+        info = row["extra_info"]
+        plain = synthetic.make_sample(task, info["length"], 3, info["index"])
+        assert sorted(row["context"].split()) == sorted(plain.context.split())
+        assert row["prompt"][0]["content"] == plain.question
+        facts = [f["text"] for f in info["facts"]]
+        assert sorted(facts) == sorted(f.text for f in plain.facts)
+        assert facts == sorted(facts, key=row["context"].index)  # still in document order
+        last = [f["text"] for f in info["facts"] if f["needed"]][-1]
+        fact = _tokens(tokenizer, last)
+        chunks = chunk_ids(_tokens(tokenizer, row["context"]), 256)
+        where = [(c, i) for c, chunk in enumerate(chunks) for i in range(len(chunk))
+                 if chunk[i:i + len(fact)] == fact]
+        assert len(where) == 1 and where[0][0] >= 1
+        tail = 256 - (where[0][1] + len(fact))  # tokens after the fact's full stop
+        assert 0 <= tail < 10
+        tails.add(tail)
+        chunk_indices.add(where[0][0])
+    assert len(tails) >= 8 and len(chunk_indices) >= 6
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--task", "needles", "--lengths", "100"], "unknown synthetic task 'needles'"),
+    (["--task", "multikey", "--lengths", "1000", "--fact-at-chunk-end", "10"],
+     "--fact-at-chunk-end: a document of 1000 tokens is not two or more whole chunks of 256"),
+    (["--task", "multikey", "--lengths", "512", "--fact-at-chunk-end", "9"],
+     "--fact-at-chunk-end 9: the window must be 10 tokens"),
     (["--task", "multikey", "--lengths", "0"], "--lengths 0: a multikey document needs at"),
     (["--task", "twohop", "--lengths", "100", "--num-samples", "0"], "--num-samples must be"),
 ])
