@@ -55,7 +55,8 @@ def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
     offsets, offset = [], 0
     for values in scalars:
         offsets.append(offset)
-        offset += 0 if overlay else max((step for series in values.values() for step, _ in series), default=0)
+        if not overlay:
+            offset += max((step for series in values.values() for step, _ in series), default=0)
     for panel, tag in zip(axes.flat, tags):
         for number, (values, start, name) in enumerate(zip(scalars, offsets, names)):
             series = values.get(tag, [])

@@ -56,12 +56,14 @@ def test_the_recipe_is_a_chain_of_numbered_steps():
 @pytest.mark.parametrize("name", [f for f in FILES if f.startswith(os.path.join("synthetic",
                                                                                "arms"))])
 def test_an_arm_branches_off_the_step_it_names(name):
-    """A run beside the chain (synthetic/arms/) starts from the last checkpoint of the step
-    it names as its base."""
+    """A run beside the chain (synthetic/arms/) either continues the step it names as its
+    base, from that step's last checkpoint, or is a variant of it, from the same start; and
+    writes to a directory of its own."""
     import yaml
     with open(os.path.join(CONFIGS, name)) as f:
         base = yaml.safe_load(f)["base"]
     step = load_train_config(os.path.normpath(os.path.join(CONFIGS, os.path.dirname(name),
                                                            base)))
-    assert load_train_config(os.path.join(CONFIGS, name)).model.path == (
-        f"{step.checkpoint_dir}/{step.steps}")
+    arm = load_train_config(os.path.join(CONFIGS, name))
+    assert arm.model.path in (f"{step.checkpoint_dir}/{step.steps}", step.model.path)
+    assert arm.output_dir != step.output_dir
