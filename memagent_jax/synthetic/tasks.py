@@ -161,11 +161,15 @@ def fact_at_chunk_end(sample: Sample, chunk_tokens: int, window: int, seed: int,
     rest = tokens[:start] + tokens[start + len(words_):]
     chunk = start // chunk_tokens or rng.randrange(1, chunks)
     # Sentence boundaries of the rest (after a full stop) at which the fact, inserted whole,
-    # ends in the window: filler sentences are at most 10 tokens, so there is one.
+    # ends in the window (filler sentences are at most 10 tokens, so there is one), and after
+    # the other facts the answer needs, so that it stays the last; unless one of those ends
+    # the chunk itself (twohop, both in one chunk: rare), when it goes before it.
     last = (chunk + 1) * chunk_tokens - 1
-    boundaries = [b for b in range(len(rest) + 1)
-                  if (b == 0 or rest[b - 1] == ".")
-                  and last - window < b + len(words_) - 1 <= last]
+    after = max((_find(rest, f.text.split()) + len(f.text.split())
+                 for f in sample.facts if f.needed and f is not moved), default=0)
+    within = [b for b in range(last - window - len(words_) + 2, last - len(words_) + 2)
+              if b == 0 or rest[b - 1] == "."]
+    boundaries = [b for b in within if b >= after] or within
     at = rng.choice(boundaries)
     tokens = rest[:at] + words_ + rest[at:]
     order = sorted(sample.facts, key=lambda f: _find(tokens, f.text.split()))
@@ -176,12 +180,15 @@ def check_chunk_end(length: int, chunk_tokens: int, window: int) -> None:
     """Raises UserError unless `fact_at_chunk_end` can place a fact in documents of `length`
     tokens: whole chunks, two at least, and a window that always holds a sentence boundary."""
     from memagent_jax.errors import UserError
+    if chunk_tokens <= 0:
+        raise UserError(f"--chunk-tokens must be positive, got {chunk_tokens}")
     if length % chunk_tokens or length < 2 * chunk_tokens:
         raise UserError(f"--fact-at-chunk-end: a document of {length} tokens is not two or "
                         f"more whole chunks of {chunk_tokens} tokens")
-    if not 10 <= window <= chunk_tokens:
+    if not 10 <= window <= chunk_tokens // 2:
         raise UserError(f"--fact-at-chunk-end {window}: the window must be 10 tokens (the "
-                        f"longest filler sentence) to {chunk_tokens} (a chunk)")
+                        f"longest filler sentence) to {chunk_tokens // 2} (half a chunk, so "
+                        "that the fact stays whole in its chunk)")
 
 
 def _find(tokens: list[str], words_: list[str]) -> int:

@@ -43,7 +43,11 @@ def test_scalars_round_trip_and_runs_are_drawn_in_sequence(tmp_path, monkeypatch
     assert marks == [[10, 10]]  # a dashed line where the second run starts
     # Arms from one checkpoint (`--overlay`): each from its own first step, no start line.
     assert lines(overlay=True) == [list(range(1, 11)), list(range(1, 6))]
-    assert main(["curves", sft, rl, "--out", str(tmp_path / "arms.png"), "--overlay"]) == 0
+    assert main(["curves", sft, rl, "--out", str(tmp_path / "arms.png"), "--overlay",
+                 "--tags", "reward/mean"]) == 0
+    (panel,) = [a for a in drawn.pop().axes if a.get_visible()]
+    assert [list(line.get_xdata()) for line in panel.get_lines()] == [
+        list(range(1, 11)), list(range(1, 6))]
 
 
 def test_bad_input_is_one_line(tmp_path, capsys):

@@ -161,6 +161,9 @@ def test_fact_at_chunk_end_puts_the_answers_last_fact_in_a_chunks_last_tokens(tm
         where = [(c, i) for c, chunk in enumerate(chunks) for i in range(len(chunk))
                  if chunk[i:i + len(fact)] == fact]
         assert len(where) == 1 and where[0][0] >= 1
+        ids = _tokens(tokenizer, plain.context)
+        before = next(i for i in range(len(ids)) if ids[i:i + len(fact)] == fact) // 256
+        assert where[0][0] == before or before == 0  # moved within its chunk unless the first
         tail = 256 - (where[0][1] + len(fact))  # tokens after the fact's full stop
         assert 0 <= tail < 10
         tails.add(tail)
@@ -174,6 +177,10 @@ def test_fact_at_chunk_end_puts_the_answers_last_fact_in_a_chunks_last_tokens(tm
      "--fact-at-chunk-end: a document of 1000 tokens is not two or more whole chunks of 256"),
     (["--task", "multikey", "--lengths", "512", "--fact-at-chunk-end", "9"],
      "--fact-at-chunk-end 9: the window must be 10 tokens"),
+    (["--task", "multikey", "--lengths", "512", "--fact-at-chunk-end", "129"],
+     "to 128 (half a chunk"),
+    (["--task", "multikey", "--lengths", "512", "--fact-at-chunk-end", "10", "--chunk-tokens",
+      "0"], "--chunk-tokens must be positive, got 0"),
     (["--task", "multikey", "--lengths", "0"], "--lengths 0: a multikey document needs at"),
     (["--task", "twohop", "--lengths", "100", "--num-samples", "0"], "--num-samples must be"),
 ])
