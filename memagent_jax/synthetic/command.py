@@ -149,9 +149,9 @@ def _synthetic(args) -> None:
                                            args.seed, i)
 
     def samples(length, make):
-        return (make(sample(length, i), args.task, length,
-                     i) for i in tqdm(range(args.num_samples), desc=f"{args.task} {length}",
-                                     unit="sample", file=sys.stderr))
+        return (make(sample(length, i), args.task, length, i)
+                for i in tqdm(range(args.num_samples), desc=f"{args.task} {length}",
+                              unit="sample", file=sys.stderr))
 
     if args.layout == "train":
         rows = [row for length in args.lengths for row in samples(length, synthetic.train_row)]
