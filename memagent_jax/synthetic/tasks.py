@@ -168,12 +168,12 @@ def fact_at_chunk_end(sample: Sample, chunk_tokens: int, window: int, seed: int,
     after = max((_find(rest, f.text.split()) + len(f.text.split())
                  for f in sample.facts if f.needed and f is not moved), default=0)
     within = [b for b in range(last - window - len(words_) + 2, last - len(words_) + 2)
-              if b == 0 or rest[b - 1] == "."]
+              if rest[b - 1] == "."]
     boundaries = [b for b in within if b >= after] or within
     at = rng.choice(boundaries)
-    tokens = rest[:at] + words_ + rest[at:]
-    order = sorted(sample.facts, key=lambda f: _find(tokens, f.text.split()))
-    return dataclasses.replace(sample, context=" ".join(tokens), facts=tuple(order))
+    context = " ".join(rest[:at] + words_ + rest[at:])
+    order = sorted(sample.facts, key=lambda f: context.index(f.text))  # texts are unique
+    return dataclasses.replace(sample, context=context, facts=tuple(order))
 
 
 def check_chunk_end(length: int, chunk_tokens: int, window: int) -> None:
