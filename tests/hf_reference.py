@@ -82,7 +82,8 @@ def write_tiny_tokenizer(path, thinking: bool = False) -> list[str]:
     words = ["<pad>", "<s>", "</s>", "hello", "world", "[UNK]", "the", "answer", "is", "memory"]
     split = pre_tokenizers.Whitespace().pre_tokenize_str
     # last, "what" and "?": the tests' questions (a question with an unknown word is refused)
-    for word, _ in split(UPDATE_TEMPLATE + FINAL_TEMPLATE + INITIAL_MEMORY + " what ?"):
+    templates = (UPDATE_TEMPLATE + FINAL_TEMPLATE).replace("{{", "{").replace("}}", "}")
+    for word, _ in split(templates + INITIAL_MEMORY + " what ?"):
         if word not in words:
             words.append(word)
     think = ["<think>", "</think>", "\\boxed"] if thinking else []
@@ -91,7 +92,10 @@ def write_tiny_tokenizer(path, thinking: bool = False) -> list[str]:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_tokens(think)  # matched whole, before the pre-tokenizer splits them
     assert len(words) <= TINY["vocab_size"]
-    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>")
+    # Padding and bos are special, as a real tokenizer's: they decode to no text in a reply,
+    # so the server reads back every reply a random model writes (`run --url` sends them).
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="</s>",
+                                      pad_token="<pad>", bos_token="<s>")
     wrapped.chat_template = (
         THINKING_TEMPLATE if thinking else
         "{% for m in messages %}<s> {{ m['content'] }} </s> {% endfor %}"

@@ -82,12 +82,17 @@ class KVCache(NamedTuple):
 
     def write_prefix(self, keys, values, row) -> KVCache:
         """Puts a prefill's keys and values (per layer [R, T, Hkv, K], as `Qwen.prefill`
-        returns them) at positions 0..T-1 of rows row..row+R-1 (row may be traced)."""
-        def put(layer, new, transpose):
+        returns them) at positions 0..T-1 of rows row..row+R-1 (row may be traced), and zeros
+        at every later position of those rows: attention weighs the entries past a row's
+        position by 0, and 0 times whatever a previous occupant left there (NaN included) must
+        be 0."""
+        def put(layer, new, transpose, axis):  # axis: the layer's position axis
             new = new.transpose(transpose).astype(layer.dtype)
-            return jax.lax.dynamic_update_slice(layer, new, (row, 0, 0, 0))
-        return KVCache(tuple(put(c, k, (0, 2, 3, 1)) for c, k in zip(self.k, keys)),
-                       tuple(put(c, v, (0, 2, 1, 3)) for c, v in zip(self.v, values)))
+            pad = [(0, layer.shape[axis] - new.shape[axis] if a == axis else 0)
+                   for a in range(new.ndim)]
+            return jax.lax.dynamic_update_slice(layer, jnp.pad(new, pad), (row, 0, 0, 0))
+        return KVCache(tuple(put(c, k, (0, 2, 3, 1), 3) for c, k in zip(self.k, keys)),
+                       tuple(put(c, v, (0, 2, 1, 3), 2) for c, v in zip(self.v, values)))
 
 
 class Attention(nnx.Module):

@@ -155,8 +155,10 @@ class DecodeEngine(Protocol):
     (for `Engine`, the model's `Params`); prefixes and the decode state are opaque to callers.
     Outputs may be device arrays, read later: tokens [S] int and logprobs [S] float of a
     `generate` hold one entry per slot, an `insert`'s are scalars; with config.top_logprobs
-    > 0, logprobs is a `StepLogprobs`."""
+    > 0, logprobs is a `StepLogprobs`. Prompt ids are in [0, vocab_size): the scheduler refuses
+    others before they reach the engine."""
     config: EngineConfig
+    vocab_size: int
 
     def check_params(self, params) -> None:
         """Raises ValueError unless `params` fits the engine's model and is still alive (the
@@ -172,8 +174,9 @@ class DecodeEngine(Protocol):
     def insert(self, prefix, state, slot: int, sampling: SamplingParams,
                sample_index: int = 0) -> tuple[Any, Any, Any]:
         """(state with the prefix in `slot`, its first token, that token's logprob); sampled
-        with the key of sample `sample_index` of a request seeded `sampling.seed`. `state` may
-        be consumed: use the returned one."""
+        with the key of sample `sample_index` of a request seeded `sampling.seed`. Nothing the
+        slot's previous occupant left (its cache entries, NaN included) reaches the new one.
+        `state` may be consumed: use the returned one."""
 
     def generate(self, params, state, length: int) -> tuple[Any, Any, Any]:
         """(state, tokens [S], logprobs [S]): one token for every slot; `state` may be
@@ -195,6 +198,7 @@ class Engine:
             raise ValueError("Engine needs config.max_len (see EngineConfig.sized_for)")
         self.config = config
         self.model_config = model.config
+        self.vocab_size = model.config.vocab_size
         self.mesh = mesh
         self.dtype = model.dtype
         self.buckets = config.buckets()

@@ -109,6 +109,11 @@ class Scheduler:
         limit = self.engine.config.max_len
         if not request.prompt_ids:
             raise UserError("empty prompt")
+        vocab = self.engine.vocab_size
+        if min(request.prompt_ids) < 0 or max(request.prompt_ids) >= vocab:
+            outside = next(t for t in request.prompt_ids if not 0 <= t < vocab)
+            raise UserError(f"token id {outside} is outside the model's vocabulary of {vocab} "
+                            "ids")
         if len(request.prompt_ids) >= limit:
             raise UserError(f"prompt of {len(request.prompt_ids)} tokens does not fit the "
                             f"engine's maximum length of {limit} tokens (prompt + reply)")

@@ -1,7 +1,8 @@
 """A `Generation` run on the engine worker, answered as OpenAI answers.
 
 `prepare` turns the request's prompts into token ids (chat: through the chat template) and
-checks them against the engine's length (400 `context_length_exceeded`, as OpenAI words it).
+checks them: words the tokenizer cannot represent (400 naming them), ids past the model's
+embedding rows, and the engine's length (400 `context_length_exceeded`, as OpenAI words it).
 An `Exchange` submits one job per prompt (its n samples prefilled once) and turns the job
 events the engine thread sends into `Update`s, one choice's new text and tokens at a time; it
 cancels a prompt's job once every choice of it has met a stop string, and all of its jobs when
@@ -29,6 +30,7 @@ from memagent_jax.rollout.templates import chat_ids
 from memagent_jax.serve.protocol import APIError, Generation, bad
 from memagent_jax.serve.text import TextStream
 from memagent_jax.serve.worker import EngineWorker, Job, Overloaded, ShuttingDown
+from memagent_jax.tokenizer import check_representable
 
 
 @dataclasses.dataclass
@@ -83,7 +85,10 @@ def _named_parameters(function) -> frozenset[str]:
 
 
 async def prepare(served: Served, gen: Generation) -> list[list[int]]:
-    """Each prompt's token ids, every one fitting the engine with the requested max_tokens."""
+    """Each prompt's token ids, every one fitting the engine with the requested max_tokens
+    and read by the model as written: text with words the tokenizer has no token for (which
+    would reach the model as its unknown token, or as ids past its embedding rows) is a 400
+    naming them."""
     tokenizer = served.tokenizer
     if gen.kind == "chat":
         clash = sorted(set(gen.template_vars) & _renderer_arguments(tokenizer))
@@ -91,9 +96,14 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
             raise bad(f"'chat_template_kwargs' may not set {', '.join(clash)}: the chat "
                       "template renderer's own arguments, not template variables",
                       "chat_template_kwargs")
+
+        def chat_prompt() -> list[int]:
+            for i, message in enumerate(gen.prompts[0]):
+                check_representable(tokenizer, message["content"], f"messages[{i}].content")
+            return chat_ids(tokenizer, list(gen.prompts[0]), **gen.template_vars)
+
         try:
-            prompts = [await served.encode(lambda: chat_ids(tokenizer, list(gen.prompts[0]),
-                                                            **gen.template_vars))]
+            prompts = [await served.encode(chat_prompt)]
         except UserError as e:
             raise bad(str(e), "messages") from None
         except Exception as e:  # a template that rejects the conversation (role order, ...)
@@ -102,13 +112,25 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
                           f"{e}", "messages") from None
             raise bad(f"the chat template rejected the messages: {e}", "messages") from None
     else:
-        prompts = [list(p) if isinstance(p, list) else
-                   await served.encode(lambda p=p: list(tokenizer(p)["input_ids"]))
-                   for p in gen.prompts]
+        def text_prompt(index: int, text: str) -> list[int]:
+            check_representable(tokenizer, text, "'prompt'" if len(gen.prompts) == 1
+                                else f"'prompt'[{index}]")
+            return list(tokenizer(text)["input_ids"])
+
+        try:
+            prompts = [list(p) if isinstance(p, list) else
+                       await served.encode(functools.partial(text_prompt, i, p))
+                       for i, p in enumerate(gen.prompts)]
+        except UserError as e:
+            raise bad(str(e), "prompt") from None
     where = "messages" if gen.kind == "chat" else "prompt"
     for ids in prompts:
         if not ids:
             raise bad("the prompt is empty once tokenized", where)
+        outside = next((t for t in ids if t >= served.vocab_size), None)
+        if outside is not None:  # a tokenizer with more tokens than the model has rows
+            raise bad(f"the {where} reads as token id {outside}, outside the model's "
+                      f"vocabulary of {served.vocab_size} ids", where)
         wanted = len(ids) + (gen.max_tokens or 1)
         if wanted > served.max_len:
             asked = (f"{wanted} tokens ({len(ids)} in the {where}, {gen.max_tokens} in the "

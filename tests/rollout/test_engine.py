@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from memagent_jax.errors import UserError
 from memagent_jax.models import load_model, make_mesh, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
@@ -270,3 +271,32 @@ def test_warm_up_for_given_prompt_lengths_compiles_their_buckets(model, params, 
         complete(engine, params, _greedy_requests([tuple(range(3, 43))]))  # 40 tokens: bucket 64
     assert counter.count > 0
 
+
+
+def test_a_slot_forgets_what_its_previous_occupant_left(engine, params, reference):
+    """A prompt with an id past the embedding rows fills its slot's cache with NaN (the
+    engine is given it directly: the scheduler refuses such ids); the next prompt inserted
+    into that slot, shorter than the poisoned stretch, is answered as transformers answers it
+    alone."""
+    poisoned = engine.prefill(params, [(5,) * 40 + (engine.vocab_size + 7,)])[0]
+    state = engine.init_decode_state()
+    state, _, _ = engine.insert(poisoned, state, 0, GREEDY)
+    for step in range(3):
+        state, _, _ = engine.generate(params, state, 42 + step)
+    assert np.isnan(np.asarray(state.cache.v[0][0])).any()
+    prompt = (4, 9, 17)
+    state, token, logprob = engine.insert(engine.prefill(params, [prompt])[0], state, 0, GREEDY)
+    tokens, logprobs = [int(token)], [float(logprob)]
+    for step in range(5):
+        state, token, logprob = engine.generate(params, state, len(prompt) + 1 + step)
+        tokens.append(int(token[0]))
+        logprobs.append(float(logprob[0]))
+    expected, expected_logprobs = _hf_greedy(reference, list(prompt), 6)
+    assert tokens[:len(expected)] == expected
+    assert np.abs(np.array(logprobs[:len(expected)]) - expected_logprobs).max() <= 1e-4
+
+
+def test_the_scheduler_refuses_ids_outside_the_vocabulary(engine, params):
+    for bad in (engine.vocab_size, -1):
+        with pytest.raises(UserError, match=f"token id {bad} is outside the model's vocabulary"):
+            complete(engine, params, [Request((3, bad, 4), max_new_tokens=2, sampling=GREEDY)])

@@ -1,7 +1,8 @@
 """`memagent-jax serve` under bad requests and load: each bad request gets its 4xx with
 OpenAI's error JSON and the next request is served; a client that disconnects frees its slot
 at once; a full queue answers 429; 64 concurrent clients with prompts of mixed lengths each get
-their own answer (equal to `generate`'s) while the engine batches them."""
+their own answer (equal to `generate`'s), with bad requests mixed in, while the engine
+batches them."""
 
 import asyncio
 import http.client
@@ -179,10 +180,21 @@ def test_a_full_queue_answers_429_and_then_serves_again(model_dir, monkeypatch):
         assert request(server, CHAT, GOOD)[0] == 200
 
 
-def test_64_concurrent_clients_each_get_their_own_answer_batched(server, model_dir, tmp_path):
-    """Prompts of 2 to 300 tokens, replies of 4 to 16, half streamed: every answer equals
-    `generate`'s greedy reply to its own prompt (cut at its max_tokens), and the engine ran
-    more than one slot at once."""
+# Requests refused before anything is queued: words the tokenizer has no token for (it would
+# read them as ids past the model's rows), in chat and in text prompts, and ids past the rows.
+BAD = [dict(kind="chat", messages=[{"role": "user", "content": "hello zebra the answer"}]),
+       dict(kind="completion", prompt="the quokka is"),
+       dict(kind="completion", prompt=["hello world", "the answer is wombat"]),
+       dict(kind="completion", prompt=[3, 4, 101 + 5])]
+
+
+def test_64_concurrent_clients_each_get_their_own_answer_among_bad_requests(server, model_dir,
+                                                                            tmp_path):
+    """Bad requests first (as many as slots and more), then 64 good clients with 32 bad
+    ones mixed in, all concurrent: every bad request is a 400 naming its field, and every good
+    one (prompts of 2 to 300 tokens, replies of 4 to 16, half streamed) equals `generate`'s
+    greedy reply to its own prompt, cut at its max_tokens, while the engine ran more than
+    one slot at once."""
     # ids the tokenizer has words for (generate refuses others: they decode to nothing)
     prompts = [[3 + (7 * i + 3 * k) % 61 for k in range(2 + (i * 37) % 299)] for i in range(64)]
     caps = [4 + (i * 5) % 13 for i in range(64)]
@@ -203,10 +215,29 @@ def test_64_concurrent_clients_each_get_their_own_answer_batched(server, model_d
         (choice,) = (await client.completions.create(**kwargs)).choices
         return ids_of(choice.logprobs.tokens), choice.text, choice.finish_reason
 
-    async def everyone():
-        return await asyncio.wait_for(asyncio.gather(*(ask(i) for i in range(64))), 300)
+    async def ask_badly(i):
+        request = dict(BAD[i % len(BAD)])
+        create = (client.chat.completions.create if request.pop("kind") == "chat"
+                  else client.completions.create)
+        with pytest.raises(openai.BadRequestError) as e:
+            await create(model="m", max_tokens=8, temperature=0, stream=bool(i % 3 == 0),
+                         **request)
+        return e.value.param, e.value.message
 
-    answers = asyncio.run(everyone())
+    async def everyone():
+        refused = await asyncio.gather(*(ask_badly(i) for i in range(2 * SLOTS)))
+        mixed = await asyncio.wait_for(asyncio.gather(
+            *(ask(i) for i in range(64)), *(ask_badly(i) for i in range(32))), 300)
+        return refused + mixed[64:], mixed[:64]
+
+    refused, answers = asyncio.run(everyone())
+    for i, (param, message) in enumerate(refused):
+        if i % len(BAD) == len(BAD) - 1:
+            assert param == "prompt" and "token ids must be integers in [0, 101)" in message
+        else:
+            words = {0: "'zebra'", 1: "'quokka'", 2: "'wombat'"}[i % len(BAD)]
+            assert param == ("messages" if i % len(BAD) == 0 else "prompt")
+            assert f"the tokenizer has no token for {words}" in message, message
     for i, (tokens, text, finish) in enumerate(answers):
         reference = expected[i]["completion_ids"][:caps[i]]
         assert tokens == reference, f"request {i}"
