@@ -92,8 +92,8 @@ def vocabulary(task_words: list[str] | None = None) -> list[str]:
 def write_tokenizer(out_dir: str, words: list[str] | None = None) -> str:
     """Saves the tokenizer of `words` (default: `vocabulary()`; tokenizer.json,
     tokenizer_config.json, chat_template.jinja; eos </s>) to out_dir."""
-    from memagent_jax.data.word_tokenizer import build
-    build(words or vocabulary(), ROLES, CHAT_TEMPLATE).save_pretrained(out_dir)
+    from memagent_jax.data.word_tokenizer import build, save
+    save(build(words or vocabulary(), ROLES, CHAT_TEMPLATE), out_dir)
     return out_dir
 
 

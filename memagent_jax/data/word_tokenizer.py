@@ -27,6 +27,8 @@ as that one, as they did through the word-level tokenizer's decoding.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 
 from memagent_jax.tokenizer import PIECE_IDS
@@ -77,3 +79,18 @@ def build(words: list[str], roles: tuple[str, ...], chat_template: str):
                                       add_prefix_space=True)
     wrapped.chat_template = chat_template
     return wrapped
+
+
+def save(tokenizer, out_dir: str) -> None:
+    """`tokenizer.save_pretrained(out_dir)`, naming `PreTrainedTokenizerFast` as its class:
+    transformers 5 writes its own `TokenizersBackend`, which transformers 4 cannot load; both
+    load tokenizer.json as written under this name (5 rebuilds a qwen2 model's as above, to
+    the same ids)."""
+    tokenizer.save_pretrained(out_dir)
+    path = os.path.join(out_dir, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2, ensure_ascii=False)
+        f.write("\n")

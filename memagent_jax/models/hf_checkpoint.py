@@ -4,7 +4,8 @@ Loading checks every file and tensor against the config before any device work, 
 the memory-mapped tensors on the devices one at a time (see `_build`), so the host never holds
 more than one HF tensor beyond the model itself. Export writes safetensors shards (with an index
 above `max_shard_bytes`) tensor by tensor, in a temporary directory renamed into place at the
-end.
+end, with the bos/eos/pad ids the tokenizer declares where the config has none (transformers'
+generate() stops only at an eos_token_id it is given).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ SIDE_FILES = (
     "memagent.json",  # the memory loop's budgets a model was trained with (`pretrained`)
 )
 DEFAULT_MAX_SHARD_BYTES = 5 * 1024 ** 3
+# Written into config.json and generation_config.json from the tokenizer where they lack them.
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
 def is_hf_directory(path: str) -> bool:
@@ -135,10 +138,21 @@ def write_directory(params: Params, config: ModelConfig, out_dir: str,
             total = sum(np.dtype(t[1]).itemsize * int(np.prod(t[2])) for t in tensors)
             _write_json(os.path.join(tmp, INDEX_FILE),
                         {"metadata": {"total_size": total}, "weight_map": weight_map})
-        _write_json(os.path.join(tmp, "config.json"), config.to_hf_dict())
+        hf_config = config.to_hf_dict()
+        declared = tokenizer_special_ids(side_files_dir) if side_files_dir else {}
+        hf_config.update({key: value for key, value in declared.items()
+                          if hf_config.get(key) is None})
+        _write_json(os.path.join(tmp, "config.json"), hf_config)
         copied = copy_side_files(side_files_dir, tmp) if side_files_dir else []
-        if "generation_config.json" not in copied:
-            _write_json(os.path.join(tmp, "generation_config.json"), _generation_config(config))
+        generation_path = os.path.join(tmp, "generation_config.json")
+        generation = {"do_sample": False}
+        if "generation_config.json" in copied:
+            with open(generation_path) as f:
+                generation = json.load(f)
+        # transformers' generate() stops only at generation_config.json's eos_token_id.
+        generation.update({key: hf_config[key] for key in SPECIAL_TOKEN_IDS
+                           if generation.get(key) is None and hf_config.get(key) is not None})
+        _write_json(generation_path, generation)
 
 
 def copy_side_files(src_dir: str, dst_dir: str, skip=()) -> list[str]:
@@ -164,12 +178,26 @@ def _split_into_shards(tensors: list, max_bytes: int) -> list[list]:
     return shards
 
 
-def _generation_config(config: ModelConfig) -> dict:
-    gen = {"do_sample": False}
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        if config.extra.get(key) is not None:
-            gen[key] = config.extra[key]
-    return gen
+def tokenizer_special_ids(tokenizer_dir: str) -> dict[str, int]:
+    """The ids of the bos, eos and pad tokens tokenizer_config.json names (as
+    `SPECIAL_TOKEN_IDS` keys), looked up in tokenizer.json's added tokens and vocabulary;
+    those it does not name, or that are not found, are left out."""
+    try:
+        with open(os.path.join(tokenizer_dir, "tokenizer_config.json")) as f:
+            names = json.load(f)
+        with open(os.path.join(tokenizer_dir, "tokenizer.json")) as f:
+            tokenizer = json.load(f)
+    except (OSError, ValueError):  # no tokenizer, or one in another form: nothing declared
+        return {}
+    ids = dict(tokenizer.get("model", {}).get("vocab") or {})
+    ids.update({t["content"]: t["id"] for t in tokenizer.get("added_tokens", [])})
+    found = {}
+    for key in SPECIAL_TOKEN_IDS:
+        token = names.get(key.removesuffix("_id"))
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(ids.get(token), int):
+            found[key] = ids[token]
+    return found
 
 
 def _write_json(path: str, obj) -> None:

@@ -2,7 +2,8 @@
 reads it (data/word_tokenizer.py): memagent-tiny's, `data needle`'s, `data synthetic`'s and
 `random-model`'s, on the documents, questions and prompts of every task; where a model's
 config.json (model_type qwen2) lies beside it, AutoTokenizer rebuilds it as Qwen2's tokenizer,
-which the written one is. An exported training run is checked in tests/rl/test_trainer.py.
+which the written one is; each names a tokenizer class transformers 4 loads too. An exported
+training run is checked in tests/rl/test_trainer.py.
 
 memagent-tiny's reading is also checked against the word-level tokenizer it was trained with
 (rebuilt here as it was written: words, punctuation runs and `\\boxed{`, [UNK] for the rest)."""
@@ -15,6 +16,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from memagent_jax.cli import main
+from memagent_jax.data import word_tokenizer
 from memagent_jax.data.needle import needle_rows
 from memagent_jax.pretrained import resolve
 from memagent_jax.rollout import templates
@@ -48,6 +50,10 @@ def _ids(tokenizer, text):
 
 
 def _same_reading(directory, texts):
+    # `ours` reads tokenizer.json as written, as transformers 4 reads it under the class the
+    # config names (4 has no `TokenizersBackend`, the name transformers 5 writes).
+    with open(f"{directory}/tokenizer_config.json") as f:
+        assert json.load(f)["tokenizer_class"] == "PreTrainedTokenizerFast"
     ours, theirs = load_tokenizer(directory), AutoTokenizer.from_pretrained(directory)
     for text in texts:
         ids = _ids(ours, text)
@@ -159,3 +165,21 @@ def test_what_the_vocabulary_cannot_read_is_refused_by_name(text, named):
             f"--question: the tokenizer has no token for {named} (it reads them as pieces no "
             "model has rows for)")):
         check_representable(tokenizer, text, "--question")
+
+
+@pytest.mark.parametrize("whitespace, space", [
+    *((w, True) for w in ["\n", "\r", "\r\n", "\n\n", " \n", "  ", "\t\t", "\n\t"]),
+    # Qwen's split regex joins one non-letter but \r, \n to the word after it ("\tcode").
+    *((w, False) for w in ["\t", "\x0b", "\x0c"]),
+])
+def test_a_built_tokenizer_reads_whitespace_between_words_as_at_most_one_piece(whitespace,
+                                                                                space):
+    """word_tokenizer.build: a whitespace byte other than the space is never read as a piece
+    of its own; a line break or two whitespace characters between two words read as the one
+    piece `Ġ` (an id from PIECE_IDS on), a single tab before a word as nothing."""
+    tokenizer = word_tokenizer.build(["<pad>", "<s>", "</s>", "the", "code", "is", "."],
+                                     roles=("user",), chat_template="")
+    piece = tokenizer.convert_tokens_to_ids("Ġ")
+    assert piece >= PIECE_IDS
+    assert _ids(tokenizer, "the code is .") == [3, 4, 5, 6]
+    assert _ids(tokenizer, f"the{whitespace}code is .") == [3, *[piece] * space, 4, 5, 6]

@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedTokenizerFast
 
+import memagent_jax.pretrained
 from memagent_jax.cli import main
 from memagent_jax.models import load_model, save_hf
 from tests.hf_reference import hf_logits, write_hf_model, write_tiny_tokenizer
@@ -27,9 +28,9 @@ def test_convert_then_export_is_bit_exact(tmp_path, dtype, tied, arch):
                          arch=arch, max_shard_size="20KB")  # a sharded source with an index
     assert os.path.isfile(os.path.join(src, "model.safetensors.index.json"))
     write_tiny_tokenizer(src)
-    assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
+    assert main(["convert", "--model", src, "--out", str(tmp_path / "ckpt")]) == 0
     out = str(tmp_path / "out")
-    assert main(["export", "--ckpt", str(tmp_path / "ckpt"), "--out", out,
+    assert main(["export", "--model", str(tmp_path / "ckpt"), "--out", out,
                  "--max-shard-size", "15KB"]) == 0
 
     index = json.loads(open(os.path.join(out, "model.safetensors.index.json")).read())
@@ -56,9 +57,9 @@ def test_export_writes_a_generation_config_where_the_source_has_none(tmp_path):
     source that has none writes one with config.json's token ids."""
     src = write_hf_model(tmp_path / "src", seed=8, bos_token_id=4, eos_token_id=7)
     os.remove(os.path.join(src, "generation_config.json"))
-    assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
+    assert main(["convert", "--model", src, "--out", str(tmp_path / "ckpt")]) == 0
     out = str(tmp_path / "out")
-    assert main(["export", "--ckpt", str(tmp_path / "ckpt"), "--out", out]) == 0
+    assert main(["export", "--model", str(tmp_path / "ckpt"), "--out", out]) == 0
     generation = GenerationConfig.from_pretrained(out)
     assert (generation.bos_token_id, generation.eos_token_id) == (4, 7)
     assert generation.do_sample is False
@@ -83,7 +84,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path, arch):
 def test_load_from_checkpoint_casts_dtype(tmp_path):
     """A bf16 checkpoint loads as float32 (the CPU default) with the same values."""
     src = write_hf_model(tmp_path / "src", seed=7, dtype="bfloat16")
-    assert main(["convert", "--hf", src, "--out", str(tmp_path / "ckpt")]) == 0
+    assert main(["convert", "--model", src, "--out", str(tmp_path / "ckpt")]) == 0
     from_ckpt, config = load_model(str(tmp_path / "ckpt"), dtype="float32")
     from_hf, _ = load_model(src, dtype="float32")
     assert config.dtype == "float32" and from_ckpt.embed[...].dtype == jnp.float32
@@ -99,3 +100,27 @@ def test_random_model_command_writes_a_loadable_preset(tmp_path, preset):
     model, _ = load_model(out)
     ids = np.arange(12)[None]
     assert np.abs(np.asarray(model(jnp.asarray(ids))) - hf_logits(reference, ids)).max() <= 1e-4
+
+
+@pytest.mark.parametrize("source", ["random-model", "memagent-tiny"])
+def test_written_models_declare_their_tokenizers_end_of_text(tmp_path, source):
+    """A model whose config has no token ids (random-model's small presets; memagent-tiny,
+    exported) gets its tokenizer's in config.json and generation_config.json, so transformers'
+    generate() stops at the end of text without being told."""
+    out = str(tmp_path / "out")
+    command = (["random-model", "--preset", "tiny", "--out", out] if source == "random-model"
+               else ["export", "--model", "memagent-tiny", "--out", out])
+    assert main(command) == 0
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(out)
+    model = AutoModelForCausalLM.from_pretrained(out).eval()
+    generation = GenerationConfig.from_pretrained(out)
+    expected = (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id)
+    assert None not in expected
+    assert (model.config.bos_token_id, model.config.eos_token_id,
+            model.config.pad_token_id) == expected
+    assert (generation.bos_token_id, generation.eos_token_id,
+            generation.pad_token_id) == expected
+    # The shipped model as a user downloads it declares the same.
+    shipped = GenerationConfig.from_pretrained(
+        os.path.join(os.path.dirname(memagent_jax.pretrained.__file__), "memagent-tiny"))
+    assert shipped.eos_token_id == tokenizer.eos_token_id
