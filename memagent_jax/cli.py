@@ -12,9 +12,11 @@ that imports them: the core packages import nothing from it.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import memagent_jax
+from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.data import command as data_command
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval import command as eval_command
@@ -65,13 +67,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one command line; returns its exit status: 0, 2 (a UserError or a refused file
-    operation, one line on stderr) or 130 (interrupted)."""
+    operation, one line on stderr), 130 (interrupted) or 141 (stdout closed early)."""
     args = build_parser().parse_args(argv)
+    distributed.cpu_where_no_accelerator()
     try:
         args.func(args)
     except UserError as e:
         print(f"memagent-jax: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # stdout's reader stopped early (`| head`): as a shell's SIGPIPE
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit
+        return 141
     except OSError as e:  # the file system refused (disk full, permissions): one line as well
         where = f"{e.filename}: " if e.filename else ""
         print(f"memagent-jax: error: {where}{e.strerror or e}", file=sys.stderr)

@@ -25,6 +25,7 @@ every process) and `check_same` (a lockstep check that fails loudly).
 from __future__ import annotations
 
 import dataclasses
+import glob
 import hashlib
 import os
 import pickle
@@ -145,6 +146,26 @@ def reserve_cpu_threads() -> None:
     devices = max([int(n) for n in counts], default=1)
     if devices > 1 and "NPROC" not in os.environ and (os.cpu_count() or 1) < 2 * devices:
         os.environ["NPROC"] = str(2 * devices)
+
+
+def cpu_where_no_accelerator() -> None:
+    """Sets JAX_PLATFORMS=cpu, unless it is set, on a machine with no accelerator attached:
+    no Google TPU on the PCI bus (the test JAX itself makes), no NVIDIA or AMD GPU device
+    node. Otherwise JAX would still start the TPU runtime wherever libtpu is installed (the
+    test extra installs it), which prints its failure to find a TPU on every command. Only
+    effective before JAX is imported."""
+    if "JAX_PLATFORMS" in os.environ:
+        return
+    for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(vendor) as f:
+                if f.read().strip() == "0x1ae0":  # Google
+                    return
+        except OSError:
+            continue
+    if glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"):
+        return
+    os.environ["JAX_PLATFORMS"] = "cpu"
 
 
 def _coordinates(launch: Launch) -> tuple[str | None, int | None, int | None]:

@@ -123,7 +123,8 @@ def check_representable(tokenizer, text: str, what: str) -> None:
         unk = unknown_id(tokenizer)
         reads = (f"the model would read {tokenizer.convert_ids_to_tokens(unk)} in their place"
                  if unk is not None else "it reads them as pieces no model has rows for")
-        raise UserError(f"{what}: the tokenizer has no token for {shown}{more} ({reads})")
+        raise UserError(f"{what}: the tokenizer has no token for {shown}{more} ({reads}; "
+                        "`memagent-jax vocab --model MODEL` lists the words a model reads)")
 
 
 def undecodable_ids(tokenizer, ids) -> list[int]:

@@ -1,4 +1,5 @@
-"""`memagent-jax convert | export | random-model`: model files in, model files out.
+"""`memagent-jax convert | export | random-model | vocab`: model files in, model files out,
+and what a model's tokenizer reads.
 
 Standard library only at import (the CLI builds its parser from this module): JAX and the
 model code load inside each command.
@@ -13,15 +14,16 @@ from memagent_jax.fileutil import check_new_output
 
 
 def add_parsers(sub) -> None:
-    """Registers `convert`, `export` and `random-model` on the CLI's subparsers."""
+    """Registers `convert`, `export`, `random-model` and `vocab` on the CLI's subparsers."""
     p = add_command(sub, "convert", help="HF safetensors directory -> memagent-jax checkpoint")
-    p.add_argument("--hf", required=True, metavar="HF_DIR", help="config.json + *.safetensors")
+    p.add_argument("--model", "--hf", required=True, metavar="HF_DIR",
+                   help="config.json + *.safetensors")
     p.add_argument("--out", required=True, metavar="CKPT_DIR", help="new checkpoint directory")
     p.set_defaults(func=_convert)
     distributed.add_flags(p)
 
     p = add_command(sub, "export", help="memagent-jax checkpoint -> HF safetensors directory")
-    p.add_argument("--ckpt", required=True, metavar="CKPT_DIR",
+    p.add_argument("--model", "--ckpt", required=True, metavar="CKPT_DIR",
                    help="a `convert` output, a training run's output directory (its newest "
                         "step), checkpoints directory or step directory, or a shipped model's "
                         "name (memagent_jax/pretrained)")
@@ -44,14 +46,21 @@ def add_parsers(sub) -> None:
                    help="split weights into files of at most this size, with an index")
     p.set_defaults(func=_random_model)
 
+    p = add_command(sub, "vocab", help="print the words (tokens) a model reads, one a line, in "
+                                       "id order: those its tokenizer has and it has rows for")
+    p.add_argument("--model", required=True, metavar="PATH",
+                   help="HF or checkpoint directory, or a shipped model's name")
+    p.set_defaults(func=_vocab)
+
 
 def _convert(args) -> None:
     from memagent_jax.models import job_mesh, load_model, save_checkpoint
     check_new_output(args.out, "--out")
     start(args)
-    model, config = load_model(args.hf, dtype=None, mesh=job_mesh(None))
-    save_checkpoint(model, config, args.out, side_files_dir=args.hf)
-    print_once(f"converted {args.hf} -> {args.out} ({config.num_layers} layers, {config.dtype})")
+    model, config = load_model(args.model, dtype=None, mesh=job_mesh(None))
+    save_checkpoint(model, config, args.out, side_files_dir=args.model)
+    print_once(f"converted {args.model} -> {args.out} ({config.num_layers} layers, "
+               f"{config.dtype})")
 
 
 def _export(args) -> None:
@@ -60,18 +69,18 @@ def _export(args) -> None:
     from memagent_jax.models.checkpoint import is_checkpoint_directory, side_files_dir
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out, "--out")
-    source = pretrained.resolve(args.ckpt)
+    source = pretrained.resolve(args.model)
     if is_checkpoint_directory(source):
         side_files = side_files_dir(source)
-    elif source != args.ckpt:  # a shipped model: an HF directory, re-exported (resharded)
+    elif source != args.model:  # a shipped model: an HF directory, re-exported (resharded)
         side_files = source
     else:
-        raise UserError(f"{args.ckpt}: not a memagent-jax checkpoint (a `memagent-jax convert` "
+        raise UserError(f"{args.model}: not a memagent-jax checkpoint (a `memagent-jax convert` "
                         "output, or a training run's output, checkpoints or step directory)")
     start(args)
     model, config = load_model(source, dtype=None, mesh=job_mesh(None))
     save_hf(model, config, args.out, tokenizer_dir=side_files, max_shard_bytes=max_shard_bytes)
-    print_once(f"exported {args.ckpt} -> {args.out}")
+    print_once(f"exported {args.model} -> {args.out}")
 
 
 def _random_model(args) -> None:
@@ -90,6 +99,20 @@ def _random_model(args) -> None:
                 tokenizer_dir=tokenizer_dir, max_shard_bytes=max_shard_bytes)
     print(f"wrote a random-weight {args.preset} model ({args.dtype}) with a word-level "
           f"tokenizer to {args.out}")
+
+
+def _vocab(args) -> None:
+    from memagent_jax.models import read_config
+    from memagent_jax.tokenizer import PIECE_IDS, load_tokenizer
+    config = read_config(args.model)
+    tokenizer = load_tokenizer(args.model)
+    if tokenizer is None:
+        raise UserError(f"{args.model}: no tokenizer files (tokenizer.json) beside the model")
+    readable = sorted(i for i in tokenizer.get_vocab().values()
+                      if i < min(config.vocab_size, PIECE_IDS))
+    for token in tokenizer.convert_ids_to_tokens(readable):
+        # A word is stored as its byte-level spelling ("Ġcode" for " code").
+        print(tokenizer.convert_tokens_to_string([token]).strip() or repr(token))
 
 
 def _parse_size(text: str) -> int:

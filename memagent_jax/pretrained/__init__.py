@@ -1,6 +1,6 @@
 """Models shipped inside the package, addressable by name wherever a model path is taken:
 `--model NAME` (`run`, `generate`, `demo`), `model.path: NAME` (`eval`, `train`),
-`export --ckpt NAME`, and in Python `models.load_model(NAME)`, `tokenizer.load_tokenizer(NAME)`.
+`export --model NAME`, and in Python `models.load_model(NAME)`, `tokenizer.load_tokenizer(NAME)`.
 
 A shipped model is a Hugging Face directory under this package (config.json,
 model.safetensors, tokenizer files, generation_config.json: it loads in `transformers` as it

@@ -26,6 +26,7 @@ import secrets
 import zlib
 from typing import Callable, ClassVar, Generator, Literal
 
+from memagent_jax import pretrained
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
@@ -64,6 +65,13 @@ class MemAgentConfig:
         if self.thinking not in THINKING_CHOICES:
             raise ConfigError(config_key(self, "thinking"), f"must be one of "
                               f"{', '.join(THINKING_CHOICES)}, got {self.thinking!r}")
+
+    @classmethod
+    def from_model(cls, model_path: str | None, **given) -> MemAgentConfig:
+        """The budgets a model was trained with (its directory's memagent.json, as `run` and
+        `demo` read it; a shipped model's name is taken), with those `given` (None: not given)
+        over them, and the defaults above for the rest."""
+        return cls(**pretrained.budgets(model_path, **given))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,6 +1,10 @@
-"""The `memagent-jax` command as a whole: --version, and Ctrl-C where no command catches it."""
+"""The `memagent-jax` command as a whole: --version, Ctrl-C where no command catches it, and
+JAX's platform on a machine without an accelerator."""
 
+import json
 import os
+import subprocess
+import sys
 import tomllib
 from importlib import metadata
 
@@ -35,3 +39,18 @@ def test_ctrl_c_where_no_command_catches_it_is_one_line_and_exit_130(monkeypatch
     monkeypatch.setattr(models_command, "_random_model", interrupted)
     assert main(["random-model", "--preset", "tiny", "--out", "unused"]) == 130
     assert capsys.readouterr().err == "memagent-jax: interrupted (Ctrl-C)\n"
+
+
+def test_a_machine_without_an_accelerator_runs_commands_without_tpu_runtime_noise(tmp_path):
+    """The test install has libtpu, which JAX starts wherever it is installed, and which then
+    prints its failure to find a TPU (once the tokenizer has loaded torch: `generate` does).
+    Without JAX_PLATFORMS set, a command on this CPU-only machine prints only its own line."""
+    prompts = tmp_path / "in.jsonl"
+    prompts.write_text(json.dumps({"prompt": "the code of"}) + "\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    run = subprocess.run([sys.executable, "-m", "memagent_jax.cli", "generate", "--model",
+                          "memagent-tiny", "--input", str(prompts), "--out",
+                          str(tmp_path / "out.jsonl"), "--max-new-tokens", "2"],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+    assert run.returncode == 0, run.stderr
+    assert "TPU" not in run.stderr, run.stderr

@@ -1,24 +1,23 @@
 """The shipped agent, `memagent-tiny` (memagent_jax/pretrained; trained by the synthetic recipe,
 docs/synthetic.md): addressed by name, a Qwen2 that `transformers` loads with our logits, and a
 memory agent that answers fresh multikey documents of 8K tokens (a seed no training or
-evaluation set of the recipe used)."""
+evaluation set of the recipe used), through the README's own Python example."""
 
 import os
+import re
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from memagent_jax import pretrained
+from memagent_jax.cli import main
 from memagent_jax.models import load_model, read_config
-from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
-from memagent_jax.rollout.engine import EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig
-from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.tokenizer import load_tokenizer
+from memagent_jax.tokenizer import load_tokenizer, rows_needed, word_ids
 from tests.hf_reference import hf_logits
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "memagent-tiny"
 FRESH_SEED = 424242  # the recipe's data: seeds 1, 3 and 5 train, 2 validates, 9-11 evaluate
 DOCUMENTS = 16
@@ -57,20 +56,41 @@ def test_the_python_api_takes_its_name_as_the_commands_do(monkeypatch):
     assert pretrained.budgets(NAME) == pretrained.budgets(path) != {}
 
 
+def test_vocab_lists_the_words_it_reads(capsys):
+    """`vocab`: every word the model reads, one a line, each one token it has a row for; the
+    words of a fresh document among them."""
+    assert main(["vocab", "--model", NAME]) == 0
+    words = capsys.readouterr().out.splitlines()
+    tokenizer = load_tokenizer(NAME)
+    assert len(words) == rows_needed(tokenizer) and "code" in words
+    ids = word_ids(tokenizer, [w for w in words if w.isalpha()])
+    assert max(ids) < read_config(NAME).vocab_size
+    document = synthetic.make_sample("multikey", 2048, FRESH_SEED, 0)
+    assert set(document.context.split()) <= set(words)
+
+
+def _readme_python_example() -> str:
+    """The README's Python example of the memory agent (the block that calls build_agent)."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+    (block,) = [b for b in blocks if "build_agent(" in b]
+    return block
+
+
 @pytest.mark.slow
-def test_it_answers_fresh_8k_multikey_documents_by_name():
-    section = ModelSection(path=NAME)
-    tokenizer = section.load_tokenizer(required=True)
-    policy = load_policy(section, tokenizer)
-    config = MemAgentConfig(**pretrained.budgets(section.path))
-    agent = build_agent(policy.model, tokenizer, config, EngineConfig(slots=DOCUMENTS), None,
-                        policy.stop_ids)
+def test_the_readmes_python_example_answers_fresh_8k_multikey_documents_by_name():
+    """The README's example as written, with memagent-tiny for its model and fresh documents
+    for its pairs."""
+    code = _readme_python_example()
+    assert code.count('"~/models/RL-MemoryAgent-14B"') == 1
     documents = [synthetic.make_sample("multikey", 8192, FRESH_SEED, i)
                  for i in range(DOCUMENTS)]
-    samples = [agent.read(d.question, d.context) for d in documents]
-    groups = agent.run(policy.params, samples, SamplingParams(0.0))
-    answers = [(trajectory.answer or "").strip() for (trajectory,) in groups]
-    assert all(len(trajectory.turns) == 8192 // config.chunk_tokens + 1
-               for (trajectory,) in groups)
+    scope = {"pairs": [(d.question, d.context) for d in documents]}
+    exec(code.replace('"~/models/RL-MemoryAgent-14B"', repr(NAME)), scope)
+    answers = [(trajectory.answer or "").strip() for (trajectory,) in scope["results"]]
+    chunk_tokens = scope["budgets"].chunk_tokens
+    assert chunk_tokens == pretrained.budgets(NAME)["chunk_tokens"]
+    assert all(len(trajectory.turns) == 8192 // chunk_tokens + 1
+               for (trajectory,) in scope["results"])
     correct = sum(a == d.answer for a, d in zip(answers, documents))
     assert correct >= AT_LEAST, list(zip(answers, [d.answer for d in documents]))

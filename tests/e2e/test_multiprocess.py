@@ -180,9 +180,9 @@ _COMMANDS = """
 import json, sys
 from memagent_jax.cli import main
 ckpt, sets, out = sys.argv[1:4]
-for argv in (["export", "--ckpt", ckpt, "--out", out + "/hf", "--max-shard-size", "40KB"],
+for argv in (["export", "--model", ckpt, "--out", out + "/hf", "--max-shard-size", "40KB"],
              ["generate", "--model", out + "/hf", "--input", out + "/../prompts.jsonl",
-              "--output", out + "/completions.jsonl", "--max-new-tokens", "6", "--slots", "4"],
+              "--out", out + "/completions.jsonl", "--max-new-tokens", "6", "--slots", "4"],
              ["eval", "--config", "configs/eval/tiny_cpu.yaml", "model.path=" + out + "/hf",
               "data.sets=" + json.dumps([sets]), "output_dir=" + out + "/eval",
               "engine.slots=8"]):
@@ -239,7 +239,7 @@ def test_export_generate_and_eval_on_two_processes_write_what_one_process_writes
 def test_bad_starts_end_every_process_with_one_line(task, tmp_path):
     # A coordinator that never answers: process 1 of 2 alone.
     start = time.monotonic()
-    (result,) = multiprocess.run(["convert", "--hf", str(tmp_path / "none"), "--out",
+    (result,) = multiprocess.run(["convert", "--model", str(tmp_path / "none"), "--out",
                                   str(tmp_path / "x"), "--start-timeout", "5"], 1,
                                  timeout_s=60, env_for=lambda i, env: env.update(
                                      JAX_COORDINATOR_ADDRESS=f"127.0.0.1:"

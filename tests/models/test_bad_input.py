@@ -46,7 +46,7 @@ def hf_sharded(tmp_path_factory):
 def good_ckpt(hf_single, tmp_path_factory):
     """A memagent-jax checkpoint converted from hf_single."""
     out = str(tmp_path_factory.mktemp("good") / "ckpt")
-    assert cli.main(["convert", "--hf", hf_single, "--out", out]) == 0
+    assert cli.main(["convert", "--model", hf_single, "--out", out]) == 0
     return out
 
 
@@ -114,7 +114,7 @@ def test_missing_config_json(capsys, hf_single, tmp_path):
     hf = _copy(hf_single, tmp_path)
     os.remove(os.path.join(hf, "config.json"))
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out,
                   os.path.join(hf, "config.json"), "not found")
 
 
@@ -122,7 +122,7 @@ def test_no_safetensors_file(capsys, hf_single, tmp_path):
     hf = _copy(hf_single, tmp_path)
     os.remove(os.path.join(hf, "model.safetensors"))
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out,
                   hf, "model.safetensors")
 
 
@@ -134,7 +134,7 @@ def test_missing_shard(capsys, hf_sharded, tmp_path):
     missing = os.path.join(hf, shards[1])
     os.remove(missing)
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, missing, "not found")
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out, missing, "not found")
 
 
 @pytest.mark.parametrize("keep", ["half", 20, 4], ids=["half", "in_header", "no_header"])
@@ -144,14 +144,14 @@ def test_truncated_safetensors(capsys, hf_single, tmp_path, keep):
     size = os.path.getsize(path)
     os.truncate(path, size // 2 if keep == "half" else keep)
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, path, "truncated")
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out, path, "truncated")
 
 
 def test_shape_disagrees_with_config(capsys, hf_single, tmp_path):
     hf = _copy(hf_single, tmp_path)
     _edit_config(hf, lambda c: c.update(intermediate_size=64))  # the weights have 48
     out = str(tmp_path / "ckpt")
-    line = fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+    line = fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out,
                          os.path.join(hf, "model.safetensors"),
                          "'model.layers.0.mlp.gate_proj.weight'", "[48, 32]", "[64, 32]")
     assert "shape" in line
@@ -165,7 +165,7 @@ def test_rewritten_tensor_has_wrong_shape(capsys, hf_single, tmp_path):
     tensors["model.norm.weight"] = tensors["model.norm.weight"][:-1].copy()  # [32] -> [31]
     save_file(tensors, path, metadata={"format": "pt"})
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out,
                   path, "'model.norm.weight'", "[31]", "[32]")
 
 
@@ -187,7 +187,7 @@ def test_unsupported_architecture(capsys, hf_single, tmp_path, model_type, archs
             c["architectures"] = archs
     config = _edit_config(hf, edit)
     out = str(tmp_path / "ckpt")
-    line = fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, config, named)
+    line = fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out, config, named)
     assert "unsupported architecture" in line
 
 
@@ -211,7 +211,7 @@ def test_unsupported_rope_type(capsys, hf_single, tmp_path, edit, rope_type, key
     hf = _copy(hf_single, tmp_path)
     config = _edit_config(hf, edit)
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out,
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out,
                   config, f"'{rope_type}'", f"'{key}'")
 
 
@@ -226,12 +226,12 @@ def test_qwen3_variant_not_supported(capsys, tmp_path, key, value, named):
     capsys.readouterr()  # transformers' progress bar
     config = _edit_config(hf, lambda c: c.update({key: value}))
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, config, named)
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out, config, named)
 
 
 def test_hf_dir_does_not_exist(capsys, tmp_path):
     hf, out = str(tmp_path / "nowhere"), str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf, "--out", out], out, hf, "not found")
+    fails_cleanly(capsys, ["convert", "--model", hf, "--out", out], out, hf, "not found")
 
 
 def test_load_model_path_does_not_exist(tmp_path):
@@ -252,7 +252,7 @@ def test_convert_output_exists_and_not_empty(capsys, hf_single, tmp_path, as_fil
         os.makedirs(out)
         with open(os.path.join(out, "notes.txt"), "w") as f:
             f.write("precious\n")
-    fails_cleanly(capsys, ["convert", "--hf", hf_single, "--out", out], None, out,
+    fails_cleanly(capsys, ["convert", "--model", hf_single, "--out", out], None, out,
                   "is a file, not a directory" if as_file else "not empty")
     if as_file:
         with open(out) as f:
@@ -267,14 +267,14 @@ def test_export_target_exists_and_not_empty(capsys, good_ckpt, tmp_path):
     os.makedirs(out)
     with open(os.path.join(out, "model.safetensors"), "w") as f:
         f.write("not yours\n")
-    fails_cleanly(capsys, ["export", "--ckpt", good_ckpt, "--out", out], out, out, "not empty",
+    fails_cleanly(capsys, ["export", "--model", good_ckpt, "--out", out], out, out, "not empty",
                   existing={"model.safetensors": "not yours\n"})
 
 
 def test_export_into_empty_existing_dir_is_fine(capsys, good_ckpt, tmp_path):
     out = str(tmp_path / "exported")
     os.makedirs(out)
-    assert cli.main(["export", "--ckpt", good_ckpt, "--out", out]) == 0
+    assert cli.main(["export", "--model", good_ckpt, "--out", out]) == 0
     assert os.path.isfile(os.path.join(out, "model.safetensors"))
     assert _leftovers(out) == []
 
@@ -292,7 +292,7 @@ def test_export_ckpt_is_not_a_checkpoint(capsys, hf_single, tmp_path, kind):
         with open(ckpt, "wb") as f:
             f.write(b"\0" * 64)
     out = str(tmp_path / "exported")
-    line = fails_cleanly(capsys, ["export", "--ckpt", ckpt, "--out", out], out, ckpt)
+    line = fails_cleanly(capsys, ["export", "--model", ckpt, "--out", out], out, ckpt)
     assert "not a memagent-jax checkpoint" in line
 
 
@@ -322,7 +322,7 @@ def test_checkpoint_tree_differs_from_its_config(capsys, good_ckpt, tmp_path, la
         checkpointer.wait_until_finished()
         named = "unexpected 'layers/attn_norm'"
     out = str(tmp_path / "exported")
-    line = fails_cleanly(capsys, ["export", "--ckpt", ckpt, "--out", out], out,
+    line = fails_cleanly(capsys, ["export", "--model", ckpt, "--out", out], out,
                          os.path.join(ckpt, "params"), named)
     assert "convert" in line
 
@@ -330,7 +330,7 @@ def test_checkpoint_tree_differs_from_its_config(capsys, good_ckpt, tmp_path, la
 @pytest.mark.parametrize("size", ["abc", "0", "-1KB", "5XB", "", "inf", "1e400", "nan"])
 def test_bad_max_shard_size(capsys, good_ckpt, tmp_path, size):
     out = str(tmp_path / "exported")
-    fails_cleanly(capsys, ["export", "--ckpt", good_ckpt, "--out", out,
+    fails_cleanly(capsys, ["export", "--model", good_ckpt, "--out", out,
                            f"--max-shard-size={size}"], out, "--max-shard-size", repr(size))
 
 
@@ -355,7 +355,7 @@ def test_export_failure_midway_leaves_nothing(capsys, good_ckpt, tmp_path, monke
     # hf_checkpoint imported write_file by name, so patch it where it is used.
     monkeypatch.setattr(hf_checkpoint, "write_file", write_then_fail)
     out = str(tmp_path / "exported")
-    fails_cleanly(capsys, ["export", "--ckpt", good_ckpt, "--out", out,
+    fails_cleanly(capsys, ["export", "--model", good_ckpt, "--out", out,
                            "--max-shard-size", "20KB"], out, "No space left on device")
     assert len(written) == 1 and os.path.basename(os.path.dirname(written[0])).startswith(
         ".exported.tmp-")  # the first shard really was written, into the temp dir
@@ -372,7 +372,7 @@ def test_export_interrupted_midway_leaves_nothing(good_ckpt, tmp_path, monkeypat
 
     monkeypatch.setattr(hf_checkpoint, "write_file", write_then_interrupt)
     out = str(tmp_path / "exported")
-    assert cli.main(["export", "--ckpt", good_ckpt, "--out", out, "--max-shard-size",
+    assert cli.main(["export", "--model", good_ckpt, "--out", out, "--max-shard-size",
                      "20KB"]) == 130   # one line, no traceback (cli.main)
     assert len(written) == 1
     _assert_nothing_written(out)
@@ -388,7 +388,7 @@ def test_convert_failure_midway_leaves_nothing(capsys, hf_single, tmp_path, monk
 
     monkeypatch.setattr(checkpoint, "copy_side_files", fail)
     out = str(tmp_path / "ckpt")
-    fails_cleanly(capsys, ["convert", "--hf", hf_single, "--out", out], out,
+    fails_cleanly(capsys, ["convert", "--model", hf_single, "--out", out], out,
                   "Permission denied", "tokenizer.json")
 
 
@@ -401,7 +401,7 @@ def test_console_script_exit_status_and_stderr(hf_single, tmp_path):
     script = os.path.join(os.path.dirname(sys.executable), "memagent-jax")
     command = [script] if os.path.isfile(script) else [sys.executable, "-m", "memagent_jax.cli"]
     env = dict(os.environ, JAX_PLATFORMS="cpu")
-    result = subprocess.run(command + ["convert", "--hf", hf, "--out", out],
+    result = subprocess.run(command + ["convert", "--model", hf, "--out", out],
                             capture_output=True, text=True, env=env, timeout=120)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr

@@ -59,7 +59,7 @@ def test_sharded_logits_equal_unsharded(hf_dir, ids, unsharded_logits, axes):
 
 
 def test_checkpoint_restores_onto_a_mesh(hf_dir, ids, unsharded_logits, tmp_path):
-    assert main(["convert", "--hf", hf_dir, "--out", str(tmp_path / "ckpt")]) == 0
+    assert main(["convert", "--model", hf_dir, "--out", str(tmp_path / "ckpt")]) == 0
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
     model, _ = load_model(str(tmp_path / "ckpt"), mesh=mesh)
     assert model.layers[0].mlp.gate_kernel[...].sharding.spec == P("fsdp", "tensor")
