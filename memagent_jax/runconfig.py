@@ -7,12 +7,19 @@ an unknown key, or a value of the wrong type, is a `UserError` naming the file, 
 value. A section's own checks (its `__post_init__`, raising `ConfigError` through `at_least`,
 `probability` or with `config_key`) run as it is built, and again, with every other
 section's, in `check` (after a config was changed in code). A section class names itself in
-`SECTION` (its key in the YAML files).
+`SECTION` (its key in the YAML files). A command's top-level schema names its command in
+`COMMAND` and, in `OTHER_CONFIGS`, the top-level keys only another command's configs have,
+so that a file given to the wrong command is named as what it is.
+
+`write_config` keeps a resolved config as YAML that loads back to the same config, and
+`differences` names what changed between two configs (a resumed run's checks: `train`,
+`eval`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 import typing
@@ -98,6 +105,37 @@ def to_dict(config) -> dict:
     return plain(dataclasses.asdict(config))
 
 
+def write_config(config, path: str, comment: str) -> None:
+    """The config as YAML at `path` (`comment`'s lines first, as comments), keys in the schema's
+    order; written to a temporary file renamed into place, so the file is whole or absent.
+    `load_config` reads it back to an equal config."""
+    text = "".join(f"# {line}\n" for line in comment.splitlines())
+    text += yaml.safe_dump(to_dict(config), sort_keys=False)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def differences(old, new, keep: tuple[str, ...] = (), key: str = "") -> list[str]:
+    """Where two configs (or parts of them) as plain data (`to_dict`, JSON) differ, one entry per
+    dotted key, in `new`'s order: "learner.lr was 0.001, now 0.0003". The keys in `keep`, and
+    the keys under them, may differ: they are left out."""
+    if key in keep:
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        names = [*new, *(name for name in old if name not in new)]  # the schema's order
+        return [change for name in names
+                for change in differences(old.get(name), new.get(name), keep,
+                                          f"{key}.{name}" if key else str(name))]
+    return [] if old == new else [f"{key} was {old!r}, now {new!r}"]
+
+
 def at_least(section, low: int, *names: str) -> None:
     """A section's check: each field's value is >= low, or None (ConfigError naming it)."""
     for name in names:
@@ -122,8 +160,7 @@ def _check_override(schema: type, key: str, value, item: str) -> None:
             return  # a key inside a mapping (mesh.data): checked with the whole config
         fields = {f.name for f in dataclasses.fields(kind)}
         if part not in fields:
-            raise UserError(f"{source}: unknown key '{walked}{part}' (known keys here: "
-                            f"{', '.join(sorted(fields))})")
+            raise _unknown_key(f"{source}: ", walked + part, kind)
         kind, walked = typing.get_type_hints(kind)[part], f"{walked}{part}."
     _convert(kind, value, source, key)
 
@@ -151,11 +188,11 @@ def _build(schema: type, values: dict, source: str, prefix: str, base=None):
     config's default for this section, e.g. training's 64 decode slots), else the schema's."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
-    for key in values:
-        if key not in fields:
-            known = ", ".join(sorted(fields))
-            raise UserError(f"{_at(source)}unknown key '{prefix}{key}' (known keys here: "
-                            f"{known})")
+    unknown = [key for key in values if key not in fields]
+    if unknown and not prefix:
+        _check_command(schema, unknown, source)
+    if unknown:
+        raise _unknown_key(_at(source), prefix + unknown[0], schema)
     kwargs = {}
     for name, value in values.items():
         if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
@@ -167,6 +204,36 @@ def _build(schema: type, values: dict, source: str, prefix: str, base=None):
         return schema(**kwargs) if base is None else dataclasses.replace(base, **kwargs)
     except ConfigError as e:  # the section's own check
         raise UserError(f"{_at(source)}{e}") from None
+
+
+def _unknown_key(at: str, key: str, schema: type) -> UserError:
+    """"unknown key 'learner.lrr' (did you mean 'learner.lr'?)": the section's keys close to
+    the one given; where none is, the section's keys when they are few, else the schema that
+    holds them (a section of 30 keys listed in full hides the one the user meant)."""
+    *parents, name = key.split(".")
+    section = "".join(f"{part}." for part in parents)
+    known = sorted(f.name for f in dataclasses.fields(schema))
+    close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    if close:
+        hint = "did you mean " + " or ".join(f"'{section}{c}'" for c in close) + "?"
+    elif len(known) <= 10:
+        hint = f"known keys here: {', '.join(known)}"
+    else:
+        hint = (f"none of the {len(known)} keys here is close; they are the fields of "
+                f"{schema.__module__}.{schema.__qualname__}")
+    return UserError(f"{at}unknown key '{key}' ({hint})")
+
+
+def _check_command(schema: type, unknown: list[str], source: str) -> None:
+    """Raises where a file's unknown top-level keys are another command's (`OTHER_CONFIGS`):
+    an eval config given to `train` is named as one, not as an unknown key."""
+    for command, keys in getattr(schema, "OTHER_CONFIGS", {}).items():
+        found = [repr(key) for key in unknown if key in keys]
+        if found:
+            shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+            raise UserError(f"{_at(source)}a config for `memagent-jax {command}` (it has "
+                            f"{shown}), not for `memagent-jax {schema.COMMAND}`: run it with "
+                            f"`memagent-jax {command} --config`")
 
 
 def build_section(schema: type[T], values: dict, key: str) -> T:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from memagent_jax.commandline import tokens  # stdlib-only at import
+from memagent_jax.console import progress_bar  # stdlib-only at import
 
 
 def add_parsers(sub):
@@ -124,8 +124,6 @@ def _indices_from(path: str) -> list[int]:
 
 
 def _ruler_hqa(args) -> None:
-    from tqdm import tqdm
-
     from memagent_jax.data.hotpotqa import check_num_docs, ruler_hqa_records, select_questions
     from memagent_jax.data.io import write_set
     from memagent_jax.fileutil import check_new_files, check_output_dir
@@ -139,14 +137,12 @@ def _ruler_hqa(args) -> None:
     for n in args.num_docs:
         path = os.path.join(args.out, f"eval_{n}.json")
         records = ruler_hqa_records(corpus, n, questions, **_seeds(args))
-        count = write_set(path, tqdm(records, total=len(questions), desc=f"{n} docs",
-                                     unit="sample", file=sys.stderr))
+        count = write_set(path, progress_bar(records, total=len(questions),
+                                             desc=f"{n} docs", unit="sample"))
         print(f"wrote {count} samples with {n} documents each to {path}")
 
 
 def _hotpotqa_train(args) -> None:
-    from tqdm import tqdm
-
     from memagent_jax.data.hotpotqa import select_questions, training_rows
     from memagent_jax.data.io import write_parquet
     from memagent_jax.fileutil import check_new_files, check_output_file
@@ -154,17 +150,15 @@ def _hotpotqa_train(args) -> None:
     check_new_files([args.out], "--out")
     corpus = _corpus(args)
     questions = select_questions(corpus, args.num_samples)
-    rows = list(tqdm(training_rows(corpus, args.num_docs, questions, **_seeds(args),
-                                   data_source=args.data_source),
-                     total=len(questions), desc="train", unit="sample", file=sys.stderr))
+    rows = list(progress_bar(training_rows(corpus, args.num_docs, questions, **_seeds(args),
+                                           data_source=args.data_source),
+                             total=len(questions), desc="train", unit="sample"))
     write_parquet(args.out, rows)
     print(f"wrote {len(rows)} training samples with {args.num_docs} documents each to "
           f"{args.out}")
 
 
 def _ruler(args) -> None:
-    from tqdm import tqdm
-
     from memagent_jax.data.io import write_set
     from memagent_jax.data.ruler import check_task, needs_essay, ruler_records
     from memagent_jax.errors import UserError
@@ -196,7 +190,6 @@ def _ruler(args) -> None:
             path = os.path.join(args.out, f"eval_{task}_{length}.json")
             records = ruler_records(task, length, args.num_samples, tokenizer, args.seed,
                                     haystack)
-            count = write_set(path, tqdm(records, total=args.num_samples,
-                                         desc=f"{task} {length}", unit="sample",
-                                         file=sys.stderr))
+            count = write_set(path, progress_bar(records, total=args.num_samples,
+                                                 desc=f"{task} {length}", unit="sample"))
             print(f"wrote {count} {task} samples of {length} tokens to {path}")

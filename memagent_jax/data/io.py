@@ -1,9 +1,10 @@
 """Data files: reading sources through `datasets`, reading and writing evaluation sets.
 
 Sources (HotpotQA, or an existing set to take question indices from) are read with Hugging Face
-`datasets`: a hub id where there is network, or local .json/.jsonl/.parquet files. Evaluation
-sets are read WITHOUT `datasets` (GPU images often lack it): a .json list (the original's
-`eval_{N}.json`), .jsonl, or .parquet (pyarrow). Sets are written as a JSON list, streamed
+`datasets`: a hub id where there is network (or from the datasets cache with HF_HUB_OFFLINE=1;
+`load_from_hub` fails at once where the hub is out of reach), or local .json/.jsonl/.parquet
+files. Evaluation sets are read WITHOUT `datasets` (GPU images often lack it): a .json list
+(the original's `eval_{N}.json`), .jsonl, or .parquet (pyarrow). Sets are written as a JSON list, streamed
 record by record into a temporary file that is renamed into place, so a set file is either
 complete or absent.
 """
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Iterable
+import socket
+import urllib.parse
+from typing import Callable, Iterable
 
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+HUB_TIMEOUT_S = 3  # how long `load_from_hub` waits for a connection to the hub
 
 
 def load_source(source: str, split: str | None = None, name: str | None = None,
@@ -40,12 +44,36 @@ def load_source(source: str, split: str | None = None, name: str | None = None,
                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
     if len(paths) != 1 or not looks_like_hub_id(source):
         raise UserError(f"{source}: file not found")
+    return load_from_hub(lambda: datasets.load_dataset(source, name or default_name,
+                                                       split=split or default_split), source)
+
+
+def load_from_hub(load: Callable, what: str):
+    """load() (a `datasets.load_dataset` call for a source on the Hugging Face hub) and its
+    result; errors are one line starting with `what` (the source, and the key that named it)
+    that says how to do without the hub. Where HF_HUB_OFFLINE is not set and no connection to
+    the hub opens within HUB_TIMEOUT_S, fails at once: huggingface_hub would retry for some 25
+    seconds before failing. With HF_HUB_OFFLINE set, `datasets` reads its cache only."""
+    from huggingface_hub import constants
+    local = "a local .parquet, .json or .jsonl file (downloaded where there is network)"
+    if not constants.HF_HUB_OFFLINE:
+        url = urllib.parse.urlparse(constants.ENDPOINT)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        try:
+            socket.create_connection((url.hostname, port), timeout=HUB_TIMEOUT_S).close()
+        except OSError as e:
+            raise UserError(f"{what}: a Hugging Face hub dataset, and the hub is out of reach "
+                            f"(no connection to {url.hostname}: {e.strerror or e}); give "
+                            f"{local} instead, or set HF_HUB_OFFLINE=1 to read it from the "
+                            "datasets cache") from None
     try:
-        return datasets.load_dataset(source, name or default_name, split=split or default_split)
+        return load()
     except Exception as e:  # noqa: BLE001 - hub and network errors of many types
-        raise UserError(f"{source}: cannot load from the Hugging Face hub "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                        ) from None
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        where = ("the datasets cache (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE
+                 else "the Hugging Face hub")
+        raise UserError(f"{what}: cannot load it from {where}: {reason}; give {local} "
+                        "instead") from None
 
 
 def looks_like_hub_id(spec: str) -> bool:

@@ -8,7 +8,8 @@ The source layout is the published MemAgent training set `BytedTsinghua-SIA/hotp
     reward_model: {"ground_truth": [str, ...], ...}
     extra_info: {"index": int, "question": str, "num_docs": int, ...}   (optional)
 A source is a local parquet / json / jsonl file or a directory of them, an `hf://` path, or a
-hub id (read through `datasets`, from its cache when there is no network). The evaluation
+hub id (read through `datasets`; from its cache with HF_HUB_OFFLINE=1, and refused at once
+where the hub is out of reach: `data.io.load_from_hub`). The evaluation
 layout that `memagent-jax data ruler-hqa` writes (context, input, answers) is read as well, so
 validation can run on a RULER-HQA set.
 
@@ -25,10 +26,11 @@ draws exactly the examples the uninterrupted run would have drawn.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import Any, Sequence
 
-from memagent_jax.data.io import looks_like_hub_id
+from memagent_jax.data.io import load_from_hub, looks_like_hub_id
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
@@ -52,13 +54,22 @@ def load_source(spec: str, split: str = "train", key: str = "data"):
     """The `datasets.Dataset` a source names (see the module docstring); `key` names the config
     key in errors. Raises UserError when it is missing, empty, or lacks a required field (a
     missing file before a missing `datasets` package)."""
-    kind = _FILE_KINDS.get(os.path.splitext(spec)[1].lower())
+    extension = os.path.splitext(spec)[1].lower()
+    kind = _FILE_KINDS.get(extension)
     local = os.path.exists(spec)
+    formats = ("parquet, json or jsonl files (a file, a directory of them, or a hub id such as "
+               "BytedTsinghua-SIA/hotpotqa)")
     if kind is None and not local and not looks_like_hub_id(spec):
-        raise UserError(f"{key}: '{spec}' not found (expected a parquet/json/jsonl file, a "
-                        "directory of them, or a hub id such as BytedTsinghua-SIA/hotpotqa)")
+        raise UserError(f"{key}: '{spec}' not found (expected {formats})")
     if kind is not None and not local and not spec.startswith("hf://"):
         raise UserError(f"{key}: '{spec}' not found")
+    if os.path.isfile(spec) and kind is None:  # `datasets` would look for it on the hub
+        what = f"a {extension} file" if extension else "a file without an extension"
+        raise UserError(f"{key}: '{spec}' is {what}; training data is read from {formats}")
+    if os.path.isdir(spec) and not any(os.path.splitext(name)[1].lower() in _FILE_KINDS
+                                       for _, _, names in os.walk(spec) for name in names):
+        raise UserError(f"{key}: '{spec}' is a directory without any .parquet, .json or "
+                        ".jsonl file")
     with needs("train", "reading training data"):
         import datasets
     previous = datasets.logging.get_verbosity()
@@ -66,9 +77,10 @@ def load_source(spec: str, split: str = "train", key: str = "data"):
     datasets.disable_progress_bars()  # the trainer has its own progress bar
     try:
         if kind is not None:
-            dataset = datasets.load_dataset(kind, data_files=spec, split="train")
+            load = functools.partial(datasets.load_dataset, kind, data_files=spec, split="train")
         else:
-            dataset = datasets.load_dataset(spec, split=split)
+            load = functools.partial(datasets.load_dataset, spec, split=split)
+        dataset = load() if local else load_from_hub(load, f"{key}: '{spec}'")
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; the user needs one line

@@ -3,7 +3,8 @@
 Sections and what they change:
 - model: which weights (`rollout.agent.ModelSection`, shared with train); `name` labels the row
   of the results table. `url`: run the memory agent's turns on an OpenAI-compatible server
-  instead (`memagent-jax serve`, vLLM; key in env API_KEY), as `run --url` does; `path` is
+  instead (`memagent-jax serve`, vLLM; key in env MEMAGENT_API_KEY, else
+  API_KEY), as `run --url` does; `path` is
   then only read for the tokenizer, and `served_name` is the model name sent.
 - method: "memagent" (the chunk-memory loop) or "full_context" (the whole document in one
   prompt, centre-truncated to the model window: the baseline of the paper's table).
@@ -88,6 +89,11 @@ class ReportSection:
 
 @dataclasses.dataclass
 class EvalConfig:
+    COMMAND: ClassVar[str] = "eval"
+    # Top-level keys of train configs only: such a file given to eval is named as one.
+    OTHER_CONFIGS: ClassVar[dict] = {"train": ("rollout", "learner", "steps", "prompts_per_step",
+                                               "validation", "checkpoint", "dynamic_sampling",
+                                               "overlong", "warmup")}
     model: EvalModelSection = dataclasses.field(default_factory=EvalModelSection)
     method: Literal["memagent", "full_context"] = "memagent"
     memagent: MemAgentConfig = dataclasses.field(default_factory=MemAgentConfig)

@@ -96,11 +96,12 @@ class OutputDir:
         if os.path.exists(run_file):
             with open(run_file, encoding="utf-8") as f:
                 previous = json.load(f)
-            difference = _first_difference(previous, json.loads(json.dumps(identity)))
-            if difference:
+            from memagent_jax.runconfig import differences  # yaml: eval-compare runs without
+            changed = differences(previous, json.loads(json.dumps(identity)))
+            if changed:
                 self.close()
-                raise UserError(f"{path} holds results of a different run ({difference}); "
-                                "choose a new output_dir")
+                raise UserError(f"{path} holds results of a different run "
+                                f"({'; '.join(changed)}); choose a new output_dir")
         else:
             tmp = run_file + ".tmp"
             with open(tmp, "w", encoding="utf-8") as f:
@@ -112,13 +113,3 @@ class OutputDir:
 
     def close(self) -> None:
         self._lock.close()  # releases the flock
-
-
-def _first_difference(old, new, prefix: str = "") -> str | None:
-    if isinstance(old, dict) and isinstance(new, dict):
-        for key in sorted(set(old) | set(new)):
-            found = _first_difference(old.get(key), new.get(key), f"{prefix}{key}.")
-            if found:
-                return found
-        return None
-    return None if old == new else f"{prefix.rstrip('.')} was {old!r}, now {new!r}"

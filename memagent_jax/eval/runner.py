@@ -22,9 +22,9 @@ logs and writes the report, and tells the others which questions are left.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 from memagent_jax import distributed
+from memagent_jax.console import announce, progress_bar
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import make_method
@@ -38,12 +38,11 @@ class Progress:
     """Two bars on stderr: questions finished, and model calls (chunks and answers)."""
 
     def __init__(self, samples: int):
-        from tqdm import tqdm
         quiet = not distributed.is_main()
-        self.samples = tqdm(total=samples, desc="samples", unit="sample", position=0,
-                            file=sys.stderr, dynamic_ncols=True, disable=quiet)
-        self.turns = tqdm(total=0, desc="chunks", unit="turn", position=1, file=sys.stderr,
-                          dynamic_ncols=True, disable=quiet)
+        self.samples = progress_bar(total=samples, desc="samples", unit="sample", position=0,
+                                    disable=quiet)
+        self.turns = progress_bar(total=0, desc="chunks", unit="turn", position=1,
+                                  disable=quiet)
 
     def add_turns(self, count: int) -> None:
         self.turns.total += count
@@ -73,6 +72,7 @@ def run_eval(config: EvalConfig, method=None) -> dict | None:
         todo = [(s, [r for r in range(len(s.records)) if r not in logs[s.name].records])
                 for s in sets]
         remaining = sum(len(rows) for _, rows in todo)
+        _announce(config, sets, remaining)
         if remaining:
             method.start()  # loads the model: only when something is left to do
             progress = Progress(remaining)
@@ -97,6 +97,30 @@ def run_eval(config: EvalConfig, method=None) -> dict | None:
     summary["table"], summary["written"] = write_report(
         config.output_dir, summary, config.report.compare, config.report.published)
     return summary
+
+
+def _announce(config: EvalConfig, sets: list[EvalSet], remaining: int) -> None:
+    """What the eval is about to do, before the model loads (process 0)."""
+    import jax
+    m, s = config.model, config.sampling
+    if config.method == "memagent":
+        b = config.memagent
+        budgets = (f"chunks of {b.chunk_tokens} tokens, memory {b.max_memory_tokens}, final "
+                   f"answer {b.max_final_tokens}")
+    else:
+        f = config.full_context
+        window = f"{f.max_input_tokens} tokens" if f.max_input_tokens else "the model's window"
+        budgets = f"prompts of {window}, answers of {f.max_new_tokens} tokens"
+    mesh = config.mesh or ("fsdp over all" if jax.process_count() > 1 else "one device")
+    announce(f"eval: {config.row_name}, {config.method}", {
+        "model": (m.path or f"preset {m.preset}") + (f" on the server {m.url}" if m.url else ""),
+        "data": f"{len(sets)} set(s), {sum(len(x.records) for x in sets)} questions "
+                f"({remaining} left): {', '.join(x.name for x in sets)}",
+        "devices": "the server's" if m.url else f"{jax.device_count()} "
+                   f"{jax.default_backend()} device(s), mesh {mesh}",
+        "budgets": f"{budgets}; {config.engine.slots} decode slots",
+        "sampling": f"{s.n} answer(s) a question, temperature {s.temperature}, top_p {s.top_p}",
+        "output": config.output_dir})
 
 
 class _Replica:

@@ -46,6 +46,12 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
     return build_model(config, params, dtype=compute_dtype, attention=attention), config
 
 
+def is_model_directory(path: str) -> bool:
+    """Whether `path` is a directory `load_model` reads: an HF model (config.json) or one of
+    our checkpoints (a converted model, or a training run's step, checkpoints or run dir)."""
+    return hf_checkpoint.is_hf_directory(path) or checkpoint.is_checkpoint_directory(path)
+
+
 def read_config(path: str) -> ModelConfig:
     """The config of an HF directory or one of our checkpoints (or a shipped model's name),
     weights untouched."""

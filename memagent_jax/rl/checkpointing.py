@@ -96,6 +96,13 @@ class Checkpointer:
         self._manager.close()
 
 
+def committed_steps(directory: str) -> list[int]:
+    """The committed steps in a checkpoint directory (none where it does not exist), read
+    without a manager: before any device work, the trainer learns whether it resumes."""
+    import orbax.checkpoint as ocp
+    return sorted(ocp.path.step.checkpoint_steps(directory))
+
+
 def abstract_like(tree: Any) -> Any:
     """Arrays -> ShapeDtypeStruct with their sharding (what restore needs to place them);
     other leaves (Python/NumPy scalars) as they are."""

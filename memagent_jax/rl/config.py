@@ -20,6 +20,9 @@ plus steps, prompts_per_step, seed, output_dir, log_dir, distributed, compilatio
 `TrainConfig`'s own check covers what spans sections; `check_devices(config, devices)` checks
 the batches against the mesh over the job's devices. Files (data, model,
 tokenizer) are checked by the trainer, still before any model is loaded.
+
+A run keeps its resolved config in `output_dir/config.yaml` (`CONFIG_FILE`); resuming from a
+checkpoint, it may change only the keys in `RESUMABLE`.
 """
 
 from __future__ import annotations
@@ -36,6 +39,20 @@ from memagent_jax.rollout.agent import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.runconfig import at_least, load_config, probability
+
+
+CONFIG_FILE = "config.yaml"  # the run's resolved config, in its output_dir
+
+# What a run resumed from its checkpoint may change (the trainer refuses any other change,
+# naming it): how long it runs and how often it checkpoints and validates (neither changes a
+# step: the learning-rate schedule has its own learner.total_steps, validation its own seed),
+# the run directory's name, and how the job sits on its machines: the mesh (a job resumes on
+# any number of processes) and the memory settings that follow it (slots over mesh.data,
+# micro-batches over data x fsdp), which change how a step is computed, not what.
+RESUMABLE = ("steps", "checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
+             "validation.every", "validation.at_start", "output_dir", "mesh", "distributed",
+             "compilation_cache_dir", "engine.slots", "learner.micro_batch_rows",
+             "learner.micro_batch_tokens", "learner.remat")
 
 
 @dataclasses.dataclass
@@ -141,6 +158,9 @@ class CheckpointSection:
 
 @dataclasses.dataclass
 class TrainConfig:
+    COMMAND: ClassVar[str] = "train"
+    # Top-level keys of eval configs only: such a file given to train is named as one.
+    OTHER_CONFIGS: ClassVar[dict] = {"eval": ("method", "full_context", "sampling", "report")}
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     mesh: dict[str, int] = dataclasses.field(default_factory=lambda: dict(DEFAULT_MESH))
     data: DataSection = dataclasses.field(default_factory=DataSection)

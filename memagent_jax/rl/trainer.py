@@ -19,7 +19,9 @@ checkpoint repeats exactly what the uninterrupted run does: same examples, same 
 parameters. `logs/steps.jsonl` records each step's drawn example indices to show it.
 
 Setup checks every input (config, data sources, model and tokenizer directories, the mesh
-against the devices) before a model is loaded or anything is compiled.
+against the devices) before a model is loaded or anything is compiled, keeps the resolved config
+in `output_dir/config.yaml` (a resume that changes other keys than `config.RESUMABLE` is
+refused, each change named) and prints what the run is about to do.
 
 On many processes (a pod; `memagent_jax.distributed`), every process reads the same examples
 and drives the whole global batch through the SPMD engine and learner (their arrays are split
@@ -51,22 +53,24 @@ from tqdm import tqdm
 
 from memagent_jax import distributed, pretrained
 from memagent_jax.data import pipeline
-from memagent_jax.errors import Interrupted
+from memagent_jax.console import announce, progress_bar
+from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
 from memagent_jax.fileutil import check_output_dir
 from memagent_jax.models import checkpoint, make_mesh
 from memagent_jax.rl import warmup
 from memagent_jax.rl.advantages import group_advantages
-from memagent_jax.rl.checkpointing import Checkpointer
+from memagent_jax.rl.checkpointing import Checkpointer, committed_steps
 from memagent_jax.rl.collect import collect_batch, score, supervised_batch
-from memagent_jax.rl.config import TrainConfig, check_devices
+from memagent_jax.rl.config import (CONFIG_FILE, RESUMABLE, TrainConfig, check_devices,
+                                    load_train_config)
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.agent import build_agent, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.runconfig import check
+from memagent_jax.runconfig import check, differences, to_dict, write_config
 
 
 class Trainer:
@@ -87,6 +91,8 @@ class Trainer:
         self.is_main = self.process_index == 0
         self._check_inputs()              # files: data, model, tokenizer (no device work)
         self.mesh_axes = check_devices(config, jax.device_count())
+        self._keep_config()               # config.yaml; a resume's changes checked
+        self._announce()
         self._build()                     # devices from here on
         self.step = 0
         self.rng = jax.random.key(config.seed)
@@ -118,6 +124,50 @@ class Trainer:
                           ("checkpoint.dir", self.config.checkpoint_dir)):
             if "://" not in path:  # gs:// and the like are not local paths
                 check_output_dir(path, key)
+
+    def _keep_config(self) -> None:
+        """Keeps the resolved config in output_dir/config.yaml (process 0), a file that
+        `train --config` reruns as it is. Where the run resumes from a checkpoint, the config
+        it was started with must be this one but for the keys in RESUMABLE (rl/config.py): a
+        run with other settings would mix two runs in one set of checkpoints and logs, so
+        each other change is named, old and new value, and the run refused."""
+        config = self.config
+        path = os.path.join(config.output_dir, CONFIG_FILE)
+
+        def keep() -> None:
+            if os.path.exists(path) and committed_steps(config.checkpoint_dir):
+                changed = differences(to_dict(load_train_config(path)), to_dict(config),
+                                      RESUMABLE)
+                if changed:
+                    raise UserError(
+                        f"{config.output_dir}: resuming a run started with other settings "
+                        f"({'; '.join(changed)}); rerun with the settings of {path}, or give "
+                        f"another output_dir (a resume may change only {', '.join(RESUMABLE)})")
+            write_config(config, path, "The resolved config of this run, written by "
+                                       "`memagent-jax train` at its start.\n`memagent-jax "
+                                       f"train --config {path}` resumes it.")
+
+        distributed.on_main(keep)
+
+    def _announce(self) -> None:
+        """What the run is about to do, before the model loads (process 0)."""
+        c, m, b = self.config, self.config.model, self.config.memagent
+        data = f"{', '.join(c.data.train)} ({len(self.train_data)} rows)"
+        if c.data.val:
+            data += f"; validation {c.data.val} ({len(self.val_examples)} rows used)"
+        mesh = " x ".join(f"{axis} {size}" for axis, size in self.mesh_axes.items())
+        announce("train", {
+            "model": m.path or f"preset {m.preset}, random weights (init_seed {m.init_seed})",
+            "data": data,
+            "devices": f"{jax.device_count()} {jax.default_backend()} device(s) in "
+                       f"{self.process_count} process(es), mesh {mesh}",
+            "budgets": f"chunks of {b.chunk_tokens} tokens (at most {b.max_chunks or 'all'} "
+                       f"a document), memory {b.max_memory_tokens}, final answer "
+                       f"{b.max_final_tokens}; {c.engine.slots} decode slots",
+            "steps": f"{c.steps} ({c.learner.loss}), each {c.prompts_per_step} prompts x "
+                     f"{c.rollout.n} trajectories",
+            "run dir": f"{c.output_dir} ({CONFIG_FILE}; checkpoints {c.checkpoint_dir}, "
+                       f"logs {c.logs_dir})"})
 
     def _build(self) -> None:
         config = self.config
@@ -182,8 +232,8 @@ class Trainer:
         with self.preemption:
             if config.validation.at_start and self.step == 0:
                 self._log(0, self.validate(0))
-            with tqdm(total=config.steps, initial=self.step, desc="train", unit="step",
-                      file=sys.stderr, disable=not self.is_main, dynamic_ncols=True) as bar:
+            with progress_bar(total=config.steps, initial=self.step, desc="train",
+                              unit="step", disable=not self.is_main) as bar:
                 self._bar = bar
                 while self.step < config.steps and not self.stopped:
                     record = self.train_step(self.step + 1) or record

@@ -22,6 +22,7 @@ from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models import (ModelConfig, Params, Qwen, load_model, preset_config,
                                  random_model, split_params)
 from memagent_jax.models.config import ATTENTION_CHOICES
+from memagent_jax.models.loading import is_model_directory
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, turn_parts
 from memagent_jax.rollout.scheduler import Scheduler
@@ -72,6 +73,9 @@ class ModelSection:
         directory = self.tokenizer or self.path
         tokenizer = load_tokenizer(directory) if os.path.isdir(directory) else None
         if tokenizer is None and required:
+            if not self.tokenizer and not is_model_directory(self.path):  # say that first
+                raise ConfigError("model.path", f"'{self.path}' is not a model directory (no "
+                                                "config.json, not a memagent-jax checkpoint)")
             key = "model.tokenizer" if self.tokenizer else "model.path"
             raise ConfigError(key, f"'{directory}' has no tokenizer files (tokenizer.json / "
                                    "tokenizer_config.json)")

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import ClassVar, Literal
 
 import pytest
 
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.runconfig import load_config, to_dict
+from memagent_jax.runconfig import differences, load_config, to_dict, write_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,3 +124,72 @@ def test_a_bad_base_is_one_line_naming_it(tmp_path, files, words):
         load_config(Run, str(tmp_path / "c.yaml"))
     assert "\n" not in str(e.value)
     assert all(word in str(e.value) for word in words), str(e.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Wide:
+    """A section of many keys, as the learner's."""
+    alpha: int = 0
+    beta: int = 0
+    gamma: int = 0
+    delta: int = 0
+    epsilon: int = 0
+    zeta: int = 0
+    eta: int = 0
+    theta: int = 0
+    iota: int = 0
+    kappa: int = 0
+    lambda_: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Wider:
+    optim: Optim = Optim()
+    wide: Wide = Wide()
+
+
+@pytest.mark.parametrize("text, overrides, hint", [
+    ("", ["optim.lrr=3"], "unknown key 'optim.lrr' (did you mean 'optim.lr'?)"),
+    ("optim:\n  warmup_stepz: 3\n", [], "unknown key 'optim.warmup_stepz' (did you mean "
+                                         "'optim.warmup_steps'?)"),
+    ("", ["wide.thetta=1"], "unknown key 'wide.thetta' (did you mean 'wide.theta' or "
+                            "'wide.eta' or 'wide.zeta'?)"),  # the closest first
+    ("", ["optim.speed=1"], "unknown key 'optim.speed' (known keys here: lr, schedule, "
+                            "warmup_steps)"),
+    # a section of many keys, none close: where they are, not all of them
+    ("", ["wide.omega=1"], "unknown key 'wide.omega' (none of the 11 keys here is close; they "
+                           "are the fields of tests.core.test_runconfig.Wide)"),
+])
+def test_an_unknown_key_suggests_the_keys_close_to_it(tmp_path, text, overrides, hint):
+    with pytest.raises(UserError) as e:
+        load_config(Wider, write(tmp_path, text), overrides)
+    assert str(e.value).endswith(hint), str(e.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Train:
+    COMMAND: ClassVar[str] = "train"
+    OTHER_CONFIGS: ClassVar[dict] = {"eval": ("method", "sampling")}
+    steps: int = 1
+
+
+def test_a_config_of_another_command_is_named_as_one(tmp_path):
+    path = write(tmp_path, "method: memagent\nsampling: {n: 2}\nsteps: 3\n")
+    with pytest.raises(UserError) as e:
+        load_config(Train, path)
+    assert str(e.value) == (f"{path}: a config for `memagent-jax eval` (it has 'method', "
+                            "'sampling'), not for `memagent-jax train`: run it with "
+                            "`memagent-jax eval --config`")
+
+
+def test_a_written_config_reads_back_and_differences_name_every_change(tmp_path):
+    config = load_config(Run, None, ["lengths=[1, 2]", "optim.lr=3e-6", "max_chunks=8"])
+    path = str(tmp_path / "run" / "config.yaml")
+    write_config(config, path, "the run's config\nrerun it")
+    assert open(path).read().startswith("# the run's config\n# rerun it\nname: run\n")
+    assert load_config(Run, path) == config
+    other = load_config(Run, path, ["optim.lr=1e-5", "optim.schedule=cosine", "name=b"])
+    assert differences(to_dict(config), to_dict(other)) == [
+        "name was 'run', now 'b'", "optim.lr was 3e-06, now 1e-05",
+        "optim.schedule was 'constant', now 'cosine'"]
+    assert differences(to_dict(config), to_dict(other), ("name", "optim")) == []

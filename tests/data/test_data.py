@@ -103,6 +103,9 @@ def test_data_ruler_hqa_command_writes_one_set_per_length(hotpot_json, tmp_path,
     assert [len(_split_context(r["context"])) for r in small + large] == [12] * 4 + [20] * 4
     corpus = read_corpus(load_source(hotpot_json), hotpot_json)
     assert small == list(ruler_hqa_records(corpus, 12, [0, 1, 2, 3]))
+    # progress on a stderr that is no terminal (pytest's capture): one plain line per set
+    progress = [line for line in capsys.readouterr().err.splitlines() if "docs:" in line]
+    assert [line.split("|")[0] for line in progress] == ["12 docs: 100%", "20 docs: 100%"]
 
 
 def test_data_ruler_hqa_indices_from_a_published_style_set(hotpot_json, tmp_path):
@@ -170,15 +173,52 @@ def test_missing_source_file(tmp_path, capsys):
 
 
 def test_a_hub_id_goes_to_the_hub(tmp_path, capsys):
-    """'owner/name' that is no local path is read from the hub (offline here: the hub's error,
-    in one line); a path with directories or an extension is a missing file."""
+    """'owner/name' that is no local path is read from the hub (HF_HUB_OFFLINE here, as the
+    tests set it: from the datasets cache, which lacks it: one line saying what to give
+    instead); a path with directories or an extension is a missing file."""
     assert main(["data", "ruler-hqa", "--source", "hotpotqa/hotpot_qa", "--num-docs", "12",
                  "--out", str(tmp_path / "o")]) == 2
     line = _error(capsys)
-    assert "cannot load from the Hugging Face hub" in line and "not found" not in line
+    assert line.startswith(f"{PREFIX}hotpotqa/hotpot_qa: cannot load it from the datasets cache "
+                           "(HF_HUB_OFFLINE is set): "), line
+    assert line.endswith("; give a local .parquet, .json or .jsonl file (downloaded where there "
+                         "is network) instead"), line
     assert main(["data", "ruler-hqa", "--source", "sub/dir/file", "--num-docs", "12", "--out",
                  str(tmp_path / "o")]) == 2
     assert "sub/dir/file: file not found" in _error(capsys)
+
+
+@pytest.mark.parametrize("command, line", [
+    (["data", "ruler-hqa", "--source", "hotpotqa/hotpot_qa", "--num-docs", "12", "--out", "{out}"],
+     "hotpotqa/hotpot_qa"),
+    (["train", "--config", "configs/train/tiny_cpu.yaml", "model.tokenizer=x",
+      "data.train=[BytedTsinghua-SIA/hotpotqa]"], "data.train[0]: 'BytedTsinghua-SIA/hotpotqa'"),
+])
+def test_a_hub_source_fails_at_once_where_the_hub_is_out_of_reach(command, line, tmp_path,
+                                                                 monkeypatch, capsys):
+    """Without network (and HF_HUB_OFFLINE unset) a hub source is refused before `datasets`
+    is asked (huggingface_hub would retry for some 25 s), saying what to give instead; the
+    data command and the training data alike."""
+    import datasets
+    import huggingface_hub.constants
+
+    def no_network(address, timeout):
+        assert timeout <= 3
+        raise OSError(-2, "Name or service not known")
+
+    def never(*args, **kwargs):
+        raise AssertionError("datasets was asked for a hub source the hub cannot give")
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("socket.create_connection", no_network)
+    monkeypatch.setattr(datasets, "load_dataset", never)
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert main([a.format(out=tmp_path / "o") for a in command]) == 2
+    assert _error(capsys) == (
+        f"{PREFIX}{line}: a Hugging Face hub dataset, and the hub is out of reach (no "
+        "connection to huggingface.co: Name or service not known); give a local .parquet, "
+        ".json or .jsonl file (downloaded where there is network) instead, or set "
+        "HF_HUB_OFFLINE=1 to read it from the datasets cache")
 
 
 # ---- RULER synthetic ----------------------------------------------------------------------

@@ -201,6 +201,11 @@ def test_rerun_with_other_settings_is_refused(model_dir, sets, tmp_path):
     with pytest.raises(UserError, match="sampling.temperature was 0.7, now 1.0"):
         run_eval(_config(model_dir, sets, out, "sampling.temperature=1.0"),
                  method=Scripted(lambda s, row, k: ""))
+    with pytest.raises(UserError) as e:  # every change named, not the first one alone
+        run_eval(_config(model_dir, sets, out, "sampling.n=3", "memagent.chunk_tokens=32"),
+                 method=Scripted(lambda s, row, k: ""))
+    assert str(e.value) == (f"{out} holds results of a different run (memagent.chunk_tokens "
+                            "was 64, now 32; sampling.n was 2, now 3); choose a new output_dir")
     # the same file name with other questions (a set rebuilt differently) is refused too
     records = json.loads(Path(sets[0]).read_text())
     records[2]["input"] = "Another question?"
@@ -239,7 +244,39 @@ def test_bad_config_and_sets(model_dir, sets, tmp_path, capsys):
                                   "task": "vt", "length": 10}]))
     assert _cli(model_dir, [sets[0], str(ruler)], out) == 2
     assert "data.sets mix tasks ruler_hqa, vt" in _error(capsys)
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    assert _cli(not_a_model, sets, out) == 2
+    assert _error(capsys) == (f"{PREFIX}model.path: '{not_a_model}' is not a model directory "
+                              "(no config.json, not a memagent-jax checkpoint)")
+    train_config = str(Path(CONFIG).parents[1] / "train" / "tiny_cpu.yaml")
+    assert main(["eval", "--config", train_config]) == 2
+    assert _error(capsys) == (f"{PREFIX}{train_config}: a config for `memagent-jax train` (it "
+                              "has 'rollout', 'dynamic_sampling', 'overlong', ...), not for "
+                              "`memagent-jax eval`: run it with `memagent-jax train --config`")
     assert not out.exists()  # nothing written before the input is known good
+
+
+def test_eval_says_what_it_is_about_to_do_and_logs_progress_as_lines(model_dir, sets, tmp_path,
+                                                                    monkeypatch, capsys):
+    """Before the model loads, one block on stderr; the progress bars on a stderr that is no
+    terminal (here pytest's capture) are plain lines, not carriage-return redraws."""
+    monkeypatch.setattr(runner, "make_method",
+                        lambda config, tokenizer: Scripted(lambda s, row, k: REPLIES[row][k]))
+    out = tmp_path / "out"
+    assert _cli(model_dir, sets, out, "data.max_samples=3") == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    assert lines[:7] == [
+        "eval: tiny-random, memagent",
+        f"  model     {model_dir}",
+        "  data      2 set(s), 6 questions (6 left): eval_12, eval_20",
+        "  devices   8 cpu device(s), mesh one device",
+        "  budgets   chunks of 64 tokens, memory 8, final answer 8; 4 decode slots",
+        "  sampling  2 answer(s) a question, temperature 0.7, top_p 0.95",
+        f"  output    {out}"], lines
+    assert [line.split("|")[0] for line in lines[7:]] == ["chunks: 100%", "samples: 100%"]
 
 
 @pytest.mark.parametrize("plotted", [True, False])

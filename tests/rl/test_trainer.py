@@ -198,7 +198,7 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
     step = three_steps.out / "checkpoints" / "3"
     assert training_step_dir(str(three_steps.out)) == str(step)
     exported = tmp_path / "hf"
-    assert main(["export", "--ckpt", str(three_steps.out), "--out", str(exported)]) == 0
+    assert main(["export", "--model", str(three_steps.out), "--out", str(exported)]) == 0
     hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32).eval()
     # The ecosystem's default: transformers picks Qwen2's tokenizer class from config.json and
     # rebuilds it from tokenizer.json; it reads our ids (data/word_tokenizer.py).
@@ -223,7 +223,7 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
                            pad_token_id=tokenizer.pad_token_id)[0, len(prompt):].tolist()
     requests, completions = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     requests.write_text(json.dumps({"prompt_ids": prompt}) + "\n")
-    assert main(["generate", "--model", str(exported), "--input", str(requests), "--output",
+    assert main(["generate", "--model", str(exported), "--input", str(requests), "--out",
                  str(completions), "--max-new-tokens", "12", "--temperature", "0"]) == 0
     completion = json.loads(completions.read_text())
     assert completion["completion_ids"] == expected
