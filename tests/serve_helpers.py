@@ -79,7 +79,7 @@ def generate(model_dir, tmp_path, lines, max_new_tokens, *flags) -> list[dict]:
     """`memagent-jax generate` on the same engine shape: its output lines."""
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     src.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    assert main(["generate", "--model", model_dir, "--input", str(src), "--output", str(out),
+    assert main(["generate", "--model", model_dir, "--input", str(src), "--out", str(out),
                  "--max-new-tokens", str(max_new_tokens), "--slots", str(SLOTS),
                  "--max-len", str(MAX_LEN), *flags]) == 0
     return [json.loads(line) for line in out.read_text().splitlines()]

@@ -18,7 +18,7 @@ from typing import Callable
 
 from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone
 from memagent_jax.rollout.memagent import read_sample
-from memagent_jax.rollout.server import run_on_server
+from memagent_jax.rollout.server import api_key_from_env, run_on_server
 
 
 class ServerMemAgentMethod(MemAgentMethod):
@@ -43,7 +43,7 @@ class ServerMemAgentMethod(MemAgentMethod):
                 self.config.model.url, self.name, samples[i], self.tokenizer,
                 max_memory_tokens=budgets.max_memory_tokens,
                 max_final_tokens=budgets.max_final_tokens, temperature=s.temperature,
-                top_p=s.top_p, api_key=os.environ.get("API_KEY"), seed=seed,
+                top_p=s.top_p, api_key=api_key_from_env(), seed=seed,
                 thinking=budgets.thinking,
                 on_turn=lambda *_: on_turn())
             reply = record["final_reply"]

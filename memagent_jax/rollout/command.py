@@ -7,6 +7,7 @@ and the tokenizer load inside each command, after its flags and files are checke
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -14,7 +15,7 @@ from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import (add_command, add_model_flags, from_flags, print_once, start,
                                       tokens)
 from memagent_jax.errors import Interrupted, UserError
-from memagent_jax.fileutil import check_input_file, check_output_file
+from memagent_jax.fileutil import check_input_file, check_new_files, check_output_file
 from memagent_jax.rollout.thinking import THINKING_CHOICES  # stdlib-only
 
 
@@ -25,7 +26,8 @@ def add_parsers(sub) -> None:
                    help="HF, checkpoint or training run directory")
     p.add_argument("--input", required=True, metavar="IN.jsonl",
                    help='lines {"prompt": str} or {"prompt_ids": [int]}')
-    p.add_argument("--output", required=True, metavar="OUT.jsonl")
+    p.add_argument("--out", "--output", required=True, metavar="OUT.jsonl",
+                   help="a new file: one completion a line, in input order")
     p.add_argument("--max-new-tokens", type=tokens, default=256, help="tokens per completion")
     p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
@@ -66,8 +68,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the whole record (every turn) as one JSON document")
     p.add_argument("--verbose", action="store_true", help="print every turn's memory")
-    p.add_argument("--url", help="OpenAI-compatible API base URL (key in env API_KEY) "
-                                 "instead of the local engine")
+    p.add_argument("--url", help="OpenAI-compatible API base URL instead of the local engine "
+                                 "(key in env MEMAGENT_API_KEY, else API_KEY)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
     add_model_flags(p, "tokenizer directory (default: the model's; with --url, the one that "
                        "chunks the document)")
@@ -76,7 +78,7 @@ def add_parsers(sub) -> None:
 
 
 def _generate(args) -> None:
-    from tqdm import tqdm
+    from memagent_jax.console import progress_bar
 
     from memagent_jax.models import job_mesh, read_config
     from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
@@ -87,14 +89,15 @@ def _generate(args) -> None:
 
     if args.max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
-        raise UserError("--temperature must be >= 0, --top-p in (0, 1], --top-k >= 0")
+    _check_sampling(args.temperature, args.top_p, args.top_k)
     engine_config = from_flags(EngineConfig, slots=args.slots, max_len=args.max_len,
                                prefill_rows=args.prefill_rows)
-    check_output_file(args.output)
+    check_output_file(args.out)
+    check_new_files([args.out], "--out")  # as every command: outputs are never overwritten
     model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                        compute_dtype=args.dtype, attention=args.attention)
-    tokenizer = from_flags(model.load_tokenizer, required=False)
+    # Optional (prompt_ids need none) unless --tokenizer names a directory to read it from.
+    tokenizer = from_flags(model.load_tokenizer, required=args.tokenizer is not None)
     model_config = read_config(model.path)
     prompts = read_prompts(args.input, tokenizer, model_config.vocab_size)
     limit, what = ((args.max_len, "--max-len") if args.max_len else
@@ -115,12 +118,12 @@ def _generate(args) -> None:
         args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
         for i, p in enumerate(prompts)]
     try:
-        with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr,
-                  disable=not distributed.is_main()) as bar:
+        with progress_bar(total=len(requests), desc="generate", unit="prompt",
+                          disable=not distributed.is_main()) as bar:
             results = complete(engine, policy.params, requests,
                                on_done=lambda i, c: bar.update(1))
     except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written ({args.output} is written once "
+        raise Interrupted(f"interrupted; nothing was written ({args.out} is written once "
                           "every prompt has finished)") from None
     rows = []
     for (completion,) in results:
@@ -129,8 +132,18 @@ def _generate(args) -> None:
         rows.append({"completion_ids": completion.token_ids, "text": text,
                      "logprobs": completion.logprobs,
                      "finish_reason": completion.finish_reason})
-    distributed.on_main(write_completions, args.output, rows)
-    print_once(f"wrote {len(rows)} completions to {args.output}")
+    distributed.on_main(write_completions, args.out, rows)
+    print_once(f"wrote {len(rows)} completions to {args.out}")
+
+
+def _check_sampling(temperature: float, top_p: float, top_k: int = 0) -> None:
+    """UserError naming the first sampling flag out of its range (NaN and infinity too)."""
+    if not 0 <= temperature < math.inf:
+        raise UserError(f"--temperature must be a number >= 0 (0 is greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise UserError(f"--top-p must be in (0, 1] (1: off), got {top_p}")
+    if top_k < 0:
+        raise UserError(f"--top-k must be >= 0 (0: off), got {top_k}")
 
 
 def _run(args) -> None:
@@ -139,17 +152,20 @@ def _run(args) -> None:
     from tqdm import tqdm
 
     from memagent_jax import pretrained
-    from memagent_jax.rollout.memagent import MemAgentConfig, read_sample
-    from memagent_jax.tokenizer import check_representable, load_tokenizer
+    from memagent_jax.console import progress_bar
+    from memagent_jax.rollout.memagent import MemAgentConfig
+    from memagent_jax.tokenizer import load_tokenizer
 
+    _check_sampling(args.temperature, args.top_p)
+    if not 0 < args.timeout < math.inf:
+        raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     # With --url, --model names the served model and the tokenizer's directory (the model's,
     # as a rule) holds the budgets it was trained with (memagent.json), as the model's does.
     model_dir = pretrained.resolve(os.path.expanduser(
         (args.tokenizer or args.model) if args.url else args.model))
-    config = from_flags(MemAgentConfig, **pretrained.budgets(
-        model_dir, chunk_tokens=args.chunk_tokens,
-        max_memory_tokens=args.max_memory_tokens, max_final_tokens=args.max_final_tokens,
-        thinking=args.thinking))
+    config = from_flags(MemAgentConfig.from_model, model_path=model_dir,
+                        chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
+                        max_final_tokens=args.max_final_tokens, thinking=args.thinking)
     document = _read_document(args.doc)
     if args.url:  # the tokenizer chunks the document
         tokenizer_dir = model_dir
@@ -162,14 +178,13 @@ def _run(args) -> None:
         model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                            compute_dtype=args.dtype, attention=args.attention)
         tokenizer = from_flags(model.load_tokenizer, required=True)
-    check_representable(tokenizer, args.question, "--question")
-    check_representable(tokenizer, document, args.doc)
-    sample = read_sample(tokenizer, args.question, document, config)
+    sample = _interruptible(_checked_sample, tokenizer, args.question, document, args.doc,
+                            config)
     if not args.url:
         start(args)
         agent, params = _local_agent(model, config, tokenizer, sample)
-    with tqdm(total=len(sample.chunks) + 1, desc="chunks", unit="turn", file=sys.stderr,
-              disable=not distributed.is_main()) as bar:
+    with progress_bar(total=len(sample.chunks) + 1, desc="chunks", unit="turn",
+                      disable=not distributed.is_main()) as bar:
 
         def show(kind: str, reply: str) -> None:
             bar.update(1)
@@ -177,12 +192,12 @@ def _run(args) -> None:
                 tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
 
         if args.url:
-            from memagent_jax.rollout.server import run_on_server
+            from memagent_jax.rollout.server import api_key_from_env, run_on_server
             record = run_on_server(args.url, args.model, sample, tokenizer,
                                    max_memory_tokens=config.max_memory_tokens,
                                    max_final_tokens=config.max_final_tokens,
                                    temperature=args.temperature, top_p=args.top_p,
-                                   api_key=os.environ.get("API_KEY"), timeout=args.timeout,
+                                   api_key=api_key_from_env(), timeout=args.timeout,
                                    thinking=config.thinking,
                                    on_turn=lambda n, kind, reply: show(kind, reply))
         else:
@@ -190,8 +205,9 @@ def _run(args) -> None:
     if args.json:  # one JSON document on stdout, the answer in it
         print_once(json.dumps(record, ensure_ascii=False, indent=2))
     else:
+        # Stripped: a word-level tokenizer decodes with a space before every word.
         answer = record["answer"]
-        print_once(answer if answer is not None else record["final_reply"].strip())
+        print_once((answer if answer is not None else record["final_reply"]).strip())
 
 
 def _local_agent(model, config, tokenizer, sample):
@@ -220,6 +236,43 @@ def _run_locally(args, agent, params, sample, show) -> dict:
     (trajectory,) = agent.run(params, [sample], sampling,
                               on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
     return trajectory.record()
+
+
+def _checked_sample(tokenizer, question: str, document: str, doc_path: str, config):
+    """`read_sample`, after refusing words the tokenizer cannot represent."""
+    from memagent_jax.rollout.memagent import read_sample
+    from memagent_jax.tokenizer import check_representable
+
+    check_representable(tokenizer, question, "--question")
+    check_representable(tokenizer, document, doc_path)
+    return read_sample(tokenizer, question, document, config)
+
+
+def _interruptible(fn, *args):
+    """fn(*args) on a thread of its own; its result, or its exception raised here.
+
+    Tokenizing a long document is one call into the tokenizer's Rust library (tens of seconds
+    for 35 MB on a 2-core CPU), and Python runs a signal handler only between bytecodes of the
+    main thread: Ctrl-C there would wait for the call to end. The library releases the GIL
+    while it encodes, so the main thread, waiting here (an interruptible wait), raises
+    KeyboardInterrupt at once; the daemon thread is left to end with the process.
+    """
+    import threading
+
+    outcome = {}
+
+    def target():
+        try:
+            outcome["result"] = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name=getattr(fn, "__name__", "work"), daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
 
 
 def _read_document(path: str) -> str:

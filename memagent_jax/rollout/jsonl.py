@@ -29,7 +29,13 @@ def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
         try:
             item = json.loads(line)
         except json.JSONDecodeError as e:
-            raise UserError(f"{where}: not valid JSON ({e.msg})") from None
+            # e.msg alone can stop mid-sentence ("Invalid control character at"); e.pos is
+            # the column in this line (the line is the whole JSON text), past its text where
+            # the line was cut short.
+            at = "" if e.msg.endswith(" at") else " at"
+            column = (f"column {e.pos + 1}" if e.pos < len(line.rstrip())
+                      else "the end of the line")
+            raise UserError(f"{where}: not valid JSON: {e.msg}{at} {column}") from None
         if not isinstance(item, dict) or ("prompt" in item) == ("prompt_ids" in item):
             raise UserError(f"{where}: expected an object with exactly one of 'prompt' or "
                             "'prompt_ids'")
@@ -41,8 +47,9 @@ def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
             if not isinstance(item["prompt"], str):
                 raise UserError(f"{where}: 'prompt' must be a string")
             if tokenizer is None:
-                raise UserError(f"{where}: a text 'prompt' needs tokenizer files in the model "
-                                "directory; give 'prompt_ids' instead")
+                raise UserError(f"{where}: a text 'prompt' needs a tokenizer and the model "
+                                "directory has none: pass --tokenizer DIR, or give "
+                                "'prompt_ids'")
             check_representable(tokenizer, item["prompt"], where)
             ids = tokenizer(item["prompt"])["input_ids"]
         if not ids:

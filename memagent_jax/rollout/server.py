@@ -5,13 +5,14 @@ quickstart does with vLLM or a hosted model. A chat API takes text, so here the 
 text: each chunk's ids are decoded, the memory is the reply's text (`thinking: strip`: what
 follows its last </think>, `strip_thinking_text`), and the server tokenizes each message whole
 (`thinking: off`: with "chat_template_kwargs": {"enable_thinking": false}, as vLLM takes it).
-The URL is the API base (".../v1", or an Azure deployment URL); the key comes from the API_KEY
-environment variable.
+The URL is the API base (".../v1", or an Azure deployment URL); the key comes from the
+environment (`api_key_from_env`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from typing import Callable
@@ -21,6 +22,18 @@ from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.memagent import Sample, memory_turns, run_record
 from memagent_jax.rollout.templates import INITIAL_MEMORY, final_prompt, update_prompt
 from memagent_jax.rollout.thinking import strip_thinking_text, template_kwargs
+
+# Where the client reads its key, first set (non-empty) first: the project's own variable,
+# which `serve` reads too, then the original MemAgent quickstart's (and this command's before
+# MEMAGENT_API_KEY). Not OPENAI_API_KEY: a key for api.openai.com kept in a shell profile
+# would otherwise be sent to whatever --url names, over plain http too; to use it here, say
+# so: MEMAGENT_API_KEY=$OPENAI_API_KEY.
+API_KEY_VARIABLES = ("MEMAGENT_API_KEY", "API_KEY")
+
+
+def api_key_from_env() -> str | None:
+    """The API key for the server: the first of API_KEY_VARIABLES set; None: no key."""
+    return next(filter(None, map(os.environ.get, API_KEY_VARIABLES)), None)
 
 
 def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: float,
@@ -76,7 +89,8 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
             reply = choice["message"]["content"] or ""
         except urllib.error.HTTPError as e:
             raise UserError(f"{url}: turn {number} ({kind}): server answered HTTP {e.code} "
-                            f"{e.reason}") from None
+                            f"{e.reason}{_server_message(e)}{_key_hint(e.code, api_key)}"
+                            ) from None
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
             raise UserError(f"{url}: turn {number} ({kind}): request failed "
                             f"({type(e).__name__}: {e})") from None
@@ -89,3 +103,30 @@ def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
                         "finish_reason": choice.get("finish_reason"),
                         "response_tokens": (choice.get("usage") or {}).get("completion_tokens")})
     return run_record(sample.problem, final_answer(reply), records)
+
+
+def _server_message(error: urllib.error.HTTPError) -> str:
+    """": " and the server's own explanation of an error response, on one line: OpenAI's
+    {"error": {"message": ...}} (ours, vLLM's), or a top-level "message" (older vLLM);
+    "" when the body says nothing readable."""
+    try:
+        body = json.loads(error.read())
+    except (OSError, ValueError):
+        return ""
+    detail = body.get("error", body) if isinstance(body, dict) else None
+    message = detail.get("message") if isinstance(detail, dict) else detail
+    if not isinstance(message, str) or not message.strip():
+        return ""
+    return ": " + " ".join(message.split())[:500]
+
+
+def _key_hint(status: int, api_key: str | None) -> str:
+    """For a 401: which variable to set, and where the refused key came from."""
+    if status != 401:
+        return ""
+    if not api_key:  # as chat() sends it
+        sent = "no key was sent"
+    else:
+        sent = next((f"the key sent was {v}'s" for v in API_KEY_VARIABLES
+                     if os.environ.get(v) == api_key), "a key was sent")
+    return f"; set {API_KEY_VARIABLES[0]} to the server's key ({sent})"

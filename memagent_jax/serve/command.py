@@ -48,7 +48,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=8000, help="0: any free port")
     p.add_argument("--api-key", help="required of clients (Authorization: Bearer KEY); "
-                                     "default: env MEMAGENT_API_KEY, else none")
+                                     "default: env MEMAGENT_API_KEY (the key `run` sends "
+                                     "to a server), else none")
     p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
     p.add_argument("--max-len", type=tokens,
                    help="the longest prompt + reply served, the most KV entries a slot holds "
@@ -101,7 +102,8 @@ def _serve(args) -> None:
     names = served_names(args.model, args.served_model_name)
     server = OpenAIServer(policy, engine, names=names, max_len=max_len, host=args.host,
                           port=args.port,
-                          api_key=args.api_key or os.environ.get("MEMAGENT_API_KEY"),
+                          # set but empty: no key (a key of "" refuses every client sending one)
+                          api_key=args.api_key or os.environ.get("MEMAGENT_API_KEY") or None,
                           max_requests=args.max_requests,
                           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level)
     print(f"memagent-jax serve: {server.url} ({', '.join(names)}; "

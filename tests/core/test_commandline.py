@@ -10,7 +10,7 @@ import pytest
 from memagent_jax.cli import build_parser, main
 from memagent_jax.commandline import tokens
 
-GENERATE = ["generate", "--model", "m", "--input", "i", "--output", "o"]
+GENERATE = ["generate", "--model", "m", "--input", "i", "--out", "o"]
 RUN = ["run", "--model", "m", "--doc", "d", "--question", "q"]
 
 

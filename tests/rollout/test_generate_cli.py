@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from memagent_jax.cli import main
-from tests.hf_reference import hf_model, write_tiny_model
+from tests.hf_reference import hf_model, write_hf_model, write_tiny_model
 
 PREFIX = "memagent-jax: error: "
 
@@ -30,7 +30,7 @@ def test_generate_keeps_input_order_and_matches_transformers(model_dir, tmp_path
                {"prompt_ids": list(range(3, 60))}, {"prompt": "memory"}]
     src = _write_lines(tmp_path / "in.jsonl", prompts)
     out = str(tmp_path / "out.jsonl")
-    assert main(["generate", "--model", model_dir, "--input", src, "--output", out,
+    assert main(["generate", "--model", model_dir, "--input", src, "--out", out,
                  "--max-new-tokens", "9", "--temperature", "0", "--slots", "4",
                  "--prefill-rows", prefill_rows]) == 0
     rows = [json.loads(line) for line in open(out)]
@@ -52,7 +52,7 @@ def test_sampling_is_reproducible_by_seed(model_dir, tmp_path):
     outputs = []
     for seed, name in [(1, "a"), (1, "b"), (2, "c")]:
         out = str(tmp_path / f"{name}.jsonl")
-        assert main(["generate", "--model", model_dir, "--input", src, "--output", out,
+        assert main(["generate", "--model", model_dir, "--input", src, "--out", out,
                      "--max-new-tokens", "12", "--temperature", "1.0", "--top-p", "0.9",
                      "--seed", str(seed)]) == 0
         outputs.append([json.loads(line)["completion_ids"] for line in open(out)])
@@ -62,7 +62,16 @@ def test_sampling_is_reproducible_by_seed(model_dir, tmp_path):
 @pytest.mark.parametrize("lines,extra,named", [
     ([{"prompt_ids": [1, 2]}, {"prompt_ids": []}], [], "line 2: empty prompt"),
     ([{"prompt": ""}], [], "line 1: empty prompt"),
-    ([{"prompt_ids": [1, 2]}, '{"prompt_ids": [1, 2\n'], [], "line 2: not valid JSON"),
+    ([{"prompt_ids": [1, 2]}, '{"prompt_ids": [1, 2\n'], [],
+     "line 2: not valid JSON: Expecting ',' delimiter at the end of the line"),
+    (['{"prompt": "a\tb"}\n'], [],
+     "line 1: not valid JSON: Invalid control character at column 14"),
+    ([{"prompt_ids": [1, 2]}], ["--temperature", "-0.5"],
+     "error: --temperature must be a number >= 0 (0 is greedy), got -0.5"),
+    ([{"prompt_ids": [1, 2]}], ["--temperature", "nan"], "--temperature must be a number >= 0"),
+    ([{"prompt_ids": [1, 2]}], ["--top-p", "0"],
+     "error: --top-p must be in (0, 1] (1: off), got 0.0"),
+    ([{"prompt_ids": [1, 2]}], ["--top-k", "-1"], "error: --top-k must be >= 0 (0: off), got -1"),
     ([{"text": "hi"}], [], "line 1: expected an object"),
     ([{"prompt_ids": list(range(3, 40))}], ["--max-len", "32"], "37 tokens do not fit"),
     ([{"prompt_ids": [1, 2]}], ["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
@@ -81,7 +90,7 @@ def test_sampling_is_reproducible_by_seed(model_dir, tmp_path):
 def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, lines, extra, named):
     src = _write_lines(tmp_path / "in.jsonl", lines)
     out = str(tmp_path / "out.jsonl")
-    code = main(["generate", "--model", model_dir, "--input", src, "--output", out] + extra)
+    code = main(["generate", "--model", model_dir, "--input", src, "--out", out] + extra)
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1 and err[0].startswith(PREFIX) and named in err[0], err
     assert not os.path.exists(out)
@@ -90,10 +99,10 @@ def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, lines, extra, 
 def test_missing_model_and_missing_input(tmp_path, model_dir, capsys):
     src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
     assert main(["generate", "--model", str(tmp_path / "nope"), "--input", src,
-                 "--output", str(tmp_path / "o.jsonl")]) == 2
+                 "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "nope': model directory not found" in capsys.readouterr().err
     assert main(["generate", "--model", model_dir, "--input", str(tmp_path / "none.jsonl"),
-                 "--output", str(tmp_path / "o.jsonl")]) == 2
+                 "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "none.jsonl: not found" in capsys.readouterr().err
 
 
@@ -105,14 +114,50 @@ def test_an_unwritable_output_fails_before_any_work(model_dir, tmp_path, capsys,
     (tmp_path / "a_dir").mkdir()
     src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}])
     assert main(["generate", "--model", model_dir, "--input", src,
-                 "--output", str(tmp_path / where)]) == 2
+                 "--out", str(tmp_path / where)]) == 2
     err = capsys.readouterr().err
     assert named in err and "tmp-" not in err and "generate" not in err  # no progress bar
 
 
+@pytest.mark.parametrize("flag", ["--out", "--output"])  # --output: the old name, kept
+def test_an_existing_output_is_refused_before_any_work(model_dir, tmp_path, capsys, flag):
+    """As every command's outputs (export, data): never overwritten, and no --force."""
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}])
+    out = tmp_path / "out.jsonl"
+    out.write_text("kept\n")
+    assert main(["generate", "--model", model_dir, "--input", src, flag, str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{PREFIX}--out: {out} exists; remove it or choose another --out"], err
+    assert out.read_text() == "kept\n"
+
+
+def test_a_text_prompt_without_a_tokenizer_names_the_flag(tmp_path, capsys):
+    model = write_hf_model(tmp_path / "m", seed=12)  # no tokenizer files
+    capsys.readouterr()
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt": "hello"}])
+    assert main(["generate", "--model", model, "--input", src,
+                 "--out", str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{PREFIX}{src} line 1: a text 'prompt' needs a tokenizer and the model "
+                   "directory has none: pass --tokenizer DIR, or give 'prompt_ids'"], err
+
+
+def test_a_tokenizer_directory_without_tokenizer_files_is_refused(model_dir, tmp_path, capsys):
+    """--tokenizer DIR is read, not skipped: prompt_ids alone need no tokenizer, but one named
+    must be there."""
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}])
+    out = tmp_path / "o.jsonl"
+    assert main(["generate", "--model", model_dir, "--input", src, "--out", str(out),
+                 "--tokenizer", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"{PREFIX}--tokenizer '{tmp_path}' has no tokenizer files (tokenizer.json / "
+                   "tokenizer_config.json)"], err
+    assert not out.exists()
+
+
 def test_a_directory_given_as_the_input_says_so(model_dir, tmp_path, capsys):
     assert main(["generate", "--model", model_dir, "--input", str(tmp_path),
-                 "--output", str(tmp_path / "o.jsonl")]) == 2
+                 "--out", str(tmp_path / "o.jsonl")]) == 2
     assert "is a directory, expected a file" in capsys.readouterr().err
 
 
@@ -131,7 +176,7 @@ def test_ctrl_c_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, monk
     monkeypatch.setattr("memagent_jax.rollout.scheduler.complete", interrupted)
     src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}])
     out = tmp_path / "out.jsonl"
-    assert main(["generate", "--model", model_dir, "--input", src, "--output", str(out)]) == 130
+    assert main(["generate", "--model", model_dir, "--input", src, "--out", str(out)]) == 130
     err = capsys.readouterr().err
     assert "Traceback" not in err and not out.exists()
     assert err.strip().splitlines()[-1].startswith("memagent-jax: interrupted; nothing was "

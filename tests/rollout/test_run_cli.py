@@ -3,12 +3,14 @@
 import http.server
 import json
 import os
+import signal
 import threading
 import time
 
 import pytest
 
 from memagent_jax.cli import main
+from memagent_jax.errors import UserError
 from memagent_jax.rollout.templates import final_prompt, update_prompt
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_tiny_model
@@ -32,30 +34,44 @@ def doc(tmp_path):
 class _ChatServer:
     """A stand-in OpenAI-compatible server on 127.0.0.1 that records every request.
     fail_on / slow_on: the 1-based request number answered with HTTP 500 / after a delay.
-    think: each reply thinks first (THOUGHT, FINAL_THOUGHT)."""
+    think: each reply thinks first (THOUGHT, FINAL_THOUGHT). final: the final turn's reply.
+    key: the API key it requires, as `serve --api-key` does (401 otherwise); error: (status,
+    message) every request is answered with. Errors are OpenAI's JSON, as `serve` and vLLM
+    send them."""
 
-    def __init__(self, fail_on=None, slow_on=None, think=False):
+    def __init__(self, fail_on=None, slow_on=None, think=False, final="so \\boxed{Paris}",
+                 key=None, error=None):
         self.requests = []
         server = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append({"path": self.path, "body": body,
-                                        "auth": self.headers.get("Authorization")})
+                auth = self.headers.get("Authorization")
+                server.requests.append({"path": self.path, "body": body, "auth": auth})
                 number = len(server.requests)
                 if number == fail_on:
                     self.send_error(500, "boom")
                     return
+                if key is not None and auth != f"Bearer {key}":
+                    self._send(401, {"error": {"message": "Incorrect API key provided" if auth
+                                               else "You didn't provide an API key"}})
+                    return
+                if error is not None:
+                    self._send(error[0], {"error": {"message": error[1]}})
+                    return
                 if number == slow_on:
                     time.sleep(1.5)
-                final = body["messages"][0]["content"].startswith(
+                is_final = body["messages"][0]["content"].startswith(
                     "You are presented with a problem and a previous memory")
-                content = "so \\boxed{Paris}" if final else f"memory {number}"
+                content = final if is_final else f"memory {number}"
                 if think:
-                    content = FINAL_THOUGHT if final else THOUGHT.format(number)
-                payload = json.dumps({"choices": [{"message": {"content": content}}]}).encode()
-                self.send_response(200)
+                    content = FINAL_THOUGHT if is_final else THOUGHT.format(number)
+                self._send(200, {"choices": [{"message": {"content": content}}]})
+
+            def _send(self, status, reply):
+                payload = json.dumps(reply).encode()
+                self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
@@ -80,7 +96,8 @@ def _run_url(server, model_dir, doc, *extra):
 
 
 def test_url_mode_sends_exactly_the_expected_prompts(model_dir, doc, capsys, monkeypatch):
-    monkeypatch.setenv("API_KEY", "secret")
+    monkeypatch.delenv("MEMAGENT_API_KEY", raising=False)
+    monkeypatch.setenv("API_KEY", "secret")  # the original quickstart's variable, still read
     server = _ChatServer()
     try:
         assert _run_url(server, model_dir, doc) == 0
@@ -167,6 +184,119 @@ def test_url_mode_server_failure_names_the_turn(model_dir, doc, capsys, fault, e
     assert err.startswith(PREFIX) and message in err
 
 
+def test_url_mode_reads_the_key_serve_reads(model_dir, doc, capsys, monkeypatch):
+    """The key is MEMAGENT_API_KEY's (what `serve` reads), else API_KEY's (the original
+    MemAgent quickstart's); OPENAI_API_KEY is never sent (a key for api.openai.com would go to
+    whatever --url names)."""
+    sent = []
+    for env in ({"MEMAGENT_API_KEY": "ours"},
+                {"MEMAGENT_API_KEY": "ours", "API_KEY": "theirs", "OPENAI_API_KEY": "openai"},
+                {"MEMAGENT_API_KEY": "", "API_KEY": "theirs"},
+                {"OPENAI_API_KEY": "openai"}):
+        for name in ("MEMAGENT_API_KEY", "API_KEY", "OPENAI_API_KEY"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        server = _ChatServer()
+        try:
+            assert _run_url(server, model_dir, doc) == 0
+        finally:
+            server.close()
+        sent.append({r["auth"] for r in server.requests})
+    assert sent == [{"Bearer ours"}, {"Bearer ours"}, {"Bearer theirs"}, {None}]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("server_options, env, message", [
+    ({"key": "k"}, {}, "turn 1 (update): server answered HTTP 401 Unauthorized: You didn't "
+                       "provide an API key; set MEMAGENT_API_KEY to the server's key (no key "
+                       "was sent)"),
+    ({"key": "k"}, {"API_KEY": "old"}, "turn 1 (update): server answered HTTP 401 "
+                                       "Unauthorized: Incorrect API key provided; set "
+                                       "MEMAGENT_API_KEY to the server's key (the key sent was "
+                                       "API_KEY's)"),
+    ({"error": (404, "The model `served-model` does not exist (served: m)")}, {},
+     "turn 1 (update): server answered HTTP 404 Not Found: The model `served-model` does not "
+     "exist (served: m)"),
+])
+def test_url_mode_http_errors_say_what_to_do(model_dir, doc, capsys, monkeypatch,
+                                             server_options, env, message):
+    for name in ("MEMAGENT_API_KEY", "API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    server = _ChatServer(**server_options)
+    try:
+        assert _run_url(server, model_dir, doc) == 2
+    finally:
+        server.close()
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bar
+    assert err == f"{PREFIX}{server.url}: {message}", err
+
+
+def test_the_answer_prints_stripped(model_dir, doc, capsys):
+    """A word-level tokenizer decodes with a space before each word: the answer line is
+    stripped."""
+    server = _ChatServer(final="so \\boxed{ Paris }")
+    try:
+        assert _run_url(server, model_dir, doc) == 0
+    finally:
+        server.close()
+    assert capsys.readouterr().out.splitlines()[-1] == "Paris"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "-1"], "--temperature must be a number >= 0 (0 is greedy), got -1.0"),
+    (["--temperature", "inf"], "--temperature must be a number >= 0 (0 is greedy), got inf"),
+    (["--top-p", "2"], "--top-p must be in (0, 1] (1: off), got 2.0"),
+    (["--top-p", "0"], "--top-p must be in (0, 1] (1: off), got 0.0"),
+    (["--url", "http://127.0.0.1:9/v1", "--timeout", "-1"],
+     "--timeout must be a positive number of seconds, got -1.0"),
+    (["--url", "http://127.0.0.1:9/v1", "--timeout", "0"],
+     "--timeout must be a positive number of seconds, got 0.0"),
+])
+def test_bad_flags_are_one_line_naming_the_flag(model_dir, doc, capsys, flags, message):
+    code = main(["run", "--model", model_dir, "--doc", doc, "--question", "what", *flags])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err == [PREFIX + message], err
+
+
+def test_ctrl_c_while_a_long_document_is_tokenized_acts_at_once(model_dir, tmp_path, capsys,
+                                                                monkeypatch):
+    """Tokenizing a document is one call into the tokenizer's Rust library, which holds off
+    Python's signal handler on its thread (26 s for 35 MB): Ctrl-C during it ends `run` at once,
+    exit 130 with one line, not when the call returns."""
+    from memagent_jax import tokenizer as tokenizer_module
+    real_check = tokenizer_module.check_representable
+    document = " ".join(WORDS[i % 6] for i in range(400_000))  # 2.2 MB: about half a second
+    (tmp_path / "long.txt").write_text(document)
+    returned = threading.Event()
+
+    def check(tokenizer, text, what):  # Ctrl-C 0.1 s into the document's tokenization
+        if text != document:
+            return real_check(tokenizer, text, what)
+        threading.Timer(0.1, signal.pthread_kill, [main_thread, signal.SIGINT]).start()
+        try:
+            real_check(tokenizer, text, what)
+        finally:
+            returned.set()
+        raise UserError("not reached on the caller's thread: the test ends its thread here")
+
+    main_thread = threading.get_ident()
+    monkeypatch.setattr(tokenizer_module, "check_representable", check)
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal
+    try:
+        code = main(["run", "--model", model_dir, "--doc", str(tmp_path / "long.txt"),
+                     "--question", "what is the answer"])
+        acted_first = not returned.is_set()
+        returned.wait(60)  # the abandoned tokenization ends before the next test
+    finally:
+        signal.signal(signal.SIGINT, handler)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 130 and err == ["memagent-jax: interrupted (Ctrl-C)"], err
+    assert acted_first, "Ctrl-C waited for the tokenizer's call to return"
+
+
 def test_local_run_prints_the_answer_or_with_json_only_the_record(model_dir, doc, capsys):
     args = ["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
             "--chunk-tokens", "20", "--max-memory-tokens", "4", "--max-final-tokens", "4",
@@ -188,7 +318,7 @@ def test_local_run_prints_the_answer_or_with_json_only_the_record(model_dir, doc
     ("long_question", "over the prompt budget of 1024"),
     ("blank_question", "the question is empty"),
     ("unknown_question", ("--question: the tokenizer has no token for 'zaludo', 'qux' (the "
-                          "model would read [UNK] in their place)")),
+                          "model would read [UNK] in their place")),
     ("unknown_document", "doc.txt: the tokenizer has no token for 'zaludo'"),
 ])
 def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, setup, message):
@@ -227,7 +357,7 @@ def test_the_readme_model_runs_and_generates_text(tmp_path, capsys):
     prompts = tmp_path / "in.jsonl"
     prompts.write_text(json.dumps({"prompt": "the secret code is"}) + "\n")
     out = tmp_path / "out.jsonl"
-    assert main(["generate", "--model", model, "--input", str(prompts), "--output", str(out),
+    assert main(["generate", "--model", model, "--input", str(prompts), "--out", str(out),
                  "--max-new-tokens", "3", "--temperature", "0"]) == 0
     assert len(json.loads(out.read_text())["completion_ids"]) == 3
 
@@ -235,7 +365,8 @@ def test_the_readme_model_runs_and_generates_text(tmp_path, capsys):
 @pytest.mark.parametrize("command, shown", [
     ("run", ["document tokens per turn (default: the model's memagent.json, else 5000)",
              "(default: the model's, else 1024)", "(default: 0.7)", "(default: 0.95)"]),
-    ("generate", ["tokens per completion (default: 256)", "1: off (default: 1.0)"]),
+    ("generate", ["tokens per completion (default: 256)", "1: off (default: 1.0)",
+                  "--out OUT.jsonl, --output OUT.jsonl"]),
     ("random-model", ["tiny, tiny-qwen3, small (default: tiny)"]),
 ])
 def test_help_shows_the_defaults(capsys, command, shown):

@@ -50,7 +50,7 @@ def _one_line(capsys) -> str:
 
 
 def test_generate_max_len_beyond_the_window_is_refused(model_dir, prompts, tmp_path, capsys):
-    assert main(["generate", "--model", model_dir, "--input", prompts, "--output",
+    assert main(["generate", "--model", model_dir, "--input", prompts, "--out",
                  str(tmp_path / "o.jsonl"), "--max-len", "1024"]) == 2
     assert _one_line(capsys) == f"--max-len 1024: {WINDOW}"
 
@@ -89,7 +89,7 @@ def test_a_cache_beyond_the_devices_memory_is_refused_before_it_is_allocated(tmp
     # A window nothing refuses, and 8 slots x 10^12 tokens: petabytes of KV cache.
     model = write_hf_model(tmp_path / "long", seed=3, max_position_embeddings=10 ** 12)
     capsys.readouterr()
-    assert main(["generate", "--model", model, "--input", prompts, "--output",
+    assert main(["generate", "--model", model, "--input", prompts, "--out",
                  str(tmp_path / "o.jsonl"), "--max-len", str(10 ** 12)]) == 2
     line = _one_line(capsys)
     assert line.startswith(f"--max-len {10 ** 12}: "), line

@@ -149,8 +149,10 @@ def test_models_health_and_metrics(client, server):
 def test_run_url_equals_the_original_quickstart_loop(server, client, model_dir, tmp_path,
                                                      capsys, monkeypatch):
     """`run --url` against our server gives what MemAgent's quickstart loop gets from it
-    (its prompts, one chat request per chunk through the openai client, greedy)."""
-    monkeypatch.setenv("API_KEY", API_KEY)
+    (its prompts, one chat request per chunk through the openai client, greedy). Its key is
+    in MEMAGENT_API_KEY, the variable `serve` reads its own from."""
+    monkeypatch.delenv("API_KEY", raising=False)
+    monkeypatch.setenv("MEMAGENT_API_KEY", API_KEY)
     words = ["hello", "world", "the", "answer", "is", "memory"]
     document = " ".join(words[i * 7 % 6] for i in range(50))
     (tmp_path / "doc.txt").write_text(document)
@@ -178,6 +180,30 @@ def test_run_url_equals_the_original_quickstart_loop(server, client, model_dir, 
     assert record["final_reply"] == final.choices[0].message.content
     assert record["finish_reason"] == final.choices[0].finish_reason
     assert record["final_tokens"] == final.usage.completion_tokens
+
+
+def test_serve_reads_its_key_from_memagent_api_key(model_dir, monkeypatch, capsys):
+    """Without --api-key, `serve`'s key is MEMAGENT_API_KEY's (what `run --url` sends); set but
+    empty, no key (a key of "" would refuse every client that sends one)."""
+    from memagent_jax.serve import command
+
+    keys = []
+
+    class Recorded:  # the server's arguments, and nothing served
+        url = "http://127.0.0.1:0/v1"
+
+        def __init__(self, *args, api_key, **kwargs):
+            keys.append(api_key)
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(command, "OpenAIServer", Recorded)
+    for value in ("sk-env", ""):
+        monkeypatch.setenv("MEMAGENT_API_KEY", value)
+        assert main(["serve", "--model", model_dir, "--port", "0"]) == 0
+    assert keys == ["sk-env", None]
+    capsys.readouterr()
 
 
 def test_eval_with_a_url_backend_equals_run_url(server, model_dir, tmp_path, capsys,
