@@ -38,6 +38,19 @@ def read_scalars(run: str) -> dict[str, list[tuple[int, float]]]:
             for tag in accumulator.Tags()["scalars"]}
 
 
+def _check_tags(runs: list[str], scalars: list[dict], tags) -> None:
+    """Raises UserError, naming the tags the runs log, for a tag asked for that no run logs
+    (its panel would be empty). Of the default tags only all of them missing is refused: a
+    supervised run logs no dynamic/kept_fraction, and its empty panel says so."""
+    logged = sorted(set().union(*scalars))
+    unknown = [tag for tag in tags if tag not in logged]
+    default = tuple(tags) == DEFAULT_TAGS
+    if unknown and not (default and len(unknown) < len(tags)):
+        what = "none of the default --tags" if default else "--tags " + " ".join(unknown)
+        raise UserError(f"{what}: not logged by {', '.join(runs)}; the runs log: "
+                        f"{', '.join(logged) or 'no scalars'}")
+
+
 def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
                 names: list[str] | None = None, overlay: bool = False) -> None:
     """One panel per tag, the runs in sequence or overlaid (module docstring); written to
@@ -48,6 +61,7 @@ def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
         import matplotlib.pyplot as plt
 
     scalars = [read_scalars(run) for run in runs]
+    _check_tags(runs, scalars, tags)
     names = names or [os.path.basename(os.path.normpath(run)) for run in runs]
     columns = 2 if len(tags) > 1 else 1
     rows = -(-len(tags) // columns)
@@ -69,7 +83,8 @@ def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
         panel.set_title(tag)
         panel.set_xlabel("step")
         panel.grid(alpha=0.3)
-        panel.legend(fontsize=8)
+        if panel.get_legend_handles_labels()[0]:  # an empty panel: no legend, no warning
+            panel.legend(fontsize=8)
     for panel in list(axes.flat)[len(tags):]:
         panel.set_visible(False)
     figure.tight_layout()

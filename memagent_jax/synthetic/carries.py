@@ -15,7 +15,6 @@ read, and counts near misses (small positive margins) as well as rewrites.
 from __future__ import annotations
 
 import dataclasses
-import sys
 
 import numpy as np
 
@@ -108,7 +107,7 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
     """Scores every carry of `num_samples` documents of (task, length, seed); prints a line a
     document (carries, rewrites, the first one and what it would write) and a summary
     (progress on stderr)."""
-    from tqdm import tqdm
+    from memagent_jax.console import progress_bar
 
     from memagent_jax.errors import UserError
     from memagent_jax.synthetic import tasks as synthetic
@@ -123,7 +122,7 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
           f"(seed {seed}), {config.chunk_tokens} tokens a turn, scored teacher-forced by {model}")
     if not carries:
         return []
-    with tqdm(total=len(carries), desc="scoring", unit="carry", file=sys.stderr) as bar:
+    with progress_bar(total=len(carries), desc="scoring", unit="carry") as bar:
         scores = score_carries(policy.model, carries, bar.update)
     decode = agent.tokenizer.decode
     for index in range(num_samples):

@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import add_command, start, tokens
-from memagent_jax.errors import UserError
+from memagent_jax.errors import Interrupted, UserError
+
+# Bytes of memory a token of the longest document takes at the peak of `data synthetic`
+# (measured: maximum RSS against length, 4M to 16M tokens): building an eval set's document
+# (17), or one that --fact-at-chunk-end moves a fact in (89: it splits the document into
+# words); every row of --layout train, all kept until the parquet file is written (42).
+BUILD_BYTES_PER_TOKEN = 18
+CHUNK_END_BYTES_PER_TOKEN = 90
+TRAIN_ROW_BYTES_PER_TOKEN = 45
 
 
 def add_parsers(sub) -> None:
@@ -94,10 +101,27 @@ def _budgets(args) -> dict:
             "max_final_tokens": args.max_final_tokens}
 
 
+def _stop_when_signalled(notice: distributed.PreemptionNotice, kept=None):
+    """A poll for long work under `notice` (SIGINT and SIGTERM only set its flag, so neither
+    is lost, as a KeyboardInterrupt is when it lands in a garbage-collection callback, nor
+    cuts a file's write short): raises Interrupted once a signal came, saying what `kept()`
+    returns (what was written, if anything). The CLI exits with status 130."""
+    def poll() -> None:
+        if notice.reached():
+            cause = "interrupted (Ctrl-C)" if notice.interrupted else "stopped (SIGTERM)"
+            said = kept() if kept else ""
+            raise Interrupted(f"{cause}; {said}" if said else cause)
+    return poll
+
+
 def _demo(args) -> None:
     from memagent_jax.synthetic.demo import run_demo
+    if args.show < 0:
+        raise UserError(f"--show must be 0 or more (memory changes to print), got {args.show}")
     start(args)
-    run_demo(args.model, args.task, args.length, args.seed, args.show, _budgets(args))
+    with distributed.PreemptionNotice() as notice:
+        run_demo(args.model, args.task, args.length, args.seed, args.show, _budgets(args),
+                 _stop_when_signalled(notice))
 
 
 def _trace(args) -> None:
@@ -115,7 +139,7 @@ def _trace(args) -> None:
 
 
 def _synthetic(args) -> None:
-    from tqdm import tqdm
+    from memagent_jax.console import progress_bar
 
     from memagent_jax.data.io import write_parquet, write_set
     from memagent_jax.data.needle import write_tokenizer
@@ -132,32 +156,61 @@ def _synthetic(args) -> None:
             synthetic.check_chunk_end(length, args.chunk_tokens, args.fact_at_chunk_end)
     if args.num_samples <= 0:
         raise UserError(f"--num-samples must be positive, got {args.num_samples}")
+    _check_memory(args)
     check_output_dir(args.out, "--out")
     train_path = os.path.join(args.out, f"train_{args.task}.parquet")
     eval_paths = {n: os.path.join(args.out, f"eval_{args.task}_{n}.json") for n in args.lengths}
     check_new_files([train_path] if args.layout == "train" else list(eval_paths.values()),
                     "--out")
     tokenizer = os.path.join(args.out, "tokenizer")
-    if not os.path.isdir(tokenizer):
-        write_tokenizer(tokenizer, synthetic.vocabulary())
+    current, written = train_path, []  # the file being written, those complete
 
-    def sample(length, i):
-        made = synthetic.make_sample(args.task, length, args.seed, i)
-        if args.fact_at_chunk_end is None:
-            return made
-        return synthetic.fact_at_chunk_end(made, args.chunk_tokens, args.fact_at_chunk_end,
-                                           args.seed, i)
+    def kept() -> str:
+        return f"{current} was not written" + (f" ({', '.join(written)} complete)"
+                                               if written else "")
 
     def samples(length, make):
-        return (make(sample(length, i), args.task, length, i)
-                for i in tqdm(range(args.num_samples), desc=f"{args.task} {length}",
-                              unit="sample", file=sys.stderr))
+        for i in progress_bar(range(args.num_samples), desc=f"{args.task} {length}",
+                              unit="sample"):
+            poll()
+            made = synthetic.make_sample(args.task, length, args.seed, i, poll)
+            if args.fact_at_chunk_end is not None:
+                made = synthetic.fact_at_chunk_end(made, args.chunk_tokens,
+                                                   args.fact_at_chunk_end, args.seed, i)
+            yield make(made, args.task, length, i)
 
+    # Ctrl-C and SIGTERM stop the work at the next poll (every sample, and every
+    # POLL_TOKENS of a document), where the file being written is removed unwritten.
+    with distributed.PreemptionNotice() as notice:
+        poll = _stop_when_signalled(notice, kept)
+        if not os.path.isdir(tokenizer):
+            write_tokenizer(tokenizer, synthetic.vocabulary())
+        if args.layout == "train":
+            rows = [row for length in args.lengths
+                    for row in samples(length, synthetic.train_row)]
+            write_parquet(train_path, rows)
+            print(f"wrote {len(rows)} {args.task} training samples to {train_path}")
+            return
+        for length, current in eval_paths.items():
+            count = write_set(current, samples(length, synthetic.eval_record))
+            written.append(current)
+            print(f"wrote {count} {args.task} samples of {length} tokens to {current}")
+
+
+def _check_memory(args) -> None:
+    """Refuses --lengths whose documents (with --layout train, whose rows) need more memory
+    than the machine has available (the figures of BUILD_BYTES_PER_TOKEN's comment)."""
+    from memagent_jax.synthetic import tasks as synthetic
+    longest = max(args.lengths)
+    per_token = (BUILD_BYTES_PER_TOKEN if args.fact_at_chunk_end is None
+                 else CHUNK_END_BYTES_PER_TOKEN)
+    needed = per_token * longest
+    what = (f"--lengths {longest}: a document of {longest:,} tokens takes about {per_token} "
+            "bytes a token to build")
     if args.layout == "train":
-        rows = [row for length in args.lengths for row in samples(length, synthetic.train_row)]
-        write_parquet(train_path, rows)
-        print(f"wrote {len(rows)} {args.task} training samples to {train_path}")
-        return
-    for length, path in eval_paths.items():
-        count = write_set(path, samples(length, synthetic.eval_record))
-        print(f"wrote {count} {args.task} samples of {length} tokens to {path}")
+        total = args.num_samples * sum(args.lengths)
+        needed += TRAIN_ROW_BYTES_PER_TOKEN * total
+        what = (f"--lengths {' '.join(map(str, args.lengths))} with --num-samples "
+                f"{args.num_samples}: --layout train keeps every row ({total:,} tokens, about "
+                f"{TRAIN_ROW_BYTES_PER_TOKEN} bytes a token) until the parquet file is written")
+    synthetic.check_memory(what, needed)

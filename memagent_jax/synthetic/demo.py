@@ -5,7 +5,8 @@ A fresh synthetic document (`tasks`: made-up text with a few facts of the same f
 at random depths; seed drawn at random unless given, printed with the command line that
 repeats the run) of the requested length in the model's tokens; the agent reads it chunk by
 chunk, greedily, under a progress bar; then the memory's history (the turns where it changed,
-abbreviated), where the facts were, and the answer next to the truth.
+abbreviated), where the facts were, and the answer next to the truth. A length whose reading
+the available memory cannot hold is refused before the model loads (READ_BYTES_PER_TOKEN).
 """
 
 from __future__ import annotations
@@ -13,10 +14,15 @@ from __future__ import annotations
 import os
 import secrets
 import shlex
-import sys
 import time
+from typing import Callable
 
 from memagent_jax.errors import UserError
+
+# Bytes of memory a token of the document takes at the demo's peak, while the tokenizer splits
+# it (measured: 645-697 from 1M to 8M tokens, nearly all of it the tokenizer's; the document
+# itself is 4, the ids kept about 50).
+READ_BYTES_PER_TOKEN = 700
 
 
 def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1):
@@ -41,8 +47,12 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     tokenizer = section.load_tokenizer(required=True)
     check_representable(tokenizer, " ".join(synthetic.words().all()),
                         f"--model {model} (the synthetic documents' words)")
-    config = from_flags(MemAgentConfig, **pretrained.budgets(section.path, **budgets))
+    config = from_flags(MemAgentConfig.from_model, model_path=section.path, **budgets)
     if length < max(config.chunk_tokens, synthetic.min_length(task)):
+        if budgets.get("chunk_tokens") is not None and length >= synthetic.min_length(task):
+            raise UserError(f"--chunk-tokens {config.chunk_tokens}: more than the document's "
+                            f"--length {length}; give a --chunk-tokens of at most {length} "
+                            "(or a longer --length)")
         raise UserError(f"--length {length}: below one chunk of {config.chunk_tokens} tokens "
                         f"(a {task} document needs at least "
                         f"{max(config.chunk_tokens, synthetic.min_length(task))})")
@@ -54,26 +64,36 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
 
 
 def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
-             budgets: dict) -> bool:
+             budgets: dict, poll: Callable[[], None] = lambda: None) -> bool:
     """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
-    budgets: as `load_agent` takes them."""
-    from tqdm import tqdm
+    budgets: as `load_agent` takes them. poll: called while the document is built, once it is
+    tokenized and after every turn (the command's check for Ctrl-C, which raises)."""
+    from memagent_jax.console import progress_bar
 
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
 
+    synthetic.check_memory(f"--length {length}: a document of {length:,} tokens takes about "
+                           f"{READ_BYTES_PER_TOKEN} bytes a token to read (the tokenizer's, "
+                           "mostly)", READ_BYTES_PER_TOKEN * length)
     policy, agent, config = load_agent(model, task, length, budgets)
     seed = secrets.randbelow(10 ** 6) if seed is None else seed
-    document = synthetic.make_sample(task, length, seed, 0)
+    poll()
+    document = synthetic.make_sample(task, length, seed, 0, poll)
     print(f"{task} document of {length:,} tokens (seed {seed}), read {config.chunk_tokens} "
           f"tokens a turn by {model}")
     print(f"the same run again: {repeat_command(model, task, length, seed, show, budgets)}")
     print(f"question: {document.question}")
     sample = agent.read(document.question, document.context)
+    poll()  # before the first turn, which compiles the model (seconds)
     start = time.perf_counter()
-    with tqdm(total=len(sample.chunks) + 1, desc="reading", unit="turn", file=sys.stderr) as bar:
+    with progress_bar(total=len(sample.chunks) + 1, desc="reading", unit="turn") as bar:
+        def on_turn(i, turn):
+            bar.update(1)
+            poll()
+
         (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0),
-                                   on_turn=lambda i, turn: bar.update(1))
+                                   on_turn=on_turn)
     seconds = time.perf_counter() - start
 
     words = document.context.split()  # the synthetic tokenizer's tokens: one a word

@@ -23,7 +23,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import sys
 
 OUTCOMES = ("kept", "late", "unwritten", "lost")
 
@@ -150,9 +149,8 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
               budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
     """Reads the documents, prints a line each and the summary (progress on stderr); writes
     the traces as JSON lines to `out` when given (process 0 of a multi-process job)."""
-    from tqdm import tqdm
-
     from memagent_jax import distributed
+    from memagent_jax.console import progress_bar
     from memagent_jax.errors import UserError
     from memagent_jax.fileutil import check_output_file
     from memagent_jax.rollout.sampling import SamplingParams
@@ -168,8 +166,8 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     samples = [agent.read(d.question, d.context) for d in documents]
     print(f"{num_samples} {task} documents of {length:,} tokens (seed {seed}), read "
           f"{config.chunk_tokens} tokens a turn by {model}")
-    with tqdm(total=sum(len(s.chunks) + 1 for s in samples), desc="reading", unit="turn",
-              file=sys.stderr) as bar:
+    with progress_bar(total=sum(len(s.chunks) + 1 for s in samples), desc="reading",
+                      unit="turn") as bar:
         groups = agent.run(policy.params, samples, SamplingParams(0.0),
                            on_turn=lambda i, turn: bar.update(1))
     traces = []

@@ -57,3 +57,27 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     run = _run(tmp_path / "run", [1], {"reward/mean": lambda s: 1.0})
     assert main(["curves", run, "--out", str(tmp_path / "c.png"), "--names", "a", "b"]) == 2
     assert "--names: 2 names for 1 runs" in capsys.readouterr().err
+
+
+def test_a_tag_no_run_logs_is_refused_with_the_tags_they_log(tmp_path, capsys):
+    """An asked-for tag no run logs would be an empty panel; of the default tags, only all of
+    them missing is refused (a supervised run logs no kept fraction: that panel is empty)."""
+    sft = _run(tmp_path / "sft", [1, 2], {"learner/loss": lambda s: 1.0})
+    rl = _run(tmp_path / "rl", [1, 2], {"learner/loss": lambda s: 1.0,
+                                        "reward/mean": lambda s: 0.5})
+    out = tmp_path / "c.png"
+    for argv, line in [
+        (["--tags", "reward/mean", "nope", "val/acc"], f"--tags nope val/acc: not logged by "
+                                                      f"{sft}, {rl}; the runs log: "
+                                                      "learner/loss, reward/mean"),
+        ([], None),  # reward/mean is drawn
+    ]:
+        assert main(["curves", sft, rl, "--out", str(out), *argv]) == (2 if line else 0)
+        assert capsys.readouterr().err.strip().splitlines() == (
+            [f"memagent-jax: error: {line}"] if line else [])
+        assert out.exists() == (line is None)
+    assert main(["curves", sft, "--out", str(tmp_path / "sft.png")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"memagent-jax: error: none of the default --tags: not logged by {sft}; the runs log: "
+        "learner/loss")
+    assert not (tmp_path / "sft.png").exists()

@@ -16,9 +16,11 @@ from memagent_jax import pretrained
 from memagent_jax.cli import main
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models import preset_config, random_model, save_hf
+from memagent_jax.synthetic import demo
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import OUTCOMES, follow, made_up, trace_document
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.synthetic.signals import ctrl_c_in_a_gc_callback
 
 BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
            "max_problem_tokens": 16}
@@ -55,7 +57,7 @@ def test_a_shipped_model_resolves_by_name_and_a_directory_on_disk_comes_first(in
 
 
 def test_export_and_run_take_the_name_and_run_its_budgets(in_package, tmp_path, capsys):
-    assert main(["export", "--ckpt", in_package, "--out", str(tmp_path / "hf")]) == 0
+    assert main(["export", "--model", in_package, "--out", str(tmp_path / "hf")]) == 0
     assert json.loads((tmp_path / "hf" / pretrained.BUDGETS_FILE).read_text()) == BUDGETS
     sample = synthetic.make_sample("multikey", 300, 5, 0)
     (tmp_path / "doc.txt").write_text(sample.context)
@@ -105,18 +107,45 @@ def test_a_model_of_another_vocabulary_is_refused_before_reading(tmp_path, capsy
     assert len(err) == 1 and err[0].startswith(
         f"memagent-jax: error: --model {model} (the synthetic documents' words): the tokenizer "
         "has no token for 'near', 'by', 'code', 'city', 'gigi' and 3899 more (the model "
-        "would read [UNK] in their place)"), err
+        "would read [UNK] in their place; `memagent-jax vocab --model MODEL` lists the words a "
+        "model reads)"), err
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--length", "100"], "--length 100: below one chunk of 128 tokens"),
     (["--length", "0"], "--length 0: below one chunk"),
     (["--task", "needles"], "unknown synthetic task 'needles' (known: multikey, twohop)"),
+    (["--length", "1K", "--chunk-tokens", "100000"], "--chunk-tokens 100000: more than the "
+     "document's --length 1024; give a --chunk-tokens of at most 1024 (or a longer --length)"),
+    (["--length", "1K", "--show", "-3"], "--show must be 0 or more (memory changes to print), "
+                                         "got -3"),
 ])
 def test_demo_bad_input_is_one_line(in_package, capsys, argv, message):
     assert main(["demo", "--model", in_package, *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("memagent-jax: error: " + message), err
+
+
+def test_a_document_that_cannot_fit_in_memory_is_refused_before_the_model_loads(
+        in_package, monkeypatch, capsys):
+    monkeypatch.setattr(synthetic, "available_memory", lambda: 2 ** 30)
+    monkeypatch.setattr(demo, "load_agent", None)  # never reached
+    assert main(["demo", "--model", in_package, "--length", "2M"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "memagent-jax: error: --length 2097152: a document of 2,097,152 tokens takes about 700 "
+        "bytes a token to read (the tokenizer's, mostly): about 1.4 GiB of memory, and this "
+        "machine has 1.0 GiB available"]
+
+
+def test_ctrl_c_stops_the_demo_even_where_python_drops_it(in_package, monkeypatch, capsys):
+    """A Ctrl-C that Python alone drops (tests/synthetic/signals.py) stops the demo at its next
+    poll (here: the document read, before the first turn): one line, status 130."""
+    ctrl_c_in_a_gc_callback(monkeypatch)
+    assert main(["demo", "--model", in_package, "--length", "1K", "--seed", "7"]) == 130
+    captured = capsys.readouterr()
+    assert "answer:" not in captured.out
+    assert captured.err.replace("\r", "\n").strip().splitlines()[-1] == (
+        "memagent-jax: interrupted (Ctrl-C)")
 
 
 def test_demo_without_a_model_says_which_are_shipped(in_package, capsys):

@@ -3,8 +3,14 @@ written tokenizer's tokens (transformers), facts anywhere from the first to the 
 two-hop facts in different halves in both orders, the oracle memories, and files that
 `memagent-jax eval` and the trainer read."""
 
+import glob
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 from transformers import AutoTokenizer
@@ -13,6 +19,7 @@ from memagent_jax.cli import main
 from memagent_jax.data.pipeline import ExampleSource, load_source
 from memagent_jax.eval.sets import load_set
 from memagent_jax.synthetic import tasks as synthetic
+from tests.synthetic.signals import ctrl_c_in_a_gc_callback
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +229,79 @@ def test_an_out_directory_that_is_a_file_is_one_line(tmp_path, capsys, kind):
     problem = "" if kind == "a file" else f"cannot be made: {tmp_path / 'f'} "
     assert capsys.readouterr().err == (f"memagent-jax: error: --out: {out} {problem}is a file, "
                                        "not a directory\n")
+
+
+def test_ctrl_c_stops_the_build_even_where_python_drops_it_and_writes_nothing(
+        tmp_path, monkeypatch, capsys):
+    """A Ctrl-C that Python alone drops (tests/synthetic/signals.py) stops the command with
+    one line and status 130; the set being written is not left behind, in part or as .tmp."""
+    ctrl_c_in_a_gc_callback(monkeypatch, call=3)  # the second set's first document
+    out = tmp_path / "sets"
+    assert main(["data", "synthetic", "--task", "multikey", "--lengths", "512", "1K",
+                 "--num-samples", "2", "--out", str(out)]) == 130
+    err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+    assert err[-1] == (f"memagent-jax: interrupted (Ctrl-C); {out / 'eval_multikey_1024.json'} "
+                       f"was not written ({out / 'eval_multikey_512.json'} complete)")
+    assert sorted(os.listdir(out)) == ["eval_multikey_512.json", "tokenizer"]
+    assert len(load_set(str(out / "eval_multikey_512.json")).records) == 2
+
+
+def test_sigterm_stops_the_build_and_leaves_no_temporary_file(tmp_path):
+    """SIGTERM (a scheduler's stop) kills at once by default, past every clean-up: here it
+    stops the work as Ctrl-C does, and the set being written is removed."""
+    out = tmp_path / "sets"
+    command = subprocess.Popen(
+        [sys.executable, "-m", "memagent_jax.cli", "data", "synthetic", "--task", "multikey",
+         "--lengths", "32M", "--num-samples", "1", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not glob.glob(str(out / "*.tmp*")) and time.monotonic() < deadline:
+            time.sleep(0.05)  # the set's temporary file opens as its first document starts
+            # (10 s to build)
+        assert glob.glob(str(out / "*.tmp*")), command.communicate(timeout=1)
+        signalled = time.monotonic()
+        command.send_signal(signal.SIGTERM)
+        _, err = command.communicate(timeout=20)
+        stopped_in = time.monotonic() - signalled
+    finally:
+        command.kill()
+    assert command.returncode == 130, err
+    assert err.replace("\r", "\n").strip().splitlines()[-1] == (
+        f"memagent-jax: stopped (SIGTERM); {out / 'eval_multikey_33554432.json'} was not "
+        "written")
+    assert sorted(os.listdir(out)) == ["tokenizer"]
+    assert stopped_in < 5
+
+
+def test_a_set_that_cannot_fit_in_memory_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                     capsys):
+    """Measured bytes a token (synthetic.command) against the memory available: one line
+    naming the flags and the figures, and nothing written."""
+    monkeypatch.setattr(synthetic, "available_memory", lambda: 2 ** 30)
+    out = tmp_path / "x"
+    for argv, message in [
+        (["--lengths", "1K", "64M"], "--lengths 67108864: a document of 67,108,864 tokens "
+                                     "takes about 18 bytes a token to build: about 1.1 GiB of "
+                                     "memory, and this machine has 1.0 GiB available"),
+        (["--lengths", "1K", "16M", "--fact-at-chunk-end", "10"],
+         "--lengths 16777216: a document of 16,777,216 tokens takes about 90 bytes a token"),
+        (["--lengths", "64", "4096", "--num-samples", "6000", "--layout", "train"],
+         "--lengths 64 4096 with --num-samples 6000: --layout train keeps every row "
+         "(24,960,000 tokens, about 45 bytes a token) until the parquet file is written"),
+    ]:
+        assert main(["data", "synthetic", "--task", "multikey", *argv, "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"memagent-jax: error: {message}"), err
+    assert not out.exists()
+    assert main(["data", "synthetic", "--task", "multikey", "--lengths", "1K", "--num-samples",
+                 "1", "--out", str(out)]) == 0  # what fits is built
+
+
+def test_available_memory_is_what_the_system_reports():
+    psutil = pytest.importorskip("psutil")
+    if not os.path.exists("/proc/meminfo"):
+        assert synthetic.available_memory() is None
+        return
+    assert synthetic.available_memory() == pytest.approx(psutil.virtual_memory().available,
+                                                         rel=0.1)
