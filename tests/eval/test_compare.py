@@ -206,6 +206,39 @@ def test_refusals_of_what_is_not_a_finished_eval(runs, capsys, tmp_path):
     assert "its last line is torn" in capsys.readouterr().err
 
 
+def _rewrite_samples(run, to, edit):
+    """A copy of the eval output directory `run` at `to`, every samples file's list of
+    records replaced by edit(records); returns its path."""
+    shutil.copytree(run, to)
+    for samples in (to / "samples").glob("*.jsonl"):
+        records = [json.loads(line) for line in samples.read_text().splitlines()]
+        samples.write_text("".join(json.dumps(r) + "\n" for r in edit(records)))
+    return str(to)
+
+
+def test_records_pair_by_row_whatever_order_the_files_list_them(runs, capsys, tmp_path):
+    """An eval appends each row's record as it finishes, so two runs' files list the
+    documents in different orders: the records are paired by their row, and the table is
+    that of the files in row order."""
+    assert main(["eval-compare", runs["A"], runs["B"]]) == 0
+    want = capsys.readouterr().out.splitlines()[:6]
+    a = _rewrite_samples(runs["A"], tmp_path / "a", lambda r: r[5:] + r[:5])
+    b = _rewrite_samples(runs["B"], tmp_path / "b", lambda r: r[::-1])
+    assert main(["eval-compare", a, b]) == 0
+    assert capsys.readouterr().out.splitlines()[:6] == want
+
+
+def test_records_of_a_row_with_another_index_are_refused(runs, capsys, tmp_path):
+    """A row must hold the same document's index in both runs."""
+    def renumber(records):
+        return [dict(r, index=r["index"] + 100) if r["row"] == 4 else r for r in records]
+    b = _rewrite_samples(runs["B"], tmp_path / "b", renumber)
+    assert main(["eval-compare", runs["A"], b]) == 2
+    assert capsys.readouterr().err == (
+        f"{PREFIX}set eval_multikey_8192: row 4: not the same index in {runs['A']} and {b}; "
+        "not the same documents\n")
+
+
 def test_the_command_imports_the_standard_library_only():
     code = ("import sys, memagent_jax.cli, memagent_jax.eval.compare; "
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'numpy', 'yaml', "

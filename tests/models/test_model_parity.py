@@ -35,6 +35,9 @@ CASES = {
     "qwen3_gqa_ratio7": {"arch": "qwen3", "hidden_size": 56, "num_attention_heads": 7,
                          "num_key_value_heads": 1},
     "qwen3_yarn_theta_1e6": {"arch": "qwen3", "rope_parameters": {**YARN, "rope_theta": 1e6}},
+    # An epsilon far from the 1e-6 of the cases above, which every RMSNorm (the q/k head
+    # norms too) must take from the config.
+    "qwen3_rms_norm_eps_0.1": {"arch": "qwen3", "rms_norm_eps": 0.1},
     # The unmasked forward on jax.nn.dot_product_attention (cuDNN's kernel on a GPU).
     "qwen3_dot_product": {"arch": "qwen3", "attention": "dot_product"},
 }

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memagent_jax.models import random_model
+from memagent_jax.models import qwen, random_model
 from memagent_jax.models.attention import attend, attend_causal, segment_starts
 from memagent_jax.models.qwen import _segment_positions
 from tests.builders import LEARNER_MODEL
@@ -157,3 +157,28 @@ def test_positions_restart_at_each_segment():
                                                         [0] * 7 + [7]])
     np.testing.assert_array_equal(_segment_positions(ids), [[0, 1, 0, 1, 2, 0, 0, 1],
                                                             list(range(7)) + [0]])
+
+
+@pytest.mark.parametrize("path", ["hidden", "masked"])
+def test_positions_reaching_rope_restart_at_each_segment(path, monkeypatch):
+    """The positions the model's layers rotate q and k by (every apply_rope call) restart at
+    0 at each segment's first token, on `hidden` and on the masked `__call__` with segment_ids."""
+    seen = []
+    real = qwen.apply_rope
+
+    def spy(x, positions, inv_freq, factor):
+        jax.debug.callback(lambda p: seen.append(np.asarray(p)), positions)
+        return real(x, positions, inv_freq, factor)
+
+    monkeypatch.setattr(qwen, "apply_rope", spy)
+    model = random_model(LEARNER_MODEL, seed=0, attention="xla")
+    segments = _segments([[3, 5, 2], [4, 6]], 12)  # row 0 ends in 2 tokens of padding
+    tokens = jnp.ones((2, 12), jnp.int32)
+    if path == "hidden":
+        jax.block_until_ready(model.hidden(tokens, segment_ids=segments))
+    else:
+        jax.block_until_ready(model(tokens, segment_ids=segments))
+    assert len(seen) == 2 * LEARNER_MODEL.num_layers  # q and k in each layer
+    want = [[0, 1, 2, 0, 1, 2, 3, 4, 0, 1, 0, 1], [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 0, 1]]
+    for p in seen:
+        np.testing.assert_array_equal(p, want)
