@@ -206,6 +206,7 @@ class Learner:
             raise ConfigError("learner.pack", "attention 'cudnn' cannot take the segment ids "
                               "of packed rows; set learner.pack false (or use attention xla)")
         self.config, self.mesh = config, mesh
+        self.vocab_size = model.config.vocab_size
         # Without a recompute, the first mini-batch's forward is the one pass of the learner
         # over sampled tokens under the parameters that sampled them (see `update`).
         self._mismatch_in_graph = config.loss == "dapo" and config.old_logprobs == "rollout"
@@ -394,6 +395,10 @@ class Learner:
         mini-batch's tokens as the loss weighs them (NaN if that forward was not finite). With
         rollout_correction: rollout_is_weight and rollout_is_capped_fraction, the mean
         importance weight and the fraction of tokens at the cap."""
+        outside = rows.tokens[(rows.tokens < 0) | (rows.tokens >= self.vocab_size)]
+        if outside.size:  # the embedding lookup would read NaN rows for them, silently
+            raise ValueError(f"training rows hold token id {outside[0]}, outside the model's "
+                             f"vocabulary of {self.vocab_size} ids")
         config = self.config
         recompute = config.old_logprobs == "recompute" and config.loss == "dapo"
         reference = [] if self._ref_params is None else [self._ref_params]

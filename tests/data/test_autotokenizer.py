@@ -163,7 +163,8 @@ def test_what_the_vocabulary_cannot_read_is_refused_by_name(text, named):
     check_representable(tokenizer, "what is the code of zakolo ?", "--question")
     with pytest.raises(UserError, match=re.escape(
             f"--question: the tokenizer has no token for {named} (it reads them as pieces no "
-            "model has rows for)")):
+            "model has rows for; `memagent-jax vocab --model MODEL` lists the words a model "
+            "reads)")):
         check_representable(tokenizer, text, "--question")
 
 

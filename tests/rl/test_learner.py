@@ -180,6 +180,18 @@ def test_non_finite_loss_skips_the_update():
     assert np.isfinite(metrics["loss"]) and learner.step == step + 1
 
 
+def test_rows_with_ids_outside_the_vocabulary_are_refused():
+    """(the embedding lookup would read NaN for them and the update would be skipped as
+    non-finite, saying nothing of why)"""
+    learner = Learner(random_model(LEARNER_MODEL, seed=4),
+                      LearnerConfig(micro_batch_rows=8, bucket_lengths=(32,)))
+    rows = random_rows(seed=3)
+    rows.tokens[2, 1] = LEARNER_MODEL.vocab_size + 5
+    with pytest.raises(ValueError, match=f"token id {LEARNER_MODEL.vocab_size + 5}, outside "
+                                         "the model's vocabulary"):
+        learner.update(rows)
+
+
 def test_state_restore_round_trip_and_no_recompilation(compilations):
     rows = random_rows(seed=5)
     learner = Learner(random_model(LEARNER_MODEL, seed=6),

@@ -72,5 +72,5 @@ def test_the_plugins_section_is_checked_as_a_config_section(config_file, capsys)
     assert main(["train", "--config", config_file, f"warmup.plugin={PLUGIN}",
                  "warmup.extras=2"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"memagent-jax: error: {config_file}: unknown key 'warmup.extras' (known "
-                   "keys here: extra, starts)\n")
+    assert err == (f"memagent-jax: error: {config_file}: unknown key 'warmup.extras' (did you "
+                   "mean 'warmup.extra'?)\n")

@@ -33,18 +33,18 @@ class Plugin:
 
     def extra_trajectories(self, step) -> list[Trajectory]:
         self.seeds.append(step.seed)
-        example = Example(-1, "needle", "what is the secret code ?", "", ("zebra",))
+        example = Example(-1, "needle", "what is the secret code ?", "", ("tiger",))
         return [self.target(step.agent, example) for _ in range(self.section.extra)]
 
     def starts(self, step) -> tuple[list[Example], list[Sample]]:
         tokenizer = step.agent.tokenizer
         examples, samples = [], []
         for i in range(self.section.starts):
-            memory = tuple(tokenizer("the secret code is zebra .",
+            memory = tuple(tokenizer("the secret code is tiger .",
                                      add_special_tokens=False)["input_ids"])
-            sample = step.agent.read("what is the secret code ?", "filler words here .",
+            sample = step.agent.read("what is the secret code ?", "the river runs past an apple .",
                                      strict=False)
-            examples.append(Example(-1 - i, "needle", sample.problem, "", ("zebra",)))
+            examples.append(Example(-1 - i, "needle", sample.problem, "", ("tiger",)))
             samples.append(dataclasses.replace(sample, initial_memory=memory))
         return examples, samples
 
