@@ -4,9 +4,9 @@ Sources (HotpotQA, or an existing set to take question indices from) are read wi
 `datasets`: a hub id where there is network (or from the datasets cache with HF_HUB_OFFLINE=1;
 `load_from_hub` fails at once where the hub is out of reach), or local .json/.jsonl/.parquet
 files. Evaluation sets are read WITHOUT `datasets` (GPU images often lack it): a .json list
-(the original's `eval_{N}.json`), .jsonl, or .parquet (pyarrow). Sets are written as a JSON list, streamed
-record by record into a temporary file that is renamed into place, so a set file is either
-complete or absent.
+(the original's `eval_{N}.json`), .jsonl, or .parquet (pyarrow). Sets are written as a JSON
+list, streamed record by record into a temporary file that is renamed into place, so a set
+file is either complete or absent.
 """
 
 from __future__ import annotations
