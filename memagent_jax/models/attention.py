@@ -6,7 +6,9 @@ right-padded forward) in query and key blocks with a running softmax, as flash a
 it never holds more than a block x block score tile per head and skips the blocks above the
 diagonal, in its gradient too (flash attention's backward, as a custom VJP), so it is the
 long-sequence path for inference and training wherever no fused kernel serves. `attend_cache`
-is the decode step's: a few queries over a head-major KV cache (keys stored transposed).
+is the decode step's: a few queries over a head-major KV cache (keys stored transposed);
+`attend_cache_ragged` is its CPU form for rows of different lengths, which reads each row only
+up to its own length.
 `attend_fused` runs causal attention from position 0 (a prefill, a training forward) through
 jax.nn.dot_product_attention, which on GPU can be cuDNN flash attention (no T x T tensor in
 memory). The training forward's paths take segment ids: several rows packed in one sequence,
@@ -246,6 +248,78 @@ def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
     scores = jnp.where(visible[:, None, None], scores * (d ** -0.5), jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(v_cache.dtype).reshape(b, hkv, g * t, -1)
     out = jnp.einsum("bnms,bnsd->bnmd", probs, v_cache)
+    return out.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)
+
+
+# block 512: fastest on XLA:CPU at decode shapes (fewer loop trips; 1024 reads far past short rows)
+def attend_cache_ragged(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
+                        lengths: jnp.ndarray, block: int = 512) -> jnp.ndarray:
+    """`attend_cache` with visible[b, t, s] = s < lengths[b] that reads row b's cache only up
+    to its length: q [B, T, Hq, D] (every query of a row sees the same keys); k_cache
+    [B, Hkv, D, S], v_cache [B, Hkv, S, D]; lengths [B] int, 1 <= lengths[b] <= S. Returns
+    [B, T, Hq, D] in v_cache.dtype. Decode only: a while loop has no reverse-mode gradient.
+
+    The dense path reads all S entries of every row whatever its length, so a batch with one
+    long row pays that row's length on each. Here the rows run one after another (lax.map),
+    each over ceil(lengths[b] / block) key blocks (a while loop with a per-row trip count)
+    with a running max, normaliser and weighted sum in float32, as `_blocked_forward` does:
+    a row's cost follows its own length. Each block is a dynamic_slice of the cache as it
+    lies, taken from the whole cache by row index (slicing a row out first, as mapping over
+    the cache would, copies all S entries of it), so both products stay the plain batched
+    matmuls `attend_cache` runs. Only the last block is masked: the blocks before it lie wholly
+    below the length, and the last one, whose start is clamped to S - block where S is not a
+    multiple of it, masks the entries it shares with the block before and those at or past
+    the length, its values included (so NaN or garbage there never reaches the output, where
+    the dense path's 0 * NaN would). block: keys per block (min(block, S)).
+    """
+    b, t, hq, d = q.shape
+    hkv, s = k_cache.shape[1], k_cache.shape[3]
+    g = hq // hkv
+    m = g * t
+    block = min(block, s)
+    rows = q.reshape(b, t, hkv, g, d).transpose(0, 2, 3, 1, 4).reshape(b, hkv, m, d)
+    f32 = functools.partial(jnp.einsum, preferred_element_type=jnp.float32)
+
+    def row(args):
+        i, length = args
+        q_i = rows[i]
+
+        def take(start):
+            k_j = jax.lax.dynamic_slice(k_cache, (i, 0, 0, start), (1, hkv, d, block))[0]
+            v_j = jax.lax.dynamic_slice(v_cache, (i, 0, start, 0), (1, hkv, block, d))[0]
+            return k_j, v_j, f32("hmd,hdk->hmk", q_i, k_j) * (d ** -0.5)
+
+        def update(carry, scores, v_j):
+            running_max, normaliser, acc = carry
+            # Every block holds a visible key (the loop stops at the length), so the max is
+            # finite from the first block on: no -inf - -inf to guard against.
+            new_max = jnp.maximum(running_max, scores.max(axis=-1))
+            probs = jnp.exp(scores - new_max[..., None])
+            rescale = jnp.exp(running_max - new_max)
+            normaliser = normaliser * rescale + probs.sum(axis=-1)
+            acc = acc * rescale[..., None] + f32("hmk,hkd->hmd", probs.astype(v_j.dtype), v_j)
+            return new_max, normaliser, acc
+
+        def full_block(j, carry):
+            k_j, v_j, scores = take(j * block)
+            return update(carry, scores, v_j)
+
+        shape = (hkv, m)
+        init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
+                jnp.zeros(shape + (d,), jnp.float32))
+        last = (length - 1) // block
+        carry = jax.lax.fori_loop(0, last, full_block, init)
+        begin = last * block
+        start = jnp.minimum(begin, s - block)
+        k_j, v_j, scores = take(start)
+        position = start + jnp.arange(block)
+        visible = (position >= begin) & (position < length)
+        scores = jnp.where(visible, scores, -jnp.inf)
+        v_j = jnp.where(visible[:, None], v_j, jnp.zeros((), v_j.dtype))
+        _, normaliser, acc = update(carry, scores, v_j)
+        return (acc / normaliser[..., None]).astype(v_cache.dtype)
+
+    out = jax.lax.map(row, (jnp.arange(b), lengths.astype(jnp.int32)))  # [B, Hkv, M, D]
     return out.reshape(b, hkv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, hq, d)
 
 

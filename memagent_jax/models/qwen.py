@@ -59,6 +59,11 @@ Params = dict[str, Any]
 # beside its output: nothing, the layer's keys and values, or its updated cache).
 AttentionFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], tuple[jnp.ndarray, object]]
 
+# read_cache(q [B, 1, Hq, K], k_cache [B, Hkv, K, S], v_cache [B, Hkv, S, K], lengths [B]) ->
+# [B, 1, Hq, K]: a decode step's attention of each row over its cache's first lengths[b]
+# entries (`attend_cache` with a length mask, or `attend_cache_ragged`).
+ReadCacheFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray], jnp.ndarray]
+
 # jax.nn.dot_product_attention's `implementation` for the fused choices of ATTENTION_CHOICES.
 _FUSED = {"dot_product": None, "cudnn": "cudnn"}
 
@@ -262,22 +267,29 @@ class Qwen(nnx.Module):
         x = jnp.take_along_axis(x, logits_index[:, None, None], axis=1)
         return self.row_logits(x[:, 0]), tuple(k for k, _ in kv), tuple(v for _, v in kv)
 
-    def decode_step(self, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache):
+    def decode_step(self, tokens: jnp.ndarray, positions: jnp.ndarray, cache: KVCache,
+                    read_cache: ReadCacheFn | None = None):
         """tokens, positions [B] int32: each row's next token and its position. Its key and
         value are written at cache entry `position` (in place when the cache is donated) and it
         attends to the entries up to it, on the XLA path whatever `attention` says: the fused
         kernels take [B, S, Hkv, K] keys, and the head-major cache would be transposed for them
-        in every layer of every step. Returns (logits [B, V] float32, updated cache)."""
+        in every layer of every step. read_cache(q, k_cache, v_cache, lengths): how a layer
+        reads its cache (`ReadCacheFn`); None: `attend_cache` over every entry, masked past
+        each row's position. Returns (logits [B, V] float32, updated cache)."""
         dtype = self.dtype
         rows = jnp.arange(tokens.shape[0])
-        visible = (jnp.arange(cache.length)[None, :] <= positions[:, None])[:, None, :]  # [B, 1, S]
+        if read_cache is None:
+            visible = (jnp.arange(cache.length)[None, :] <= positions[:, None])[:, None, :]
+
+            def read_cache(q, k_cache, v_cache, lengths):
+                return attend_cache(q, k_cache, v_cache, visible)
 
         def cached_attention(k_cache, v_cache) -> AttentionFn:
             def attention(q, k, v):
                 # k[:, 0], v[:, 0] [B, Hkv, K] land at position `positions[row]` of each row.
                 k_all = k_cache.at[rows, :, :, positions].set(k[:, 0].astype(k_cache.dtype))
                 v_all = v_cache.at[rows, :, positions].set(v[:, 0].astype(v_cache.dtype))
-                out = attend_cache(q, k_all.astype(dtype), v_all.astype(dtype), visible)
+                out = read_cache(q, k_all.astype(dtype), v_all.astype(dtype), positions + 1)
                 return out, (k_all, v_all)
             return attention
 
