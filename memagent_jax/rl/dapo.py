@@ -122,18 +122,24 @@ def truncated_is_weights(old_logp: np.ndarray, rollout_logp: np.ndarray, cap: fl
     return np.minimum(ratio, np.float32(cap))
 
 
-def rollout_mismatch(logp, rollout_logp, weights, xp=jnp) -> dict:
+def rollout_mismatch(logp, rollout_logp, weights, eps_low: float, eps_high: float,
+                     xp=jnp) -> dict:
     """How far the learner's log-probabilities of the sampled tokens are from the sampler's.
 
     logp, rollout_logp: arrays of one shape, e.g. [rows, T]; weights broadcast to it (0 off
     the response tokens; summing to 1 they make a token mean). With r = logp - rollout_logp,
-    returns weighted token sums: rollout_logprob_abs_diff = sum(w |r|), and rollout_kl_k3 =
+    returns weighted token sums: rollout_logprob_abs_diff = sum(w |r|), rollout_kl_k3 =
     sum(w (exp(r) - 1 - r)), Schulman's k3 estimate of KL(sampler || learner) (the tokens are
-    the sampler's draws; each term is >= 0). Not clamped: a measurement, not a loss. xp: jnp
-    (in a jitted function) or np (host arrays, computed in their dtype)."""
+    the sampler's draws; each term is >= 0), and rollout_outside_clip = sum(w [exp(r) outside
+    [1 - eps_low, 1 + eps_high]]): the tokens whose PPO ratio would start clipped were the
+    sampler's log-probabilities the old ones (`old_logprobs: rollout`), the mean hiding them
+    when the policy is peaked. Not clamped: a measurement, not a loss. xp: jnp (in a jitted
+    function) or np (host arrays, computed in their dtype)."""
     r = logp - rollout_logp
+    outside = (r < xp.log1p(-eps_low)) | (r > xp.log1p(eps_high))
     return {"rollout_logprob_abs_diff": xp.sum(xp.abs(r) * weights),
-            "rollout_kl_k3": xp.sum((xp.expm1(r) - r) * weights)}
+            "rollout_kl_k3": xp.sum((xp.expm1(r) - r) * weights),
+            "rollout_outside_clip": xp.sum(xp.where(outside, weights, 0.0))}
 
 
 def overlong_penalty(response_lengths, max_response_tokens: int, buffer: int,

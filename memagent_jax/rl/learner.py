@@ -25,8 +25,8 @@ Every optimiser update of one `update` call uses the learning rate of that train
 Precision: the parameters (the master weights) and the optimiser state are stored in the
 model's parameter dtype (float32 for training), and the forward and backward run in the
 model's compute dtype (the weights are cast at each use, as FSDP's mixed precision does);
-gradients are accumulated in float32. `compute_params()` is the one place the rollout's copy
-in the compute dtype is made.
+gradients are accumulated in float32. The rollout engine makes its own copy, in the compute
+dtype and its own layout (`rollout.engine.Engine.place`).
 
 The train step is one jitted pure function of (params, optimiser state, step, gradient
 accumulator, micro-batch, lr): it adds the micro-batch's gradient to the accumulator and, on
@@ -245,7 +245,6 @@ class Learner:
 
         self.compute_dtype = model.dtype
         cast = functools.partial(jax.tree.map, lambda x: x.astype(self.compute_dtype))
-        self._cast = jax.jit(cast, out_shardings=self._param_shardings)
         # A copy even when no cast is needed: the policy's own buffers are donated by every
         # update.
         self._ref_params = (self._make(cast, self._param_shardings, self._params)
@@ -274,15 +273,6 @@ class Learner:
         """The current parameters, on the model's shardings; valid until the next update or
         restore (see the module docstring)."""
         return self._params
-
-    def compute_params(self) -> Params:
-        """The current parameters in the compute dtype, on the same shardings: what the
-        rollout engine decodes with. The parameters themselves when their dtype is the compute
-        dtype; else a device copy, cast where each shard lives (no host round trip), which no
-        update donates: take a fresh one after each update (it does not follow the learner)."""
-        if all(x.dtype == self.compute_dtype for x in jax.tree.leaves(self._params)):
-            return self._params
-        return self._cast(self._params)
 
     @property
     def step(self) -> int:
@@ -388,9 +378,9 @@ class Learner:
         grad_norm over the applied updates, the lr, updates and skipped_updates counts, and
         tokens (response tokens trained on, all epochs).
 
-        A DAPO update also returns rollout_logprob_abs_diff and rollout_kl_k3
-        (`dapo.rollout_mismatch`: the learner's log-probabilities of the sampled tokens, before
-        this update, against the rollout's): the token mean over every response token from the
+        A DAPO update also returns rollout_logprob_abs_diff, rollout_kl_k3 and
+        rollout_outside_clip (`dapo.rollout_mismatch`: the learner's log-probabilities of the
+        sampled tokens, before this update, against the rollout's): the token mean over every response token from the
         recomputed old log-probabilities, or with old_logprobs "rollout" over the first
         mini-batch's tokens as the loss weighs them (NaN if that forward was not finite). With
         rollout_correction: rollout_is_weight and rollout_is_capped_fraction, the mean
@@ -410,7 +400,7 @@ class Learner:
         if recompute:  # float64 on the response tokens alone: f32 runs differ by ~1e-7
             extra = {k: float(v) for k, v in rollout_mismatch(
                 old[mask].astype(np.float64), rows.rollout_logprobs[mask].astype(np.float64),
-                1.0 / max(mask.sum(), 1), xp=np).items()}
+                1.0 / max(mask.sum(), 1), config.eps_low, config.eps_high, xp=np).items()}
         if config.rollout_correction is not None:
             arrays["is_weights"] = truncated_is_weights(old, rows.rollout_logprobs,
                                                         config.rollout_correction)
@@ -515,7 +505,7 @@ class Learner:
         if self._mismatch_in_graph:  # old_logprobs are the rollout's
             weights = batch["loss_mask"] * per_token(batch["row_weights"])
             metrics.update(rollout_mismatch(jax.lax.stop_gradient(logp), batch["old_logprobs"],
-                                            weights))
+                                            weights, config.eps_low, config.eps_high))
         return loss, metrics
 
     def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish):
@@ -568,7 +558,7 @@ class Learner:
         return grads, metrics
 
 
-_MISMATCH_METRICS = ("rollout_logprob_abs_diff", "rollout_kl_k3")
+_MISMATCH_METRICS = ("rollout_logprob_abs_diff", "rollout_kl_k3", "rollout_outside_clip")
 
 
 def _zeros_like(tree):

@@ -7,10 +7,11 @@ mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoin
 TensorBoard scalars and one JSON line per step. A `warmup` section's plugin (rl/warmup.py) may
 add to a step: with `learner.loss: sft` the rollouts are its target trajectories instead (a
 supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out its
-starts beside the drawn prompts. Rollouts decode with `learner.compute_params()`:
-the learner's own arrays when they are stored in the compute dtype (float32 on CPU), else a
-device copy in it (bf16 from float32 master weights), made on the same mesh after each update
-and dropped before the next one, so it never sits beside the update's gradients.
+starts beside the drawn prompts. Rollouts decode with the engine's copy of `learner.params`
+(`Engine.place`): the learner's own arrays where they are stored in the compute dtype and the
+rollout's layout (one device, float32 on CPU), else a device copy (bf16 from float32 master
+weights, split over tensor only), made on the same mesh at each rollout and dropped when it
+ends, so it never sits beside the update's gradients.
 
 Everything a step depends on is in the checkpoint (parameters, optimiser state, step, the RNG
 key that seeds the rollouts, the data iterator's position), and the learner's own shuffling is
@@ -48,7 +49,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from tqdm import tqdm
 
 from memagent_jax import distributed, pretrained
@@ -176,9 +176,7 @@ class Trainer:
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
-        # The engine is built for the rollout copy's dtypes, not the master weights'.
-        decoder = nnx.merge(self.learner.graphdef, self.learner.compute_params())
-        self.agent = build_agent(decoder, self.tokenizer, config.memagent, config.engine,
+        self.agent = build_agent(policy.model, self.tokenizer, config.memagent, config.engine,
                                  self.mesh, policy.stop_ids)
         self.iterator = pipeline.training_iterator(self.train_data, config.seed,
                                                    shuffle=config.data.shuffle)
@@ -288,7 +286,7 @@ class Trainer:
             else:
                 starts = (functools.partial(self.warmup.starts, context) if self.warmup
                           else None)
-                batch = collect_batch(self.agent, self.learner.compute_params(),
+                batch = collect_batch(self.agent, self.learner.params,
                                       self.iterator, config, seed_for_try, on_turn, starts)
         except _Preempted:
             self.rng = at_start[0]
@@ -344,7 +342,7 @@ class Trainer:
         sampling = SamplingParams(v.temperature, v.top_p, seed=self.config.seed + 1)
         samples = [self.agent.read(e.question, e.context, strict=False)
                    for e in self.val_examples]
-        groups = self.agent.run(self.learner.compute_params(), samples, sampling, n=v.n)
+        groups = self.agent.run(self.learner.params, samples, sampling, n=v.n)
         scores = [qa_scores(t.answer, list(e.ground_truths))
                   for e, g in zip(self.val_examples, groups) for t in g]
         rewards = score(self.val_examples, groups, self.config.data.reward)

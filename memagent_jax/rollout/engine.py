@@ -14,10 +14,16 @@ costs what the filled part costs whatever max_len is, and the cache grows (or sh
 need has halved) between steps, one layer at a time, so a resize holds one layer's extra copy.
 Shapes are otherwise fixed: slots, the prefill buckets and row counts, and the three hot
 functions are jitted pure functions of the parameters with the decode state donated, so a step
-updates the cache in place. The parameters'
-shardings are part of each jitted function's signature: parameters placed any other way are an
-error, never a silent reshard. Slots are split over the mesh's `data` axis and KV heads over
-`tensor`, like the parameters.
+updates the cache in place.
+
+The engine has its own layout on the job's mesh (`models.sharding.ROLLOUT_RULES`): weights in
+the compute dtype split over `tensor` only, slots, their KV cache and prefill rows split over
+`data` x `fsdp`, KV heads over `tensor`; where the model's KV heads do not divide `tensor`,
+the slots are split over it too (attention data-parallel, as tpu-inference's dp attention:
+each chip attends for its own slots with every head, so no KV entry is held twice; the
+heads' projections stay split). `place(params)` makes the engine's copy from parameters in any
+layout and dtype (the learner's, a loaded model's) in one program on the devices; the jitted
+functions take only that layout.
 """
 
 from __future__ import annotations
@@ -34,10 +40,18 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.errors import ConfigError
-from memagent_jax.models.qwen import KVCache, Params, Qwen, split_params
-from memagent_jax.models.sharding import partition_spec
+from memagent_jax.models.attention import attend_cache_ragged
+from memagent_jax.models.qwen import KVCache, Params, Qwen, ReadCacheFn, split_params
+from memagent_jax.models.sharding import ROLLOUT_RULES, param_shardings, partition_spec
 from memagent_jax.rollout.sampling import SamplingParams, request_key, sample, top_logprobs
 from memagent_jax.runconfig import at_least
+
+
+# The share of the cache the busy slots fill together below which a CPU decode step reads each
+# slot to its own length: the ragged read's loops cost a tenth more than the dense read where
+# the slots fill half of it (Qwen2.5-0.5B shapes; several times more for memagent-tiny's), and
+# win where one long slot sits beside short ones (benchmarks/decode_ragged.py).
+RAGGED_BELOW = 0.25
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,6 +178,10 @@ class DecodeEngine(Protocol):
         """Raises ValueError unless `params` fits the engine's model and is still alive (the
         scheduler calls it before each run)."""
 
+    def place(self, params) -> Any:
+        """`params` as every other call takes them: a copy in the engine's layout and dtype,
+        made on the devices, or `params` themselves where they already are."""
+
     def init_decode_state(self) -> Any:
         """A decode state with every slot empty."""
 
@@ -178,11 +196,14 @@ class DecodeEngine(Protocol):
         slot's previous occupant left (its cache entries, NaN included) reaches the new one.
         `state` may be consumed: use the returned one."""
 
-    def generate(self, params, state, length: int) -> tuple[Any, Any, Any]:
+    def generate(self, params, state, length: int, filled: int | None = None
+                 ) -> tuple[Any, Any, Any]:
         """(state, tokens [S], logprobs [S]): one token for every slot; `state` may be
         consumed. length: the most KV entries a busy slot holds after this step (its prompt
         and the tokens fed so far, this step's included; at most max_len): what the step must
-        read. Free slots get meaningless tokens."""
+        read. filled: the entries the busy slots hold together (None: every slot `length`),
+        for an engine that can read each slot to its own length. Free slots get meaningless
+        tokens."""
 
 
 class Engine:
@@ -204,11 +225,14 @@ class Engine:
         self.buckets = config.buckets()
         self.cache_lengths = config.cache_lengths()
         self.graphdef, params = split_params(model)
+        shardings = param_shardings(model.config, mesh, ROLLOUT_RULES)
         self.abstract_params = jax.tree.map(
-            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), params)
-        param_shardings = jax.tree.map(lambda a: a.sharding, self.abstract_params)
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, self.dtype, sharding=s), params, shardings)
+        self._slot_axes = self._slot_mesh_axes()
         self._state_sharding = self._decode_state_sharding()
-        self._prefill = jax.jit(self._prefill_fn, in_shardings=(param_shardings, None, None))
+        self._place = jax.jit(functools.partial(jax.tree.map, lambda x: x.astype(self.dtype)),
+                              out_shardings=shardings)
+        self._prefill = jax.jit(self._prefill_fn, in_shardings=(shardings, None, None))
         # Sampled tokens and log-probs replicated: the host reads them, and on a pod no
         # process holds every slot.
         host = None if mesh is None else NamedSharding(mesh, PartitionSpec())
@@ -217,19 +241,22 @@ class Engine:
         self._first_token = jax.jit(self._first_token_fn, out_shardings=(host, host))
         self._insert = jax.jit(self._insert_fn, donate_argnums=(1,),
                                out_shardings=self._state_sharding)
-        self._generate = jax.jit(self._generate_fn, donate_argnums=(1,),
-                                 in_shardings=(param_shardings, None),
-                                 out_shardings=(self._state_sharding, host, host))
+        # The decode step with the dense read, and (compiled when first used) the ragged one.
+        self._ragged = self._ragged_reader()
+        self._generate, self._generate_ragged = (
+            jax.jit(functools.partial(self._generate_fn, read_cache=read), donate_argnums=(1,),
+                    in_shardings=(shardings, None),
+                    out_shardings=(self._state_sharding, host, host))
+            for read in (None, self._ragged))
         self._resize_layer = jax.jit(_resized, static_argnums=(1, 2),
                                      out_shardings=self._state_sharding.cache.v[0])
 
     # ---- DecodeEngine ---------------------------------------------------------------------
 
     def check_params(self, params: Params) -> None:
-        """Raises ValueError unless `params` has the model's tree, shapes and dtypes, holds
-        device arrays, and none of them was donated away (a learner's update takes the
-        parameters it is given: use its current ones). Shardings are checked by every call: the jitted functions require
-        the model's."""
+        """Raises ValueError unless `params` has the model's tree and shapes, holds device
+        arrays, and none of them was donated away (a learner's update takes the parameters it
+        is given: use its current ones). Any dtype and layout: `place` makes the engine's."""
         if jax.tree.structure(params) != jax.tree.structure(self.abstract_params):
             raise ValueError("engine: the parameters' tree differs from the model's")
         for (path, given), want in zip(jax.tree.leaves_with_path(params),
@@ -242,10 +269,21 @@ class Engine:
                 raise ValueError(f"engine: parameter {jax.tree_util.keystr(path)} was deleted "
                                  "(donated to an update since it was read): pass the "
                                  "learner's current parameters")
-            if (given.shape, given.dtype) != (want.shape, want.dtype):
+            if given.shape != want.shape:
                 raise ValueError(f"engine: parameter {jax.tree_util.keystr(path)} is "
-                                 f"{given.dtype}{list(given.shape)}, the model's is "
-                                 f"{want.dtype}{list(want.shape)}")
+                                 f"{list(given.shape)}, the model's is {list(want.shape)}")
+
+    def place(self, params: Params) -> Params:
+        """See `DecodeEngine.place`: the copy is cast where each shard lives and resharded from
+        there (for the learner's layout: gathered over fsdp), holding at most the copy and the
+        given parameters at once. Checked first (`check_params`)."""
+        self.check_params(params)
+        if all(given.dtype == want.dtype
+               and given.sharding.is_equivalent_to(want.sharding, given.ndim)
+               for given, want in zip(jax.tree.leaves(params),
+                                      jax.tree.leaves(self.abstract_params))):
+            return params
+        return self._place(params)
 
     def init_decode_state(self, length: int | None = None) -> DecodeState:
         """All slots empty (their rows are computed but ignored until something is inserted),
@@ -263,7 +301,9 @@ class Engine:
 
     def prefill(self, params: Params, prompts: Sequence[Sequence[int]]) -> list[Prefix]:
         """Prefills 1 to `prefill_rows` prompts in one call, all at the bucket of the longest
-        (rows padded to a compiled row count); returns one single-row Prefix per prompt."""
+        (rows padded to a compiled row count, and split over the slots' mesh axes where the
+        count divides by them); returns one single-row Prefix per prompt, each held whole by
+        every data x fsdp group (so an insert into any slot reads it where the slot lives)."""
         if not 1 <= len(prompts) <= self.config.prefill_rows:
             raise ValueError(f"prefill takes 1 to {self.config.prefill_rows} prompts, "
                              f"got {len(prompts)}")
@@ -274,7 +314,7 @@ class Engine:
         for row, prompt in enumerate(prompts):
             ids[row, :len(prompt)] = prompt
             lengths[row] = len(prompt)
-        prefixes = self._prefill(params, jnp.asarray(ids), jnp.asarray(lengths))
+        prefixes = self._prefill(params, self._rows(ids), self._rows(lengths))
         return prefixes[:len(prompts)]
 
     def insert(self, prefix: Prefix, state: DecodeState, slot: int, sampling: SamplingParams,
@@ -290,28 +330,37 @@ class Engine:
                              top_k, jnp.bool_(sampling.top_logprobs))
         return state, token, logprob
 
-    def generate(self, params: Params, state: DecodeState, length: int
-                 ) -> tuple[DecodeState, jax.Array, jax.Array]:
+    def generate(self, params: Params, state: DecodeState, length: int,
+                 filled: int | None = None) -> tuple[DecodeState, jax.Array, jax.Array]:
         """One token for every slot: (state, tokens [S] int32, logprobs [S] float32); `state`
-        is donated. length: see `DecodeEngine.generate`; the step runs on the shortest cache
-        length that holds it (the cache resized first if it is shorter, or at least twice as
-        long)."""
+        is donated. length, filled: see `DecodeEngine.generate`; the step runs on the shortest
+        cache length that holds `length` (the cache resized first if it is shorter, or at
+        least twice as long), on CPU reading each slot only to its own position where the
+        busy slots fill under RAGGED_BELOW of the cache together (one long slot beside short
+        ones), else every slot's whole cache."""
         if not 1 <= length <= self.config.max_len:
             raise ValueError(f"generate: length {length} is outside 1..{self.config.max_len}")
-        return self._generate(params, self._fit(state, length, shrink=True))
+        state = self._fit(state, length, shrink=True)
+        sparse = (filled is not None and self._ragged is not None
+                  and filled < RAGGED_BELOW * self.config.slots * state.cache.length)
+        return (self._generate_ragged if sparse else self._generate)(params, state)
 
-    def compiled(self) -> dict[str, jax.stages.Compiled]:
+    def compiled(self, source: Params | None = None) -> dict[str, jax.stages.Compiled]:
         """The decode step and the prefill of each bucket (at `prefill_rows` prompts),
-        compiled from shapes on this engine's shardings, for their `memory_analysis()` and
-        `cost_analysis()` (nothing is run or allocated: the model's parameters may be
-        ShapeDtypeStructs; benchmarks/aot.py)."""
+        compiled from shapes on this engine's shardings, and with `source` (parameters'
+        shapes, dtypes and shardings, e.g. the learner's) `place` from them, for their
+        `memory_analysis()` and `cost_analysis()` (nothing is run or allocated: the model's
+        parameters may be ShapeDtypeStructs; benchmarks/aot.py)."""
         state = self._abstract_state()
         out = {"decode step": self._generate.lower(self.abstract_params, state).compile()}
+        if source is not None:
+            out["place"] = self._place.lower(source).compile()
         rows = self.config.prefill_rows
         for bucket in self.buckets:
             out[f"prefill {rows} x {bucket}"] = self._prefill.lower(
-                self.abstract_params, jax.ShapeDtypeStruct((rows, bucket), jnp.int32),
-                jax.ShapeDtypeStruct((rows,), jnp.int32)).compile()
+                self.abstract_params, *(jax.ShapeDtypeStruct(
+                    shape, jnp.int32, sharding=self._rows_sharding(shape))
+                    for shape in ((rows, bucket), (rows,)))).compile()
         return out
 
     def device_bytes(self) -> int:
@@ -336,8 +385,10 @@ class Engine:
 
     def warm_up(self, params: Params, prompt_lengths: Sequence[int] | None = None) -> None:
         """Compiles the prefill (at every row count) and insert of the buckets that prompts of
-        `prompt_lengths` tokens use (default: every bucket), and the decode step at the cache
-        lengths those prompts start in (longer ones compile when a slot first needs them)."""
+        `prompt_lengths` tokens use (default: every bucket), and the decode step (both reads,
+        where the engine has two) at the cache lengths those prompts start in (longer ones
+        compile when a slot first needs them)."""
+        params = self.place(params)
         buckets = (self.buckets if prompt_lengths is None
                    else sorted({self.prefill_bucket(n) for n in prompt_lengths}))
         state = self.init_decode_state()
@@ -352,6 +403,8 @@ class Engine:
                 prefix = self.prefill(params, [prompt] * rows)[0]
             state, _, _ = self.insert(prefix, state, 0, SamplingParams(temperature=0.0, seed=0))
             state, tokens, _ = self.generate(params, state, len(prompt) + 1)
+            if self._ragged is not None:  # the same step reading each slot to its length
+                state, tokens, _ = self.generate(params, state, len(prompt) + 2, filled=1)
         jax.block_until_ready(tokens)
 
     def _fit(self, state: DecodeState, need: int, shrink: bool) -> DecodeState:
@@ -381,13 +434,51 @@ class Engine:
                                                               self.config.max_len)),
                             self._state_sharding)
 
+    def _ragged_reader(self) -> ReadCacheFn | None:
+        """The decode step's cache read of each slot to its own position on CPU:
+        `attend_cache_ragged` (XLA while loops) on each device's own slots and heads; None
+        elsewhere (a while loop a slot is a few kernel launches a layer per slot on GPU and
+        TPU, where a Pallas kernel is what reads a slot to its length)."""
+        devices = [jax.devices()[0]] if self.mesh is None else self.mesh.devices.flat
+        if next(iter(devices)).platform != "cpu":
+            return None
+        if self.mesh is None:
+            return attend_cache_ragged
+        slots, heads = self._state_sharding.cache.k[0].spec[:2]
+        cache, query = PartitionSpec(slots, heads), PartitionSpec(slots, None, heads)
+        return jax.shard_map(attend_cache_ragged, mesh=self.mesh,
+                             in_specs=(query, cache, cache, PartitionSpec(slots)),
+                             out_specs=query, check_vma=False)  # per device, no collective
+
+    def _slot_mesh_axes(self) -> tuple[str, ...]:
+        """The mesh axes slots split over: ROLLOUT_RULES' batch axes, and tensor where it
+        cannot split the KV heads (attention data-parallel)."""
+        axes = ROLLOUT_RULES["batch"]
+        tensor = 1 if self.mesh is None else self.mesh.shape.get("tensor", 1)
+        return axes + ("tensor",) if self.model_config.num_kv_heads % tensor else axes
+
+    def _rows_sharding(self, shape: tuple[int, ...]) -> jax.sharding.Sharding:
+        """Prefill inputs [R, ...]: rows over the slots' mesh axes (those that divide R)."""
+        if self.mesh is None:
+            return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return NamedSharding(self.mesh, partition_spec(
+            shape, ("batch",) + (None,) * (len(shape) - 1), self.mesh,
+            {"batch": self._slot_axes}))
+
+    def _rows(self, host: np.ndarray) -> jax.Array:
+        """A host array [R, ...], the same in every process, on `_rows_sharding` (each process
+        places the rows its devices hold)."""
+        return jax.make_array_from_callback(host.shape, self._rows_sharding(host.shape),
+                                            lambda index: host[index])
+
     def _decode_state_sharding(self) -> DecodeState:
         layers = self.model_config.num_layers
         if self.mesh is None:
             device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
             return DecodeState(KVCache((device,) * layers, (device,) * layers), *[device] * 8)
         c, slots, length = self.model_config, self.config.slots, self.config.max_len
-        spec = functools.partial(partition_spec, mesh=self.mesh)
+        spec = functools.partial(partition_spec, mesh=self.mesh,
+                                 rules={**ROLLOUT_RULES, "batch": self._slot_axes})
         # Keys and values differ only in the order of their last two, unsplit, dimensions.
         cache = NamedSharding(self.mesh, spec((slots, c.num_kv_heads, length, c.head_dim),
                                               ("batch", "kv_heads", None, None)))
@@ -403,8 +494,19 @@ class Engine:
         that insert sees one prefix shape per bucket whatever the row count."""
         model = nnx.merge(self.graphdef, params)
         logits, keys, values = model.prefill(ids, logits_index=lengths - 1)
-        return [Prefix(tuple(k[r:r + 1] for k in keys), tuple(v[r:r + 1] for v in values),
+        whole = self._whole_row
+        return [Prefix(tuple(whole(k[r:r + 1]) for k in keys),
+                       tuple(whole(v[r:r + 1]) for v in values),
                        logits[r:r + 1], lengths[r]) for r in range(ids.shape[0])]
+
+    def _whole_row(self, x: jnp.ndarray) -> jnp.ndarray:
+        """A prefix's keys or values [1, T, Hkv, K], held whole by every slot group (KV heads
+        split as the cache splits them), so one compiled insert serves every row."""
+        if self.mesh is None:
+            return x
+        sharding = self._state_sharding.cache.v[0]
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(self.mesh, PartitionSpec(None, None, sharding.spec[1])))
 
     def _first_token_fn(self, last_logits, key, temperature, top_p, top_k):
         """A prefix's first token and its logprob (scalars) from its last_logits [1, V]."""
@@ -426,13 +528,14 @@ class Engine:
             top_k=state.top_k.at[slot].set(top_k),
             wants_top=state.wants_top.at[slot].set(wants_top))
 
-    def _generate_fn(self, params, state: DecodeState):
+    def _generate_fn(self, params, state: DecodeState, read_cache: ReadCacheFn | None):
         model = nnx.merge(self.graphdef, params)
         # A free slot keeps stepping; clamping keeps its writes inside the cache (a busy slot's
         # position is below the cache length: `generate`'s length). The next position is kept
         # unclamped by this cache's length: the next step's cache may be longer.
         logits, cache = model.decode_step(
-            state.tokens, jnp.minimum(state.positions, state.cache.length - 1), state.cache)
+            state.tokens, jnp.minimum(state.positions, state.cache.length - 1), state.cache,
+            read_cache)
         tokens, logprobs = sample(logits, state.temperature, state.top_p, state.top_k,
                                   state.keys, state.steps)
         positions = jnp.minimum(state.positions + 1, self.config.max_len - 1)

@@ -2,9 +2,10 @@
 
 `Scheduler.run(params)` steps a `DecodeEngine` with the given parameters until every request
 has finished; `complete(engine, params, requests)` is the one-call form. Requests wait in
-submission order; whenever slots are free the next ones are prefilled (up to
-the engine's `prefill_rows` prompts per call) and inserted, and every engine step advances all
-busy slots by one token, so short requests never wait for long ones. A request with n > 1
+submission order; once enough slots are free to fill a prefill call (the engine's
+`prefill_rows` prompts, or every waiting one; or any, when no slot is busy) the next ones are
+prefilled together and inserted, and every engine step advances all busy slots by one token, so
+short requests never wait for long ones. A request with n > 1
 samples is prefilled once and its prefix inserted into n slots, each sample drawing from its
 own key. `on_done` callbacks may submit more requests (the MemAgent loop chains a document's
 turns this way).
@@ -163,7 +164,7 @@ class Scheduler:
         """Steps the engine with `params` until every submitted request (and any its callbacks
         submit) has finished. poll(), if given, runs before every step (and once more before
         returning); it may submit and cancel requests."""
-        self.engine.check_params(params)
+        params = self.engine.place(params)
         unread: collections.deque[_Unread] = collections.deque()
         while True:
             if poll is not None:
@@ -173,10 +174,11 @@ class Scheduler:
             self._fill_free_slots(params, unread)
             busy = [(slot, active) for slot, active in enumerate(self._slots) if active]
             if busy:
-                # Entries the longest busy slot reads: its prompt and the tokens fed so far.
-                length = max(len(self.requests[a.request_id].prompt_ids) + a.asked
-                             for _, a in busy)
-                self.state, tokens, logprobs = self.engine.generate(params, self.state, length)
+                # Entries each busy slot reads: its prompt and the tokens fed so far.
+                lengths = [len(self.requests[a.request_id].prompt_ids) + a.asked
+                           for _, a in busy]
+                self.state, tokens, logprobs = self.engine.generate(
+                    params, self.state, max(lengths), sum(lengths))
                 unread.append((busy, tokens, logprobs))
                 for _, active in busy:
                     self._asked(active)
@@ -185,9 +187,18 @@ class Scheduler:
                 self._read(unread.popleft())
 
     def _fill_free_slots(self, params, unread: collections.deque[_Unread]) -> None:
+        rows = self.engine.config.prefill_rows
         while self._waiting and None in self._slots:
             free = [slot for slot, active in enumerate(self._slots) if active is None]
-            starting = [self._waiting.popleft() for _ in range(min(len(free), len(self._waiting)))]
+            count = min(len(free), len(self._waiting))
+            if any(self._slots):
+                # A prefill call costs about what prefill_rows prompts cost (its rows run
+                # side by side over the mesh): while busy slots decode, start whole calls only.
+                count = count if count < rows and count == len(self._waiting) else (
+                    count // rows * rows)
+                if not count:
+                    break
+            starting = [self._waiting.popleft() for _ in range(count)]
             self._prefill_new(params, (request_id for request_id, _ in starting))
             for slot, (request_id, sample_index) in zip(free, starting):
                 request = self.requests[request_id]

@@ -177,8 +177,9 @@ class OpenAIServer:
         self.shutdown_timeout = shutdown_timeout
         # The decode step and the shortest prompt bucket compile now, not on the first
         # request; longer buckets compile when first used.
-        engine.warm_up(policy.params, [1])
-        self.worker = EngineWorker(engine, policy.params, max_requests)
+        params = engine.place(policy.params)  # once: every request decodes with this copy
+        engine.warm_up(params, [1])
+        self.worker = EngineWorker(engine, params, max_requests)
         self._encoder = concurrent.futures.ThreadPoolExecutor(1, "tokenizer")
         served = Served(self.worker, policy.tokenizer, names, max_len, policy.stop_ids,
                         engine.config.top_logprobs, policy.config.vocab_size,

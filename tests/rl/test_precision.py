@@ -21,6 +21,7 @@ from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.trainer import Trainer
+from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import Trajectory, Turn
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
@@ -82,25 +83,30 @@ def test_parameters_change_under_a_small_learning_rate():
     assert float(jnp.mean(in_bf16 != bf16)) < 0.1
 
 
-def test_the_engine_copy_is_the_cast_of_the_learners_params_on_their_shardings():
+def test_the_engine_copy_is_the_cast_of_the_learners_params_in_its_layout():
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    learner = _learner("bfloat16", mesh=mesh)
+    model = random_model(CONFIG, seed=1, dtype="bfloat16", mesh=mesh)
+    learner = Learner(model, LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=8,
+                                           bucket_lengths=(16,)), mesh=mesh)
+    engine = Engine(model, EngineConfig(slots=4, max_len=32), mesh=mesh)
     learner.update(_rows(seed=3))
-    copy = learner.compute_params()
-    for master, cast in zip(jax.tree.leaves(learner.params), jax.tree.leaves(copy)):
-        assert cast.dtype == jnp.bfloat16 and cast.sharding == master.sharding
+    copy = engine.place(learner.params)
+    for master, cast, want in zip(jax.tree.leaves(learner.params), jax.tree.leaves(copy),
+                                  jax.tree.leaves(engine.abstract_params)):
+        assert cast.dtype == jnp.bfloat16 and cast.sharding == want.sharding
         np.testing.assert_array_equal(np.asarray(cast),
                                       np.asarray(master).astype(jnp.bfloat16))
     learner.update(_rows(seed=4))  # the copy is not donated: it still reads, now stale
     stale = jax.tree.leaves(copy)[0]
     assert not stale.is_deleted()
-    fresh = jax.tree.leaves(learner.compute_params())[0]
+    fresh = jax.tree.leaves(engine.place(learner.params))[0]
     assert not np.array_equal(np.asarray(stale), np.asarray(fresh))
 
 
-def test_f32_compute_hands_the_learners_own_arrays_to_the_engine():
+def test_f32_compute_on_one_device_hands_the_learners_own_arrays_to_the_engine():
     learner = _learner("float32")
-    assert learner.compute_params() is learner.params
+    engine = Engine(random_model(CONFIG, seed=1), EngineConfig(slots=4, max_len=32))
+    assert engine.place(learner.params) is learner.params
 
 
 def test_bf16_master_weights_are_refused():
@@ -154,8 +160,9 @@ def test_shipped_configs_train_in_bf16_compute(name, mesh, preset, task, tmp_pat
     engine = trainer.agent.scheduler.engine
     assert {a.dtype for a in jax.tree.leaves(engine.abstract_params)} == {jnp.dtype("bfloat16")}
     assert engine.dtype == jnp.bfloat16
-    with pytest.raises(ValueError, match="float32"):
-        engine.check_params(trainer.learner.params)  # it decodes the copy, not the masters
+    # it decodes a bf16 copy of the masters, in its own layout
+    placed = engine.place(trainer.learner.params)
+    assert {a.dtype for a in jax.tree.leaves(placed)} == {jnp.dtype("bfloat16")}
     trainer.run()
     records = _records(tmp_path)
     assert [r["step"] for r in records] == [1, 2]

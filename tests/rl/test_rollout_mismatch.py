@@ -95,7 +95,8 @@ def updates():
 def test_the_learner_weights_each_tokens_loss_and_reports_the_mismatch(updates):
     """Cap 2: before the update the PPO ratio is 1, so pg_loss is the token mean of
     -A x min(exp(delta), 2); the mismatch metrics are mean |delta| and mean(exp(delta) - 1 -
-    delta) over the response tokens; the weight metrics their mean and the fraction at the
+    delta) over the response tokens, and the share of them whose ratio exp(delta) starts
+    outside the clip range; the weight metrics their mean and the fraction at the
     cap."""
     rows, delta, mask, out = updates
     out = out["recompute"]
@@ -106,6 +107,8 @@ def test_the_learner_weights_each_tokens_loss_and_reports_the_mismatch(updates):
     assert out["rollout_logprob_abs_diff"] == pytest.approx(np.abs(delta[mask]).mean(), rel=1e-4)
     assert out["rollout_kl_k3"] == pytest.approx((np.expm1(delta) - delta)[mask].mean(),
                                                  rel=1e-4)
+    ratio = np.exp(delta[mask])  # the default clip range, [0.8, 1.2]
+    assert out["rollout_outside_clip"] == pytest.approx(((ratio < 0.8) | (ratio > 1.2)).mean())
     assert out["rollout_is_weight"] == pytest.approx(weights[mask].mean(), rel=1e-5)
     assert out["rollout_is_capped_fraction"] == pytest.approx((weights[mask] == 2.0).mean())
 
@@ -117,7 +120,7 @@ def test_without_a_recompute_the_mismatch_is_the_first_mini_batchs_forward(updat
     other log-probabilities."""
     *_, out = updates
     assert "rollout_is_weight" not in out["rollout"]
-    for name in ("rollout_logprob_abs_diff", "rollout_kl_k3"):
+    for name in ("rollout_logprob_abs_diff", "rollout_kl_k3", "rollout_outside_clip"):
         assert out["rollout"][name] == pytest.approx(out["recompute"][name], rel=1e-4)
 
 

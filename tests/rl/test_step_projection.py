@@ -33,7 +33,7 @@ def test_the_7b_and_4b_configs_project_a_step_beside_the_original(path, target, 
     out = capsys.readouterr().out
     assert target in out.splitlines()[0]
     assert out.splitlines()[1].startswith(model)
-    for line in ("rollout: ", "  update 1 ", "  final ", "old log-probs (forward)",
+    for line in ("rollout: ", "  update 1 ", "  final ", "old log-probs",
                  "KL reference (forward)", "train (forward + backward)", "step: ",
                  "original (BytedTsinghua-SIA/MemAgent #31): ~2400 s a step, ~2100 s"):
         assert line in out, line
@@ -53,7 +53,7 @@ def forward_by_hand(tokens, attended, head):
 
 
 def test_update_flops_equal_a_hand_count():
-    s = step_projection.setup(load_train_config(GPU8))
+    s = step_projection.setup(load_train_config(GPU8, ["learner.old_logprobs=recompute"]))
     # Two rows: 5000 + 500 and 1000 + 24 tokens, one trajectory's two turns.
     rows = step_projection.Rows(np.array([5000, 1000]), np.array([500, 24]), np.array([0, 0]),
                                 np.array([0, 1]), np.array([False, True]))
@@ -73,24 +73,39 @@ def test_update_flops_equal_a_hand_count():
     assert padded["old log-probs (forward)"] == (4 * 6144, pytest.approx(by_hand, rel=1e-12))
     assert padded["train (forward + backward)"][1] == pytest.approx(4 * by_hand, rel=1e-12)
 
-    # The rollout's final turn: its 1000-token prompt prefilled at the engine's 1024 bucket on
-    # fsdp x tensor = 4 chips; its 24 tokens decoded over the engine's cache, as long as the
-    # longest turn needs (5500 tokens: the 6144 cache length), of 28 x 4 x 128 keys and values
-    # in bf16, KV heads split over tensor and slots over data (2 x 2); a ragged read would
-    # take each slot's filled cache (1000 + 1 up to 1000 + 24 positions); and a step's weights
-    # (its shard, 1/4 of the bf16 copy) are shared by the config's 128 slots.
+    # The rollout's final turn, in the engine's layout (models/sharding.py ROLLOUT_RULES): its
+    # 1000-token prompt prefilled at the config's 1024 bucket, one row, which splits over no
+    # slot group: on one tensor pair (2 chips); its 24 tokens decoded over the engine's cache,
+    # as long as the longest turn needs (here 5524 tokens: 5888), of 28 x 4 x 128 keys and
+    # values in bf16 held once over all 8 chips; a ragged read would take each slot's filled
+    # cache (1000 + 1 up to 1000 + 24 positions); and a step's weights (a chip's copy, split
+    # over tensor: 1/2 of the bf16 weights) are shared by the 256 slots.
     final = step_projection.rollout_turns(s)[-1]
     assert final["turn"] == "final"
     assert final["prefill_flops"] == pytest.approx(forward_by_hand(1024, 1024 ** 2, 1))
-    assert final["prefill_s"] == pytest.approx(final["prefill_flops"] / (4 * 0.317 * 670e12))
-    position = 2 * 2 * 28 * 4 * 128 / 4
-    weights = 24 * 2 * (N + 2 * 3584 * 152064) / 4 / 128
-    assert s.cache_length == 8192  # the longest of the generated turns (7,2xx tokens)
-    s = dataclasses.replace(s, cache_length=6144)
+    assert final["prefill_s"] == pytest.approx(final["prefill_flops"] / (2 * 0.317 * 670e12))
+    position = 2 * 2 * 28 * 4 * 128 / 8
+    weights = 24 * 2 * (N + 2 * 3584 * 152064) / 2 / 256
+    assert s.cache_length == 7424  # the longest of the generated turns (7,2xx tokens)
+    s = dataclasses.replace(s, cache_length=5888)
     final = step_projection.rollout_turns(s)[-1]
-    assert final["decode_s"] == pytest.approx((24 * 6144 * position + weights) / 1723e9)
+    assert final["decode_s"] == pytest.approx((24 * 5888 * position + weights) / 1723e9)
     ragged = (24 * 1000 + 24 * 25 / 2) * position
     assert final["decode_ragged_s"] == pytest.approx((ragged + weights) / 1723e9)
+    # Every chip gathers the prefix of the other slot groups' (3 of 4) rows: 1024 positions.
+    assert final["gathered"] == pytest.approx(1024 * 8 * position * 3 / 4 / 8 * 4)
+
+
+def test_prefill_calls_take_prefill_rows_at_the_longest_ones_bucket():
+    """The config's 4 rows a call: 4 prompts padded to the longest one's bucket, their rows
+    split over data x fsdp = 4 slot groups, each on its tensor pair: all 8 chips; the 5th
+    alone, at its own bucket, on 2; slots idle 3 / (2 x 256 + 3) of the time waiting for a
+    call's 4 free slots."""
+    s = step_projection.setup(load_train_config(GPU8))
+    calls = step_projection.prefill_calls(s, np.array([5300, 6300, 5000, 1000, 900]))
+    assert calls == [(4, 4, 6400), (1, 1, 1024)]
+    assert [step_projection.split_rows(rows, s.axes) for _, rows, _ in calls] == [4, 1]
+    assert step_projection.idle_fraction(s) == pytest.approx(3 / 515)
 
 
 @pytest.mark.parametrize("override, key", [("memagent.max_chunks=null", "memagent.max_chunks"),

@@ -2,6 +2,7 @@
 logs, TensorBoard, checkpoints, exact resume after SIGKILL, the processes' per-step lockstep
 check, and skipped NaN updates."""
 
+import dataclasses
 import json
 import os
 import re
@@ -116,10 +117,14 @@ def three_steps(task, tmp_path_factory) -> _Run:
     run.decoded_with_learners_arrays = []
     step = engine.generate
 
-    def generate(params, state, length):
-        run.decoded_with_learners_arrays.append(all(
-            a is b for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(learner.params))))
-        return step(params, state, length)
+    def generate(params, state, length, filled=None):
+        # The engine's copy (weights over tensor only) of the learner's current parameters
+        # (over fsdp x tensor): the layouts differ, the values do not.
+        placed, current = params["embed"], learner.params["embed"]
+        run.decoded_with_learners_arrays.append(
+            placed.sharding.spec != current.sharding.spec
+            and np.array_equal(np.asarray(placed), np.asarray(current)))
+        return step(params, state, length, filled)
 
     engine.generate = generate
     run.last = trainer.run()
@@ -128,8 +133,8 @@ def three_steps(task, tmp_path_factory) -> _Run:
 
 @pytest.mark.slow
 def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(three_steps):
-    """Every trajectory runs the multi-conversation loop, the engine decodes with the learner's
-    own arrays, logs and TensorBoard carry every scalar, checkpoints 2 and 3 hold the parameters
+    """Every trajectory runs the multi-conversation loop, the engine decodes with its copy of
+    the learner's current parameters, logs and TensorBoard carry every scalar, checkpoints 2 and 3 hold the parameters
     of those steps."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -150,7 +155,7 @@ def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(th
     assert updated, "no step kept an informative group"
     assert all(np.isfinite(r["learner/loss"]) and r["learner/tokens"] > 0 for r in updated)
 
-    # The engine decodes with the learner's arrays themselves (no copy).
+    # The engine decodes with its copy of the learner's current parameters, in its layout.
     assert decoded_with_learners_arrays and all(decoded_with_learners_arrays)
     final = jax.device_get(trainer.learner.state()["params"])
     assert any(not np.array_equal(a, b) for a, b in
@@ -176,6 +181,39 @@ def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(th
                       ("learner/rollout_kl_k3", 1e-10)):
         assert [e.step for e in events.Scalars(tag)] == [r["step"] for r in updated]
         assert all(0 <= e.value < most for e in events.Scalars(tag)), tag
+
+
+@pytest.mark.slow
+def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
+    """A DAPO step's rollout (`collect_batch`: n trajectories a prompt through the memory loop
+    at temperature 1, every group kept) on data 2 x fsdp 2 x tensor 2, 16 trajectories on 8
+    slots, prompts prefilled 4 a call in the engine's own layout, and on one device from the
+    same weights, one a call: the same tokens, log-probs within 1e-3, the same rewards."""
+    from memagent_jax.data import pipeline
+    from memagent_jax.rl.collect import collect_batch
+    from memagent_jax.rollout.agent import build_agent, load_policy
+
+    config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
+        f"output_dir={tmp_path / 'run'}", "mesh={data: 2, fsdp: 2, tensor: 2}",
+        "engine.slots=8", "engine.prefill_rows=4", "dynamic_sampling.enabled=false"])
+    trainer = Trainer(config)
+    policy = load_policy(config.model, trainer.tokenizer, None)
+    # x 10: context-dependent distributions (tests/rollout/test_rollout_layout.py, _sharp)
+    sharp = jax.tree.map(lambda x: 10 * x, trainer.learner.params)
+    params = jax.device_put(jax.device_get(sharp), jax.devices()[0])
+    alone = build_agent(policy.model, trainer.tokenizer, config.memagent,
+                        dataclasses.replace(config.engine, prefill_rows=1), None,
+                        policy.stop_ids)
+    batches = [collect_batch(agent, weights, pipeline.training_iterator(
+        trainer.train_data, config.seed, shuffle=config.data.shuffle), config, lambda k: 11 + k)
+        for agent, weights in ((trainer.agent, sharp), (alone, params))]
+    turns = [[t for group in b.groups for trajectory in group for t in trajectory.turns]
+             for b in batches]
+    assert [t.response_ids for t in turns[0]] == [t.response_ids for t in turns[1]]
+    for a, b in zip(*turns):
+        np.testing.assert_allclose(a.response_logprobs, b.response_logprobs, atol=1e-3)
+    np.testing.assert_array_equal(batches[0].rewards, batches[1].rewards)
+    assert len(turns[0]) >= 2 * config.prompts_per_step * config.rollout.n
 
 
 @pytest.mark.slow

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import load_model, make_mesh, split_params
+from memagent_jax.models import load_model, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
@@ -94,6 +94,30 @@ def test_greedy_matches_transformers_in_one_continuous_batch(engine, params, ref
         assert completion.finish_reason == ("stop" if tokens[-1] == EOS else "length")
 
 
+def test_one_long_slot_beside_short_ones_is_read_to_each_slots_length(engine, params, reference,
+                                                                       compilations,
+                                                                       monkeypatch):
+    """A 200-token prompt beside three of 2 to 5 tokens fill under a quarter of the 256-entry
+    cache together, so the CPU engine's steps read each slot only to its own position (XLA
+    loops, `attend_cache_ragged`): greedy tokens and log-probs equal transformers', and warm-up
+    compiled that step too."""
+    steps = {"ragged": 0}
+    ragged = engine._generate_ragged
+
+    def counted(*args):
+        steps["ragged"] += 1
+        return ragged(*args)
+
+    monkeypatch.setattr(engine, "_generate_ragged", counted)
+    requests = _greedy_requests([_prompts(1, 200, 200, seed=7)[0]] + _prompts(3, 2, 5, seed=8))
+    results = _complete_without_compiling(compilations, engine, params, requests)
+    assert steps["ragged"] >= 8
+    for request, (completion,) in zip(requests, results):
+        tokens, logprobs = _hf_greedy(reference, request.prompt_ids, request.max_new_tokens)
+        assert completion.token_ids == tokens
+        assert np.abs(np.array(completion.logprobs) - np.array(logprobs)).max() <= 1e-4
+
+
 def test_sampled_logprobs_are_at_the_requests_temperature(engine, params, reference):
     """Two requests at different temperatures share the batch; each token's logprob equals
     log_softmax(logits / T) of transformers' forward over the sampled sequence."""
@@ -125,8 +149,8 @@ def test_the_cache_follows_the_longest_slot_and_changes_no_token(model, params, 
     lengths = []
     step = engine.generate
 
-    def generate(params, state, length):
-        state, tokens, logprobs = step(params, state, length)
+    def generate(params, state, length, filled=None):
+        state, tokens, logprobs = step(params, state, length, filled)
         if not lengths or lengths[-1] != state.cache.length:
             lengths.append(state.cache.length)
         return state, tokens, logprobs
@@ -167,7 +191,8 @@ def test_slots_take_the_next_request_without_idle_steps(engine, params, monkeypa
     steps = []
     step = engine.generate
     monkeypatch.setattr(engine, "generate",
-                        lambda p, state, length: steps.append(1) or step(p, state, length))
+                        lambda p, state, length, filled=None: steps.append(1) or step(
+                            p, state, length, filled))
     prompts = _prompts(8, 5, 40, seed=5)
     results = complete(engine, params,
                        [Request(p, max_new_tokens=5, sampling=GREEDY) for p in prompts])
@@ -231,25 +256,6 @@ def test_fused_attention_path_matches_reference(hf_dir, engine, params):
                     complete(engine, params, requests)):
         assert a[0].token_ids == b[0].token_ids
         assert np.abs(np.array(a[0].logprobs) - np.array(b[0].logprobs)).max() <= 1e-4
-
-
-@pytest.mark.parametrize("tied", [False, True])
-def test_sharded_engine_gives_identical_greedy_tokens(tmp_path, tied):
-    path = write_hf_model(tmp_path / "m", seed=11, hidden_size=64, num_attention_heads=8,
-                          num_key_value_heads=4, intermediate_size=128, vocab_size=128,
-                          tie_word_embeddings=tied)
-    requests = [Request(p, 8, GREEDY) for p in _prompts(6, 2, 40, seed=6)]
-    model, _ = load_model(path)
-    plain = complete(Engine(model, EngineConfig(slots=4, max_len=64)), split_params(model)[1],
-                     requests)
-    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
-    model, _ = load_model(path, mesh=mesh)
-    # Prompts prefilled 4 per call here, one per call above: the rows are independent.
-    sharded_engine = Engine(model, EngineConfig(slots=4, max_len=64, prefill_rows=4), mesh=mesh)
-    sharded = complete(sharded_engine, split_params(model)[1], requests)
-    assert [r[0].token_ids for r in sharded] == [r[0].token_ids for r in plain]
-    for layer in sharded_engine.init_decode_state().cache.k:
-        assert tuple(layer.sharding.spec)[:2] == ("data", "tensor")
 
 
 def test_default_buckets_pad_long_prompts_by_at_most_a_quarter():

@@ -69,6 +69,10 @@ class ScriptedEngine(DecodeEngine):
     def check_params(self, params):
         assert params is None
 
+    def place(self, params):
+        self.check_params(params)
+        return params
+
     def init_decode_state(self):
         return [None] * self.config.slots
 
@@ -86,7 +90,7 @@ class ScriptedEngine(DecodeEngine):
         state[slot] = list(script)
         return state, state[slot].pop(0), -1.0
 
-    def generate(self, params, state, length):
+    def generate(self, params, state, length, filled=None):
         tokens = [s.pop(0) if s else EOS for s in state]
         return state, np.array(tokens), np.full(len(state), -1.0)
 

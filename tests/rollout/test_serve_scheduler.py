@@ -77,8 +77,8 @@ def test_steps_compute_top_tokens_only_while_a_slot_asks(engine, params, monkeyp
     steps = []
     original = engine.generate
 
-    def generate(p, state, length):
-        state, tokens, logprobs = original(p, state, length)
+    def generate(p, state, length, filled=None):
+        state, tokens, logprobs = original(p, state, length, filled)
         steps.append(np.asarray(logprobs.top_ids))
         return state, tokens, logprobs
 

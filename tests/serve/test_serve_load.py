@@ -123,9 +123,9 @@ def slow_engine(server, monkeypatch):
     engine = server.worker.engine
     original = engine.generate
 
-    def generate(params, state, length):
+    def generate(params, state, length, filled=None):
         time.sleep(0.01)
-        return original(params, state, length)
+        return original(params, state, length, filled)
 
     monkeypatch.setattr(engine, "generate", generate)
 
@@ -162,7 +162,7 @@ def test_a_full_queue_answers_429_and_then_serves_again(model_dir, monkeypatch):
     with serving(model_dir, max_requests=2) as server:
         original = server.worker.engine.generate
         monkeypatch.setattr(server.worker.engine, "generate",
-                            lambda p, s, n: (time.sleep(0.01), original(p, s, n))[1])
+                            lambda p, s, n, f=None: (time.sleep(0.01), original(p, s, n, f))[1])
         results = []
         threads = [threading.Thread(target=lambda: results.append(request(
             server, CHAT, {**GOOD, "max_tokens": 60, "ignore_eos": True})))
