@@ -11,12 +11,14 @@ arguments, outputs and temporaries, their sum against the chip's memory, and the
 
 Programs: the train step (one micro-batch's gradient plus the AdamW update) and the log-prob
 pass at the learner's largest micro-batch (`micro_batch_tokens` rows of the longest bucket), the
-decode step over `engine.slots`, and the prefill of each bucket. Two FLOP columns, per chip:
+decode step over `engine.slots`, the prefill of each bucket, and `place` (the engine's copy
+made from the learner's parameters: a cast and, for fsdp > 1, a gather). Two FLOP columns, per chip:
 XLA's count, which takes a scanned loop's body once (the learner's programs scan over the
 layers and over the LM head's logit chunks, so it undercounts them by about the layer count),
 and the model's (benchmarks/flops.py: the whole program's model FLOPs over the chips, as if
-split evenly; where XLA's count of an unscanned engine program is higher, a data axis repeats
-the work). Between them the run also holds what the table's rows do not share (the engine's KV
+split evenly; where XLA's count of an unscanned engine program is higher, the mesh repeats
+the work: a prefill of fewer rows than slot groups, or weights the engine splits over tensor
+only). Between them the run also holds what the table's rows do not share (the engine's KV
 cache and bf16 copy sit beside the learner's state between updates; the config comments count
 them).
 
@@ -60,7 +62,7 @@ def main() -> None:
 
     import jax
 
-    from memagent_jax.models import make_mesh
+    from memagent_jax.models import make_mesh, split_params
     from memagent_jax.models.loading import abstract_params, build_model
     from memagent_jax.rl.config import load_train_config
     from memagent_jax.rl.learner import Learner
@@ -82,7 +84,8 @@ def main() -> None:
     compute = m.compute_dtype or "bfloat16"
     model = build_model(shape, abstract_params(shape, mesh), dtype=compute,
                         attention=m.attention)
-    # The engine decodes from the learner's copy in the compute dtype (compute_params).
+    # The engine decodes from its own copy in the compute dtype and its own layout
+    # (Engine.place); the model here gives it only shapes.
     copy = shape.replace(dtype=compute)
     decoder = build_model(copy, abstract_params(copy, mesh), dtype=compute,
                           attention=m.attention)
@@ -123,7 +126,7 @@ def main() -> None:
           f"{'peak GiB':>9s} {'peak/HBM':>9s} {'XLA TFLOP':>10s} {'model TFLOP':>12s} "
           f"{'compile s':>10s}")
     programs = {"learner": [lambda: learner.compiled(rows, length)],
-                "engine": [engine.compiled]}
+                "engine": [lambda: engine.compiled(split_params(model)[1])]}
     programs = programs.get(args.programs, programs["learner"] + programs["engine"])
     for build in programs:
         start = time.perf_counter()

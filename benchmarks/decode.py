@@ -173,7 +173,7 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
     batch, prompt_len = prompts.shape
     engine = Engine(model, EngineConfig(slots=batch, max_len=max_len,
                                         prefill_buckets=(prompt_len,), prefill_rows=batch))
-    params = split_params(model)[1]
+    params = engine.place(split_params(model)[1])
     start = time.perf_counter()
     engine.warm_up(params, [prompt_len])
     warm_up_s = time.perf_counter() - start

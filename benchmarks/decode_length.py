@@ -49,6 +49,7 @@ def step_time(model, params, config: EngineConfig, occupancy: int, steps: int,
     the steps ran on). whole: the engine's jitted step on a max_len cache, without the
     resizing `generate` does (the engine before its cache followed the slots)."""
     engine = Engine(model, config)
+    params = engine.place(params)
     rng = np.random.default_rng(0)
     greedy = SamplingParams(temperature=0.0, seed=0)
     state = engine.init_decode_state(config.max_len if whole else None)

@@ -8,18 +8,21 @@ does not. Nothing runs on an accelerator; every assumption is printed beside wha
 
 The batch: prompts_per_step x rollout.n trajectories of MemAgent-shaped turns at the config's
 budgets (benchmarks/memagent_rows.py, its distributions printed).
-- Rollout: each turn's prompt prefilled once (a group's first turn once for its n samples), one
-  prompt a call, padded to the engine's prefill bucket; a 1-row prefill splits over the
-  parameters' fsdp x tensor shards and is repeated by every data group. Decode: engine.slots
-  slots kept full (continuous batching), slots split over data; every step each chip reads its
-  shard of the bf16 weights and its slots' KV cache (replicated over fsdp, KV heads split over
-  tensor where it divides them) as the engine holds it: every slot up to the cache length of
-  the longest busy slot, taken as the longest turn's (a data group's slots nearly always hold
-  an update turn); beside it, each slot up to its own filled length (a ragged kernel's read),
-  and every slot's whole max_len (the engine before its cache followed the slots). Prefill and
-  decode take turns on the chips, so their times add.
-- Update (rl/learner.py): the old-log-prob recompute and the KL reference pass (when kl_coef !=
-  0) over every row, then per PPO epoch each mini-batch's forward and backward (the backward
+- Rollout, in the engine's layout (models/sharding.py ROLLOUT_RULES): each turn's prompt
+  prefilled once (a group's first turn once for its n samples), `engine.prefill_rows` prompts a
+  call in arrival order, padded to the longest one's bucket; a call's rows split over the slot
+  groups (data x fsdp) their count divides, each group's rows on its tensor split of the bf16
+  weights; every prefix then gathered by every group over the interconnect. Decode:
+  engine.slots slots kept full but for the wait for a whole prefill call (`idle_fraction`),
+  slots split over data x fsdp; every step each chip reads its tensor split of the bf16 weights
+  and its slots' KV cache (held once: KV heads over tensor, or slots over it too where it
+  cannot split the heads), as the engine holds it: every slot up to the cache length of the
+  longest busy slot, taken as the longest turn's (a group's slots nearly always hold an update
+  turn); beside it, each slot up to its own filled length (a ragged read), and every slot's
+  whole max_len. The engine's copy is gathered from the learner's fsdp shards once a
+  rollout. Prefill and decode take turns on the chips, so their times add.
+- Update (rl/learner.py): the old-log-prob recompute (with `learner.old_logprobs: recompute`)
+  and the KL reference pass (when kl_coef != 0) over every row, then per PPO epoch each mini-batch's forward and backward (the backward
   twice the forward; remat's extra forward of the layers; the LM head's, whose logit chunks are
   rematerialised) over all chips. Token counts, one column each (`TOKEN_COUNTS`): "padded"
   a row a sequence at its bucket (`learner.pack: false`), "packed" rows packed several to a
@@ -62,6 +65,7 @@ class Chip:
     train: Rate     # FLOP/s of the learner's forward and backward
     prefill: Rate   # FLOP/s of a prefill
     decode: Rate    # bytes/s a decode step reads from HBM
+    link: Rate      # bytes/s a chip receives from the others (a gather's rate)
 
 
 H100_MATMUL = 670e12  # bf16 8192-square matmul, BENCHMARKS.md "Learner update", H100 table
@@ -74,14 +78,17 @@ CHIPS = {
         Rate(0.317 * H100_MATMUL, "assumed: the learner's forward rate above (no 7B prefill "
              "measured on a GPU)"),
         Rate(1723e9, "measured: 7B decode at batch 64 reads 1723 GB/s, 63% of copy "
-             "(BENCHMARKS.md decode, h100, 82df67f; 68% at batch 1, 76% at 16)")),
+             "(BENCHMARKS.md decode, h100, 82df67f; 68% at batch 1, 76% at 16)"),
+        Rate(450e9 / 2, "assumed: half NVLink 4's 450 GB/s a direction (no gather measured)")),
     "v5p": Chip(
         "TPU v5p",
         Rate(0.30 * 459e12, "assumed: 30% of the 459 TFLOP/s bf16 vendor peak (no TPU "
              "measured; the H100 learner reaches 21% of its 989 vendor peak)"),
         Rate(0.30 * 459e12, "assumed: as the update"),
         Rate(0.65 * 2765e9, "assumed: 65% of the 2765 GB/s vendor HBM bandwidth (the H100 "
-             "decode reads at 63-76% of its measured copy rate)")),
+             "decode reads at 63-76% of its measured copy rate)"),
+        Rate(600e9 / 4, "assumed: a quarter of the vendor's 4800 Gbit/s ICI a chip (no "
+             "gather measured)")),
 }
 TARGETS = {"cudnn": "h100", "splash": "v5p"}  # a config's attention kernel names its chip
 
@@ -246,33 +253,74 @@ def kv_bytes(shape) -> int:
     return 2 * 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim
 
 
+def slot_groups(s: Setup) -> int:
+    """The engine's slot groups (models/sharding.py ROLLOUT_RULES): slots, their KV cache and
+    prefill rows split over data x fsdp, and over tensor too where it cannot split the KV
+    heads (attention data-parallel)."""
+    a = s.axes
+    return a["data"] * a["fsdp"] * (1 if s.shape.num_kv_heads % a["tensor"] == 0 else a["tensor"])
+
+
+def split_rows(rows: int, a: dict[str, int]) -> int:
+    """How many ways a prefill of `rows` rows splits: the longest leading run of the slot
+    axes (data, fsdp) whose product divides it (models/sharding.py partition_spec)."""
+    ways = 1
+    for axis in ("data", "fsdp"):
+        if a[axis] > 1:
+            if rows % (ways * a[axis]):
+                break
+            ways *= a[axis]
+    return ways
+
+
+def prefill_calls(s: Setup, prompts: np.ndarray) -> list[tuple[int, int, int]]:
+    """The prefill calls of one turn's prompts [P], in order, prefill_rows a call (the
+    scheduler starts whole calls while slots decode, rollout/scheduler.py): (prompts, rows
+    compiled, bucket), the bucket the longest prompt's, the rows the next compiled count."""
+    rows, buckets = s.config.engine.prefill_rows, np.array(s.buckets)
+    counts = s.config.engine.row_counts()
+    calls = []
+    for start in range(0, len(prompts), rows):
+        call = prompts[start:start + rows]
+        calls.append((len(call), next(c for c in counts if c >= len(call)),
+                      int(buckets[np.searchsorted(buckets, call.max())])))
+    return calls
+
+
 def rollout_turns(s: Setup) -> list[dict]:
     """Per turn of a trajectory (update 1, 2, ..., final): rows, mean prompt and response,
-    prefill FLOPs and seconds, decode tokens, KV bytes a chip reads (the engine's cache length,
-    each slot's filled length, the whole max_len), decode seconds for each."""
+    prefill FLOPs and seconds, the bytes a chip receives of other groups' prefixes, decode
+    tokens, KV bytes a chip reads (the engine's cache length, each slot's filled length, the
+    whole max_len), decode seconds for each."""
     config, rows, shape, a = s.config, s.rows, s.shape, s.axes
     n, slots = config.rollout.n, config.engine.slots
-    shards = a["fsdp"] * a["tensor"]
-    kv_split = a["data"] * (a["tensor"] if shape.num_kv_heads % a["tensor"] == 0 else 1)
-    weights_per_token = weight_bytes(shape) / shards / slots  # a step's weights, per slot
-    buckets = np.array(s.buckets)
+    groups, chips = slot_groups(s), s.chips
+    weights_per_token = weight_bytes(shape) / a["tensor"] / slots  # a step's weights, per slot
     out = []
     for label, where in ([(f"update {k + 1}", (~rows.final) & (rows.turn == k))
                           for k in range(int(rows.turn[~rows.final].max()) + 1)]
                          + [("final", rows.final)]):
         prompt, response = rows.prompt[where], rows.response[where].astype(float)
-        bucket = buckets[np.searchsorted(buckets, prompt)]
-        shared = 1.0 / n if label == "update 1" else 1.0  # a group's first prompt, once
-        prefill = shared * sum(flop_model.forward(shape, flop_model.row(int(b), 1))
-                               for b in bucket)
+        # A group's first prompt, prefilled once for its n samples.
+        prefilled = prompt[::n] if label == "update 1" else prompt
+        calls = prefill_calls(s, prefilled)
+        prefill = sum(compiled * flop_model.forward(shape, flop_model.row(bucket, 1))
+                      for _, compiled, bucket in calls)
+        prefill_s = sum(compiled * flop_model.forward(shape, flop_model.row(bucket, 1))
+                        / (split_rows(compiled, a) * a["tensor"] * s.chip.prefill.value)
+                        for _, compiled, bucket in calls)
+        # Every prefix is held whole by each slot group, so an insert reads it where its slot
+        # lives: a chip receives the other groups' rows.
+        gathered = sum(real * bucket for real, _, bucket in calls) * kv_bytes(shape) * (
+            1 - 1 / groups) / chips * groups
         filled = (response * prompt + response * (response + 1) / 2).sum()  # positions read
-        kv = response.sum() * s.cache_length * kv_bytes(shape) / kv_split
-        ragged = filled * kv_bytes(shape) / kv_split
-        whole = response.sum() * s.max_len * kv_bytes(shape) / kv_split
+        kv = response.sum() * s.cache_length * kv_bytes(shape) / chips
+        ragged = filled * kv_bytes(shape) / chips
+        whole = response.sum() * s.max_len * kv_bytes(shape) / chips
         weights = response.sum() * weights_per_token
         out.append({"turn": label, "rows": int(where.sum()), "prompt": prompt.mean(),
                     "response": response.mean(), "prefill_flops": prefill,
-                    "prefill_s": prefill / (shards * s.chip.prefill.value),
+                    "prefill_s": prefill_s, "gathered": gathered,
                     "tokens": response.sum(), "kv": kv, "whole": whole, "weights": weights,
                     "decode_s": (weights + kv) / s.chip.decode.value,
                     "decode_ragged_s": (weights + ragged) / s.chip.decode.value,
@@ -280,20 +328,24 @@ def rollout_turns(s: Setup) -> list[dict]:
     return out
 
 
+def idle_fraction(s: Setup) -> float:
+    """The share of slot-steps spent waiting for a prefill call to fill: slots free one at a
+    time, every mean-reply steps each, and a call starts when prefill_rows are free, so a
+    slot waits (R - 1) / 2 frees on average: (R - 1) / (2 slots + R - 1)."""
+    r, slots = s.config.engine.prefill_rows, s.config.engine.slots
+    return (r - 1) / (2 * slots + r - 1)
+
+
 def decode_compute_s(s: Setup) -> float:
     """The decode's FLOPs a chip computes, at the prefill rate: a check that decode is
     bandwidth-bound."""
-    rows, shape, a = s.rows, s.shape, s.axes
+    rows, shape = s.rows, s.shape
     response, prompt = rows.response.astype(float), rows.prompt
     tokens = response.sum()
     filled = (response * prompt + response * (response + 1) / 2).sum()
-    flops = (flop_model.forward(shape, flop_model.Work(tokens, 0, tokens))
-             / (a["data"] * a["fsdp"] * a["tensor"])
-             + flop_model.layers_forward(shape, flop_model.Work(0, filled, 0))
-             / (a["data"] * a["tensor"]))
+    flops = (flop_model.forward(shape, flop_model.Work(tokens, 0, tokens)) / s.chips
+             + flop_model.layers_forward(shape, flop_model.Work(0, filled, 0)) / s.chips)
     return flops / s.chip.prefill.value
-
-
 
 
 # ---- the report ------------------------------------------------------------------------
@@ -334,40 +386,49 @@ def report(s: Setup, title: str) -> str:
 
 def _rollout(s: Setup, lines: list[str]) -> float:
     """Appends the rollout's lines; returns its seconds."""
-    config, shape, a = s.config, s.shape, s.axes
-    slots, shards = config.engine.slots, a["fsdp"] * a["tensor"]
-    kv_over = " x tensor" if shape.num_kv_heads % a["tensor"] == 0 and a["tensor"] > 1 else ""
+    config, shape, a, chip = s.config, s.shape, s.axes, s.chip
+    slots, rows, groups = config.engine.slots, config.engine.prefill_rows, slot_groups(s)
     turns = rollout_turns(s)
+    idle = idle_fraction(s)
+    copy = weight_bytes(shape) / a["tensor"]
+    place_s = copy * (1 - 1 / a["fsdp"]) / chip.link.value
     say = lines.append
-    say(f"rollout: engine.slots {slots} ({slots // a['data']} a data group), max_len "
-        f"{s.max_len}; weights split fsdp x tensor = {shards} ways, KV cache over data{kv_over} "
-        "(replicated over fsdp)")
-    say(f"  assumed: slots always full (continuous batching over {len(s.rows.prompt)} turns); a "
-        f"decode step reads each chip's weight shard in place (gathering it instead would move "
-        f"the other {shards - 1}/{shards} over the interconnect every step); a prefill is one "
-        f"prompt on {shards} chips' shards, repeated by each of {a['data']} data groups; "
-        f"insert, sampling and host time not counted; the engine's KV cache {s.cache_length} long "
-        "(the cache length holding the longest turn) on every decode step")
+    say(f"rollout (the engine's layout, models/sharding.py ROLLOUT_RULES): engine.slots {slots} "
+        f"over {groups} slot groups ({slots // groups} each), their KV cache split over all "
+        f"{s.chips} chips (held once); the bf16 weights split over tensor ({a['tensor']}) only, "
+        f"{copy / 1e9:.2f} GB a chip; max_len {s.max_len}; prefill_rows {rows}")
+    say(f"  assumed: slots full but for the wait for a whole prefill call ({idle:.1%} of "
+        f"slot-steps idle, `idle_fraction`; continuous batching over {len(s.rows.prompt)} "
+        f"turns); a call's rows split over the slot groups their count divides, padded to the "
+        f"longest prompt's bucket, each prefix then gathered by every group; insert, sampling "
+        f"and host time not counted; the engine's KV cache {s.cache_length} long (the cache "
+        f"length holding the longest turn) on every decode step")
     say(f"  {'turn':10s} {'rows':>6s} {'prompt':>7s} {'reply':>6s} {'prefill TFLOP':>14s} "
         f"{'prefill s':>10s} {'decode tokens':>14s} {'KV TB a chip':>13s} {'decode s':>9s}")
     total = {"turn": "total", "rows": len(s.rows.prompt), **{k: sum(t[k] for t in turns) for k in (
-        "prefill_flops", "prefill_s", "tokens", "kv", "weights", "decode_s", "decode_ragged_s",
-        "decode_whole_s")}}
+        "prefill_flops", "prefill_s", "gathered", "tokens", "kv", "weights", "decode_s",
+        "decode_ragged_s", "decode_whole_s")}}
     for t in turns + [total]:
         mean = (f"{t['prompt']:7.0f} {t['response']:6.0f}" if "prompt" in t else " " * 14)
         say(f"  {t['turn']:10s} {t['rows']:6d} {mean} "
             f"{t['prefill_flops'] / 1e12:14.0f} {t['prefill_s']:10.1f} {t['tokens']:14.0f} "
-            f"{t['kv'] / 1e12:13.1f} {t['decode_s']:9.1f}")
-    steps = total["tokens"] / slots
-    say(f"  decode: {steps:.0f} steps of {total['decode_s'] / steps * 1e3:.1f} ms (a chip "
-        f"reads {weight_bytes(shape) / shards / 1e9:.2f} GB of weights a step and "
-        f"{total['kv'] / steps / 1e9:.2f} GB of KV); each slot reading only its own filled "
-        f"length (a ragged kernel): {total['decode_ragged_s']:.1f} s; every slot's whole max_len "
-        f"cache: {total['decode_whole_s']:.1f} s; the decode's FLOPs at the prefill rate: "
-        f"{decode_compute_s(s):.1f} s (bandwidth-bound)")
-    rollout_s = total["prefill_s"] + total["decode_s"]
+            f"{t['kv'] / 1e12:13.1f} {t['decode_s'] / (1 - idle):9.1f}")
+    steps = total["tokens"] / slots / (1 - idle)
+    decode_s = total["decode_s"] / (1 - idle)
+    gather_s = total["gathered"] / chip.link.value
+    say(f"  decode: {steps:.0f} steps of {decode_s / steps * 1e3:.1f} ms (a chip reads "
+        f"{copy / 1e9:.2f} GB of weights a step and {total['kv'] / steps / 1e9:.2f} GB of KV); "
+        f"each slot reading only its own filled length (a ragged kernel; the CPU engine's "
+        f"read): {total['decode_ragged_s'] / (1 - idle):.1f} s; every slot's whole max_len "
+        f"cache: {total['decode_whole_s'] / (1 - idle):.1f} s; the decode's FLOPs at the "
+        f"prefill rate: {decode_compute_s(s):.1f} s (bandwidth-bound)")
+    say(f"  over the interconnect ({chip.link.value / 1e9:.0f} GB/s a chip: {chip.link.source}): "
+        f"the prefixes each chip gathers, {total['gathered'] / 1e12:.2f} TB, {gather_s:.1f} s; "
+        f"the engine's copy made from the learner's fsdp x tensor shards, "
+        f"{copy * (1 - 1 / a['fsdp']) / 1e9:.2f} GB a chip, {place_s:.2f} s a rollout")
+    rollout_s = total["prefill_s"] + decode_s + gather_s + place_s
     say(f"  rollout: {rollout_s:.0f} s (prefill {total['prefill_s']:.0f} + decode "
-        f"{total['decode_s']:.0f})")
+        f"{decode_s:.0f} + interconnect {gather_s + place_s:.0f})")
     return rollout_s
 
 
@@ -381,6 +442,8 @@ def _update(s: Setup, lines: list[str]) -> dict[str, dict[str, float]]:
         f"micro-batches of {learner.micro_batch_rows or learner.micro_batch_tokens} "
         f"{'rows' if learner.micro_batch_rows else 'tokens'}, buckets "
         f"{list(learner.bucket_lengths or [])}, kl_coef {learner.kl_coef}")
+    if learner.old_logprobs == "rollout":
+        say("  old log-probs: the engine's (learner.old_logprobs: rollout), no forward pass")
     counts = {name: update_passes(s, count) for name, count in TOKEN_COUNTS.items()}
     seconds = {name: {p: f / s.chips / chip.train.value for p, (_, f) in v.items()}
                for name, v in counts.items()}
