@@ -11,8 +11,9 @@ arguments, outputs and temporaries, their sum against the chip's memory, and the
 
 Programs: the train step (one micro-batch's gradient plus the AdamW update) and the log-prob
 pass at the learner's largest micro-batch (`micro_batch_tokens` rows of the longest bucket), the
-decode step over `engine.slots`, the prefill of each bucket, and `place` (the engine's copy
-made from the learner's parameters: a cast and, for fsdp > 1, a gather). Two FLOP columns, per chip:
+decode step over `engine.slots`, the prefill of each bucket, and `place`'s program for the
+largest weight (the engine's copy is made from the learner's parameters a weight at a time: a
+cast and, for fsdp > 1, a gather; beside the copy a chip holds one such program's temporaries). Two FLOP columns, per chip:
 XLA's count, which takes a scanned loop's body once (the learner's programs scan over the
 layers and over the LM head's logit chunks, so it undercounts them by about the layer count),
 and the model's (benchmarks/flops.py: the whole program's model FLOPs over the chips, as if

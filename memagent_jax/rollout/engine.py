@@ -230,8 +230,7 @@ class Engine:
             lambda a, s: jax.ShapeDtypeStruct(a.shape, self.dtype, sharding=s), params, shardings)
         self._slot_axes = self._slot_mesh_axes()
         self._state_sharding = self._decode_state_sharding()
-        self._place = jax.jit(functools.partial(jax.tree.map, lambda x: x.astype(self.dtype)),
-                              out_shardings=shardings)
+        self._placers: dict[jax.sharding.Sharding, Any] = {}  # `place`'s, one a target
         self._prefill = jax.jit(self._prefill_fn, in_shardings=(shardings, None, None))
         # Sampled tokens and log-probs replicated: the host reads them, and on a pod no
         # process holds every slot.
@@ -274,16 +273,18 @@ class Engine:
                                  f"{list(given.shape)}, the model's is {list(want.shape)}")
 
     def place(self, params: Params) -> Params:
-        """See `DecodeEngine.place`: the copy is cast where each shard lives and resharded from
-        there (for the learner's layout: gathered over fsdp), holding at most the copy and the
-        given parameters at once. Checked first (`check_params`)."""
+        """See `DecodeEngine.place`: each weight cast where its shards live and resharded from
+        there (for the learner's layout: gathered over fsdp) by a program of its own, so the
+        devices hold the given parameters, the copy and one weight's temporaries at most.
+        Checked first (`check_params`)."""
         self.check_params(params)
         if all(given.dtype == want.dtype
                and given.sharding.is_equivalent_to(want.sharding, given.ndim)
                for given, want in zip(jax.tree.leaves(params),
                                       jax.tree.leaves(self.abstract_params))):
             return params
-        return self._place(params)
+        return jax.tree.map(lambda given, want: self._placer(want.sharding)(given), params,
+                            self.abstract_params)
 
     def init_decode_state(self, length: int | None = None) -> DecodeState:
         """All slots empty (their rows are computed but ignored until something is inserted),
@@ -348,13 +349,15 @@ class Engine:
     def compiled(self, source: Params | None = None) -> dict[str, jax.stages.Compiled]:
         """The decode step and the prefill of each bucket (at `prefill_rows` prompts),
         compiled from shapes on this engine's shardings, and with `source` (parameters'
-        shapes, dtypes and shardings, e.g. the learner's) `place` from them, for their
-        `memory_analysis()` and `cost_analysis()` (nothing is run or allocated: the model's
-        parameters may be ShapeDtypeStructs; benchmarks/aot.py)."""
+        shapes, dtypes and shardings, e.g. the learner's) `place`'s program for its largest
+        weight, for their `memory_analysis()` and `cost_analysis()` (nothing is run or
+        allocated: the model's parameters may be ShapeDtypeStructs; benchmarks/aot.py)."""
         state = self._abstract_state()
         out = {"decode step": self._generate.lower(self.abstract_params, state).compile()}
         if source is not None:
-            out["place"] = self._place.lower(source).compile()
+            given, want = max(zip(jax.tree.leaves(source), jax.tree.leaves(self.abstract_params)),
+                              key=lambda pair: math.prod(pair[0].shape))
+            out["place (largest weight)"] = self._placer(want.sharding).lower(given).compile()
         rows = self.config.prefill_rows
         for bucket in self.buckets:
             out[f"prefill {rows} x {bucket}"] = self._prefill.lower(
@@ -433,6 +436,13 @@ class Engine:
                             jax.eval_shape(functools.partial(self.init_decode_state,
                                                               self.config.max_len)),
                             self._state_sharding)
+
+    def _placer(self, sharding: jax.sharding.Sharding):
+        """A weight cast to the compute dtype onto `sharding` (compiled per shape)."""
+        if sharding not in self._placers:
+            self._placers[sharding] = jax.jit(lambda x: x.astype(self.dtype),
+                                              out_shardings=sharding)
+        return self._placers[sharding]
 
     def _ragged_reader(self) -> ReadCacheFn | None:
         """The decode step's cache read of each slot to its own position on CPU:

@@ -79,13 +79,13 @@ def test_update_flops_equal_a_hand_count():
     # as long as the longest turn needs (here 5524 tokens: 5888), of 28 x 4 x 128 keys and
     # values in bf16 held once over all 8 chips; a ragged read would take each slot's filled
     # cache (1000 + 1 up to 1000 + 24 positions); and a step's weights (a chip's copy, split
-    # over tensor: 1/2 of the bf16 weights) are shared by the 256 slots.
+    # over tensor: 1/2 of the bf16 weights) are shared by the 128 slots.
     final = step_projection.rollout_turns(s)[-1]
     assert final["turn"] == "final"
     assert final["prefill_flops"] == pytest.approx(forward_by_hand(1024, 1024 ** 2, 1))
     assert final["prefill_s"] == pytest.approx(final["prefill_flops"] / (2 * 0.317 * 670e12))
     position = 2 * 2 * 28 * 4 * 128 / 8
-    weights = 24 * 2 * (N + 2 * 3584 * 152064) / 2 / 256
+    weights = 24 * 2 * (N + 2 * 3584 * 152064) / 2 / 128
     assert s.cache_length == 7424  # the longest of the generated turns (7,2xx tokens)
     s = dataclasses.replace(s, cache_length=5888)
     final = step_projection.rollout_turns(s)[-1]
@@ -99,13 +99,13 @@ def test_update_flops_equal_a_hand_count():
 def test_prefill_calls_take_prefill_rows_at_the_longest_ones_bucket():
     """The config's 4 rows a call: 4 prompts padded to the longest one's bucket, their rows
     split over data x fsdp = 4 slot groups, each on its tensor pair: all 8 chips; the 5th
-    alone, at its own bucket, on 2; slots idle 3 / (2 x 256 + 3) of the time waiting for a
+    alone, at its own bucket, on 2; slots idle 3 / (2 x 128 + 3) of the time waiting for a
     call's 4 free slots."""
     s = step_projection.setup(load_train_config(GPU8))
     calls = step_projection.prefill_calls(s, np.array([5300, 6300, 5000, 1000, 900]))
     assert calls == [(4, 4, 6400), (1, 1, 1024)]
     assert [step_projection.split_rows(rows, s.axes) for _, rows, _ in calls] == [4, 1]
-    assert step_projection.idle_fraction(s) == pytest.approx(3 / 515)
+    assert step_projection.idle_fraction(s) == pytest.approx(3 / 259)
 
 
 @pytest.mark.parametrize("override, key", [("memagent.max_chunks=null", "memagent.max_chunks"),
