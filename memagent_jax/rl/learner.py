@@ -32,10 +32,10 @@ The train step is one jitted pure function of (params, optimiser state, step, gr
 accumulator, micro-batch, lr): it adds the micro-batch's gradient to the accumulator and, on
 the mini-batch's last micro-batch, applies the update under a `lax.cond`. Parameters,
 optimiser state and accumulator are donated, and every output is pinned to its input's
-sharding, so `learner.params` (the `Params` tree, as optax and Orbax take it) keeps the
-shardings the rollout engine was built for. Because the update donates the previous
-parameters, any reference to them kept across an update is a deleted array, and using it
-fails loudly.
+sharding, so `learner.params` (the `Params` tree, as optax and Orbax take it) keeps its
+shardings from update to update (the engine's copy is placed from them). Because the update
+donates the previous parameters, any reference to them kept across an update is a deleted
+array, and using it fails loudly.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ the compute dtype split over `tensor` only, slots, their KV cache and prefill ro
 the slots are split over it too (attention data-parallel, as tpu-inference's dp attention:
 each chip attends for its own slots with every head, so no KV entry is held twice; the
 heads' projections stay split). `place(params)` makes the engine's copy from parameters in any
-layout and dtype (the learner's, a loaded model's) in one program on the devices; the jitted
-functions take only that layout.
+layout and dtype (the learner's, a loaded model's), a weight at a time on the devices; the
+jitted functions take only that layout.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.models import load_model, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, complete
+from memagent_jax.rollout.scheduler import Request, Scheduler, complete
 from tests.hf_reference import hf_model, write_hf_model
 
 EOS = 2
@@ -256,6 +256,26 @@ def test_fused_attention_path_matches_reference(hf_dir, engine, params):
                     complete(engine, params, requests)):
         assert a[0].token_ids == b[0].token_ids
         assert np.abs(np.array(a[0].logprobs) - np.array(b[0].logprobs)).max() <= 1e-4
+
+
+def test_prefill_calls_wait_for_slots_enough_to_fill_them(model, params, monkeypatch):
+    """20 requests of 1 to 12 tokens on 8 slots, prefill_rows 4: while slots decode, a call
+    waits until 4 are free, so every call but the last prefills 4 prompts."""
+    engine = Engine(model, EngineConfig(slots=8, max_len=64, prefill_rows=4))
+    calls, prefill = [], engine.prefill
+
+    def counted(params, prompts):
+        calls.append(len(prompts))
+        return prefill(params, prompts)
+
+    monkeypatch.setattr(engine, "prefill", counted)
+    rng = np.random.RandomState(4)
+    requests = [Request(p, int(rng.randint(1, 13)), GREEDY) for p in _prompts(20, 2, 40, seed=5)]
+    scheduler = Scheduler(engine)
+    for request in requests:
+        scheduler.submit(request)
+    scheduler.run(params)
+    assert sum(calls) == 20 and set(calls[:-1]) == {4}, calls
 
 
 def test_default_buckets_pad_long_prompts_by_at_most_a_quarter():

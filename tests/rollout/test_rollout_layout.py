@@ -1,7 +1,8 @@
 """The engine's own layout (models/sharding.py ROLLOUT_RULES) on data 2 x fsdp 2 x tensor 2 of
 8 simulated devices: no KV entry held twice, weights split over tensor only and placed from
-the learner's layout, prompts prefilled several a call; and the tokens `generate` and `run`
-decode on it equal to one device's (a DAPO step's rollout: tests/rl/test_trainer.py)."""
+the learner's layout; and the tokens `generate` and `run` decode on it, prompts prefilled
+several a call, equal to one device's (a DAPO step's rollout: tests/rl/test_trainer.py; the
+scheduler's whole prefill calls: tests/rollout/test_engine.py)."""
 
 import math
 
@@ -15,7 +16,7 @@ from memagent_jax.rollout.agent import build_agent
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, Scheduler, complete
+from memagent_jax.rollout.scheduler import Request, complete
 from tests.hf_reference import write_hf_model
 
 AXES = {"data": 2, "fsdp": 2, "tensor": 2}
@@ -105,21 +106,21 @@ def test_a_long_slot_beside_short_ones_is_read_ragged_on_each_device(models, mon
 
 def test_run_reads_documents_on_the_mesh_as_one_device_does():
     """The memory loop (`run`) of the shipped, trained memagent-tiny (whose memories depend on
-    what it reads, unlike a random model's) over eight synthetic documents, n 2 at
-    temperature 1, on 8 slots (so prompts wait): prefilled 4 a call on the mesh, one a call on
-    one device: every turn's tokens, and log-probs within 1e-4."""
+    what it reads, unlike a random model's) over four synthetic documents, n 2 at temperature
+    1, on 4 slots (so prompts wait): prefilled 4 a call on the mesh, one a call on one device:
+    every turn's tokens, and log-probs within 1e-4."""
     from memagent_jax.rollout.agent import ModelSection, load_policy
     from memagent_jax.synthetic import tasks as synthetic
 
     section = ModelSection(path="memagent-tiny")
     tokenizer = section.load_tokenizer(required=True)
     budgets = MemAgentConfig.from_model(section.path)
-    documents = [synthetic.make_sample("multikey", 1024, 9, i) for i in range(8)]
+    documents = [synthetic.make_sample("multikey", 1024, 9, i) for i in range(4)]
     results = []
     for mesh, rows in ((None, 1), (make_mesh(AXES), 4)):
         policy = load_policy(section, tokenizer, mesh)
         agent = build_agent(policy.model, tokenizer, budgets,
-                            EngineConfig(slots=8, prefill_rows=rows), mesh, policy.stop_ids)
+                            EngineConfig(slots=4, prefill_rows=rows), mesh, policy.stop_ids)
         samples = [agent.read(d.question, d.context) for d in documents]
         groups = agent.run(policy.params, samples, SamplingParams(1.0, seed=3), n=2)
         results.append([t for group in groups for trajectory in group for t in trajectory.turns])
@@ -127,26 +128,3 @@ def test_run_reads_documents_on_the_mesh_as_one_device_does():
     for a, b in zip(*results):
         np.testing.assert_allclose(a.response_logprobs, b.response_logprobs, atol=1e-4)
     assert len(results[0]) > 2 * len(documents) * 2
-
-
-def test_prefill_calls_wait_for_slots_enough_to_fill_them(models, monkeypatch):
-    """20 requests of 1 to 12 tokens on 8 slots, prefill_rows 4: while slots decode, a call
-    waits until 4 are free, so every call but the last prefills 4 prompts."""
-    _, sharded, _ = models
-    engine = Engine(sharded, EngineConfig(slots=8, max_len=64, prefill_rows=4),
-                    mesh=make_mesh(AXES))
-    calls, prefill = [], engine.prefill
-
-    def counted(params, prompts):
-        calls.append(len(prompts))
-        return prefill(params, prompts)
-
-    monkeypatch.setattr(engine, "prefill", counted)
-    rng = np.random.RandomState(4)
-    requests = [Request(p, int(rng.randint(1, 13)), SamplingParams(temperature=0.0, seed=0))
-                for p in _prompts(20, 5)]
-    scheduler = Scheduler(engine)
-    for request in requests:
-        scheduler.submit(request)
-    scheduler.run(split_params(sharded)[1])
-    assert sum(calls) == 20 and set(calls[:-1]) == {4}, calls
