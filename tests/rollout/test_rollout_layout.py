@@ -57,8 +57,8 @@ def test_each_kv_entry_is_held_once_and_weights_split_over_tensor_only(models):
 def _sharp(model):
     """The model's parameters x 5: a random model's N(0, 0.02) weights give nearly uniform
     attention and next-token distributions, which hide most errors in what a slot attends to
-    from sampled tokens and log-probs; x 5 makes them depend on the context (and amplifies f32 rounding: log-probs within
-    1e-3)."""
+    from sampled tokens and log-probs; x 5 makes them depend on the context (and amplifies
+    f32 rounding: log-probs within 1e-3)."""
     return jax.tree.map(lambda x: 5 * x, split_params(model)[1])
 
 
@@ -77,7 +77,8 @@ def test_generate_decodes_on_the_mesh_what_one_device_decodes(models):
                 + [Request(p, 10, SamplingParams(temperature=1.0, seed=s), n=3 if s == 2 else 1)
                    for s, p in enumerate(_prompts(6, 2))])
     plain = complete(Engine(one, EngineConfig(slots=4, max_len=64)), _sharp(one), requests)
-    engine = Engine(sharded, EngineConfig(slots=8, max_len=64, prefill_rows=4), mesh=make_mesh(AXES))
+    engine = Engine(sharded, EngineConfig(slots=8, max_len=64, prefill_rows=4),
+                    mesh=make_mesh(AXES))
     spread = complete(engine, _sharp(sharded), requests)
     for a, b in zip(plain, spread):
         assert [c.token_ids for c in a] == [c.token_ids for c in b]
