@@ -13,8 +13,8 @@ budgets (benchmarks/memagent_rows.py, its distributions printed).
   call in arrival order, padded to the longest one's bucket; a call's rows split over the slot
   groups (data x fsdp) their count divides, each group's rows on its tensor split of the bf16
   weights; every prefix then gathered by every group over the interconnect. Decode:
-  engine.slots slots kept full but for the wait for a whole prefill call (`idle_fraction`),
-  slots split over data x fsdp; every step each chip reads its tensor split of the bf16 weights
+  engine.slots slots kept full (prompts are prefilled ahead of their slots), slots split over
+  data x fsdp; every step each chip reads its tensor split of the bf16 weights
   and its slots' KV cache (held once: KV heads over tensor, or slots over it too where it
   cannot split the heads), as the engine holds it: every slot up to the cache length of the
   longest busy slot, taken as the longest turn's (a group's slots nearly always hold an update
@@ -275,8 +275,9 @@ def split_rows(rows: int, a: dict[str, int]) -> int:
 
 def prefill_calls(s: Setup, prompts: np.ndarray) -> list[tuple[int, int, int]]:
     """The prefill calls of one turn's prompts [P], in order, prefill_rows a call (the
-    scheduler starts whole calls while slots decode, rollout/scheduler.py): (prompts, rows
-    compiled, bucket), the bucket the longest prompt's, the rows the next compiled count."""
+    scheduler prefills whole calls, the prompts waiting next ahead of their slots,
+    rollout/scheduler.py): (prompts, rows compiled, bucket), the bucket the longest prompt's,
+    the rows the next compiled count."""
     rows, buckets = s.config.engine.prefill_rows, np.array(s.buckets)
     counts = s.config.engine.row_counts()
     calls = []
@@ -326,14 +327,6 @@ def rollout_turns(s: Setup) -> list[dict]:
                     "decode_ragged_s": (weights + ragged) / s.chip.decode.value,
                     "decode_whole_s": (weights + whole) / s.chip.decode.value})
     return out
-
-
-def idle_fraction(s: Setup) -> float:
-    """The share of slot-steps spent waiting for a prefill call to fill: slots free one at a
-    time, every mean-reply steps each, and a call starts when prefill_rows are free, so a
-    slot waits (R - 1) / 2 frees on average: (R - 1) / (2 slots + R - 1)."""
-    r, slots = s.config.engine.prefill_rows, s.config.engine.slots
-    return (r - 1) / (2 * slots + r - 1)
 
 
 def decode_compute_s(s: Setup) -> float:
@@ -389,7 +382,6 @@ def _rollout(s: Setup, lines: list[str]) -> float:
     config, shape, a, chip = s.config, s.shape, s.axes, s.chip
     slots, rows, groups = config.engine.slots, config.engine.prefill_rows, slot_groups(s)
     turns = rollout_turns(s)
-    idle = idle_fraction(s)
     copy = weight_bytes(shape) / a["tensor"]
     place_s = copy * (1 - 1 / a["fsdp"]) / chip.link.value
     say = lines.append
@@ -397,9 +389,8 @@ def _rollout(s: Setup, lines: list[str]) -> float:
         f"over {groups} slot groups ({slots // groups} each), their KV cache split over all "
         f"{s.chips} chips (held once); the bf16 weights split over tensor ({a['tensor']}) only, "
         f"{copy / 1e9:.2f} GB a chip; max_len {s.max_len}; prefill_rows {rows}")
-    say(f"  assumed: slots full but for the wait for a whole prefill call ({idle:.1%} of "
-        f"slot-steps idle, `idle_fraction`; continuous batching over {len(s.rows.prompt)} "
-        f"turns); a call's rows split over the slot groups their count divides, padded to the "
+    say(f"  assumed: slots always full (continuous batching over {len(s.rows.prompt)} turns, "
+        f"prompts prefilled ahead of their slots); a call's rows split over the slot groups their count divides, padded to the "
         f"longest prompt's bucket, each prefix then gathered by every group; insert, sampling "
         f"and host time not counted; the engine's KV cache {s.cache_length} long (the cache "
         f"length holding the longest turn) on every decode step")
@@ -412,15 +403,15 @@ def _rollout(s: Setup, lines: list[str]) -> float:
         mean = (f"{t['prompt']:7.0f} {t['response']:6.0f}" if "prompt" in t else " " * 14)
         say(f"  {t['turn']:10s} {t['rows']:6d} {mean} "
             f"{t['prefill_flops'] / 1e12:14.0f} {t['prefill_s']:10.1f} {t['tokens']:14.0f} "
-            f"{t['kv'] / 1e12:13.1f} {t['decode_s'] / (1 - idle):9.1f}")
-    steps = total["tokens"] / slots / (1 - idle)
-    decode_s = total["decode_s"] / (1 - idle)
+            f"{t['kv'] / 1e12:13.1f} {t['decode_s']:9.1f}")
+    steps = total["tokens"] / slots
+    decode_s = total["decode_s"]
     gather_s = total["gathered"] / chip.link.value
     say(f"  decode: {steps:.0f} steps of {decode_s / steps * 1e3:.1f} ms (a chip reads "
         f"{copy / 1e9:.2f} GB of weights a step and {total['kv'] / steps / 1e9:.2f} GB of KV); "
         f"each slot reading only its own filled length (a ragged kernel; the CPU engine's "
-        f"read): {total['decode_ragged_s'] / (1 - idle):.1f} s; every slot's whole max_len "
-        f"cache: {total['decode_whole_s'] / (1 - idle):.1f} s; the decode's FLOPs at the "
+        f"read): {total['decode_ragged_s']:.1f} s; every slot's whole max_len "
+        f"cache: {total['decode_whole_s']:.1f} s; the decode's FLOPs at the "
         f"prefill rate: {decode_compute_s(s):.1f} s (bandwidth-bound)")
     say(f"  over the interconnect ({chip.link.value / 1e9:.0f} GB/s a chip: {chip.link.source}): "
         f"the prefixes each chip gathers, {total['gathered'] / 1e12:.2f} TB, {gather_s:.1f} s; "

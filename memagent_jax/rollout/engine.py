@@ -405,9 +405,9 @@ class Engine:
             for rows in self.config.row_counts():
                 prefix = self.prefill(params, [prompt] * rows)[0]
             state, _, _ = self.insert(prefix, state, 0, SamplingParams(temperature=0.0, seed=0))
-            state, tokens, _ = self.generate(params, state, len(prompt) + 1)
             if self._ragged is not None:  # the same step reading each slot to its length
-                state, tokens, _ = self.generate(params, state, len(prompt) + 2, filled=1)
+                state, tokens, _ = self.generate(params, state, len(prompt) + 1, filled=1)
+            state, tokens, _ = self.generate(params, state, len(prompt) + 1)
         jax.block_until_ready(tokens)
 
     def _fit(self, state: DecodeState, need: int, shrink: bool) -> DecodeState:

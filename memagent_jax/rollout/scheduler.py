@@ -2,10 +2,10 @@
 
 `Scheduler.run(params)` steps a `DecodeEngine` with the given parameters until every request
 has finished; `complete(engine, params, requests)` is the one-call form. Requests wait in
-submission order; once enough slots are free to fill a prefill call (the engine's
-`prefill_rows` prompts, or every waiting one; or any, when no slot is busy) the next ones are
-prefilled together and inserted, and every engine step advances all busy slots by one token, so
-short requests never wait for long ones. A request with n > 1
+submission order; whenever slots are free the next ones are inserted, their prompts prefilled in
+whole calls of the engine's `prefill_rows` (with the prompts waiting next, whose prefixes wait
+for their slots), and every engine step advances all busy slots by one token, so short
+requests never wait for long ones. A request with n > 1
 samples is prefilled once and its prefix inserted into n slots, each sample drawing from its
 own key. `on_done` callbacks may submit more requests (the MemAgent loop chains a document's
 turns this way).
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import secrets
 from typing import Callable
 
@@ -191,15 +192,16 @@ class Scheduler:
         while self._waiting and None in self._slots:
             free = [slot for slot, active in enumerate(self._slots) if active is None]
             count = min(len(free), len(self._waiting))
-            if any(self._slots):
-                # A prefill call costs about what prefill_rows prompts cost (its rows run
-                # side by side over the mesh): while busy slots decode, start whole calls only.
-                count = count if count < rows and count == len(self._waiting) else (
-                    count // rows * rows)
-                if not count:
-                    break
+            needed = {r for r, _ in itertools.islice(self._waiting, count)
+                      if r not in self._prefixes}
+            if needed:
+                # Whole calls: a call's rows run side by side over the mesh, so it costs about
+                # what one row costs. The prompts these slots need come first, then the next
+                # waiting ones up to a multiple of prefill_rows, whose prefixes wait for slots.
+                queued = [r for r in dict.fromkeys(r for r, _ in self._waiting)
+                          if r not in self._prefixes]
+                self._prefill_new(params, queued[:-(-len(needed) // rows) * rows])
             starting = [self._waiting.popleft() for _ in range(count)]
-            self._prefill_new(params, (request_id for request_id, _ in starting))
             for slot, (request_id, sample_index) in zip(free, starting):
                 request = self.requests[request_id]
                 self.state, token, logprob = self.engine.insert(

@@ -40,7 +40,9 @@ def check_memory(engine, key: str, why: str) -> None:
         slots, length = engine.config.slots, engine.config.max_len
         raise ConfigError(key, f"{why}: {_size(need)} per device (the KV cache of {slots} "
                                f"slots x {length} tokens, and the weights) is over the "
-                               f"{_size(have)} {where}; lower it or the number of slots")
+                               f"{_size(have)} {where}; lower it or the number of slots, "
+                               "or split the weights over mesh.tensor (the engine splits them "
+                               "over tensor only)")
 
 
 def engine_devices(mesh: jax.sharding.Mesh | None) -> list:

@@ -258,9 +258,11 @@ def test_fused_attention_path_matches_reference(hf_dir, engine, params):
         assert np.abs(np.array(a[0].logprobs) - np.array(b[0].logprobs)).max() <= 1e-4
 
 
-def test_prefill_calls_wait_for_slots_enough_to_fill_them(model, params, monkeypatch):
-    """20 requests of 1 to 12 tokens on 8 slots, prefill_rows 4: while slots decode, a call
-    waits until 4 are free, so every call but the last prefills 4 prompts."""
+def test_prefill_calls_take_whole_rows_ahead_of_free_slots(model, params, monkeypatch):
+    """20 requests of 1 to 12 tokens on 8 slots, prefill_rows 4: slots free one or two at a
+    time, and each call prefills 4 prompts, those waiting next ahead of their slots; no slot
+    waits for a call to fill (every step after the first fill decodes 8 slots while requests
+    wait)."""
     engine = Engine(model, EngineConfig(slots=8, max_len=64, prefill_rows=4))
     calls, prefill = [], engine.prefill
 
@@ -271,11 +273,19 @@ def test_prefill_calls_wait_for_slots_enough_to_fill_them(model, params, monkeyp
     monkeypatch.setattr(engine, "prefill", counted)
     rng = np.random.RandomState(4)
     requests = [Request(p, int(rng.randint(1, 13)), GREEDY) for p in _prompts(20, 2, 40, seed=5)]
-    scheduler = Scheduler(engine)
+    scheduler, idle, generate = Scheduler(engine), [], engine.generate
+
+    def step(params, state, length, filled=None):
+        if scheduler._waiting:  # slots left free while requests wait
+            idle.append(scheduler._slots.count(None))
+        return generate(params, state, length, filled)
+
+    monkeypatch.setattr(engine, "generate", step)
     for request in requests:
         scheduler.submit(request)
     scheduler.run(params)
-    assert sum(calls) == 20 and set(calls[:-1]) == {4}, calls
+    assert calls == [4] * 5, calls
+    assert idle and set(idle) == {0}
 
 
 def test_default_buckets_pad_long_prompts_by_at_most_a_quarter():
