@@ -121,6 +121,9 @@ def main() -> None:
         # every slot's one token attends the whole max_len cache
         "decode step": flop_model.forward(shape, flop_model.Work(
             slots, slots * engine.config.max_len, slots)),
+        # at most the dense read's: a full cache is its worst case
+        "decode step, ragged read": flop_model.forward(shape, flop_model.Work(
+            slots, slots * engine.config.max_len, slots)),
         **{f"prefill {prefill_rows} x {bucket}": flop_model.forward(
             shape, flop_model.batch(prefill_rows, bucket, 1)) for bucket in engine.buckets}}
     print(f"{'program':24s} {'args GiB':>9s} {'out GiB':>8s} {'temp GiB':>9s} "

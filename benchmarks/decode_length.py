@@ -35,12 +35,12 @@ from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 
 
-def model_for(name: str):
+def model_for(name: str, dtype: str = "float32"):
     if name == "memagent-tiny":
         config = load_model(name)[1]
     else:
-        config = preset_config(name, dtype="float32")
-    return random_model(config, dtype="float32")
+        config = preset_config(name, dtype=dtype)
+    return random_model(config, dtype=dtype)
 
 
 def step_time(model, params, config: EngineConfig, occupancy: int, steps: int,

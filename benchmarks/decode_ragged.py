@@ -4,11 +4,11 @@
 tokens beside the short ones (a MemAgent update turn beside final turns). Each filling is
 timed on the cache length the engine gives its longest slot (`EngineConfig.cache_lengths`),
 two ways in one run:
-- ragged: `Qwen.decode_step` reading each slot's cache up to its own length
-  (`attend_cache_ragged`);
-- dense: the same step reading every slot's whole cache, masked (`attend_cache`: the read
-  before, and the GPU/TPU engine's until a Pallas kernel reads ragged there);
-- ours: the one of the two the engine takes on CPU (ragged where the slots fill under
+- ragged: `Qwen.decode_step` reading each slot's cache up to its own length (the platform's
+  `RAGGED_READS`: XLA loops on CPU, the Pallas kernels of models/cache_kernels.py on GPU and
+  TPU);
+- dense: the same step reading every slot's whole cache, masked (`attend_cache`);
+- ours: the one of the two the engine takes (ragged where the slots fill under
   `RAGGED_BELOW` of the cache together);
 - the limit: bytes a step must read (every weight once, and each slot's keys and values up to
   its length) / the machine's copy bandwidth (benchmarks/decode.py `DeviceBandwidth`,
@@ -17,8 +17,9 @@ The mixed filling's time is also given as a ratio to the all-short one's, for ea
 
     python benchmarks/decode_ragged.py [--presets qwen2.5-0.5b,memagent-tiny] [--slots 8]
         [--short 512] [--long 7168] [--max-len 8448] [--steps 8] [--repeats 3]
+        [--dtype float32]
 
-Weights are random (`random_model` of the preset's, or the shipped model's, config), float32;
+Weights are random (`random_model` of the preset's, or the shipped model's, config), in --dtype;
 the cache holds random keys and values (what they are does not change the time).
 """
 
@@ -38,8 +39,7 @@ from flax import nnx
 from decode import GB, DeviceBandwidth, best_time, cpu_model_name
 from decode_length import model_for
 from memagent_jax.models import KVCache, split_params
-from memagent_jax.models.attention import attend_cache_ragged
-from memagent_jax.rollout.engine import RAGGED_BELOW, EngineConfig
+from memagent_jax.rollout.engine import RAGGED_BELOW, RAGGED_READS, EngineConfig
 
 
 def step_time(model, params, lengths: list[int], cache_length: int, read_cache, steps: int,
@@ -79,28 +79,32 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bandwidth-gb", type=float, default=1.0)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
     device = jax.devices()[0]
+    ragged_read = RAGGED_READS[device.platform]
     print(f"machine: {platform.machine()} {cpu_model_name()}, {os.cpu_count()} cores; jax "
           f"{jax.__version__} on {device.platform} ({device.device_kind}); {args.slots} slots, "
-          f"float32, {args.steps} steps x best of {args.repeats}")
+          f"{args.dtype}, {args.steps} steps x best of {args.repeats}; ragged read "
+          f"{ragged_read.__name__}")
     lengths = EngineConfig(max_len=args.max_len).cache_lengths()
     fillings = {"all short": [args.short] * args.slots,
                 "one long": [args.long] + [args.short] * (args.slots - 1)}
     bandwidth = DeviceBandwidth(int(args.bandwidth_gb * GB))
     rows = []
     for name in args.presets.split(","):
-        model = model_for(name)
+        model = model_for(name, args.dtype)
         params = split_params(model)[1]
         c = model.config
         weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params))
-        position_bytes = 2 * c.num_layers * c.num_kv_heads * c.head_dim * 4
+        position_bytes = (2 * c.num_layers * c.num_kv_heads * c.head_dim
+                          * jnp.dtype(args.dtype).itemsize)
         copy = bandwidth()["copy"] * GB
         first = None
         for filling, filled in fillings.items():
             cache_length = next(n for n in lengths if n >= max(filled) + args.steps)
             ragged, dense = (step_time(model, params, filled, cache_length, read, args.steps,
-                                       args.repeats) for read in (attend_cache_ragged, None))
+                                       args.repeats) for read in (ragged_read, None))
             ours = ragged if sum(filled) < RAGGED_BELOW * len(filled) * cache_length else dense
             limit = (weight_bytes + position_bytes * (sum(filled) + len(filled) * args.steps / 2)
                      ) / copy

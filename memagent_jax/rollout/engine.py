@@ -9,7 +9,8 @@ a learner's update (which donates its old buffers) can never leave a stale copy 
 
 `Engine` implements it for a Qwen model. It owns a fixed number of decode slots, each with a KV
 cache of up to `max_len` entries. The cache is only as long as the longest busy slot needs, in
-a few compiled lengths (`EngineConfig.cache_lengths`): a step reads all of its cache, so it
+a few compiled lengths (`EngineConfig.cache_lengths`): a step reads all of its cache (or, where
+the busy slots fill little of it, each slot to its own position: `RAGGED_READS`), so it
 costs what the filled part costs whatever max_len is, and the cache grows (or shrinks, once the
 need has halved) between steps, one layer at a time, so a resize holds one layer's extra copy.
 Shapes are otherwise fixed: slots, the prefill buckets and row counts, and the three hot
@@ -41,17 +42,24 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.attention import attend_cache_ragged
+from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from memagent_jax.models.qwen import KVCache, Params, Qwen, ReadCacheFn, split_params
 from memagent_jax.models.sharding import ROLLOUT_RULES, param_shardings, partition_spec
 from memagent_jax.rollout.sampling import SamplingParams, request_key, sample, top_logprobs
 from memagent_jax.runconfig import at_least
 
 
-# The share of the cache the busy slots fill together below which a CPU decode step reads each
-# slot to its own length: the ragged read's loops cost a tenth more than the dense read where
-# the slots fill half of it (Qwen2.5-0.5B shapes; several times more for memagent-tiny's), and
-# win where one long slot sits beside short ones (benchmarks/decode_ragged.py).
+# The share of the cache the busy slots fill together below which a decode step reads each
+# slot to its own length: on CPU the ragged read's loops cost a tenth more than the dense read
+# where the slots fill half of it (Qwen2.5-0.5B shapes; several times more for memagent-tiny's),
+# and win where one long slot sits beside short ones (benchmarks/decode_ragged.py). The GPU and
+# TPU kernels take the same rule until that benchmark has run on them.
 RAGGED_BELOW = 0.25
+
+# The ragged read by platform: XLA loops on CPU, a Pallas kernel on TPU and GPU.
+RAGGED_READS: dict[str, ReadCacheFn] = {"cpu": attend_cache_ragged,
+                                        "tpu": attend_cache_ragged_tpu,
+                                        "gpu": attend_cache_ragged_gpu}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -336,9 +344,9 @@ class Engine:
         """One token for every slot: (state, tokens [S] int32, logprobs [S] float32); `state`
         is donated. length, filled: see `DecodeEngine.generate`; the step runs on the shortest
         cache length that holds `length` (the cache resized first if it is shorter, or at
-        least twice as long), on CPU reading each slot only to its own position where the
-        busy slots fill under RAGGED_BELOW of the cache together (one long slot beside short
-        ones), else every slot's whole cache."""
+        least twice as long), reading each slot only to its own position where the busy
+        slots fill under RAGGED_BELOW of the cache together (one long slot beside short ones)
+        and the platform has a ragged read, else every slot's whole cache."""
         if not 1 <= length <= self.config.max_len:
             raise ValueError(f"generate: length {length} is outside 1..{self.config.max_len}")
         state = self._fit(state, length, shrink=True)
@@ -347,13 +355,16 @@ class Engine:
         return (self._generate_ragged if sparse else self._generate)(params, state)
 
     def compiled(self, source: Params | None = None) -> dict[str, jax.stages.Compiled]:
-        """The decode step and the prefill of each bucket (at `prefill_rows` prompts),
+        """The decode step (with each read the engine has) and the prefill of each bucket (at `prefill_rows` prompts),
         compiled from shapes on this engine's shardings, and with `source` (parameters'
         shapes, dtypes and shardings, e.g. the learner's) `place`'s program for its largest
         weight, for their `memory_analysis()` and `cost_analysis()` (nothing is run or
         allocated: the model's parameters may be ShapeDtypeStructs; benchmarks/aot.py)."""
         state = self._abstract_state()
         out = {"decode step": self._generate.lower(self.abstract_params, state).compile()}
+        if self._ragged is not None:
+            out["decode step, ragged read"] = self._generate_ragged.lower(
+                self.abstract_params, state).compile()
         if source is not None:
             given, want = max(zip(jax.tree.leaves(source), jax.tree.leaves(self.abstract_params)),
                               key=lambda pair: math.prod(pair[0].shape))
@@ -445,18 +456,17 @@ class Engine:
         return self._placers[sharding]
 
     def _ragged_reader(self) -> ReadCacheFn | None:
-        """The decode step's cache read of each slot to its own position on CPU:
-        `attend_cache_ragged` (XLA while loops) on each device's own slots and heads; None
-        elsewhere (a while loop a slot is a few kernel launches a layer per slot on GPU and
-        TPU, where a Pallas kernel is what reads a slot to its length)."""
+        """The decode step's cache read of each slot to its own position: the platform's
+        `RAGGED_READS` on each device's own slots and heads; None where it has none."""
         devices = [jax.devices()[0]] if self.mesh is None else self.mesh.devices.flat
-        if next(iter(devices)).platform != "cpu":
+        read = RAGGED_READS.get(next(iter(devices)).platform)
+        if read is None:
             return None
         if self.mesh is None:
-            return attend_cache_ragged
+            return read
         slots, heads = self._state_sharding.cache.k[0].spec[:2]
         cache, query = PartitionSpec(slots, heads), PartitionSpec(slots, None, heads)
-        return jax.shard_map(attend_cache_ragged, mesh=self.mesh,
+        return jax.shard_map(read, mesh=self.mesh,
                              in_specs=(query, cache, cache, PartitionSpec(slots)),
                              out_specs=query, check_vma=False)  # per device, no collective
 

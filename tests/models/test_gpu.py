@@ -101,3 +101,23 @@ def test_cudnn_engine_greedy_matches_xla(config):
         while same < len(ref.token_ids) and fused.token_ids[same] == ref.token_ids[same]:
             same += 1
         np.testing.assert_allclose(fused.logprobs[:same], ref.logprobs[:same], atol=0.1)
+
+
+@pytest.mark.parametrize("head_dim, heads", [(128, (28, 4)), (64, (14, 2))])
+def test_ragged_kernel_matches_the_dense_read_on_gpu(head_dim, heads):
+    """The Triton ragged cache read (models/cache_kernels.py), compiled, against the
+    length-masked dense read (`attend_cache`) on the same bf16 cache: 8 slots of lengths 1 to
+    8448 (one partial block) at the 7B configs' longest cache."""
+    from memagent_jax.models.attention import attend_cache
+    from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu
+
+    hq, hkv = heads
+    s = 8448
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal(shape), jnp.bfloat16) for shape in
+               ((8, 1, hq, head_dim), (8, hkv, head_dim, s), (8, hkv, s, head_dim)))
+    lengths = jnp.array([1, 63, 64, 65, 1000, 4097, 8000, s], jnp.int32)
+    visible = (jnp.arange(s)[None, None] < lengths[:, None, None])
+    expected = jax.jit(attend_cache)(q, k, v, visible)
+    got = jax.jit(attend_cache_ragged_gpu)(q, k, v, lengths)
+    assert relative_error(got, expected) < 1e-2

@@ -40,10 +40,12 @@ def test_the_learner_and_the_prefill_compile_for_tpu_with_splash_attention(tpu_m
     engine = Engine(decoder, EngineConfig(slots=4, prefill_buckets=(256,), max_len=512),
                     tpu_mesh)
     compiled.update(engine.compiled())
-    assert {"train step", "log-probs", "decode step", "prefill 1 x 256"} <= set(compiled)
+    assert {"train step", "log-probs", "decode step", "decode step, ragged read",
+            "prefill 1 x 256"} <= set(compiled)
     for name, program in compiled.items():
         memory = program.memory_analysis()
         assert memory.argument_size_in_bytes > 0, name
         uses_the_kernel = "tpu_custom_call" in program.as_text()
-        # The decode step reads the KV cache with the XLA path whatever `attention` says.
+        # The dense decode step reads the KV cache with the XLA path whatever `attention`
+        # says; the ragged one with its own kernel (models/cache_kernels.py).
         assert uses_the_kernel == (name != "decode step"), name

@@ -4,6 +4,7 @@ the learner's layout; and the tokens `generate` and `run` decode on it, prompts 
 several a call, equal to one device's (a DAPO step's rollout: tests/rl/test_trainer.py; the
 scheduler's whole prefill calls: tests/rollout/test_engine.py)."""
 
+import functools
 import math
 
 import jax
@@ -12,7 +13,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from memagent_jax.models import load_model, make_mesh, split_params
+from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from memagent_jax.rollout.agent import build_agent
+from memagent_jax.rollout import engine as engine_module
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
@@ -20,6 +23,7 @@ from memagent_jax.rollout.scheduler import Request, complete
 from tests.hf_reference import write_hf_model
 
 AXES = {"data": 2, "fsdp": 2, "tensor": 2}
+KERNELS = {"tpu": attend_cache_ragged_tpu, "gpu": attend_cache_ragged_gpu}
 
 
 @pytest.fixture(scope="module", params=[(4, False), (1, True)], ids=["kv4", "kv1-tied"])
@@ -86,11 +90,17 @@ def test_generate_decodes_on_the_mesh_what_one_device_decodes(models):
             np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-3)
 
 
-def test_a_long_slot_beside_short_ones_is_read_ragged_on_each_device(models, monkeypatch):
+@pytest.mark.parametrize("read", ["xla", "tpu", "gpu"])
+def test_a_long_slot_beside_short_ones_is_read_ragged_on_each_device(models, read, monkeypatch):
     """One 200-token prompt beside seven of 2 to 5 fill under a quarter of the 256-entry cache,
-    so each device reads its own slots to their positions (`attend_cache_ragged` under
-    shard_map): the tokens one device decodes a slot at a time (the dense read)."""
+    so each device reads its own slots to their positions (the platform's `RAGGED_READS`
+    under shard_map: on CPU XLA loops, and here the TPU and GPU Pallas kernels in interpret
+    mode): the tokens one device decodes a slot at a time with the dense read, and on this
+    mesh the dense read's tokens, log-probs within 1e-5."""
     one, sharded, _ = models
+    if read != "xla":
+        monkeypatch.setitem(engine_module.RAGGED_READS, "cpu", functools.partial(
+            KERNELS[read], interpret=True))
     requests = [Request(p, 8, SamplingParams(temperature=0.0, seed=0))
                 for p in _prompts(1, 9, low=200, high=200) + _prompts(7, 10, high=5)]
     plain = complete(Engine(one, EngineConfig(slots=1, max_len=256)), _sharp(one), requests)
@@ -100,9 +110,14 @@ def test_a_long_slot_beside_short_ones_is_read_ragged_on_each_device(models, mon
     monkeypatch.setattr(engine, "_generate_ragged", lambda *a: steps.append(1) or ragged(*a))
     spread = complete(engine, _sharp(sharded), requests)
     assert len(steps) >= 7
-    for a, b in zip(plain, spread):
-        assert a[0].token_ids == b[0].token_ids
+    monkeypatch.setattr(engine_module, "RAGGED_BELOW", 0.0)
+    ragged_steps = len(steps)
+    dense = complete(engine, _sharp(sharded), requests)
+    assert len(steps) == ragged_steps  # the second run read densely
+    for a, b, c in zip(plain, spread, dense):
+        assert a[0].token_ids == b[0].token_ids == c[0].token_ids
         np.testing.assert_allclose(a[0].logprobs, b[0].logprobs, atol=1e-3)
+        np.testing.assert_allclose(b[0].logprobs, c[0].logprobs, atol=1e-5, rtol=0)
 
 
 def test_run_reads_documents_on_the_mesh_as_one_device_does():
