@@ -1,7 +1,7 @@
 """Checks that need a CUDA GPU (skipped elsewhere, so CI, which has none, skips them): the
 cuDNN flash-attention path (`attention="cudnn"`: the prefill, and the training forward and
 gradient) against the XLA reference, and that the compiled programs really call cuDNN's fused
-attention.
+attention; the Triton ragged cache read (models/cache_kernels.py) against the dense read.
 
 Run on a GPU machine with `JAX_PLATFORMS=cuda python -m pytest tests/models/test_gpu.py`
 (conftest.py pins the rest of the suite to simulated CPU devices unless JAX_PLATFORMS is set).
