@@ -80,9 +80,13 @@ def matmul_weights(config) -> int:
 
 def layers_forward(config, work: Work) -> float:
     """The decoder layers' forward FLOPs."""
+    return 2 * matmul_weights(config) * work.tokens + attention_forward(config, work)
+
+
+def attention_forward(config, work: Work) -> float:
+    """The layers' attention products (QK^T and PV): their forward FLOPs."""
     c = config
-    return (2 * matmul_weights(c) * work.tokens
-            + 4 * c.num_layers * c.num_heads * c.head_dim * work.attended)
+    return 4 * c.num_layers * c.num_heads * c.head_dim * work.attended
 
 
 def head_forward(config, work: Work) -> float:
@@ -95,8 +99,11 @@ def forward(config, work: Work) -> float:
     return layers_forward(config, work) + head_forward(config, work)
 
 
-def train(config, work: Work, remat: bool = False, head_remat: bool = False) -> float:
-    """Forward and backward (the backward twice the forward); remat: the layers' forward once
-    more in the backward; head_remat: the LM head's likewise (the learner's logit chunks)."""
-    return (forward(config, work) * 3 + layers_forward(config, work) * remat
-            + head_forward(config, work) * head_remat)
+def train(config, work: Work, remat: str = "none", head_remat: bool = False) -> float:
+    """Forward and backward (the backward twice the forward), plus what the backward recomputes:
+    remat (models/qwen.py REMAT_POLICIES) "full" the layers' forward, "matmuls" their attention
+    products (the projections' outputs are kept), "none" nothing; head_remat: the LM head's
+    forward (the learner's logit chunks)."""
+    recompute = {"none": 0.0, "matmuls": attention_forward(config, work),
+                 "full": layers_forward(config, work)}[remat]
+    return forward(config, work) * 3 + recompute + head_forward(config, work) * head_remat

@@ -69,7 +69,7 @@ train)
         --attention cudnn --no-torch
     step train_1.5b 140 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
         --dtype bfloat16 --rows 16 --prompt-len 768 \
-        --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat
+        --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat full
     ;;
 *)
     echo "usage: benchmarks/gpu.sh train|decode7b|small|ragged" >&2

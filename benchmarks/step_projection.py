@@ -23,8 +23,8 @@ budgets (benchmarks/memagent_rows.py, its distributions printed).
   rollout. Prefill and decode take turns on the chips, so their times add.
 - Update (rl/learner.py): the old-log-prob recompute (with `learner.old_logprobs: recompute`)
   and the KL reference pass (when kl_coef != 0) over every row, then per PPO epoch each mini-batch's forward and backward (the backward
-  twice the forward; remat's extra forward of the layers; the LM head's, whose logit chunks are
-  rematerialised) over all chips. Token counts, one column each (`TOKEN_COUNTS`): "padded"
+  twice the forward; what the config's remat policy recomputes, flops.train; the LM head's,
+  whose logit chunks are rematerialised) over all chips. Token counts, one column each (`TOKEN_COUNTS`): "padded"
   a row a sequence at its bucket (`learner.pack: false`), "packed" rows packed several to a
   sequence (`learner.pack: true`; both as rl/packing.py plans them per mini-batch), "real" the
   rows' own tokens.

@@ -14,8 +14,7 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
   that multiply (the decoder layers' on every token, the LM head's on response tokens only,
   the only ones whose log-probabilities the loss needs; the embedding gather is not a matmul)
   and T the row length (the convention counts the whole T x T attention, though the blocked
-  causal path skips most of the upper half; with --remat the recomputed forward is not
-  counted either);
+  causal path skips most of the upper half; what --remat recomputes is not counted either);
   utilisation = model FLOP/s / measured matmul FLOP/s;
 - peer (unless --no-torch): the same update written plainly in PyTorch on `transformers`'
   Qwen2ForCausalLM (Qwen3ForCausalLM for a Qwen3 preset) with the same shapes and random
@@ -27,7 +26,7 @@ recomputed (a forward pass), then one AdamW update accumulates gradients over mi
     python benchmarks/train_step.py [--preset qwen2.5-0.5b] [--layers N] [--dtype float32]
         [--rows 8] [--prompt-len 192] [--response-len 64] [--micro-batch-rows 4]
         [--repeats 2] [--matmul-size 4096] [--attention xla]
-        [--remat] [--no-torch] [--full-logits] [--memagent DOCS [--scale 16]]
+        [--remat none|matmuls|full] [--no-torch] [--full-logits] [--memagent DOCS [--scale 16]]
 
 --memagent DOCS draws the rows instead from the turns of DOCS MemAgent documents at the 7B
 configs' budgets (benchmarks/memagent_rows.py), every length divided by --scale, and plans
@@ -233,8 +232,8 @@ def main() -> None:
     parser.add_argument("--matmul-size", type=int, default=4096)
     parser.add_argument("--attention", default="xla", choices=("xla", "dot_product", "cudnn"),
                         help="the forward's attention (cudnn: GPU, bf16 compute)")
-    parser.add_argument("--remat", action="store_true",
-                        help="ours recomputes each layer in the backward (LearnerConfig.remat)")
+    parser.add_argument("--remat", default="none", choices=("none", "matmuls", "full"),
+                        help="what ours recomputes in the backward (LearnerConfig.remat)")
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch peer")
     parser.add_argument("--full-logits", action="store_true",
                         help="the LM head on every position (the learner before its response "
@@ -283,10 +282,10 @@ def main() -> None:
     # The peer runs first and hands its GPU memory back: JAX's allocator keeps what it takes.
     torch_seconds = None if args.no_torch else bench_torch(config, args, rows)
     update_flops = train_flops + forward_flops
-    # Rows of exactly one bucket leave nothing to pack; cudnn cannot (learner.pack).
-    packs = args.attention != "cudnn"
-    layouts = ([("rows", False)] + [("packed", True)] * packs if args.memagent
-               else [("", packs)])
+    # Rows of exactly one bucket leave nothing to pack: unpacked under cudnn, whose packed
+    # rows would take the Triton kernel (models/flash_gpu.py) instead of cuDNN's.
+    layouts = ([("rows", False), ("packed", True)] if args.memagent
+               else [("", args.attention != "cudnn")])
     for label, pack in layouts:
         ours = bench_ours(config, args, rows, pack)
         step = ours["update"] - ours["recompute"]

@@ -40,7 +40,7 @@ The price is compile time that grows with depth (benchmarks/compile_time.py).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -49,6 +49,7 @@ from flax import nnx
 from memagent_jax.models.attention import (attend, attend_cache, attend_causal, attend_fused,
                                            segment_starts)
 from memagent_jax.models.config import ATTENTION_CHOICES, ModelConfig
+from memagent_jax.models.flash_gpu import flash_gpu_causal
 from memagent_jax.models.rope import apply_rope, inverse_frequencies
 from memagent_jax.models.splash import splash_causal
 
@@ -63,6 +64,15 @@ AttentionFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray], tuple[jnp.ndarra
 # [B, 1, Hq, K]: a decode step's attention of each row over its cache's first lengths[b]
 # entries (`attend_cache` with a length mask, or `attend_cache_ragged`).
 ReadCacheFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray], jnp.ndarray]
+
+# What the backward keeps of each layer's forward (`remat` of `hidden`/`__call__`; the learner's
+# `learner.remat`): "none" everything (no recompute), "matmuls" the outputs of the layer's
+# projections (the backward recomputes attention and the elementwise work), "full" only the
+# layer's input [B, T, D] (the backward reruns the whole layer: a third more compute).
+REMAT_POLICIES = {"none": None,
+                  "matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "full": jax.checkpoint_policies.nothing_saveable}
+Remat = Literal["none", "matmuls", "full"]
 
 # jax.nn.dot_product_attention's `implementation` for the fused choices of ATTENTION_CHOICES.
 _FUSED = {"dot_product": None, "cudnn": "cudnn"}
@@ -204,7 +214,7 @@ class Qwen(nnx.Module):
                                    ("embed", "vocab"), param_dtype)
 
     def __call__(self, input_ids: jnp.ndarray, attention_mask: jnp.ndarray | None = None, *,
-                 segment_ids: jnp.ndarray | None = None, remat: bool = False):
+                 segment_ids: jnp.ndarray | None = None, remat: Remat = "none"):
         """input_ids [B, T] int; attention_mask [B, T] (1 = token, 0 = padding, on either side).
 
         Positions count real tokens only, so a padded row gives the logits the same sequence
@@ -212,9 +222,9 @@ class Qwen(nnx.Module):
         configured attention (right-padded rows may pass None too: padding after a token never
         affects it); its "xla" and "cudnn" kernels never build a [T, T] mask or scores, in the
         gradient either. With a mask, the reference path (`attend`); so too with segment_ids
-        [B, T] (packed rows, as `hidden` takes them) instead of a mask. remat: under
-        differentiation, keep only each layer's input and recompute the rest of the layer in
-        the backward (training memory; the values are the same).
+        [B, T] (packed rows, as `hidden` takes them) instead of a mask. remat: what the
+        backward keeps of each layer (`REMAT_POLICIES`: training memory against recompute;
+        the values are the same).
         Returns logits [B, T, V] float32 (rows at padding are meaningless).
         """
         t = input_ids.shape[1]
@@ -233,7 +243,7 @@ class Qwen(nnx.Module):
         return self.logits(self._scan(input_ids, positions,
                                       lambda q, k, v: attend(q, k, v, visible), remat))
 
-    def hidden(self, input_ids: jnp.ndarray, *, remat: bool = False,
+    def hidden(self, input_ids: jnp.ndarray, *, remat: Remat = "none",
                segment_ids: jnp.ndarray | None = None) -> jnp.ndarray:
         """input_ids [B, T] -> the final norm's output [B, T, D]: `__call__` without a mask and
         before the LM head (`logits`), for callers that apply the head a chunk at a time.
@@ -241,7 +251,8 @@ class Qwen(nnx.Module):
         segment_ids [B, T] int: packed rows, each a contiguous run of one id (the padding at
         the end a run of its own): every token attends only to the tokens of its segment, and
         positions restart at 0 at each segment's first token, so each row gets the values it
-        would get alone. Every attention but "cudnn" takes them (attention.py, `attend_fused`).
+        would get alone. Under "cudnn" they go to jax's Triton flash kernel (flash_gpu.py),
+        as jax.nn's cuDNN path takes none.
         """
         b, t = input_ids.shape
         if segment_ids is None:
@@ -318,6 +329,9 @@ class Qwen(nnx.Module):
             return functools.partial(attend_causal, segment_ids=segment_ids)
         if self.attention == "splash":
             return functools.partial(splash_causal, mesh=self.mesh, segment_ids=segment_ids)
+        if self.attention == "cudnn" and segment_ids is not None:
+            # jax.nn's cuDNN path takes no segment ids (attention.py, `attend_fused`).
+            return functools.partial(flash_gpu_causal, mesh=self.mesh, segment_ids=segment_ids)
         return lambda q, k, v: attend_fused(q, k, v, _FUSED[self.attention], segment_ids)
 
     def _embed(self, input_ids: jnp.ndarray) -> jnp.ndarray:
@@ -335,7 +349,7 @@ class Qwen(nnx.Module):
             aux.append(out)
         return self._final_norm(x), aux
 
-    def _scan(self, input_ids, positions, attend_fn, remat: bool = False) -> jnp.ndarray:
+    def _scan(self, input_ids, positions, attend_fn, remat: Remat = "none") -> jnp.ndarray:
         """The decoder stack as one scan over the layer weights stacked here (in the compute
         dtype), attending with attend_fn(q, k, v) -> out, then the final norm. Returns hidden
         [B, T, D]."""
@@ -349,15 +363,10 @@ class Qwen(nnx.Module):
         def layer(x, weights):
             return nnx.merge(layer_def, weights)(x, positions, attention)[0], None
 
-        if remat:
-            # Save nothing but the carry (the layer's input [B, T, D]): the backward reruns the
-            # layer's forward (up to a third more compute) and the activations held across the
-            # stack shrink to one [B, T, D] per layer. Saving the matmul outputs instead
-            # (dots_with_no_batch_dims_saveable) would keep the two [B, T, F] MLP projections,
-            # most of what there is to save. prevent_cse=False: the scan already keeps XLA from
-            # merging the recomputation into the forward.
-            layer = jax.checkpoint(layer, policy=jax.checkpoint_policies.nothing_saveable,
-                                   prevent_cse=False)
+        if remat != "none":
+            # prevent_cse=False: the scan already keeps XLA from merging the recomputation
+            # into the forward.
+            layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
         x, _ = jax.lax.scan(layer, self._embed(input_ids), stacked)
         return self._final_norm(x)
 

@@ -14,12 +14,13 @@ exact but far too slow for real work (the parity tests use it).
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from memagent_jax.models.kernel_axes import kernel_axes
 
 # Query and key block sizes tried, largest first: a block must divide the padded length, and
 # on TPU be a multiple of 128 (the lane width).
@@ -52,7 +53,7 @@ def splash_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mesh: Mesh | N
     if interpret:
         warnings.warn("attention 'splash' off TPU runs Pallas's interpret mode: exact, but "
                       "for tests only (use 'xla' or 'cudnn' here)", stacklevel=2)
-    batch_axes, head_axis = _split(mesh, b, hq, hkv)
+    batch_axes, head_axis = kernel_axes(mesh, b, hq, hkv)
     heads = 1 if head_axis is None else mesh.shape[head_axis]
     kernel = _kernel(padded, hq, heads, interpret)
     def run(kernel, q, k, v, ids):
@@ -75,23 +76,6 @@ def splash_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mesh: Mesh | N
 def _segment_ids_type():
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel
     return splash_attention_kernel.SegmentIds
-
-
-def _split(mesh: Mesh | None, rows: int, q_heads: int, kv_heads: int
-           ) -> tuple[tuple[str, ...], str | None]:
-    """(the mesh axes the rows are split over, the axis the heads are split over or None):
-    `data` and `fsdp` while their product divides the rows, `tensor` when it divides both
-    head counts (each shard then holds whole groups of query heads with their KV head)."""
-    if mesh is None:
-        return (), None
-    batch: tuple[str, ...] = ()
-    for axis in ("data", "fsdp"):
-        size = mesh.shape[axis]
-        if size > 1 and rows % (math.prod(mesh.shape[a] for a in batch) * size) == 0:
-            batch += (axis,)
-    tensor = mesh.shape["tensor"]
-    split_heads = tensor > 1 and q_heads % tensor == 0 and kv_heads % tensor == 0
-    return batch, "tensor" if split_heads else None
 
 
 @functools.lru_cache(maxsize=32)

@@ -53,7 +53,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.errors import ConfigError
-from memagent_jax.models.qwen import Params, Qwen, split_params
+from memagent_jax.models.qwen import Params, Qwen, Remat, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl.dapo import (per_token, policy_loss, rollout_mismatch,
                                   truncated_is_weights)
@@ -91,7 +91,7 @@ class LearnerConfig:
     micro_batch_tokens: int | None = 8192   # padded tokens per micro-batch
     pack: bool = True                   # several rows per sequence, segment ids (2)
     ppo_epochs: int = 1                 # passes over the rollout batch
-    remat: bool = False                 # recompute each layer in the backward
+    remat: Remat = "none"               # what the backward keeps: none/matmuls/full (3)
     logit_chunk_tokens: int | None = 1024   # LM-head positions at once (null: all; logprobs.py)
     old_logprobs: str = "recompute"     # "recompute" before the first update, or "rollout"
     rollout_correction: float | None = None  # TIS cap C: pg loss x min(p_old/p_rollout, C)
@@ -108,7 +108,11 @@ class LearnerConfig:
     # ranks (docs/algorithm.md section 3).
     # (2) rl/packing.py: the values of one row per sequence on less padding (MemAgent's rows
     # at the 7B plan: 18% of the slots padded -> 13%; BENCHMARKS.md, "Packed learner rows").
-    # Not with attention cudnn, which cannot take segment ids (models/attention.py).
+    # Under attention cudnn the packed rows attend through jax's Triton flash kernel, which
+    # takes segment ids (models/flash_gpu.py).
+    # (3) models/qwen.py REMAT_POLICIES: "full" keeps each layer's input only, "matmuls" also
+    # its projections' outputs (less recompute, more memory), "none" everything; a config
+    # takes the least recompute its compiled train step fits with (benchmarks/aot.py).
 
     def __post_init__(self):
         def fail(name, message):
@@ -202,9 +206,6 @@ class Learner:
     """
 
     def __init__(self, model: Qwen, config: LearnerConfig = LearnerConfig(), mesh=None):
-        if config.pack and model.attention == "cudnn":
-            raise ConfigError("learner.pack", "attention 'cudnn' cannot take the segment ids "
-                              "of packed rows; set learner.pack false (or use attention xla)")
         self.config, self.mesh = config, mesh
         self.vocab_size = model.config.vocab_size
         # Without a recompute, the first mini-batch's forward is the one pass of the learner
@@ -464,7 +465,7 @@ class Learner:
 
     # ---- pure functions (jitted in __init__) --------------------------------------------
 
-    def _token_logprobs(self, params, batch, remat=False, entropy=False):
+    def _token_logprobs(self, params, batch, remat: Remat = "none", entropy=False):
         """params: pure dict; batch: tokens [S, L] (rows end to end, then padding),
         segment_ids [S, L] when packed, positions [S, W] (the response tokens) -> (logp
         [S, L], entropy [S, L] or None) at the config's temperature on those positions (0
@@ -477,8 +478,8 @@ class Learner:
         scores in the forward or the gradient) gives each row exactly what it alone would
         give. The recompute of old log-probabilities runs the same path, so before the first
         update the ratios are 1 up to rounding (a row may sit at another offset of another
-        sequence there than in its mini-batch: ~1e-7 in float32). remat: checkpoint the model's layers (for the
-        differentiated loss; same values)."""
+        sequence there than in its mini-batch: ~1e-7 in float32). remat: the model's policy
+        for the differentiated loss (same values)."""
         model = nnx.merge(self.graphdef, params)
         hidden = model.hidden(batch["tokens"], remat=remat,
                               segment_ids=batch.get("segment_ids"))

@@ -15,7 +15,8 @@ from memagent_jax.models.attention import attend, attend_causal, segment_starts
 from memagent_jax.models.qwen import _segment_positions
 from tests.builders import LEARNER_MODEL
 
-pytestmark = pytest.mark.filterwarnings("ignore:attention 'splash' off TPU")
+pytestmark = [pytest.mark.filterwarnings("ignore:attention 'splash' off TPU"),
+              pytest.mark.filterwarnings("ignore:packed rows under attention 'cudnn' off GPU")]
 
 # Two sequences of 24 tokens: rows of 11, 7 and 4 tokens then 2 of padding; rows of 5 and 16
 # then 3 of padding. Segment ids 1, 2, ... per row, 0 for padding.
@@ -73,7 +74,7 @@ def alone():
     return logits, grads
 
 
-@pytest.mark.parametrize("attention", ["dot_product", "reference", "splash"])
+@pytest.mark.parametrize("attention", ["dot_product", "reference", "splash", "cudnn"])
 def test_packed_rows_give_each_rows_logits_and_gradient(attention, alone):
     rows = _rows()
     graphdef, state = nnx.split(_model(attention))
@@ -99,11 +100,26 @@ def test_packed_rows_give_each_rows_logits_and_gradient(attention, alone):
         assert float(jnp.abs(g - w).max()) <= 1e-5 * max(scale, 1.0), path
 
 
-def test_cudnn_refuses_segment_ids():
-    model = random_model(LEARNER_MODEL, seed=0, attention="cudnn")
-    tokens, segments, _ = _packed(_rows())
-    with pytest.raises(ValueError, match="cudnn"):
-        model.hidden(tokens, segment_ids=segments)
+def test_cudnn_packed_rows_lower_to_the_triton_kernels_for_cuda():
+    """Packed rows under attention 'cudnn' (whose jax.nn path takes no segment ids) at a 7B
+    layer's heads (7 query heads over 1 KV head of 128, bf16), 1000 tokens: the forward and
+    the gradient lower to jax's Triton flash kernels for CUDA (forward; the backward's
+    preprocessing and its kernel). Compiling them needs a GPU (tests/models/test_gpu.py)."""
+    from memagent_jax.models.flash_gpu import flash_gpu_causal
+
+    t = 1000
+    segments = jnp.asarray(np.repeat([1, 2, 3], [400, 350, 250])[None], jnp.int32)
+
+    def loss(q, k, v):
+        out = flash_gpu_causal(q, k, v, segments, interpret=False)
+        return out.astype(jnp.float32).sum()
+
+    shapes = [jax.ShapeDtypeStruct((1, t, h, 128), jnp.bfloat16) for h in (7, 1, 1)]
+    exported = jax.export.export(
+        jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))), platforms=("cuda",),
+        disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")],
+    )(*shapes)
+    assert exported.mlir_module().count("custom_call @__gpu$xla.gpu.triton") == 3
 
 
 def _segments(layouts, length):

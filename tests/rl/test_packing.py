@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
-from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models import random_model
+from memagent_jax.errors import UserError
+from memagent_jax.models import make_mesh, random_model
 from memagent_jax.rl.learner import Learner, LearnerConfig
 from memagent_jax.rl.packing import gather, padded_fraction, plan_sequences, scatter
 from tests.builders import LEARNER_MODEL, random_rows
@@ -76,7 +76,22 @@ def test_packed_logprobs_and_update_equal_the_unpacked_ones(rows, agg):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
-def test_packing_with_cudnn_attention_names_the_key():
-    with pytest.raises(ConfigError) as caught:
-        Learner(random_model(LEARNER_MODEL, seed=0, attention="cudnn"), LearnerConfig())
-    assert caught.value.key == "learner.pack"
+@pytest.mark.filterwarnings("ignore:packed rows under attention 'cudnn' off GPU")
+def test_cudnn_learner_packs_on_the_mesh_as_the_blocked_kernel_does(rows):
+    """attention 'cudnn' with learner.pack on data 2 x fsdp 2 x tensor 2: the packed rows
+    attend through jax's Triton flash kernel (interpret mode here) under shard_map, and the
+    log-prob pass and an update equal those of the blocked XLA kernel on the same mesh."""
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    learners = {attention: Learner(random_model(LEARNER_MODEL, seed=4, attention=attention,
+                                                mesh=mesh),
+                                   dataclasses.replace(CONFIG, pack=True), mesh)
+                for attention in ("cudnn", "xla")}
+    logprobs = {name: learner.logprobs(rows) for name, learner in learners.items()}
+    np.testing.assert_allclose(logprobs["cudnn"], logprobs["xla"], atol=1e-5)
+    metrics = {name: learner.update(rows) for name, learner in learners.items()}
+    for name in ("loss", "pg_loss", "kl", "entropy", "grad_norm"):
+        assert abs(metrics["cudnn"][name] - metrics["xla"][name]) <= 1e-5 * max(
+            1.0, abs(metrics["xla"][name])), name
+    for a, b in zip(jax.tree.leaves(learners["cudnn"].params),
+                    jax.tree.leaves(learners["xla"].params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)

@@ -53,7 +53,8 @@ def forward_by_hand(tokens, attended, head):
 
 
 def test_update_flops_equal_a_hand_count():
-    s = step_projection.setup(load_train_config(GPU8, ["learner.old_logprobs=recompute"]))
+    s = step_projection.setup(load_train_config(GPU8, ["learner.old_logprobs=recompute",
+                                                       "learner.remat=full"]))
     # Two rows: 5000 + 500 and 1000 + 24 tokens, one trajectory's two turns.
     rows = step_projection.Rows(np.array([5000, 1000]), np.array([500, 24]), np.array([0, 0]),
                                 np.array([0, 1]), np.array([False, True]))
@@ -64,6 +65,15 @@ def test_update_flops_equal_a_hand_count():
     assert real["KL reference (forward)"][1] == pytest.approx(forward, rel=1e-12)
     # Forward + backward (3 forwards), remat's forward of the layers, the logit chunks' head.
     assert real["train (forward + backward)"][1] == pytest.approx(4 * forward, rel=1e-12)
+    # Saving the matmuls' outputs, the backward recomputes only the attention products;
+    # without remat, nothing of the layers.
+    attention = ATTENTION * (5500 ** 2 + 1024 ** 2)
+    for remat, recomputed in (("matmuls", attention + HEAD * 524), ("none", HEAD * 524)):
+        lean = dataclasses.replace(s, config=dataclasses.replace(
+            s.config, learner=dataclasses.replace(s.config.learner, remat=remat)))
+        train = step_projection.update_passes(lean, step_projection.real)
+        assert train["train (forward + backward)"][1] == pytest.approx(
+            3 * forward + recomputed, rel=1e-12)
 
     # As the learner pads: both rows in one micro-batch at the longest one's bucket (6144 of the
     # config's), its rows a multiple of data x fsdp = 4, the LM head on a window of the longest

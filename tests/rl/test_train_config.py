@@ -70,7 +70,7 @@ def test_shipped_configs_load_and_validate(name):
         assert config.learner.entropy_coef == 0.0 and not config.learner.normalize_std
         assert (config.learner.loss_agg, config.learner.loss_agg_ranks) == (
             "per_rank_token_mean", 32)  # 4 nodes x 8 GPUs
-        assert config.learner.remat  # full 8448-token rows need activation remat
+        assert config.learner.remat != "none"  # full 8448-token rows need activation remat
         assert (config.rollout.temperature, config.rollout.top_p) == (1.0, 1.0)
         assert not config.dynamic_sampling.enabled and not config.data.shuffle
         v = config.validation
@@ -86,10 +86,10 @@ def test_shipped_configs_load_and_validate(name):
 
 
 def test_overrides_reach_nested_sections(config_file):
-    config = load_train_config(config_file, ["learner.lr=3e-4", "steps=7", "learner.remat=true",
+    config = load_train_config(config_file, ["learner.lr=3e-4", "steps=7", "learner.remat=full",
                                              "mesh={data: 2, fsdp: 4, tensor: 1}",
                                              "engine.prefill_buckets=[64, 128]"])
-    assert config.learner.lr == 3e-4 and config.steps == 7 and config.learner.remat is True
+    assert config.learner.lr == 3e-4 and config.steps == 7 and config.learner.remat == "full"
     assert config.mesh == {"data": 2, "fsdp": 4, "tensor": 1}
     assert config.engine.prefill_buckets == (64, 128)
     assert config.checkpoint_dir.endswith(os.path.join("run", "checkpoints"))
@@ -99,7 +99,8 @@ def test_overrides_reach_nested_sections(config_file):
     (["learner.lrr=1e-6"], "unknown key 'learner.lrr'"),
     (["steps=many"], "key 'steps' must be int, got 'many'"),
     (["rollout.n=2.5"], "key 'rollout.n' must be int"),
-    (["learner.remat=3"], "key 'learner.remat' must be bool"),
+    (["learner.remat=3"], "key 'learner.remat' must be one of 'none', 'matmuls', 'full', got 3"),
+    (["learner.remat=true"], "key 'learner.remat' must be one of 'none', 'matmuls', 'full'"),
     (["data.train=[/nonexistent/train.parquet]"],
      "data.train[0]: '/nonexistent/train.parquet' not found"),
     (["data.train=[no_such_dir]"], "data.train[0]: 'no_such_dir' not found"),

@@ -88,7 +88,7 @@ def test_a_resume_may_run_longer_checkpoint_validate_and_sit_on_the_machine_othe
     (tmp_path / "run" / "checkpoints" / "2").mkdir(parents=True)
     changes = ["steps=10", "checkpoint.every=1", "checkpoint.keep=5", "validation.every=2",
                "mesh={data: 2, fsdp: -1, tensor: 1}", "engine.slots=16",
-               "learner.micro_batch_tokens=1024", "learner.remat=true",
+               "learner.micro_batch_tokens=1024", "learner.remat=full",
                f"compilation_cache_dir={tmp_path / 'cache'}"]
     assert _train(config_file, *changes) == "built"
     assert load_train_config(str(tmp_path / "run" / "config.yaml")) == load_train_config(
