@@ -5,8 +5,9 @@
 #                                # (XLA, then cuDNN attention), 1.5B with remat
 #   benchmarks/gpu.sh decode7b   # decode on the 7B shape
 #   benchmarks/gpu.sh small      # decode on the 0.5B shape, the memory loop
-#   benchmarks/gpu.sh ragged     # one long slot beside short ones: the Triton ragged read
-#                                # against the dense one, 0.5B and 7B shapes
+#   benchmarks/gpu.sh kernels    # the Triton kernels' speed: the ragged decode read against
+#                                # the dense one (0.5B, 7B); packed 0.5B updates (Triton
+#                                # attention) against one row a sequence (cuDNN)
 # A session runs `train` first (the correctness tests), then the group the last GPU session in
 # BENCHMARKS.md did not reach.
 # Runs from the repository root with the machine's python3 (jax with CUDA, flax, optax, orbax,
@@ -53,10 +54,14 @@ small)
         --layers 24 --heads 14 --kv-heads 2 --lengths 16384 --batch-sizes 8 \
         --peer-batch-sizes "" --prefill-rows 8 --attention dot_product --profile
     ;;
-ragged)
+kernels)
     # 16 slots, as a GPU of the 7B gpu8 config holds (128 over 8)
-    step decode_ragged 400 python3 benchmarks/decode_ragged.py --presets qwen2.5-0.5b,qwen2.5-7b \
+    step decode_ragged 330 python3 benchmarks/decode_ragged.py --presets qwen2.5-0.5b,qwen2.5-7b \
         --dtype bfloat16 --slots 16 --bandwidth-gb 4
+    # MemAgent-shaped rows at an eighth of their lengths, the 7B GPU config's plan
+    step train_packed 240 python3 benchmarks/train_step.py --preset qwen2.5-0.5b \
+        --dtype bfloat16 --memagent 64 --scale 8 --attention cudnn --no-torch --repeats 2 \
+        --matmul-size 8192
     ;;
 train)
     step test_gpu 200 env JAX_PLATFORMS=cuda python3 -m pytest -q tests/models/test_gpu.py
@@ -72,7 +77,7 @@ train)
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat full
     ;;
 *)
-    echo "usage: benchmarks/gpu.sh train|decode7b|small|ragged" >&2
+    echo "usage: benchmarks/gpu.sh train|decode7b|small|kernels" >&2
     exit 2
     ;;
 esac
