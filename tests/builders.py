@@ -2,6 +2,8 @@
 tests build alike. (Fixtures are in conftest.py; the transformers reference in hf_reference.py;
 jobs of several processes in multiprocess.py; the served tiny model in serve_helpers.py.)"""
 
+import json
+import os
 import sys
 
 import numpy as np
@@ -10,8 +12,12 @@ from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models import ModelConfig, random_model
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent import build_agent
-from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.eval.config import EvalConfig
+from memagent_jax.eval.methods import Answer
+from memagent_jax.rollout.answers import final_answer
+from memagent_jax.rollout.engine import DecodeEngine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
+from memagent_jax.runconfig import load_config
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.tokenizer import load_tokenizer
 
@@ -108,6 +114,92 @@ def sft_agent(tmp_path_factory):
     model = random_model(SFT_MODEL, seed=0)
     return build_agent(model, tokenizer, SFT_BUDGETS, EngineConfig(slots=4), None,
                        (tokenizer.eos_token_id,))
+
+
+# ---- Doubles of the model: the memory agent's engine (rollout) and an eval method (eval)
+
+# The scripted engine's end-of-text id (the tiny word-level tokenizers' "</s>").
+EOS = 2
+
+
+class ScriptedEngine(DecodeEngine):
+    """The engine interface with a deterministic function in place of the LLM (it takes no
+    parameters): the reply to an update prompt is the first two words of its section, repeated
+    `repeat` times, then EOS; to the final prompt, "the" and EOS."""
+
+    def __init__(self, tokenizer, max_len=4096, slots=2, repeat=1):
+        self.tokenizer, self.repeat = tokenizer, repeat
+        self.config = EngineConfig(slots=slots, max_len=max_len)
+        self.vocab_size = len(tokenizer.get_vocab())
+        self.prefill_count = 0
+
+    def check_params(self, params):
+        assert params is None
+
+    def place(self, params):
+        self.check_params(params)
+        return params
+
+    def init_decode_state(self):
+        return [None] * self.config.slots
+
+    def prefill(self, params, prompts):
+        return [self._script(p) for p in prompts]
+
+    def _script(self, prompt_ids):
+        self.prefill_count += 1
+        text = self.tokenizer.decode(list(prompt_ids))  # word-level: words joined by spaces
+        section = text.split("< section >")[-1].split("</ section >")[0]
+        words = section.split() if "< section >" in text else ["the"]
+        return self.tokenizer(" ".join(words[:2] * self.repeat))["input_ids"] + [EOS]
+
+    def insert(self, script, state, slot, sampling, sample_index=0):
+        state[slot] = list(script)
+        return state, state[slot].pop(0), -1.0
+
+    def generate(self, params, state, length, filled=None):
+        tokens = [s.pop(0) if s else EOS for s in state]
+        return state, np.array(tokens), np.full(len(state), -1.0)
+
+
+class Scripted:
+    """A method with canned replies instead of a model: reply(set, row, k) for sample k.
+    fail_after: raise (a crash) once that many questions have finished in this run."""
+
+    def __init__(self, reply, n=2, fail_after=None, crash=RuntimeError("injected crash")):
+        self.reply, self.n, self.fail_after, self.crash = reply, n, fail_after, crash
+        self.finished, self.started = [], False
+
+    def check(self, where, row, record):
+        pass
+
+    def start(self):
+        self.started = True
+
+    def run(self, set_name, batch, on_done, on_turn, add_turns):
+        add_turns(self.n * len(batch))
+        for row, record in batch:
+            if self.fail_after is not None and len(self.finished) == self.fail_after:
+                raise self.crash
+            answers = []
+            for k in range(self.n):
+                on_turn()
+                text = self.reply(set_name, row, k)
+                answers.append(Answer(final_answer(text), text, "stop", 3))
+            on_done(row, answers, {"context_tokens": len(record["context"].split()),
+                                   "turns": 1})
+            self.finished.append((set_name, row))
+
+
+# The eval tests' config: configs/eval/tiny_cpu.yaml on the given model, sets and output.
+EVAL_CONFIG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "configs", "eval", "tiny_cpu.yaml")
+
+
+def eval_config(model_dir, sets, out, *overrides) -> EvalConfig:
+    return load_config(EvalConfig, EVAL_CONFIG, [f"model.path={model_dir}",
+                                                 f"data.sets={json.dumps(sets)}",
+                                                 f"output_dir={out}", *overrides])
 
 
 # ---- Optional dependencies: extras, train and eval tests

@@ -14,7 +14,7 @@ from memagent_jax.cli import main
 from memagent_jax.data.io import write_set
 from memagent_jax.eval.compare import Z95, sign_test, wilson_interval
 from memagent_jax.eval.runner import run_eval
-from tests.eval.test_eval import Scripted, _config
+from tests.builders import Scripted, eval_config
 from tests.hf_reference import write_tiny_model
 
 PREFIX = "memagent-jax: error: "
@@ -113,7 +113,7 @@ def runs(tmp_path_factory):
 
     def run(name, model_name, paths, *overrides, reply=_reply("A"), n=1):
         out = root / name
-        run_eval(_config(model, paths, out, f"model.name={model_name}", *greedy, *overrides),
+        run_eval(eval_config(model, paths, out, f"model.name={model_name}", *greedy, *overrides),
                  method=Scripted(reply, n=n))
         return str(out)
 

@@ -18,13 +18,10 @@ from memagent_jax.data.hotpotqa import read_corpus, ruler_hqa_records
 from memagent_jax.data.io import load_source, write_set
 from memagent_jax.errors import UserError
 from memagent_jax.eval import runner
-from memagent_jax.eval.config import EvalConfig
-from memagent_jax.eval.methods import Answer, FullContextMethod
+from memagent_jax.eval.methods import FullContextMethod
 from memagent_jax.eval.runner import run_eval
-from memagent_jax.rollout.answers import final_answer
-from memagent_jax.runconfig import load_config
 from memagent_jax.tokenizer import load_tokenizer
-from tests.builders import block_package, hotpot_rows
+from tests.builders import Scripted, block_package, eval_config, hotpot_rows
 from tests.hf_reference import write_tiny_model
 
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml")
@@ -50,12 +47,6 @@ def sets(tmp_path_factory):
     return paths
 
 
-def _config(model_dir, sets, out, *overrides) -> EvalConfig:
-    return load_config(EvalConfig, CONFIG, [f"model.path={model_dir}",
-                                            f"data.sets={json.dumps(sets)}",
-                                            f"output_dir={out}", *overrides])
-
-
 def _cli(model_dir, sets, out, *overrides) -> int:
     return main(["eval", "--config", CONFIG, f"model.path={model_dir}",
                  f"data.sets={json.dumps(sets)}", f"output_dir={out}", *overrides])
@@ -63,35 +54,6 @@ def _cli(model_dir, sets, out, *overrides) -> int:
 
 def _lines(path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text().splitlines()]
-
-
-class Scripted:
-    """A method with canned replies instead of a model: reply(set, row, k) for sample k.
-    fail_after: raise (a crash) once that many questions have finished in this run."""
-
-    def __init__(self, reply, n=2, fail_after=None, crash=RuntimeError("injected crash")):
-        self.reply, self.n, self.fail_after, self.crash = reply, n, fail_after, crash
-        self.finished, self.started = [], False
-
-    def check(self, where, row, record):
-        pass
-
-    def start(self):
-        self.started = True
-
-    def run(self, set_name, batch, on_done, on_turn, add_turns):
-        add_turns(self.n * len(batch))
-        for row, record in batch:
-            if self.fail_after is not None and len(self.finished) == self.fail_after:
-                raise self.crash
-            answers = []
-            for k in range(self.n):
-                on_turn()
-                text = self.reply(set_name, row, k)
-                answers.append(Answer(final_answer(text), text, "stop", 3))
-            on_done(row, answers, {"context_tokens": len(record["context"].split()),
-                                   "turns": 1})
-            self.finished.append((set_name, row))
 
 
 REPLIES = {0: ("so \\boxed{France}", "\\boxed{Germany}"),      # sub-EM 1, 0
@@ -104,7 +66,7 @@ REPLIES = {0: ("so \\boxed{France}", "\\boxed{Germany}"),      # sub-EM 1, 0
 def test_scores_per_sample_and_table(model_dir, sets, tmp_path):
     out = tmp_path / "out"
     method = Scripted(lambda s, row, k: REPLIES[row][k])
-    summary = run_eval(_config(model_dir, sets, out), method=method)
+    summary = run_eval(eval_config(model_dir, sets, out), method=method)
     assert method.started
     for name in ("eval_12", "eval_20"):
         lines = _lines(out / "samples" / f"{name}.jsonl")
@@ -135,7 +97,7 @@ def test_published_rows_join_the_paper_lengths(model_dir, tmp_path):
                                "input": "Where is Paris?", "answers": ["France"],
                                "num_docs": n, "index": i} for i in range(2)])
     out = tmp_path / "out"
-    run_eval(_config(model_dir, paths, out),
+    run_eval(eval_config(model_dir, paths, out),
              method=Scripted(lambda s, row, k: "\\boxed{France}" if row == 0 else "?"))
     table = (out / "table.md").read_text()
     assert "| model | method | 7K | 14K |" in table
@@ -149,7 +111,7 @@ def test_ruler_sets_use_string_match_all(model_dir, tmp_path):
     write_set(path, [{"context": "...", "input": "What are all the special magic numbers?",
                       "answers": ["1234567", "7654321"], "task": "niah_multivalue",
                       "length": 8192, "tokens": 8190, "index": i} for i in range(2)])
-    summary = run_eval(_config(model_dir, [path], tmp_path / "out"), method=Scripted(
+    summary = run_eval(eval_config(model_dir, [path], tmp_path / "out"), method=Scripted(
         lambda s, row, k: "\\boxed{1234567, 7654321}" if row else "\\boxed{1234567 only}"))
     (column,) = summary["columns"]
     assert column["label"] == "8K" and summary["metric"] == "string_match_all"
@@ -160,7 +122,7 @@ def test_resume_after_a_crash_evaluates_every_sample_once(model_dir, sets, tmp_p
     out = tmp_path / "out"
     crashing = Scripted(lambda s, row, k: REPLIES[row][k], fail_after=5)
     with pytest.raises(RuntimeError, match="injected crash"):
-        run_eval(_config(model_dir, sets, out, "data.batch_size=2"), method=crashing)
+        run_eval(eval_config(model_dir, sets, out, "data.batch_size=2"), method=crashing)
     done = crashing.finished
     assert done == [("eval_12", r) for r in range(4)] + [("eval_20", 0)]
     # the crash also tore the line being written
@@ -168,7 +130,7 @@ def test_resume_after_a_crash_evaluates_every_sample_once(model_dir, sets, tmp_p
     with open(log, "ab") as f:
         f.write(b'{"row": 1, "index": 1, "question": "Were Ada')
     rerun = Scripted(lambda s, row, k: REPLIES[row][k])
-    summary = run_eval(_config(model_dir, sets, out, "data.batch_size=2"), method=rerun)
+    summary = run_eval(eval_config(model_dir, sets, out, "data.batch_size=2"), method=rerun)
     assert rerun.finished == [("eval_20", r) for r in (1, 2, 3)]
     for name in ("eval_12", "eval_20"):
         assert [line["row"] for line in _lines(out / "samples" / f"{name}.jsonl")] == [0, 1, 2,
@@ -177,7 +139,7 @@ def test_resume_after_a_crash_evaluates_every_sample_once(model_dir, sets, tmp_p
     assert [c["samples"] for c in summary["columns"]] == [4, 4]
     # a finished eval re-run does nothing, not even load the model
     idle = Scripted(lambda s, row, k: "")
-    run_eval(_config(model_dir, sets, out), method=idle)
+    run_eval(eval_config(model_dir, sets, out), method=idle)
     assert idle.finished == [] and not idle.started
 
 
@@ -197,12 +159,12 @@ def test_ctrl_c_is_one_line_saying_what_is_kept(model_dir, sets, tmp_path, capsy
 
 def test_rerun_with_other_settings_is_refused(model_dir, sets, tmp_path):
     out = tmp_path / "out"
-    run_eval(_config(model_dir, sets, out), method=Scripted(lambda s, row, k: ""))
+    run_eval(eval_config(model_dir, sets, out), method=Scripted(lambda s, row, k: ""))
     with pytest.raises(UserError, match="sampling.temperature was 0.7, now 1.0"):
-        run_eval(_config(model_dir, sets, out, "sampling.temperature=1.0"),
+        run_eval(eval_config(model_dir, sets, out, "sampling.temperature=1.0"),
                  method=Scripted(lambda s, row, k: ""))
     with pytest.raises(UserError) as e:  # every change named, not the first one alone
-        run_eval(_config(model_dir, sets, out, "sampling.n=3", "memagent.chunk_tokens=32"),
+        run_eval(eval_config(model_dir, sets, out, "sampling.n=3", "memagent.chunk_tokens=32"),
                  method=Scripted(lambda s, row, k: ""))
     assert str(e.value) == (f"{out} holds results of a different run (memagent.chunk_tokens "
                             "was 64, now 32; sampling.n was 2, now 3); choose a new output_dir")
@@ -212,7 +174,7 @@ def test_rerun_with_other_settings_is_refused(model_dir, sets, tmp_path):
     rebuilt = tmp_path / "rebuilt" / "eval_12.json"
     write_set(str(rebuilt), records)
     with pytest.raises(UserError, match="row 2 holds results for another question"):
-        run_eval(_config(model_dir, [str(rebuilt)], out), method=Scripted(lambda s, r, k: ""))
+        run_eval(eval_config(model_dir, [str(rebuilt)], out), method=Scripted(lambda s, r, k: ""))
 
 
 def _error(capsys) -> str:
@@ -298,7 +260,7 @@ def test_the_results_line_names_the_files_written(model_dir, sets, tmp_path, mon
 
 
 def test_full_context_prompt_is_centre_truncated(model_dir, sets):
-    config = _config(model_dir, sets, "unused", "method=full_context",
+    config = eval_config(model_dir, sets, "unused", "method=full_context",
                      "full_context.max_input_tokens=40")
     tokenizer = load_tokenizer(model_dir)
     method = FullContextMethod(config, tokenizer)
@@ -328,7 +290,7 @@ def test_full_context_reads_thinking_off_and_names_it_in_the_identity(sets, tmp_
     record = {"context": "hello world", "input": "what is the answer"}
     prompts, identities = {}, {}
     for thinking in ("keep", "off"):
-        config = _config(model_dir, sets, "unused", "method=full_context",
+        config = eval_config(model_dir, sets, "unused", "method=full_context",
                          f"memagent.thinking={thinking}")
         method = FullContextMethod(config, tokenizer)
         method.max_input = 40

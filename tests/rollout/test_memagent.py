@@ -3,13 +3,12 @@
 import dataclasses
 import math
 
-import numpy as np
 import pytest
 
 from memagent_jax.errors import UserError
 from memagent_jax.models import load_model, split_params
 from memagent_jax.rollout.agent import build_agent
-from memagent_jax.rollout.engine import DecodeEngine, EngineConfig
+from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, chunk_ids, read_sample,
                                            required_length)
 from memagent_jax.rollout.sampling import SamplingParams
@@ -17,6 +16,7 @@ from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.templates import (FINAL_TEMPLATE, UPDATE_TEMPLATE, TokenPrompts,
                                             chat_prompt_ids, final_prompt, update_prompt)
 from memagent_jax.tokenizer import load_tokenizer
+from tests.builders import EOS, ScriptedEngine
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
 # docs/algorithm.md section 1, verbatim.
@@ -31,7 +31,6 @@ FINAL_TEXT = (
     "You are presented with a problem and a previous memory. Please answer the problem based "
     "on the previous memory and put the answer in \\boxed{}.\n\n<problem> \nP\n</problem>\n\n"
     "<memory>\nM\n</memory>\n\nYour answer:\n")
-EOS = 2
 C = 7
 
 
@@ -53,46 +52,6 @@ def tokenizer(tmp_path_factory):
     path = tmp_path_factory.mktemp("tok")
     write_tiny_tokenizer(path)
     return load_tokenizer(str(path))
-
-
-class ScriptedEngine(DecodeEngine):
-    """The engine interface with a deterministic function in place of the LLM (it takes no
-    parameters): the reply to an update prompt is the first two words of its section, repeated
-    `repeat` times, then EOS; to the final prompt, "the" and EOS."""
-
-    def __init__(self, tokenizer, max_len=4096, slots=2, repeat=1):
-        self.tokenizer, self.repeat = tokenizer, repeat
-        self.config = EngineConfig(slots=slots, max_len=max_len)
-        self.vocab_size = len(tokenizer.get_vocab())
-        self.prefill_count = 0
-
-    def check_params(self, params):
-        assert params is None
-
-    def place(self, params):
-        self.check_params(params)
-        return params
-
-    def init_decode_state(self):
-        return [None] * self.config.slots
-
-    def prefill(self, params, prompts):
-        return [self._script(p) for p in prompts]
-
-    def _script(self, prompt_ids):
-        self.prefill_count += 1
-        text = self.tokenizer.decode(list(prompt_ids))  # word-level: words joined by spaces
-        section = text.split("< section >")[-1].split("</ section >")[0]
-        words = section.split() if "< section >" in text else ["the"]
-        return self.tokenizer(" ".join(words[:2] * self.repeat))["input_ids"] + [EOS]
-
-    def insert(self, script, state, slot, sampling, sample_index=0):
-        state[slot] = list(script)
-        return state, state[slot].pop(0), -1.0
-
-    def generate(self, params, state, length, filled=None):
-        tokens = [s.pop(0) if s else EOS for s in state]
-        return state, np.array(tokens), np.full(len(state), -1.0)
 
 
 def _document(tokenizer, n):

@@ -20,7 +20,7 @@ from memagent_jax.rollout.thinking import (THINKING_CHOICES, strip_thinking_ids,
                                            strip_thinking_text)
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_tiny_model, write_tiny_tokenizer
-from tests.rollout.test_memagent import EOS, ScriptedEngine
+from tests.builders import EOS, ScriptedEngine
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 THOUGHT = "<think> the answer is hello </think> memory hello"  # every update reply
