@@ -209,10 +209,3 @@ class FullContextMethod:
 
         complete(self.engine, self.params, requests, on_done=request_done)
 
-
-def make_method(config: EvalConfig, tokenizer):
-    if config.model.url:
-        from memagent_jax.eval.remote import ServerMemAgentMethod
-        return ServerMemAgentMethod(config, tokenizer)
-    return (MemAgentMethod if config.method == "memagent" else FullContextMethod)(config,
-                                                                                  tokenizer)

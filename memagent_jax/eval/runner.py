@@ -27,11 +27,21 @@ from memagent_jax import distributed
 from memagent_jax.console import announce, progress_bar
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.config import EvalConfig
-from memagent_jax.eval.methods import make_method
+from memagent_jax.eval.methods import FullContextMethod, MemAgentMethod
+from memagent_jax.eval.remote import ServerMemAgentMethod
 from memagent_jax.eval.report import markdown, write_report
 from memagent_jax.eval.results import OutputDir, ResultLog
 from memagent_jax.eval.sets import EvalSet, load_sets
 from memagent_jax.fileutil import check_output_dir
+
+
+def make_method(config: EvalConfig, tokenizer):
+    """The method a config names: the memory agent on a server (model.url), in process, or the
+    full-context baseline."""
+    if config.model.url:
+        return ServerMemAgentMethod(config, tokenizer)
+    return (MemAgentMethod if config.method == "memagent" else FullContextMethod)(config,
+                                                                                  tokenizer)
 
 
 class Progress:
