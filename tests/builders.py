@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.data.needle import write_tokenizer
@@ -114,6 +115,24 @@ def sft_agent(tmp_path_factory):
     model = random_model(SFT_MODEL, seed=0)
     return build_agent(model, tokenizer, SFT_BUDGETS, EngineConfig(slots=4), None,
                        (tokenizer.eos_token_id,))
+
+
+# ---- The decode step's cache (models: the XLA ragged read and the Pallas kernels)
+
+def decode_cache(lengths, s, t, hq, hkv, seed, d=8, dtype=jnp.float32):
+    """q [B, T, Hq, D], k_cache [B, Hkv, D, S], v_cache [B, Hkv, S, D], lengths [B] int32."""
+    r = np.random.default_rng(seed)
+    b = len(lengths)
+    q = jnp.asarray(r.standard_normal((b, t, hq, d)) * 2, dtype)
+    k = jnp.asarray(r.standard_normal((b, hkv, d, s)) * 2, dtype)
+    v = jnp.asarray(r.standard_normal((b, hkv, s, d)), dtype)
+    return q, k, v, jnp.asarray(lengths, jnp.int32)
+
+
+def length_mask(lengths, t, s):
+    """[B, T, S] bool: position s visible to row b's queries where s < lengths[b]."""
+    return jnp.broadcast_to(jnp.arange(s)[None, None] < lengths[:, None, None],
+                            (len(lengths), t, s))
 
 
 # ---- Doubles of the model: the memory agent's engine (rollout) and an eval method (eval)

@@ -9,6 +9,7 @@ import pytest
 
 from memagent_jax.models.attention import (attend, attend_cache, attend_cache_ragged,
                                             attend_causal)
+from tests.builders import decode_cache, length_mask
 
 
 @pytest.mark.parametrize("t, block", [(1, 4), (7, 4), (16, 4), (37, 8), (64, 128)])
@@ -79,21 +80,6 @@ def test_no_square_score_tensor_is_built():
     assert "1024,1024]" in masked.compile().as_text()  # the check can see one when it exists
 
 
-def _cache(lengths, s, t, hq, hkv, seed, d=8, dtype=jnp.float32):
-    """q [B, T, Hq, D], k_cache [B, Hkv, D, S], v_cache [B, Hkv, S, D], lengths [B] int32."""
-    r = np.random.default_rng(seed)
-    b = len(lengths)
-    q = jnp.asarray(r.standard_normal((b, t, hq, d)) * 2, dtype)
-    k = jnp.asarray(r.standard_normal((b, hkv, d, s)) * 2, dtype)
-    v = jnp.asarray(r.standard_normal((b, hkv, s, d)), dtype)
-    return q, k, v, jnp.asarray(lengths, jnp.int32)
-
-
-def _length_mask(lengths, t, s):
-    return jnp.broadcast_to(jnp.arange(s)[None, None] < lengths[:, None, None],
-                            (len(lengths), t, s))
-
-
 _ragged = jax.jit(attend_cache_ragged, static_argnums=4)
 _dense = jax.jit(attend_cache)
 
@@ -109,16 +95,16 @@ _dense = jax.jit(attend_cache)
     ([1, 256, 257, 300], 300, 256, 1, (8, 2)),
 ])
 def test_ragged_cache_equals_length_masked_reference(lengths, s, block, t, heads):
-    q, k, v, lengths = _cache(lengths, s, t, *heads, seed=s + block + t + heads[0])
-    expected = _dense(q, k, v, _length_mask(lengths, t, s))
+    q, k, v, lengths = decode_cache(lengths, s, t, *heads, seed=s + block + t + heads[0])
+    expected = _dense(q, k, v, length_mask(lengths, t, s))
     got = _ragged(q, k, v, lengths, block)
     assert got.shape == expected.shape and got.dtype == expected.dtype
     np.testing.assert_allclose(np.asarray(got), np.asarray(expected), atol=1e-5, rtol=0)
 
 
 def test_ragged_cache_bfloat16_tracks_float32():
-    q, k, v, lengths = _cache([1, 8, 9, 16, 25, 30], 30, 1, 8, 2, seed=3)
-    expected = _dense(q, k, v, _length_mask(lengths, 1, 30))
+    q, k, v, lengths = decode_cache([1, 8, 9, 16, 25, 30], 30, 1, 8, 2, seed=3)
+    expected = _dense(q, k, v, length_mask(lengths, 1, 30))
     got = _ragged(*(x.astype(jnp.bfloat16) for x in (q, k, v)), lengths, 8)
     assert got.dtype == jnp.bfloat16
     scale = float(jnp.abs(expected).max())
@@ -133,7 +119,7 @@ def test_ragged_cache_reads_nothing_past_a_row_length():
     key's probability 0 times a NaN value is NaN, so its output is NaN for every row shorter
     than S."""
     s, t = 30, 1
-    q, k, v, lengths = _cache([1, 8, 9, 16, 25, 30], s, t, 8, 2, seed=5)
+    q, k, v, lengths = decode_cache([1, 8, 9, 16, 25, 30], s, t, 8, 2, seed=5)
     past = jnp.arange(s)[None, None] >= lengths[:, None, None]  # [B, 1, S]
     k_nan = jnp.where(past[:, :, None, :], jnp.nan, k)
     v_nan = jnp.where(past[..., None], jnp.nan, v)
@@ -141,7 +127,7 @@ def test_ragged_cache_reads_nothing_past_a_row_length():
     got = _ragged(q, k_nan, v_nan, lengths, 8)
     assert bool(jnp.isfinite(got).all())
     np.testing.assert_array_equal(np.asarray(got), np.asarray(clean))
-    mask = _length_mask(lengths, t, s)
+    mask = length_mask(lengths, t, s)
     np.testing.assert_allclose(np.asarray(got), np.asarray(_dense(q, k, v, mask)), atol=1e-5,
                                rtol=0)
     dense = _dense(q, k_nan, v_nan, mask)

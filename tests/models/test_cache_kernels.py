@@ -13,6 +13,7 @@ import pytest
 
 from memagent_jax.models.attention import attend_cache
 from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
+from tests.builders import decode_cache, length_mask
 
 KERNELS = {"tpu": attend_cache_ragged_tpu, "gpu": attend_cache_ragged_gpu}
 
@@ -21,20 +22,8 @@ def _interpreted(name, block):
     return jax.jit(functools.partial(KERNELS[name], block=block, interpret=True))
 
 
-def _cache(lengths, s, t, hq, hkv, d, seed, dtype=jnp.float32):
-    """q [B, T, Hq, D], k_cache [B, Hkv, D, S], v_cache [B, Hkv, S, D], lengths [B] int32."""
-    r = np.random.default_rng(seed)
-    b = len(lengths)
-    q = jnp.asarray(r.standard_normal((b, t, hq, d)) * 2, dtype)
-    k = jnp.asarray(r.standard_normal((b, hkv, d, s)) * 2, dtype)
-    v = jnp.asarray(r.standard_normal((b, hkv, s, d)), dtype)
-    return q, k, v, jnp.asarray(lengths, jnp.int32)
-
-
 def _dense(q, k, v, lengths):
-    b, t, s = q.shape[0], q.shape[1], k.shape[3]
-    visible = jnp.broadcast_to(jnp.arange(s)[None, None] < lengths[:, None, None], (b, t, s))
-    return attend_cache(q, k, v, visible)
+    return attend_cache(q, k, v, length_mask(lengths, q.shape[1], k.shape[3]))
 
 
 # Lengths 1, one block, block + 1, two blocks, S; S not a multiple of the block (a last,
@@ -48,7 +37,7 @@ def _dense(q, k, v, lengths):
     ([5, 1, 3], 5, 16, 2, (2, 2), 8),
 ])
 def test_kernel_equals_the_length_masked_dense_read(kernel, lengths, s, block, t, heads, d):
-    q, k, v, lengths = _cache(lengths, s, t, *heads, d, seed=s + t + heads[0])
+    q, k, v, lengths = decode_cache(lengths, s, t, *heads, seed=s + t + heads[0], d=d)
     expected = _dense(q, k, v, lengths)
     got = _interpreted(kernel, block)(q, k, v, lengths)
     assert got.shape == expected.shape and got.dtype == expected.dtype
@@ -60,7 +49,7 @@ def test_kernel_reads_nothing_past_a_row_length(kernel):
     """NaN in every key and value at or past a row's length: the output is finite and equals
     the clean cache's (the dense read's masked probability 0 times a NaN value is NaN)."""
     s = 60
-    q, k, v, lengths = _cache([1, 16, 17, 32, 50, 60], s, 1, 8, 2, 16, seed=5)
+    q, k, v, lengths = decode_cache([1, 16, 17, 32, 50, 60], s, 1, 8, 2, seed=5, d=16)
     past = jnp.arange(s)[None, None] >= lengths[:, None, None]  # [B, 1, S]
     k_nan = jnp.where(past[:, :, None, :], jnp.nan, k)
     v_nan = jnp.where(past[..., None], jnp.nan, v)
@@ -72,7 +61,7 @@ def test_kernel_reads_nothing_past_a_row_length(kernel):
 
 @pytest.mark.parametrize("kernel", sorted(KERNELS))
 def test_kernel_in_bfloat16_tracks_float32(kernel):
-    q, k, v, lengths = _cache([1, 16, 17, 32, 50, 60], 60, 1, 8, 2, 16, seed=3)
+    q, k, v, lengths = decode_cache([1, 16, 17, 32, 50, 60], 60, 1, 8, 2, seed=3, d=16)
     expected = _dense(q, k, v, lengths)
     got = _interpreted(kernel, 16)(*(x.astype(jnp.bfloat16) for x in (q, k, v)), lengths)
     assert got.dtype == jnp.bfloat16
