@@ -26,11 +26,7 @@ from memagent_jax.synthetic.tasks import TASKS, make_sample, oracle_memories
 def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     """The oracle trajectory of `example` (module docstring), in `agent`'s tokens, chunks and
     prompts. Raises UserError when the row records no facts."""
-    facts = (example.extra_info or {}).get("facts")
-    if not facts:
-        raise UserError(f"training row {example.index} ({example.data_source}) has no "
-                        "extra_info.facts: the synthetic warm-up trains on rows from "
-                        "`memagent-jax data synthetic --layout train`")
+    facts = facts_of(example)
     tokenizer, prompts = agent.tokenizer, agent.prompts
     sample = agent.read(example.question, example.context, strict=False)
     texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
@@ -57,6 +53,16 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
         memory = reply
     trajectory.answer = example.ground_truths[0]
     return trajectory
+
+
+def facts_of(example: Example) -> list[dict]:
+    """The facts a training row records (`tasks.train_row`); UserError when it has none."""
+    facts = (example.extra_info or {}).get("facts")
+    if not facts:
+        raise UserError(f"training row {example.index} ({example.data_source}) has no "
+                        "extra_info.facts: the synthetic warm-up trains on rows from "
+                        "`memagent-jax data synthetic --layout train`")
+    return facts
 
 
 class DocumentState(NamedTuple):

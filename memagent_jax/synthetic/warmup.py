@@ -1,7 +1,7 @@
 """The synthetic tasks' warmup plugin (`warmup.plugin: memagent_jax.synthetic.warmup`).
 
 It implements `rl.warmup.Warmup`: a supervised step trains on each drawn row's oracle
-trajectory (oracle.py) and on the extra rows its section asks for (rows.py); a DAPO step rolls
+trajectory (oracle.py), or with `target: format` its format-only one (format_rows.py), and on the extra rows its section asks for (rows.py); a DAPO step rolls
 out `carry_starts` prompts that start inside a long document (carry_starts.py).
 """
 
@@ -17,6 +17,7 @@ from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
 from memagent_jax.runconfig import at_least, build_section
 from memagent_jax.synthetic import rows
 from memagent_jax.synthetic.carry_starts import carry_starts
+from memagent_jax.synthetic.format_rows import format_trajectory
 from memagent_jax.synthetic.oracle import oracle_trajectory
 
 _SUPERVISED = ("copy_rows", "recall_rows", "fact_rows", "carry_rows")
@@ -26,6 +27,7 @@ _SUPERVISED = ("copy_rows", "recall_rows", "fact_rows", "carry_rows")
 class WarmupSection:
     """The `warmup` section's keys besides `plugin` (rows: per supervised step)."""
     SECTION: ClassVar[str] = "warmup"
+    target: Literal["oracle", "format"] = "oracle"  # what a drawn row trains on (module doc)
     copy_rows: int = 0          # rows repeating a random span of words (`rows.copy_trajectories`)
     copy_span: int = 24         # a copied span's longest length, in words
     copy_span_min: int = 1      # a copied span's shortest length
@@ -62,6 +64,8 @@ class SyntheticWarmup:
         self.section = section
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
+        if self.section.target == "format":
+            return format_trajectory(agent, example)
         return oracle_trajectory(agent, example)
 
     def extra_trajectories(self, step: StepContext) -> list[Trajectory]:
@@ -90,6 +94,9 @@ def build(settings: dict, config) -> SyntheticWarmup:
         if getattr(section, key) and loss != "sft":
             raise ConfigError(f"warmup.{key}", "these rows are a supervised step's "
                                                "(learner.loss: sft)")
+    if section.target != "oracle" and loss != "sft":
+        raise ConfigError("warmup.target", "names what a supervised step trains on "
+                                           "(learner.loss: sft)")
     if section.carry_starts and loss != "dapo":
         raise ConfigError("warmup.carry_starts", "carry starts are rollouts, and a supervised "
                                                  "step samples none; use warmup.carry_rows")

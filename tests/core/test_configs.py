@@ -31,9 +31,12 @@ def test_the_config_loads(name):
         return
     config = load_train_config(path)
     plugin = load_warmup(config)
-    if name.startswith("synthetic"):
+    stem = os.path.basename(name)[:-5]
+    if name.startswith(os.path.join("synthetic", "rl_only")):  # RL-only rungs need no plugin
+        assert config.output_dir == f"runs/rl_only/{stem}"
+    elif name.startswith("synthetic"):
         assert plugin is not None, "a recipe step without its warmup plugin"
-        assert config.output_dir == f"runs/synthetic/{os.path.basename(name)[:-5]}"
+        assert config.output_dir == f"runs/synthetic/{stem}"
     else:  # the product's training configs need no experiment
         assert plugin is None and not config.warmup
 

@@ -133,6 +133,8 @@ def test_overrides_reach_nested_sections(config_file):
     (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_cut=true"], "warmup.carry_cut: cuts the carry rows' chunks"),
     (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_cut=sometimes"], "key 'warmup.carry_cut' must be bool"),
     (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.copy_draw=normal"], "key 'warmup.copy_draw' must be one of"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.target=oracles", "learner.loss=sft"], "key 'warmup.target' must be one of"),
+    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.target=format"], "warmup.target: names what a supervised step trains on"),
     (["warmup.plugin=memagent_jax.synthetic.warmup", "learner.loss=sft", "warmup.copy_span=4", "warmup.copy_span_min=5"],
      "warmup.copy_span_min: 5 is above copy_span 4"),
     (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_starts=9", "prompts_per_step=8"],

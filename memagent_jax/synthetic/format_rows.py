@@ -1,0 +1,92 @@
+"""Format-only trajectories: the memory loop's shape, with no choice of what to keep.
+
+`warmup.target: format` trains a supervised step on these in place of the oracle's
+(oracle.py): a start for RL (configs/synthetic/rl_only/) that knows what an update turn and a
+final answer look like but was never shown which words a memory keeps.
+
+- Each update reply is a memory of whole sentences drawn at random from the previous memory's
+  lines and the chunk's sentences, kept in reading order, one a line, until the next drawn one
+  would not fit in max_memory_tokens. A fact is kept exactly as often as a filler sentence.
+- The final turn answers from a memory that holds the answer: the last update's memory with the
+  facts the answer needs (the oracle's last memory) in place of as many drawn lines as they
+  take, at random places; the reply restates those facts and boxes the answer, as the
+  oracle's final reply does. Its prompt is therefore not the last update's reply: each turn
+  is a row of its own to the learner.
+
+The draw is a function of the example's source and row alone.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+from memagent_jax.data.pipeline import Example
+from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
+from memagent_jax.synthetic.oracle import end_token, facts_of
+from memagent_jax.synthetic.tasks import oracle_memories
+
+
+def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
+    """The format-only trajectory of `example` (module docstring), in `agent`'s tokens, chunks
+    and prompts. Raises UserError when the row records no facts."""
+    facts = facts_of(example)
+    tokenizer, prompts = agent.tokenizer, agent.prompts
+    rng = np.random.default_rng((zlib.crc32(example.data_source.encode()), example.index))
+    sample = agent.read(example.question, example.context, strict=False)
+    texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
+    budget = agent.config.max_memory_tokens - 1  # the end token is part of the reply
+    size = lambda lines: len(tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"])
+    memories, lines = [], []
+    for i, text in enumerate(texts):
+        opens = i == 0 or texts[i - 1].rstrip().endswith(".")
+        lines = drawn_memory(lines + whole_sentences(text, opens), budget, size, rng)
+        memories.append(lines)
+    needed = [f for f in oracle_memories(texts, facts)[-1].splitlines() if f]
+    kept = [line for line in memories[-1] if line not in needed]
+    while kept and size(kept + needed) > budget:
+        kept.pop(int(rng.integers(len(kept))))
+    for fact in needed:
+        kept.insert(int(rng.integers(len(kept) + 1)), fact)
+    answer = " ".join([*needed, f"\\boxed{{{example.ground_truths[0]}}}"])
+    encode = lambda lines: (tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"]
+                            if lines else list(prompts.initial_memory))
+    end = end_token(agent)
+    trajectory = Trajectory(example.question)
+    workflow = memory_turns(sample.chunks, prompts.initial_memory)
+    memory = None
+    for lines in [*memories, None]:
+        kind, previous, chunk = workflow.send(memory)
+        if kind == "update":
+            prompt, reply = prompts.update(sample.problem_ids, previous, chunk), encode(lines)
+        else:
+            prompt = prompts.final(sample.problem_ids, encode(kept))
+            reply = tokenizer(answer, add_special_tokens=False)["input_ids"]
+        text = tokenizer.decode(reply)
+        trajectory.turns.append(Turn(kind, prompt, [*reply, end], [0.0] * (len(reply) + 1),
+                                     "stop", text, text if kind == "update" else None))
+        memory = reply
+    trajectory.answer = example.ground_truths[0]
+    return trajectory
+
+
+def whole_sentences(text: str, opens: bool) -> list[str]:
+    """The sentences a chunk's text holds whole, words single-spaced: those ending in a full
+    stop, the first only if the chunk `opens` with it (the last piece of a chunk cut
+    mid-sentence ends in no full stop). A decoder may join the stop to the word before it."""
+    words = text.split()
+    ends = [i for i, word in enumerate(words) if word.endswith(".")]
+    return [" ".join(words[a + 1:b + 1]) for a, b in zip([-1] + ends, ends) if a >= 0 or opens]
+
+
+def drawn_memory(candidates: list[str], budget: int, size, rng) -> list[str]:
+    """Lines of `candidates` drawn in random order until the next would take the memory past
+    `budget` tokens (`size(lines)`), kept in the candidates' order."""
+    chosen: list[int] = []
+    for i in rng.permutation(len(candidates)):
+        if size([candidates[j] for j in sorted(chosen + [int(i)])]) > budget:
+            break
+        chosen.append(int(i))
+    return [candidates[j] for j in sorted(chosen)]
+
