@@ -67,7 +67,7 @@ def main() -> None:
     from memagent_jax.models.loading import abstract_params, build_model
     from memagent_jax.rl.config import load_train_config
     from memagent_jax.rl.learner import Learner
-    from memagent_jax.rl.rows import default_bucket_lengths
+    from memagent_jax.rl.batching import default_bucket_lengths
     from memagent_jax.rollout.engine import Engine
 
     config = load_train_config(args.config, args.overrides)

@@ -2,14 +2,14 @@
 
 The turns of a rollout batch at the 7B configs' budgets (benchmarks/memagent_rows.py: chunk
 5000, memory 1024, 128 prompts x 16 trajectories) go through the learner's planner
-(rl/packing.py `plan_sequences`) at configs/train/qwen2.5-7b_gpu8.yaml's micro-batch budget
+(rl/batching.py `plan_sequences`) at configs/train/qwen2.5-7b_gpu8.yaml's micro-batch budget
 (33,792 tokens) and data-parallel width (data 2 x fsdp 2), with its bucket lengths and with
 the default powers of two (`bucket_lengths: null`), one row per sequence (before) and packed
 (after). For the log-prob pass (all rows at once) and the update (the rows split into the
 config's 16 mini-batches, each planned on its own, as `Learner.update` does) it prints:
 - padded: the share of token slots that hold no row's token (the limit: 0);
 - slots / tokens: the forward's work per real token (1 / (1 - padded));
-- head / response: the LM head's positions per response token (rl/packing.py
+- head / response: the LM head's positions per response token (rl/batching.py
   `response_positions`; 1.0 the limit), so packing does not move that cost;
 - micro-batches, and the planner's host time.
 
@@ -24,8 +24,8 @@ import time
 import numpy as np
 
 from memagent_rows import describe, turn_lengths  # beside this script
-from memagent_jax.rl.packing import padded_fraction, plan_sequences, response_positions
-from memagent_jax.rl.rows import default_bucket_lengths
+from memagent_jax.rl.batching import (default_bucket_lengths, padded_fraction, plan_sequences,
+                                      response_positions)
 
 CONFIG_BUCKETS = (1024, 2048, 4096, 6144, 8448)
 MICRO_BATCH_TOKENS = 33792

@@ -26,7 +26,7 @@ budgets (benchmarks/memagent_rows.py, its distributions printed).
   twice the forward; what the config's remat policy recomputes, flops.train; the LM head's,
   whose logit chunks are rematerialised) over all chips. Token counts, one column each (`TOKEN_COUNTS`): "padded"
   a row a sequence at its bucket (`learner.pack: false`), "packed" rows packed several to a
-  sequence (`learner.pack: true`; both as rl/packing.py plans them per mini-batch), "real" the
+  sequence (`learner.pack: true`; both as rl/batching.py plans them per mini-batch), "real" the
   rows' own tokens.
 FLOPs: benchmarks/flops.py (PaLM's convention, as the measured utilisations count them).
 """
@@ -44,10 +44,8 @@ import numpy as np
 
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models import ModelConfig
+from memagent_jax.rl import batching
 from memagent_jax.rl.config import TrainConfig, load_train_config
-from memagent_jax.rl.learner import mini_batches
-from memagent_jax.rl.packing import plan_sequences, response_positions
-from memagent_jax.rl.rows import default_bucket_lengths
 
 TEMPLATE_TOKENS = 256   # the chat templates' share of the KV length (as benchmarks/aot.py)
 
@@ -174,19 +172,16 @@ def setup(config: TrainConfig, chip: str | None = None, preset: str | None = Non
 # ---- the update ------------------------------------------------------------------------
 
 def _planned(s: Setup, indices, pack: bool) -> flop_model.Work:
-    """The micro-batches of sequences the learner plans for rows `indices` (Learner._plan),
-    the LM head on each sequence's response positions (packing.response_positions); attention
+    """The micro-batches of sequences the learner plans for rows `indices` (batching.plan),
+    the LM head on each sequence's response positions (batching.response_positions); attention
     over the whole sequence (causal, as PaLM's convention counts it), or packed within each row
     (a segment) and within the padding."""
-    learner, rows = s.config.learner, s.rows
-    buckets = learner.bucket_lengths or default_bucket_lengths(int(rows.length.max()))
-    plans = plan_sequences(
-        rows.length, indices, buckets, pack=pack, rows=learner.micro_batch_rows,
-        tokens=None if learner.micro_batch_rows else learner.micro_batch_tokens,
-        row_multiple=s.axes["data"] * s.axes["fsdp"])
+    rows = s.rows
+    plans = batching.plan(dataclasses.replace(s.config.learner, pack=pack), rows.length, indices,
+                          s.axes["data"] * s.axes["fsdp"])
     work = flop_model.Work()
     for plan in plans:
-        head = response_positions(plan, rows.prompt, rows.length).shape[1]
+        head = batching.response_positions(plan, rows.prompt, rows.length).shape[1]
         attended = plan.sequences * float(plan.length) ** 2
         if plan.packed:
             segments = [np.bincount(segment)[1:].astype(float) for segment in plan.segment]
@@ -202,7 +197,7 @@ def padded(s: Setup, indices) -> flop_model.Work:
 
 
 def packed(s: Setup, indices) -> flop_model.Work:
-    """Rows packed several to a sequence (`learner.pack: true`, rl/packing.py)."""
+    """Rows packed several to a sequence (`learner.pack: true`, rl/batching.py)."""
     return _planned(s, indices, pack=True)
 
 
@@ -230,7 +225,7 @@ def update_passes(s: Setup, count: Callable) -> dict[str, tuple[float, float]]:
         passes["KL reference (forward)"] = forward
     # The learner's mini-batches (global_token_mean's shuffle seed changes which rows share a
     # micro-batch, not the padding's share by much; per_rank_token_mean's split is fixed).
-    split = mini_batches(learner, rows.response, rows.trajectory, rows.turn, rows.final,
+    split = batching.mini_batches(learner, rows.response, rows.trajectory, rows.turn, rows.final,
                          np.random.default_rng(0), s.axes["data"] * s.axes["fsdp"])
     work = sum((count(s, indices) for indices, _ in split), flop_model.Work())
     train = flop_model.train(s.shape, work, remat=learner.remat,

@@ -56,7 +56,9 @@ import numpy as np
 
 from memagent_rows import describe, turn_lengths  # beside this script
 from memagent_jax.models import preset_config, random_model
-from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl import batching
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.memagent import Trajectory, Turn
 
@@ -122,7 +124,7 @@ def learner_plan(args) -> dict:
 
 def bench_ours(config, args, rows, pack: bool = True) -> dict[str, float]:
     if args.full_logits:
-        Learner._micro_batch = staticmethod(_whole_row_head(Learner._micro_batch))
+        batching.gather = _whole_row_head(batching.gather)
     model = random_model(config, seed=0, dtype=args.dtype,  # stored as config.dtype
                          attention=args.attention)
     learner = Learner(model, LearnerConfig(
@@ -141,10 +143,10 @@ def bench_ours(config, args, rows, pack: bool = True) -> dict[str, float]:
     return {"warm_up": warm_up, "update": full, "recompute": recompute}
 
 
-def _whole_row_head(micro_batch):
+def _whole_row_head(gather):
     """The learner's micro-batch with the LM head on every position from 1 (--full-logits)."""
-    def whole(plan, rows, per_token, per_row):
-        batch = micro_batch(plan, rows, per_token, per_row)
+    def whole(plan, rows, names, arrays):
+        batch = gather(plan, rows, names, arrays)
         batch["positions"] = np.broadcast_to(np.arange(1, plan.length + 1, dtype=np.int32),
                                              (plan.sequences, plan.length)).copy()
         return batch

@@ -11,7 +11,8 @@ errors naming the key), each checking its own values as it is built:
     engine      decode slots, KV length, prefill buckets (`EngineConfig`, shared likewise)
     rollout     n samples per prompt and how they are sampled
     dynamic_sampling, overlong   DAPO's batch filter and soft length penalty
-    learner     `rl.learner.LearnerConfig` (optimizer, PPO clipping, KL, micro-batches)
+    learner     `LearnerConfig` (optimizer, PPO clipping, KL, micro-batches: rl/learner.py,
+                rl/batching.py)
     validation  every N steps, on the first `size` rows of data.val, lenient metrics
     checkpoint  Orbax directory, every N steps, keep the last N
     warmup      an experiment's plugin and its own keys (rl/warmup.py; {}: none)
@@ -28,13 +29,14 @@ checkpoint, it may change only the keys in `RESUMABLE`.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any, ClassVar, Literal
 
 from memagent_jax.errors import ConfigError
+from memagent_jax.models.qwen import Remat
 from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
 from memagent_jax.rl import warmup
-from memagent_jax.rl.learner import LearnerConfig
 from memagent_jax.rollout.agent import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -53,6 +55,102 @@ RESUMABLE = ("steps", "checkpoint.every", "checkpoint.keep", "checkpoint.async_s
              "validation.every", "validation.at_start", "output_dir", "mesh", "distributed",
              "compilation_cache_dir", "engine.slots", "learner.micro_batch_rows",
              "learner.micro_batch_tokens", "learner.remat")
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnerConfig:
+    """The `learner` section of the train config. Defaults are the original's
+    (docs/algorithm.md section 3) except mini_batches and loss_agg."""
+    SECTION: ClassVar[str] = "learner"
+    lr: float = 1e-6                    # peak learning rate (AdamW)
+    warmup_steps: int = 20              # linear warm-up in training steps; step 0 runs at lr 0
+    lr_schedule: str = "constant"       # after the warm-up: "constant" or "cosine"
+    total_steps: int | None = None      # where cosine reaches lr * min_lr_ratio (then stays)
+    min_lr_ratio: float = 0.0           # cosine's floor, a fraction of lr
+    weight_decay: float = 0.01          # AdamW's decoupled weight decay
+    adam_b1: float = 0.9                # AdamW's first-moment decay
+    adam_b2: float = 0.999              # AdamW's second-moment decay
+    adam_eps: float = 1e-8              # AdamW's denominator epsilon
+    max_grad_norm: float = 1.0          # global gradient-norm clip
+    eps_low: float = 0.2                # PPO ratio clip below: 1 - eps_low
+    eps_high: float = 0.2               # PPO ratio clip above: 1 + eps_high (DAPO's: 0.28)
+    dual_clip: float | None = 3.0       # dual-clip bound for negative advantages (null: off)
+    kl_coef: float = 0.001              # low_var_kl to the initial policy (0: no reference)
+    entropy_coef: float = 0.0           # entropy bonus (0: entropy is a metric only)
+    temperature: float = 1.0            # log-probs of logits / temperature: the rollout's
+    mini_batches: int = 1               # optimiser updates per rollout batch and epoch
+    micro_batch_rows: int | None = None     # sequences per micro-batch (set: overrides tokens;
+                                            # packed into the longest row's bucket)
+    micro_batch_tokens: int | None = 8192   # padded tokens per micro-batch
+    pack: bool = True                   # several rows per sequence, segment ids (2)
+    ppo_epochs: int = 1                 # passes over the rollout batch
+    remat: Remat = "none"               # what the backward keeps: none/matmuls/full (3)
+    logit_chunk_tokens: int | None = 1024   # LM-head positions at once (null: all; logprobs.py)
+    old_logprobs: str = "recompute"     # "recompute" before the first update, or "rollout"
+    rollout_correction: float | None = None  # TIS cap C: pg loss x min(p_old/p_rollout, C)
+    normalize_std: bool = False         # divide advantages by the group's std (the trainer)
+    loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"  # (1)
+    loss_agg_ranks: int | None = None   # ranks for per_rank_token_mean (null: data x fsdp)
+    credit: Literal["broadcast", "amortise"] = "broadcast"  # advantage to turns (rows.py)
+    train_final_turn: bool = True       # train on the final-answer turn's row (rows.py)
+    bucket_lengths: tuple[int, ...] | None = None  # padded row lengths (null: powers of two)
+    seed: int = 0                       # seeds the mini-batch shuffle with the optimiser step
+    loss: Literal["dapo", "sft"] = "dapo"   # clipped policy loss, or supervised NLL (rl/warmup.py)
+    # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
+    # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
+    # ranks (docs/algorithm.md section 3).
+    # (2) rl/batching.py: the values of one row per sequence on less padding (MemAgent's rows
+    # at the 7B plan: 18% of the slots padded -> 13%; BENCHMARKS.md, "Packed learner rows").
+    # Under attention cudnn the packed rows attend through jax's Triton flash kernel, which
+    # takes segment ids (models/flash_gpu.py).
+    # (3) models/qwen.py REMAT_POLICIES: "full" keeps each layer's input only, "matmuls" also
+    # its projections' outputs (less recompute, more memory), "none" everything; a config
+    # takes the least recompute its compiled train step fits with (benchmarks/aot.py).
+
+    def __post_init__(self):
+        def fail(name, message):
+            raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
+
+        at_least(self, 0, "warmup_steps")
+        at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
+                 "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
+        for key in ("lr", "max_grad_norm", "temperature"):
+            if not getattr(self, key) > 0:
+                fail(key, "must be positive")
+        if self.lr_schedule not in ("constant", "cosine"):
+            fail("lr_schedule", "must be 'constant' or 'cosine'")
+        if self.lr_schedule == "cosine" and not (self.total_steps and
+                                                 self.total_steps > self.warmup_steps):
+            fail("total_steps", "the cosine schedule needs total_steps > warmup_steps")
+        if not 0 < self.eps_low < 1 or self.eps_high <= 0:
+            fail("eps_low" if not 0 < self.eps_low < 1 else "eps_high", "out of range")
+        if self.dual_clip is not None and self.dual_clip <= 1:
+            fail("dual_clip", "must be > 1 (or null to switch it off)")
+        if self.micro_batch_rows is None and self.micro_batch_tokens is None:
+            fail("micro_batch_tokens", "set micro_batch_rows or micro_batch_tokens")
+        if self.old_logprobs not in ("recompute", "rollout"):
+            fail("old_logprobs", "must be 'recompute' or 'rollout'")
+        if self.rollout_correction is not None:
+            if not self.rollout_correction > 0:
+                fail("rollout_correction", "must be a positive cap (or null to switch it off)")
+            if self.old_logprobs == "rollout" or self.loss != "dapo":
+                fail("rollout_correction", "needs old_logprobs: recompute and loss: dapo "
+                     "(with the rollout's own old log-probs every weight is 1)")
+        if self.bucket_lengths is not None and (not self.bucket_lengths
+                                                or min(self.bucket_lengths) < 2):
+            fail("bucket_lengths", "must be a non-empty list of lengths >= 2")
+
+    def learning_rate(self, step: int) -> float:
+        """The learning rate of training step `step` (0-based), for every optimiser update
+        of that step."""
+        if step < self.warmup_steps:
+            return self.lr * step / self.warmup_steps
+        if self.lr_schedule == "constant":
+            return self.lr
+        # Clipped: verl's cosine rises again past total_steps.
+        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
+        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 *
+                          (1 + math.cos(math.pi * progress)))
 
 
 @dataclasses.dataclass

@@ -4,13 +4,9 @@
 section 3):
 1. old log-probabilities: recomputed with the current parameters (the original's default), or
    the rollout's own (`old_logprobs="rollout"`); reference log-probabilities when kl_coef != 0;
-2. per PPO epoch, the rows are split into `mini_batches` mini-batches; each is one AdamW
-   update, its gradient accumulated over static-shape micro-batches of sequences, each
-   holding several rows (`pack`, the default) or one (packing.py). With
-   `loss_agg: global_token_mean` the rows are shuffled and every response token of a
-   mini-batch weighs 1 / (its token count); with `per_rank_token_mean` they are split as verl's
-   data-parallel ranks took them (turn-ordered, contiguous, one piece per rank, each cut into
-   contiguous mini-batches) and each token weighs 1 / (ranks x its piece's token count);
+2. per PPO epoch, the rows are split into `mini_batches` mini-batches (batching.py, which also
+   says how each token is weighted); each is one AdamW update, its gradient accumulated over
+   static-shape micro-batches of sequences, each holding several rows (`pack`) or one;
 3. a mini-batch whose loss or gradient norm is not finite is skipped: parameters and optimiser
    state stay as they were, and the skip is counted.
 With `rollout_correction` C, each token's policy-gradient loss is multiplied by verl's truncated
@@ -40,10 +36,8 @@ array, and using it fails loudly.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import math
-from typing import Any, ClassVar, Literal
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -52,142 +46,15 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen import Params, Qwen, Remat, split_params
 from memagent_jax.models.sharding import batch_sharding
+from memagent_jax.rl import batching
+from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.dapo import (per_token, policy_loss, rollout_mismatch,
                                   truncated_is_weights)
 from memagent_jax.rl.logprobs import token_logprobs
-from memagent_jax.rl.packing import gather, plan_sequences, response_positions, scatter
-from memagent_jax.rl.rows import TrainingRows, default_bucket_lengths
+from memagent_jax.rl.rows import TrainingRows
 from memagent_jax.rl.supervised import sft_loss
-from memagent_jax.runconfig import at_least
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnerConfig:
-    """The `learner` section of the train config. Defaults are the original's
-    (docs/algorithm.md section 3) except mini_batches and loss_agg."""
-    SECTION: ClassVar[str] = "learner"
-    lr: float = 1e-6                    # peak learning rate (AdamW)
-    warmup_steps: int = 20              # linear warm-up in training steps; step 0 runs at lr 0
-    lr_schedule: str = "constant"       # after the warm-up: "constant" or "cosine"
-    total_steps: int | None = None      # where cosine reaches lr * min_lr_ratio (then stays)
-    min_lr_ratio: float = 0.0           # cosine's floor, a fraction of lr
-    weight_decay: float = 0.01          # AdamW's decoupled weight decay
-    adam_b1: float = 0.9                # AdamW's first-moment decay
-    adam_b2: float = 0.999              # AdamW's second-moment decay
-    adam_eps: float = 1e-8              # AdamW's denominator epsilon
-    max_grad_norm: float = 1.0          # global gradient-norm clip
-    eps_low: float = 0.2                # PPO ratio clip below: 1 - eps_low
-    eps_high: float = 0.2               # PPO ratio clip above: 1 + eps_high (DAPO's: 0.28)
-    dual_clip: float | None = 3.0       # dual-clip bound for negative advantages (null: off)
-    kl_coef: float = 0.001              # low_var_kl to the initial policy (0: no reference)
-    entropy_coef: float = 0.0           # entropy bonus (0: entropy is a metric only)
-    temperature: float = 1.0            # log-probs of logits / temperature: the rollout's
-    mini_batches: int = 1               # optimiser updates per rollout batch and epoch
-    micro_batch_rows: int | None = None     # sequences per micro-batch (set: overrides tokens;
-                                            # packed into the longest row's bucket)
-    micro_batch_tokens: int | None = 8192   # padded tokens per micro-batch
-    pack: bool = True                   # several rows per sequence, segment ids (2)
-    ppo_epochs: int = 1                 # passes over the rollout batch
-    remat: Remat = "none"               # what the backward keeps: none/matmuls/full (3)
-    logit_chunk_tokens: int | None = 1024   # LM-head positions at once (null: all; logprobs.py)
-    old_logprobs: str = "recompute"     # "recompute" before the first update, or "rollout"
-    rollout_correction: float | None = None  # TIS cap C: pg loss x min(p_old/p_rollout, C)
-    normalize_std: bool = False         # divide advantages by the group's std (the trainer)
-    loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"  # (1)
-    loss_agg_ranks: int | None = None   # ranks for per_rank_token_mean (null: data x fsdp)
-    credit: Literal["broadcast", "amortise"] = "broadcast"  # advantage to turns (rows.py)
-    train_final_turn: bool = True       # train on the final-answer turn's row (rows.py)
-    bucket_lengths: tuple[int, ...] | None = None  # padded row lengths (null: powers of two)
-    seed: int = 0                       # seeds the mini-batch shuffle with the optimiser step
-    loss: Literal["dapo", "sft"] = "dapo"   # clipped policy loss, or supervised NLL (rl/warmup.py)
-    # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
-    # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
-    # ranks (docs/algorithm.md section 3).
-    # (2) rl/packing.py: the values of one row per sequence on less padding (MemAgent's rows
-    # at the 7B plan: 18% of the slots padded -> 13%; BENCHMARKS.md, "Packed learner rows").
-    # Under attention cudnn the packed rows attend through jax's Triton flash kernel, which
-    # takes segment ids (models/flash_gpu.py).
-    # (3) models/qwen.py REMAT_POLICIES: "full" keeps each layer's input only, "matmuls" also
-    # its projections' outputs (less recompute, more memory), "none" everything; a config
-    # takes the least recompute its compiled train step fits with (benchmarks/aot.py).
-
-    def __post_init__(self):
-        def fail(name, message):
-            raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
-
-        at_least(self, 0, "warmup_steps")
-        at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
-                 "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
-        for key in ("lr", "max_grad_norm", "temperature"):
-            if not getattr(self, key) > 0:
-                fail(key, "must be positive")
-        if self.lr_schedule not in ("constant", "cosine"):
-            fail("lr_schedule", "must be 'constant' or 'cosine'")
-        if self.lr_schedule == "cosine" and not (self.total_steps and
-                                                 self.total_steps > self.warmup_steps):
-            fail("total_steps", "the cosine schedule needs total_steps > warmup_steps")
-        if not 0 < self.eps_low < 1 or self.eps_high <= 0:
-            fail("eps_low" if not 0 < self.eps_low < 1 else "eps_high", "out of range")
-        if self.dual_clip is not None and self.dual_clip <= 1:
-            fail("dual_clip", "must be > 1 (or null to switch it off)")
-        if self.micro_batch_rows is None and self.micro_batch_tokens is None:
-            fail("micro_batch_tokens", "set micro_batch_rows or micro_batch_tokens")
-        if self.old_logprobs not in ("recompute", "rollout"):
-            fail("old_logprobs", "must be 'recompute' or 'rollout'")
-        if self.rollout_correction is not None:
-            if not self.rollout_correction > 0:
-                fail("rollout_correction", "must be a positive cap (or null to switch it off)")
-            if self.old_logprobs == "rollout" or self.loss != "dapo":
-                fail("rollout_correction", "needs old_logprobs: recompute and loss: dapo "
-                     "(with the rollout's own old log-probs every weight is 1)")
-        if self.bucket_lengths is not None and (not self.bucket_lengths
-                                                or min(self.bucket_lengths) < 2):
-            fail("bucket_lengths", "must be a non-empty list of lengths >= 2")
-
-    def learning_rate(self, step: int) -> float:
-        """The learning rate of training step `step` (0-based), for every optimiser update
-        of that step."""
-        if step < self.warmup_steps:
-            return self.lr * step / self.warmup_steps
-        if self.lr_schedule == "constant":
-            return self.lr
-        # Clipped: verl's cosine rises again past total_steps.
-        progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
-        return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 *
-                          (1 + math.cos(math.pi * progress)))
-
-
-def mini_batches(config: LearnerConfig, tokens: np.ndarray, trajectory: np.ndarray,
-                 turn: np.ndarray, final: np.ndarray, rng, ranks: int
-                 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """One epoch's mini-batches of R rows: [(row indices, [R] weight of each row's tokens)].
-    tokens [R]: each row's response tokens; trajectory, turn, final [R]: as `TrainingRows`
-    holds them; ranks: per_rank_token_mean's data-parallel ranks when config.loss_agg_ranks is
-    not set (a function of lengths and order only: benchmarks/step_projection.py plans with it)."""
-
-    def weight(pieces, ranks):
-        return 1.0 / (ranks * max(float(tokens[pieces].sum()), 1.0))
-
-    out = []
-    if config.loss_agg == "global_token_mean":
-        for indices in np.array_split(rng.permutation(len(tokens)), config.mini_batches):
-            out.append((indices, np.full(len(tokens), weight(indices, 1), np.float32)))
-    else:
-        # verl's order: every trajectory's first update, then every second update, ...,
-        # then every final answer (its agent answers once all documents are read).
-        ranks = config.loss_agg_ranks or ranks
-        order = np.lexsort((trajectory, np.where(final, 0, turn), final))
-        pieces = [np.array_split(p, config.mini_batches)
-                  for p in np.array_split(order, ranks)]
-        for m in range(config.mini_batches):
-            weights = np.zeros(len(tokens), np.float32)
-            for piece in pieces:
-                weights[piece[m]] = weight(piece[m], ranks)
-            out.append((np.concatenate([piece[m] for piece in pieces]), weights))
-    return [(indices, weights) for indices, weights in out if len(indices)]
 
 
 class Learner:
@@ -228,6 +95,8 @@ class Learner:
                         else jax.tree.leaves(self._param_shardings)[0])
         self._batch_sharding = batch_sharding(mesh) if mesh is not None else self._scalar
         self._row_multiple = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+        self._fields = batching.batch_fields(config, reference=config.kl_coef != 0.0
+                                             and config.loss == "dapo")
 
         # AdamW without its learning-rate scaling: the step multiplies by the training step's
         # lr, which it is given (verl's scheduler counts training steps, not updates).
@@ -322,20 +191,9 @@ class Learner:
                                                                sharding=s),
                              self._params, self._param_shardings)
         accumulator = (grads, {name: scalar(jnp.float32) for name in self._metric_names()})
-        per_token = functools.partial(jax.ShapeDtypeStruct, (rows, length),
-                                      sharding=self._batch_sharding)
-        batch = {name: per_token(jnp.float32) for name in (
-            "loss_mask", "advantages", "old_logprobs", "row_weights")}
-        batch["tokens"] = per_token(jnp.int32)
-        batch["positions"] = jax.ShapeDtypeStruct((rows, width), jnp.int32,
-                                                  sharding=self._batch_sharding)
-        if self.config.pack:
-            batch["segment_ids"] = per_token(jnp.int32)
-        if self._ref_params is not None:
-            batch["ref_logprobs"] = per_token(jnp.float32)
-        if self.config.rollout_correction is not None:
-            batch["is_weights"] = per_token(jnp.float32)
-        inputs = {name: batch[name] for name in self._INPUTS if name in batch}
+        batch = batching.abstract_batch(self._fields, rows, length, width,
+                                        self._batch_sharding)
+        inputs = {name: batch[name] for name in batching.forward_fields(self._fields)}
         return {"train step": self._train_step.lower(
                     params, opt_state, scalar(jnp.int32), accumulator, batch,
                     scalar(jnp.float32), scalar(jnp.bool_)).compile(),
@@ -351,27 +209,15 @@ class Learner:
         """`logprobs` under each of `param_sets`, the rows planned and each micro-batch
         gathered and sent to the devices once for all of them."""
         outs = [np.zeros(rows.tokens.shape, np.float32) for _ in param_sets]
+        forward = batching.forward_fields(self._fields)
         for plan in self._plan(rows, range(len(rows))):
-            batch = jax.device_put(self._micro_batch(plan, rows, {"tokens": rows.tokens}, {}),
+            batch = jax.device_put(batching.gather(plan, rows, forward, {}),
                                    self._batch_sharding)
             for params, out in zip(param_sets, outs):
-                scatter(plan, np.asarray(self._logprobs(params, batch)), out)
+                batching.scatter(plan, np.asarray(self._logprobs(params, batch)), out)
         positions = np.arange(rows.tokens.shape[1])[None, :]
         mask = (positions >= rows.prompt_lengths[:, None]) & (positions < rows.lengths[:, None])
         return [np.where(mask, out, 0.0).astype(np.float32) for out in outs]
-
-    # What the forward reads of a micro-batch (the log-prob pass takes nothing else).
-    _INPUTS = ("tokens", "segment_ids", "positions")
-
-    @staticmethod
-    def _micro_batch(plan, rows: TrainingRows, per_token, per_row) -> dict[str, np.ndarray]:
-        """A plan's arrays ([S, L], packing.py `gather`), with the segment ids when it packs
-        rows and the LM head's positions [S, W] (its response tokens)."""
-        batch = gather(plan, per_token, per_row)
-        if plan.packed:
-            batch["segment_ids"] = plan.segment
-        batch["positions"] = response_positions(plan, rows.prompt_lengths, rows.lengths)
-        return batch
 
     def update(self, rows: TrainingRows) -> dict[str, float]:
         """One training step: a rollout batch of PPO updates, all at this step's learning rate;
@@ -395,7 +241,7 @@ class Learner:
         reference = [] if self._ref_params is None else [self._ref_params]
         computed = self._logprobs_under(rows, [self._params] * recompute + reference)
         old = computed[0] if recompute else rows.rollout_logprobs
-        arrays = {"tokens": rows.tokens, "loss_mask": rows.loss_mask, "old_logprobs": old}
+        arrays = {"old_logprobs": old}
         extra = {}
         mask = rows.loss_mask > 0
         if recompute:  # float64 on the response tokens alone: f32 runs differ by ~1e-7
@@ -423,26 +269,21 @@ class Learner:
 
     # ---- the mini-batch loop ------------------------------------------------------------
 
-    def _plan(self, rows: TrainingRows, indices):
-        config = self.config
-        buckets = config.bucket_lengths or default_bucket_lengths(int(rows.lengths.max()))
-        by_rows = config.micro_batch_rows is not None
-        return plan_sequences(rows.lengths, indices, buckets, pack=config.pack,
-                              rows=config.micro_batch_rows,
-                              tokens=None if by_rows else config.micro_batch_tokens,
-                              row_multiple=self._row_multiple)
+    def _plan(self, rows: TrainingRows, indices) -> list[batching.MicroBatchPlan]:
+        return batching.plan(self.config, rows.lengths, indices, self._row_multiple)
 
     def _mini_batches(self, rows: TrainingRows, rng):
-        return mini_batches(self.config, rows.loss_mask.sum(axis=1), rows.trajectory, rows.turn,
-                            rows.final, rng, self._row_multiple)
+        return batching.mini_batches(self.config, rows.loss_mask.sum(axis=1), rows.trajectory,
+                                     rows.turn, rows.final, rng, self._row_multiple)
 
     def _update_mini_batch(self, arrays, rows: TrainingRows, indices, weights, lr):
-        """arrays: the [R, T] per-token arrays; weights [R]: each row's token weight."""
-        per_row = {"advantages": rows.advantages, "row_weights": weights}
+        """arrays: the update's [R, T] arrays beyond the rows' own; weights [R]: each row's
+        token weight."""
         plans = self._plan(rows, indices)
         for k, plan in enumerate(plans):
-            batch = jax.device_put(self._micro_batch(plan, rows, arrays, per_row),
-                                   self._batch_sharding)
+            batch = jax.device_put(
+                batching.gather(plan, rows, self._fields, {**arrays, "row_weights": weights}),
+                self._batch_sharding)
             self._params, self._opt_state, self._step, self._accumulator, out = self._train_step(
                 self._params, self._opt_state, self._step, self._accumulator, batch, lr,
                 jnp.bool_(k == len(plans) - 1))

@@ -1,4 +1,4 @@
-"""Training rows: every turn of every trajectory, and their static-shape micro-batches.
+"""Training rows: every turn of every trajectory.
 
 MemAgent trains on each turn (a memory update or the final answer: a conversation of its own) as
 an independent row: its prompt followed by its response, every response token carrying the
@@ -7,22 +7,17 @@ more chunks therefore contributes more rows and more tokens. Two options give th
 recipe instead: `credit="amortise"` divides a trajectory's advantage evenly over its trained
 turns, and `train_final_turn=False` leaves the final-answer turns out.
 
-Rows live on the host as numpy arrays. The learner feeds them to jitted functions in
-micro-batches of a few fixed shapes: rows (or the sequences rl/packing.py packs them into)
-sorted by length are cut into groups, each padded to the smallest bucket length that holds its
-longest member and to a count from a short list (a token budget per micro-batch, shrunk to a
-power of two for the last few of a bucket), so a handful of shapes compile and padding stays
-a bounded fraction of each micro-batch.
+Rows live on the host as numpy arrays; batching.py cuts them into the learner's
+static-shape micro-batches.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from memagent_jax.errors import UserError
 
 
 @dataclasses.dataclass
@@ -110,61 +105,3 @@ def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "br
                         prompt_lengths, lengths, index,
                         np.array([k for _, k, _ in turns], np.int32),
                         np.array([c.kind == "final" for _, _, c in turns]))
-
-
-def default_bucket_lengths(max_length: int, smallest: int = 64) -> tuple[int, ...]:
-    """Powers of two from `smallest` up to the first one >= max_length."""
-    buckets = [smallest]
-    while buckets[-1] < max_length:
-        buckets.append(buckets[-1] * 2)
-    return tuple(buckets)
-
-
-def bucket_length(length: int, buckets: Sequence[int]) -> int:
-    """The smallest of `buckets` that holds a row of `length` tokens."""
-    for bucket in sorted(buckets):
-        if length <= bucket:
-            return bucket
-    raise UserError(f"a training row of {length} tokens exceeds the largest bucket length "
-                    f"{max(buckets)} (raise the learner's bucket lengths)")
-
-
-@dataclasses.dataclass(frozen=True)
-class MicroBatchPlan:
-    """index [B] int: the items planned (rows of TrainingRows, or rl/packing.py's packed
-    sequences) in this micro-batch, -1 for padding; length: the bucket length every item is
-    padded to."""
-    index: np.ndarray
-    length: int
-
-
-def plan_micro_batches(lengths: np.ndarray, indices: Iterable[int], buckets: Sequence[int],
-                       rows: int | None = None, tokens: int | None = None,
-                       row_multiple: int = 1) -> list[MicroBatchPlan]:
-    """Cuts rows `indices` (lengths[i] tokens each) into micro-batches of static shapes.
-
-    Each micro-batch is padded to the bucket of its longest row, and holds `rows` rows or, with
-    a token budget, tokens // bucket rows; row counts are multiples of `row_multiple` (the
-    data-parallel width, so the batch splits evenly over devices). Rows are taken longest
-    first, so each micro-batch spans a narrow range of lengths; the final group of a bucket is
-    shrunk to the next power of two (times row_multiple) that holds it rather than padded
-    with empty rows up to the full count.
-    """
-    if (rows is None) == (tokens is None):
-        raise ValueError("give exactly one of rows or tokens per micro-batch")
-    order = sorted(indices, key=lambda i: -int(lengths[i]))
-    plans, start = [], 0
-    while start < len(order):
-        bucket = bucket_length(int(lengths[order[start]]), buckets)
-        capacity = rows if rows is not None else max(1, tokens // bucket)
-        capacity = max(row_multiple, capacity // row_multiple * row_multiple)
-        left = len(order) - start
-        if left < capacity:
-            units = -(-left // row_multiple)  # ceil
-            capacity = min(capacity, row_multiple * (1 << (units - 1).bit_length()))
-        taken = order[start:start + capacity]
-        index = np.full(capacity, -1, np.int64)
-        index[:len(taken)] = taken
-        plans.append(MicroBatchPlan(index, bucket))
-        start += len(taken)
-    return plans

@@ -1,6 +1,6 @@
 """Packed rows (segment ids) through the model's training forward: on the attention paths
 that run on CPU, each row's logits and the gradient of a loss over them equal those of the
-rows run alone ("xla", the blocked kernel, through the learner: tests/rl/test_packing.py);
+rows run alone ("xla", the blocked kernel, through the learner: tests/rl/test_batching.py);
 and the blocked kernel with segments against the masked reference, forward and gradient,
 including tiles where a query has seen no key yet."""
 

@@ -13,7 +13,8 @@ from jax.experimental import topologies  # noqa: E402
 
 from memagent_jax.models import make_mesh, preset_config  # noqa: E402
 from memagent_jax.models.loading import abstract_params, build_model  # noqa: E402
-from memagent_jax.rl.learner import Learner, LearnerConfig  # noqa: E402
+from memagent_jax.rl.config import LearnerConfig  # noqa: E402
+from memagent_jax.rl.learner import Learner  # noqa: E402
 from memagent_jax.rollout.engine import Engine, EngineConfig  # noqa: E402
 
 

@@ -6,7 +6,8 @@ import jax
 
 from memagent_jax.models import make_mesh, preset_config, random_model
 from memagent_jax.models.loading import abstract_params, build_model
-from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 from memagent_jax.rollout.engine import Engine, EngineConfig
 
 CONFIG = LearnerConfig(micro_batch_rows=8, bucket_lengths=(64,), kl_coef=0.001)

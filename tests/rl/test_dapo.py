@@ -9,7 +9,7 @@ import pytest
 
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups, overlong_penalty, policy_loss
-from memagent_jax.rl.rows import plan_micro_batches, rows_from_trajectories
+from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.memagent import Trajectory, Turn
 
 
@@ -191,20 +191,3 @@ def test_overlong_penalty():
 def test_informative_groups():
     rewards = np.array([[1, 1, 1], [0, 1, 0], [0, 0, 0], [0.5, 0.5, 0.25]])
     np.testing.assert_array_equal(informative_groups(rewards), [False, True, False, True])
-
-
-def test_micro_batches_static_shapes_cover_every_row_once():
-    rng = np.random.RandomState(1)
-    lengths = np.concatenate([rng.randint(5, 60, 37), rng.randint(100, 500, 11)])
-    plans = plan_micro_batches(lengths, range(len(lengths)), (64, 128, 256, 512),
-                               tokens=1024, row_multiple=2)
-    seen = np.concatenate([p.index[p.index >= 0] for p in plans])
-    assert sorted(seen) == list(range(len(lengths)))
-    shapes = {(len(p.index), p.length) for p in plans}
-    for rows, length in shapes:
-        assert rows % 2 == 0 and rows * length <= 1024 and length in (64, 128, 256, 512)
-    for p in plans:
-        assert lengths[p.index[p.index >= 0]].max() <= p.length
-    real = sum(lengths)
-    padded = sum(len(p.index) * p.length for p in plans)
-    assert real / padded > 0.5, (real, padded)  # padding does not dominate

@@ -12,7 +12,8 @@ from memagent_jax.errors import UserError
 from memagent_jax.models import build_model, make_mesh, param_shardings, random_model, split_params
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups
-from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import Trajectory, Turn

@@ -14,7 +14,8 @@ import pytest
 
 from memagent_jax.models import ModelConfig, build_model
 from memagent_jax.models.loading import abstract_params
-from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.memagent import Trajectory, Turn
 

@@ -18,7 +18,8 @@ from memagent_jax.data.needle import write_task
 from memagent_jax.errors import UserError
 from memagent_jax.models import ModelConfig, make_mesh, random_model
 from memagent_jax.rl.config import load_train_config
-from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.rollout.engine import Engine, EngineConfig

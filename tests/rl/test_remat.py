@@ -11,7 +11,8 @@ import pytest
 from flax import nnx
 
 from memagent_jax.models import random_model
-from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.logprobs import token_logprobs
 from tests.builders import LEARNER_MODEL, random_rows
 

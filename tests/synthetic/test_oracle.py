@@ -10,7 +10,8 @@ import pytest
 
 from memagent_jax.data.pipeline import Example
 from memagent_jax.models import random_model
-from memagent_jax.rl.learner import Learner, LearnerConfig
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.synthetic import tasks as synthetic

@@ -1,6 +1,7 @@
-"""Packed learner rows (rl/packing.py, `learner.pack`): the plan holds every row once, within
-the token budget and with less padding; the packed log-prob pass and update equal the
-unpacked ones under both loss aggregations."""
+"""The learner's micro-batches (rl/batching.py): plans of static shapes that hold every row
+once, within the token budget; packed (`learner.pack`) with less padding, the log-prob pass
+and update equal to the unpacked ones under both loss aggregations; one schema for the
+gathered arrays and the compiled shapes."""
 
 import dataclasses
 
@@ -10,8 +11,11 @@ import pytest
 
 from memagent_jax.errors import UserError
 from memagent_jax.models import make_mesh, random_model
-from memagent_jax.rl.learner import Learner, LearnerConfig
-from memagent_jax.rl.packing import gather, padded_fraction, plan_sequences, scatter
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
+from memagent_jax.rl.batching import (abstract_batch, batch_fields, gather, padded_fraction,
+                                      plan_sequences, scatter)
+from memagent_jax.rl.rows import TrainingRows
 from tests.builders import LEARNER_MODEL, random_rows
 
 
@@ -29,8 +33,9 @@ def test_packed_plan_holds_every_row_once_within_the_budget():
     for plan in packed:
         assert plan.length in buckets and plan.row.size <= 2048 and plan.sequences % 2 == 0
     back = np.zeros_like(tokens)
+    rows = _rows(tokens, lengths)
     for plan in packed:
-        scatter(plan, gather(plan, {"tokens": tokens}, {})["tokens"], back)
+        scatter(plan, gather(plan, rows, ["tokens"], {})["tokens"], back)
     np.testing.assert_array_equal(back, tokens)  # every token back in its place
     counts = np.bincount(np.concatenate([p.row[(p.row >= 0)] for p in packed]), minlength=200)
     np.testing.assert_array_equal(counts, lengths)
@@ -41,6 +46,55 @@ def test_packed_plan_holds_every_row_once_within_the_budget():
     assert max(plan.length for plan in by_rows) == 128
     with pytest.raises(UserError, match="exceeds the largest bucket"):
         plan_sequences(np.array([600]), [0], buckets, pack=True, tokens=2048)
+
+
+def _rows(tokens, lengths):
+    """TrainingRows of these tokens, prompts of one token, no advantages."""
+    r = len(tokens)
+    mask = (np.arange(tokens.shape[1])[None] < lengths[:, None]).astype(np.float32)
+    mask[:, 0] = 0
+    return TrainingRows(tokens, mask, np.zeros(r, np.float32), np.zeros(tokens.shape, np.float32),
+                        np.ones(r, np.int32), lengths.astype(np.int32), np.arange(r, dtype=np.int32),
+                        np.zeros(r, np.int32), np.zeros(r, bool))
+
+
+def test_unpacked_micro_batches_of_static_shapes_cover_every_row_once():
+    rng = np.random.RandomState(1)
+    lengths = np.concatenate([rng.randint(5, 60, 37), rng.randint(100, 500, 11)])
+    plans = plan_sequences(lengths, range(len(lengths)), (64, 128, 256, 512), pack=False,
+                           tokens=1024, row_multiple=2)
+    heads = [p.row[:, 0] for p in plans]
+    seen = np.concatenate([h[h >= 0] for h in heads])
+    assert sorted(seen) == list(range(len(lengths)))
+    for plan in plans:
+        assert plan.sequences % 2 == 0 and plan.row.size <= 1024
+        assert plan.length in (64, 128, 256, 512) and not plan.packed
+        assert lengths[plan.row[:, 0][plan.row[:, 0] >= 0]].max() <= plan.length
+    assert sum(lengths) / sum(p.row.size for p in plans) > 0.5  # padding does not dominate
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_gathered_batch_has_the_declared_shapes(pack):
+    """The arrays `gather` gives for the learner's fields are what `abstract_batch` (the
+    compiled train step's shapes) declares, name for name."""
+    rows = random_rows(seed=3, trajectories=8)
+    config = dataclasses.replace(CONFIG, pack=pack, rollout_correction=2.0)
+    names = batch_fields(config, reference=True)
+    assert ("segment_ids" in names) == pack and {"ref_logprobs", "is_weights"} <= set(names)
+    plan = plan_sequences(rows.lengths, range(len(rows)), (32,), pack=pack, rows=8)[0]
+    given = {"old_logprobs": rows.rollout_logprobs, "ref_logprobs": rows.rollout_logprobs,
+             "is_weights": np.ones_like(rows.rollout_logprobs),
+             "row_weights": np.ones(len(rows), np.float32)}
+    batch = gather(plan, rows, names, given)
+    width = batch["positions"].shape[1]
+    declared = abstract_batch(names, plan.sequences, plan.length, width, None)
+    assert list(batch) == list(declared)
+    for name, array in batch.items():
+        assert (array.shape, array.dtype) == (declared[name].shape, declared[name].dtype), name
+    # Each row's advantage on every token it fills, and nothing on padding.
+    filled = plan.row >= 0
+    np.testing.assert_array_equal(batch["advantages"][filled], rows.advantages[plan.row[filled]])
+    assert not batch["advantages"][~filled].any() and not batch["tokens"][~filled].any()
 
 
 @pytest.fixture(scope="module")
