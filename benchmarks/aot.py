@@ -63,7 +63,8 @@ def main() -> None:
 
     import jax
 
-    from memagent_jax.models import make_mesh, split_params
+    from memagent_jax.models.qwen import split_params
+    from memagent_jax.models.sharding import make_mesh
     from memagent_jax.models.loading import abstract_params, build_model
     from memagent_jax.rl.config import load_train_config
     from memagent_jax.rl.learner import Learner

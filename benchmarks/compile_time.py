@@ -40,7 +40,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from memagent_jax.models import KVCache, Qwen, preset_config, split_params  # noqa: E402
+from memagent_jax.models.presets import preset_config  # noqa: E402
+from memagent_jax.models.qwen import KVCache, Qwen, split_params  # noqa: E402
 
 PROGRAMS = ("forward", "prefill", "decode", "unrolled")
 

@@ -142,7 +142,8 @@ def numpy_copy(size_bytes: int, repeats: int) -> float:
 # ---- model files --------------------------------------------------------------------------
 
 def ensure_model_dir(path: str | None, preset: str, dtype: str) -> tuple[str, object]:
-    from memagent_jax.models import preset_config, random_model, save_hf
+    from memagent_jax.models.loading import random_model, save_hf
+    from memagent_jax.models.presets import preset_config
     if path and os.path.isfile(os.path.join(path, "config.json")):
         return path, None
     tmp = None
@@ -165,7 +166,7 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
                decode_steps: int, bandwidth: DeviceBandwidth) -> dict:
     """End-to-end and decode-only timings; the bandwidth is probed right before and after each
     decode-only run, and the probes around the fastest one are returned with it."""
-    from memagent_jax.models import split_params
+    from memagent_jax.models.qwen import split_params
     from memagent_jax.rollout.engine import Engine, EngineConfig
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.rollout.scheduler import Request, complete
@@ -222,7 +223,7 @@ def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
     """Seconds per step of a chain of only the decode step's weight matmuls (q, k, v, o, gate,
     up, down per layer, then the LM head; no attention, norms, rope, cache or sampling) over
     the model's own per-layer arrays: what the step would cost if nothing else took time."""
-    from memagent_jax.models import split_params
+    from memagent_jax.models.qwen import split_params
     from memagent_jax.models.qwen import row_logits
 
     tied = model.config.tie_word_embeddings
@@ -339,7 +340,7 @@ def main() -> None:
           f"jax read (jit jnp.sum) {start_bw['read']:.1f} GB/s. Limits per batch: the best jax "
           f"copy and read measured just before and just after its fastest decode-only run.")
 
-    from memagent_jax.models import load_model
+    from memagent_jax.models.loading import load_model
     model_dir, tmp = ensure_model_dir(args.model_dir, args.preset, args.dtype)
     model, config = load_model(model_dir, dtype=args.dtype)
     param_bytes = sum(x.nbytes for x in jax.tree.leaves(nnx.state(model, nnx.Param)))

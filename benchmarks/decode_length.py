@@ -30,7 +30,9 @@ import jax
 import numpy as np
 
 from decode import GB, DeviceBandwidth, best_time, cpu_model_name
-from memagent_jax.models import load_model, preset_config, random_model, split_params
+from memagent_jax.models.loading import load_model, random_model
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 

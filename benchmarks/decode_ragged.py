@@ -38,7 +38,7 @@ from flax import nnx
 
 from decode import GB, DeviceBandwidth, best_time, cpu_model_name
 from decode_length import model_for
-from memagent_jax.models import KVCache, split_params
+from memagent_jax.models.qwen import KVCache, split_params
 from memagent_jax.rollout.engine import RAGGED_BELOW, RAGGED_READS, EngineConfig
 
 

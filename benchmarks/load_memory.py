@@ -6,7 +6,7 @@ model itself: the goal is peak RSS delta <= 1.25 x (model bytes + largest tensor
 script writes a random-weight HF directory (default: Qwen2.5-0.5B widths, 12 layers, a 32K
 vocabulary, untied head, bfloat16: 453 MB) and then, each in a fresh subprocess that has
 already imported its libraries and run one tiny op, loads it with
-- `memagent_jax.models.load_model(dir, dtype=None)` (stored dtype) onto one CPU device;
+- `memagent_jax.models.loading.load_model(dir, dtype=None)` (stored dtype) onto one CPU device;
 - the same onto meshes of simulated CPU devices (the real use: sharded placement), where
   "model MB" counts every device's shard, replicated parameters included;
 - the peer, `transformers.AutoModelForCausalLM.from_pretrained(dir, dtype=<stored dtype>)`,
@@ -94,7 +94,8 @@ def parse_mesh(spec: str) -> dict[str, int]:
 
 def child_generate(args) -> dict:
     """Writes the random-weight HF directory (in a subprocess, so the parent stays small)."""
-    from memagent_jax.models import ModelConfig, random_model, save_hf
+    from memagent_jax.models.config import ModelConfig
+    from memagent_jax.models.loading import random_model, save_hf
     from memagent_jax.models.presets import preset_hf_dict
 
     hf = dict(preset_hf_dict(args.widths, args.dtype), num_hidden_layers=args.layers,
@@ -110,7 +111,8 @@ def child_jax(args) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from memagent_jax.models import load_model, make_mesh
+    from memagent_jax.models.loading import load_model
+    from memagent_jax.models.sharding import make_mesh
 
     mesh = make_mesh(parse_mesh(args.mesh[0])) if args.mesh else None
     jnp.ones(4).block_until_ready()

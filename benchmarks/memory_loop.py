@@ -52,8 +52,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from memagent_jax.models import load_model, split_params
-from memagent_jax.rollout.agent import build_agent
+from memagent_jax.models.loading import load_model
+from memagent_jax.models.qwen import split_params
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, read_sample,
                                            required_length)

@@ -43,7 +43,7 @@ import memagent_rows
 import numpy as np
 
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models import ModelConfig
+from memagent_jax.models.config import ModelConfig
 from memagent_jax.rl import batching
 from memagent_jax.rl.config import TrainConfig, load_train_config
 

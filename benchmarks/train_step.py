@@ -55,7 +55,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from memagent_rows import describe, turn_lengths  # beside this script
-from memagent_jax.models import preset_config, random_model
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.presets import preset_config
 from memagent_jax.rl import batching
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner

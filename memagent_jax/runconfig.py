@@ -238,7 +238,7 @@ def _check_command(schema: type, unknown: list[str], source: str) -> None:
 
 def build_section(schema: type[T], values: dict, key: str) -> T:
     """A section that a plugin owns (held as a plain mapping by the config that names the
-    plugin, e.g. `warmup`) from its keys, checked as `load_config` checks a schema's: a
+    plugin, e.g. `plugin`) from its keys, checked as `load_config` checks a schema's: a
     `ConfigError` naming `key.FIELD` (the enclosing file is named by the config's own check)."""
     try:
         return _build(schema, values, "", f"{key}.")

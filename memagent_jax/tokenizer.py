@@ -6,22 +6,13 @@ from __future__ import annotations
 import json
 import os
 
-from memagent_jax import pretrained
 from memagent_jax.errors import UserError
-from memagent_jax.models.checkpoint import side_files_dir
-from memagent_jax.models.config import ModelConfig
+from memagent_jax.model_dir import side_dirs
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Ids from here on are the bytes and merge steps of a word vocabulary's tokenizer
 # (data/word_tokenizer.py): text outside the vocabulary, which no model has rows for.
 PIECE_IDS = 1 << 20
-
-
-def side_dirs(model_path: str) -> list[str]:
-    """Where a model's tokenizer/generation files live: an HF dir, or a checkpoint's copy
-    (`model_path` may be a shipped model's name)."""
-    model_path = pretrained.resolve(model_path)
-    return [model_path, side_files_dir(model_path)]
 
 
 def load_tokenizer(model_path: str):
@@ -57,10 +48,10 @@ def word_ids(tokenizer, words: list[str]) -> list[int]:
     return [ids[0] for ids in encoded]
 
 
-def stop_token_ids(model_path: str, config: ModelConfig) -> tuple[int, ...]:
+def stop_token_ids(model_path: str, config_eos=None) -> tuple[int, ...]:
     """EOS ids from generation_config.json (Qwen2.5-Instruct lists <|im_end|> and
-    <|endoftext|> there), else from config.json."""
-    eos = config.extra.get("eos_token_id")
+    <|endoftext|> there), else `config_eos` (config.json's eos_token_id: an id or a list)."""
+    eos = config_eos
     for directory in side_dirs(model_path):
         path = os.path.join(directory, "generation_config.json")
         if os.path.isfile(path):

@@ -11,8 +11,8 @@ import openai
 import torch
 
 from memagent_jax.cli import main
-from memagent_jax.models import job_mesh
-from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
+from memagent_jax.models.sharding import job_mesh
+from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.serve.command import OpenAIServer, parse_mesh
 from memagent_jax.tokenizer import load_tokenizer

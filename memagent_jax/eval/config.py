@@ -1,7 +1,7 @@
 """The schema of `memagent-jax eval --config FILE [key=value ...]`, read by `runconfig`.
 
 Sections and what they change:
-- model: which weights (`rollout.agent.ModelSection`, shared with train); `name` labels the row
+- model: which weights (`rollout.factory.ModelSection`, shared with train); `name` labels the row
   of the results table. `url`: run the memory agent's turns on an OpenAI-compatible server
   instead (`memagent-jax serve`, vLLM; key in env MEMAGENT_API_KEY, else
   API_KEY), as `run --url` does; `path` is
@@ -26,7 +26,7 @@ import os
 from typing import ClassVar, Literal
 
 from memagent_jax.errors import ConfigError
-from memagent_jax.rollout.agent import ModelSection
+from memagent_jax.rollout.factory import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.runconfig import at_least, probability
@@ -93,7 +93,7 @@ class EvalConfig:
     # Top-level keys of train configs only: such a file given to eval is named as one.
     OTHER_CONFIGS: ClassVar[dict] = {"train": ("rollout", "learner", "steps", "prompts_per_step",
                                                "validation", "checkpoint", "dynamic_sampling",
-                                               "overlong", "warmup")}
+                                               "overlong", "plugin")}
     model: EvalModelSection = dataclasses.field(default_factory=EvalModelSection)
     method: Literal["memagent", "full_context"] = "memagent"
     memagent: MemAgentConfig = dataclasses.field(default_factory=MemAgentConfig)

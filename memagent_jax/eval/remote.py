@@ -1,6 +1,6 @@
 """`method: memagent` with `model.url`: the memory agent's turns on an OpenAI-compatible server.
 
-Each of a question's n trajectories is one `rollout.server.run_on_server` loop (what `run
+Each of a question's n trajectories is one `rollout.client.run_on_server` loop (what `run
 --url` runs: the chunks decoded to text, one chat request per turn), and up to
 `data.batch_size` loops run at once on threads, the way the original's evaluation keeps many
 samples in flight against its vLLM server. Trajectory k of row r asks the server for seeds
@@ -18,7 +18,7 @@ from typing import Callable
 
 from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone
 from memagent_jax.rollout.memagent import read_sample
-from memagent_jax.rollout.server import api_key_from_env, run_on_server
+from memagent_jax.rollout.client import api_key_from_env, run_on_server
 
 
 class ServerMemAgentMethod(MemAgentMethod):

@@ -11,13 +11,12 @@ A training run (`memagent-jax train`, rl/checkpointing.py) keeps, in its checkpo
                              the model and the tokenizer the run trains), no parameters
     CHECKPOINTS/<step>/state the learner's Orbax tree {params, opt_state, step}
 A model path may name a step directory, the checkpoint directory (its newest step) or the run's
-output directory (`checkpoints/` below it, newest step); `locate` resolves all of them, and
-loading reads only the `params` of the step's state.
+output directory (`checkpoints/` below it, newest step); `model_dir.locate` resolves all of
+them, and loading reads only the `params` of the step's state.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 
@@ -27,59 +26,11 @@ from etils import epath
 from memagent_jax import distributed
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
+from memagent_jax.model_dir import CONFIG_FILE, PARAMS_DIR, SIDE_DIR, locate
 from memagent_jax.models import mapping
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.hf_checkpoint import copy_side_files
 from memagent_jax.models.qwen import Params
-
-CONFIG_FILE = "model_config.json"
-PARAMS_DIR = "params"
-SIDE_DIR = "hf_files"
-TRAINING_MODEL_DIR = "model"   # beside a training run's step directories
-TRAINING_STATE = "state"       # a step directory's learner state, whose "params" we read
-
-
-@dataclasses.dataclass(frozen=True)
-class Stored:
-    """Where a checkpoint's pieces are: files_dir holds model_config.json and hf_files/;
-    params is the Orbax directory holding the parameters (`subtree`: under that key)."""
-    files_dir: str
-    params: str
-    subtree: str | None = None
-
-
-def locate(path: str) -> Stored | None:
-    """The checkpoint a path names (see the module docstring), or None if it names none."""
-    if (os.path.isfile(os.path.join(path, CONFIG_FILE))
-            and os.path.isdir(os.path.join(path, PARAMS_DIR))):
-        return Stored(path, os.path.join(path, PARAMS_DIR))
-    step = training_step_dir(path)
-    if step is None:
-        return None
-    return Stored(os.path.join(os.path.dirname(step), TRAINING_MODEL_DIR),
-                  os.path.join(step, TRAINING_STATE), "params")
-
-
-def training_step_dir(path: str) -> str | None:
-    """The step directory a training-checkpoint path names, or None."""
-    path = os.path.abspath(path)
-    if os.path.isdir(os.path.join(path, TRAINING_STATE)) and _has_model_files(
-            os.path.dirname(path)):
-        return path
-    for directory in (path, os.path.join(path, "checkpoints")):
-        if _has_model_files(directory):
-            steps = [int(n) for n in os.listdir(directory) if n.isdigit()
-                     and os.path.isdir(os.path.join(directory, n, TRAINING_STATE))]
-            if not steps:
-                raise UserError(f"{directory}: a training checkpoint directory without any "
-                                "finished step")
-            return os.path.join(directory, str(max(steps)))
-    return None
-
-
-def is_checkpoint_directory(path: str) -> bool:
-    return locate(path) is not None
-
 
 def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str],
                       side_json: dict[str, dict] | None = None) -> None:
@@ -100,10 +51,6 @@ def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str],
                 json.dump(content, f, indent=2, sort_keys=True)
         with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
             json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
-
-
-def _has_model_files(directory: str) -> bool:
-    return os.path.isfile(os.path.join(directory, TRAINING_MODEL_DIR, CONFIG_FILE))
 
 
 def write_checkpoint(params: Params, config: ModelConfig, out_dir: str,
@@ -153,14 +100,3 @@ def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
 
 def _paths(tree: dict) -> set[str]:
     return set(mapping.flatten(tree))
-
-
-def side_files_dir(ckpt_dir: str) -> str:
-    """The tokenizer and generation files of a checkpoint path (of any kind)."""
-    where = locate(ckpt_dir)
-    return os.path.join(where.files_dir if where else ckpt_dir, SIDE_DIR)
-
-
-def config_path(ckpt_dir: str) -> str:
-    return os.path.join(locate(ckpt_dir).files_dir, CONFIG_FILE)
-

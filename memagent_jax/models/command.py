@@ -54,7 +54,8 @@ def add_parsers(sub) -> None:
 
 
 def _convert(args) -> None:
-    from memagent_jax.models import job_mesh, load_model, save_checkpoint
+    from memagent_jax.models.loading import load_model, save_checkpoint
+    from memagent_jax.models.sharding import job_mesh
     check_new_output(args.out, "--out")
     start(args)
     model, config = load_model(args.model, dtype=None, mesh=job_mesh(None))
@@ -64,12 +65,12 @@ def _convert(args) -> None:
 
 
 def _export(args) -> None:
-    from memagent_jax import pretrained
-    from memagent_jax.models import job_mesh, load_model, save_hf
-    from memagent_jax.models.checkpoint import is_checkpoint_directory, side_files_dir
+    from memagent_jax.models.loading import load_model, save_hf
+    from memagent_jax.models.sharding import job_mesh
+    from memagent_jax.model_dir import is_checkpoint_directory, resolve, side_files_dir
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out, "--out")
-    source = pretrained.resolve(args.model)
+    source = resolve(args.model)
     if is_checkpoint_directory(source):
         side_files = side_files_dir(source)
     elif source != args.model:  # a shipped model: an HF directory, re-exported (resharded)
@@ -87,7 +88,8 @@ def _random_model(args) -> None:
     import tempfile
 
     from memagent_jax.data.needle import write_tokenizer
-    from memagent_jax.models import preset_config, random_model, save_hf
+    from memagent_jax.models.loading import random_model, save_hf
+    from memagent_jax.models.presets import preset_config
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out, "--out")
     config = preset_config(args.preset, dtype=args.dtype)
@@ -102,7 +104,7 @@ def _random_model(args) -> None:
 
 
 def _vocab(args) -> None:
-    from memagent_jax.models import read_config
+    from memagent_jax.models.loading import read_config
     from memagent_jax.tokenizer import PIECE_IDS, load_tokenizer
     config = read_config(args.model)
     tokenizer = load_tokenizer(args.model)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax import pretrained
+from memagent_jax import model_dir
 from memagent_jax.errors import UserError
 from memagent_jax.models import checkpoint, hf_checkpoint
 from memagent_jax.models.config import ModelConfig
@@ -26,20 +26,20 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
                param_dtype: str | None = None, attention: str = "xla"
                ) -> tuple[Qwen, ModelConfig]:
     """Loads an HF directory (config.json + safetensors) or one of our checkpoint directories;
-    a shipped model's name (`pretrained.names()`) is its directory, as in every command.
+    a shipped model's name (`model_dir.shipped_names()`) is its directory, as in every command.
 
     dtype: compute dtype, and parameter dtype unless `param_dtype` is given; None keeps the
     dtype the weights are stored in. mesh: parameters are placed with `param_shardings`;
     None puts them on the default device. attention: see `qwen.Qwen`.
     Returns (model, config); config.dtype is the parameter dtype of the returned model.
     """
-    path = pretrained.resolve(path)
+    path = model_dir.resolve(path)
     config = read_config(path)
     param_dtype = _dtype_name(param_dtype or dtype or config.dtype, path)
     compute_dtype = _dtype_name(dtype or config.dtype, path)
     config = config.replace(dtype=param_dtype)
     targets = abstract_params(config, mesh)
-    if checkpoint.is_checkpoint_directory(path):
+    if model_dir.is_checkpoint_directory(path):
         params = checkpoint.read_params(path, config, targets)
     else:
         params = hf_checkpoint.read_params(path, config, targets)
@@ -49,17 +49,17 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
 def is_model_directory(path: str) -> bool:
     """Whether `path` is a directory `load_model` reads: an HF model (config.json) or one of
     our checkpoints (a converted model, or a training run's step, checkpoints or run dir)."""
-    return hf_checkpoint.is_hf_directory(path) or checkpoint.is_checkpoint_directory(path)
+    return hf_checkpoint.is_hf_directory(path) or model_dir.is_checkpoint_directory(path)
 
 
 def read_config(path: str) -> ModelConfig:
     """The config of an HF directory or one of our checkpoints (or a shipped model's name),
     weights untouched."""
-    path = pretrained.resolve(path)
+    path = model_dir.resolve(path)
     if not os.path.isdir(path):
         raise UserError(f"{path}: model directory not found")
-    if checkpoint.is_checkpoint_directory(path):
-        return ModelConfig.from_file(checkpoint.config_path(path))
+    if model_dir.is_checkpoint_directory(path):
+        return ModelConfig.from_file(model_dir.config_path(path))
     if hf_checkpoint.is_hf_directory(path):
         return ModelConfig.from_file(os.path.join(path, "config.json"))
     raise UserError(f"{os.path.join(path, 'config.json')}: not found (neither an HF model "

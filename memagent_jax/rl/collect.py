@@ -4,8 +4,8 @@
 (every chunk's memory update and the final answer), scores each trajectory's final reply with
 its verifier, adds DAPO's overlong penalty, and, with dynamic sampling on, keeps only groups
 whose rewards are not all equal, drawing more prompts until `prompts` groups are kept or the
-tries run out (docs/algorithm.md section 3); prompts the caller makes itself (a warmup
-plugin's starts, rl/warmup.py) take the place of drawn ones in the first round. It returns the
+tries run out (docs/algorithm.md section 3); prompts the caller makes itself (a
+plugin's starts, rl/plugin.py) take the place of drawn ones in the first round. It returns the
 kept groups, their shaped rewards [G, n], the indices of every example drawn (the data order,
 logged per step), and rollout statistics over every trajectory sampled. `supervised_batch` is
 its counterpart for a supervised step: one given target trajectory per drawn example.
@@ -87,7 +87,7 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
                   ) -> RolloutBatch:
     """One step's batch (module docstring), sampled with `params`. config: the TrainConfig;
     seed_for_try(k): the sampling seed of rollout round k; on_turn(sample, turn): called as
-    each turn finishes. starts(): prompts that come with their own samples (`Warmup.starts`),
+    each turn finishes. starts(): prompts that come with their own samples (`Plugin.starts`),
     run in the first round in place of as many drawn from `iterator`; later rounds draw from
     `iterator` only."""
     rollout, budgets, wanted = config.rollout, config.memagent, config.prompts_per_step

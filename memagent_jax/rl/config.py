@@ -3,7 +3,7 @@
 Sections, each a dataclass read by `runconfig.load_config` (unknown keys and wrong types are
 errors naming the key), each checking its own values as it is built:
     model       which weights: an HF/checkpoint directory, or a preset with random weights
-                (`rollout.agent.ModelSection`, shared with eval)
+                (`rollout.factory.ModelSection`, shared with eval)
     mesh        device mesh axis sizes (data, fsdp, tensor; -1 takes the remaining devices)
     data        training source(s) in the hotpotqa parquet layout, validation source, verifier
     memagent    the workflow's token budgets and `thinking` (`MemAgentConfig`, shared with eval
@@ -15,7 +15,7 @@ errors naming the key), each checking its own values as it is built:
                 rl/batching.py)
     validation  every N steps, on the first `size` rows of data.val, lenient metrics
     checkpoint  Orbax directory, every N steps, keep the last N
-    warmup      an experiment's plugin and its own keys (rl/warmup.py; {}: none)
+    plugin      an experiment's module and its own keys (rl/plugin.py; {}: none)
 plus steps, prompts_per_step, seed, output_dir, log_dir, distributed, compilation_cache_dir.
 
 `TrainConfig`'s own check covers what spans sections; `check_devices(config, devices)` checks
@@ -36,8 +36,8 @@ from typing import Any, ClassVar, Literal
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen import Remat
 from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
-from memagent_jax.rl import warmup
-from memagent_jax.rollout.agent import ModelSection
+from memagent_jax.rl.plugin import Plugin, load as load_plugin
+from memagent_jax.rollout.factory import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.runconfig import at_least, load_config, probability
@@ -95,7 +95,7 @@ class LearnerConfig:
     train_final_turn: bool = True       # train on the final-answer turn's row (rows.py)
     bucket_lengths: tuple[int, ...] | None = None  # padded row lengths (null: powers of two)
     seed: int = 0                       # seeds the mini-batch shuffle with the optimiser step
-    loss: Literal["dapo", "sft"] = "dapo"   # clipped policy loss, or supervised NLL (rl/warmup.py)
+    loss: Literal["dapo", "sft"] = "dapo"   # clipped policy loss, or supervised NLL (rl/plugin.py)
     # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
     # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
     # ranks (docs/algorithm.md section 3).
@@ -282,8 +282,8 @@ class TrainConfig:
     # JAX's persistent compilation cache: a restarted run (a preempted pod slice) loads its
     # compiled programs instead of compiling them again. None: off.
     compilation_cache_dir: str | None = None
-    # An experiment's plugin and its own keys (rl/warmup.py); {}: none.
-    warmup: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # An experiment's plugin and its own keys (rl/plugin.py); {}: none.
+    plugin: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         """The checks that span sections (each section checked its own values already)."""
@@ -304,7 +304,7 @@ class TrainConfig:
                                   f"rollout.temperature ({self.rollout.temperature}): the "
                                   "learner scores tokens under the distribution they were "
                                   "sampled from")
-        warmup.load(self)  # builds the plugin once: its section's keys checked
+        self._plugin = load_plugin(self)  # its section's keys checked
         if self.overlong.enabled:
             cap = min(self.memagent.max_memory_tokens, self.memagent.max_final_tokens)
             if not 1 <= self.overlong.buffer <= cap:
@@ -321,6 +321,11 @@ class TrainConfig:
     @property
     def logs_dir(self) -> str:
         return self.log_dir or os.path.join(self.output_dir, "logs")
+
+    @property
+    def loaded_plugin(self) -> Plugin | None:
+        """The `plugin` section's plugin, built when this config was (None: no section)."""
+        return self._plugin
 
 
 def load_train_config(path: str | None, overrides: list[str] = ()) -> TrainConfig:

@@ -1,6 +1,6 @@
 """The supervised loss (`learner.loss: sft`): token-level negative log-likelihood of the replies.
 
-A supervised step trains on given trajectories (a warmup plugin's, rl/warmup.py) through the
+A supervised step trains on given trajectories (a plugin's, rl/plugin.py) through the
 same rows, micro-batches, mesh, optimiser and checkpoints as a DAPO step.
 """
 

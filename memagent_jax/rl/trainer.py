@@ -4,7 +4,7 @@ Per step: draw prompts (grain iterator) -> n MemoryAgent trajectories per prompt
 engine, with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
 (collect.py) -> group advantages -> training rows (one per turn) -> `Learner.update` (PPO
 mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
-TensorBoard scalars and one JSON line per step. A `warmup` section's plugin (rl/warmup.py) may
+TensorBoard scalars and one JSON line per step. A `plugin` section's module (rl/plugin.py) may
 add to a step: with `learner.loss: sft` the rollouts are its target trajectories instead (a
 supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out its
 starts beside the drawn prompts. Rollouts decode with the engine's copy of `learner.params`
@@ -51,15 +51,16 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from memagent_jax import distributed, pretrained
+from memagent_jax import distributed, model_dir
 from memagent_jax.data import pipeline
 from memagent_jax.console import announce, progress_bar
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
 from memagent_jax.fileutil import check_output_dir
-from memagent_jax.models import checkpoint, make_mesh
-from memagent_jax.rl import warmup
+from memagent_jax.models import checkpoint
+from memagent_jax.models.sharding import make_mesh
+from memagent_jax.rl import plugin
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.checkpointing import Checkpointer, committed_steps
 from memagent_jax.rl.collect import collect_batch, score, supervised_batch
@@ -68,7 +69,7 @@ from memagent_jax.rl.config import (CONFIG_FILE, RESUMABLE, TrainConfig, check_d
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.tensorboard import ScalarWriter
-from memagent_jax.rollout.agent import build_agent, load_policy
+from memagent_jax.rollout.factory import build_agent, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.runconfig import check, differences, to_dict, write_config
 
@@ -188,22 +189,22 @@ class Trainer:
             on_interrupt="Ctrl-C: stopping at the next turn or step boundary, then "
                          "checkpointing the last finished step (Ctrl-C again changes nothing; "
                          "kill -9 stops at once and keeps only the newest checkpoint)")
-        self.warmup = warmup.load(config)
+        self.plugin = config.loaded_plugin
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
         directory loads as a model (`export`, `run`, `eval`, `generate`), and the memory
         loop's budgets and `thinking` setting it trains with (`memagent.json`, which `run` and
         `demo` default to; max_chunks, a training-time cut, left out). Written once."""
-        directory = os.path.join(self.config.checkpoint_dir, checkpoint.TRAINING_MODEL_DIR)
+        directory = os.path.join(self.config.checkpoint_dir, model_dir.TRAINING_MODEL_DIR)
         if "://" in directory or distributed.broadcast(os.path.isdir(directory)):
             return
         m = self.config.model
-        sources = [m.tokenizer, m.path, m.path and checkpoint.side_files_dir(m.path)]
+        sources = [m.tokenizer, m.path, m.path and model_dir.side_files_dir(m.path)]
         budgets = dataclasses.asdict(self.config.memagent)
         budgets.pop("max_chunks")
         checkpoint.write_model_files(model_config, directory, [d for d in sources if d],
-                                     {pretrained.BUDGETS_FILE: budgets})
+                                     {model_dir.BUDGETS_FILE: budgets})
 
     def _restore_if_any(self) -> None:
         latest = self.checkpointer.latest_step()
@@ -274,17 +275,17 @@ class Trainer:
             seeds.append(self._seed_for_try(_try))
             return seeds[-1]
 
-        # Seeds the rows a step makes itself (a warmup plugin's): a function of the step alone,
+        # Seeds the rows a step makes itself (a plugin's): a function of the step alone,
         # so that a resumed run makes the same ones.
-        context = warmup.StepContext(self.agent, config.seed * 1_000_003 + step,
+        context = plugin.StepContext(self.agent, config.seed * 1_000_003 + step,
                                      self.learner.logprobs)
         try:
             if config.learner.loss == "sft":  # no sampling: the plugin's target trajectories
                 batch = supervised_batch(self.iterator, config.prompts_per_step,
                                          config.data.reward,
-                                         functools.partial(self.warmup.target, self.agent))
+                                         functools.partial(self.plugin.target, self.agent))
             else:
-                starts = (functools.partial(self.warmup.starts, context) if self.warmup
+                starts = (functools.partial(self.plugin.starts, context) if self.plugin
                           else None)
                 batch = collect_batch(self.agent, self.learner.params,
                                       self.iterator, config, seed_for_try, on_turn, starts)
@@ -300,7 +301,7 @@ class Trainer:
         if batch.groups:
             groups = batch.groups
             if config.learner.loss == "sft":
-                groups = groups + [[t] for t in self.warmup.extra_trajectories(context)]
+                groups = groups + [[t] for t in self.plugin.extra_trajectories(context)]
                 advantages = np.ones(sum(len(g) for g in groups))
             else:
                 advantages = self.compute_advantages(step, batch.rewards)

@@ -80,8 +80,9 @@ def add_parsers(sub) -> None:
 def _generate(args) -> None:
     from memagent_jax.console import progress_bar
 
-    from memagent_jax.models import job_mesh, read_config
-    from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
+    from memagent_jax.models.loading import read_config
+    from memagent_jax.models.sharding import job_mesh
+    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
     from memagent_jax.rollout.sampling import SamplingParams
@@ -151,8 +152,8 @@ def _run(args) -> None:
 
     from tqdm import tqdm
 
-    from memagent_jax import pretrained
     from memagent_jax.console import progress_bar
+    from memagent_jax.model_dir import resolve
     from memagent_jax.rollout.memagent import MemAgentConfig
     from memagent_jax.tokenizer import load_tokenizer
 
@@ -161,7 +162,7 @@ def _run(args) -> None:
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     # With --url, --model names the served model and the tokenizer's directory (the model's,
     # as a rule) holds the budgets it was trained with (memagent.json), as the model's does.
-    model_dir = pretrained.resolve(os.path.expanduser(
+    model_dir = resolve(os.path.expanduser(
         (args.tokenizer or args.model) if args.url else args.model))
     config = from_flags(MemAgentConfig.from_model, model_path=model_dir,
                         chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
@@ -174,7 +175,7 @@ def _run(args) -> None:
             raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk "
                             "the document with; pass --tokenizer DIR")
     else:
-        from memagent_jax.rollout.agent import ModelSection
+        from memagent_jax.rollout.factory import ModelSection
         model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                            compute_dtype=args.dtype, attention=args.attention)
         tokenizer = from_flags(model.load_tokenizer, required=True)
@@ -192,7 +193,7 @@ def _run(args) -> None:
                 tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
 
         if args.url:
-            from memagent_jax.rollout.server import api_key_from_env, run_on_server
+            from memagent_jax.rollout.client import api_key_from_env, run_on_server
             record = run_on_server(args.url, args.model, sample, tokenizer,
                                    max_memory_tokens=config.max_memory_tokens,
                                    max_final_tokens=config.max_final_tokens,
@@ -214,8 +215,8 @@ def _local_agent(model, config, tokenizer, sample):
     """(the memory agent, its parameters) for one sample, on this job's devices."""
     import dataclasses
 
-    from memagent_jax.models import job_mesh
-    from memagent_jax.rollout.agent import build_agent, load_policy
+    from memagent_jax.models.sharding import job_mesh
+    from memagent_jax.rollout.factory import build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
 
     mesh = job_mesh(None)

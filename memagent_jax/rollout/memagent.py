@@ -11,7 +11,7 @@ it, each in its own representation:
   k+1's prompt), so samples with different numbers of chunks share the slots without waiting
   for each other, and records every turn's token ids and logprobs (one RL training row per
   turn);
-- `run_on_server` (server.py), one sample against an OpenAI-compatible endpoint, in text.
+- `run_on_server` (client.py), one sample against an OpenAI-compatible endpoint, in text.
 Both take a `Sample`: the question and its document cut into chunks of token ids
 (`read_sample`, centre-truncated first when `max_chunks` is set).
 
@@ -26,7 +26,7 @@ import secrets
 import zlib
 from typing import Callable, ClassVar, Generator, Literal
 
-from memagent_jax import pretrained
+from memagent_jax import model_dir
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
@@ -71,7 +71,7 @@ class MemAgentConfig:
         """The budgets a model was trained with (its directory's memagent.json, as `run` and
         `demo` read it; a shipped model's name is taken), with those `given` (None: not given)
         over them, and the defaults above for the rest."""
-        return cls(**pretrained.budgets(model_path, **given))
+        return cls(**model_dir.budgets(model_path, **given))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +207,7 @@ def turn_parts(tokenizer, config: MemAgentConfig) -> dict[str, int]:
 
 class MemoryAgent:
     """Runs the workflow for many samples on a scheduler; see the module docstring. Built by
-    `rollout.agent.build_agent`, which sizes the engine for `config`."""
+    `rollout.factory.build_agent`, which sizes the engine for `config`."""
 
     def __init__(self, scheduler: Scheduler, tokenizer, config: MemAgentConfig,
                  stop_ids: tuple[int, ...]):

@@ -1,7 +1,7 @@
 """`memagent-jax serve`: its flags, the engine behind uvicorn, and how the server stops.
 
 The command loads the model and builds the engine with the factories every command uses
-(`rollout.agent.load_policy`, `build_engine`); `OpenAIServer` puts the worker, the app and
+(`rollout.factory.load_policy`, `build_engine`); `OpenAIServer` puts the worker, the app and
 uvicorn together on a socket bound before anything is served (port 0: any free one). Standard
 library only at import (the CLI builds its parser from this module): JAX, the engine and the
 HTTP stack load when the command runs.
@@ -32,7 +32,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
 if TYPE_CHECKING:  # annotations only: importing them imports JAX
-    from memagent_jax.rollout.agent import Policy
+    from memagent_jax.rollout.factory import Policy
     from memagent_jax.rollout.engine import Engine
 
 
@@ -73,8 +73,9 @@ def add_parsers(sub) -> None:
 
 
 def _serve(args) -> None:
-    from memagent_jax.models import job_mesh, read_config
-    from memagent_jax.rollout.agent import ModelSection, build_engine, load_policy
+    from memagent_jax.models.loading import read_config
+    from memagent_jax.models.sharding import job_mesh
+    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine import EngineConfig
 
     check_single_host()

@@ -6,7 +6,7 @@ A carry start is a prompt whose rollout begins with the oracle's memory of a syn
 the hardest of chunks x pool drawn for it: those at which the memory's least likely token,
 teacher-forced, is least likely under the current parameters (`rows.weakest_reply_token`). Its
 reward is its final answer's, as for any rollout; the rollout samples like the others
-(`rl.collect.collect_batch`, through the warmup plugin's `starts`).
+(`rl.collect.collect_batch`, through the plugin's `starts`).
 """
 
 from __future__ import annotations

@@ -31,18 +31,18 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     fields given on the command line (None: the model's own). UserError for an unknown task or
     model, a tokenizer that cannot represent the documents' words, or a length below one
     chunk."""
-    from memagent_jax import pretrained
+    from memagent_jax import model_dir
     from memagent_jax.commandline import from_flags
-    from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
+    from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
     from memagent_jax.rollout.memagent import MemAgentConfig
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.tokenizer import check_representable
 
     synthetic.check_task(task)
-    if not os.path.isdir(pretrained.resolve(os.path.expanduser(model))):
+    if not os.path.isdir(model_dir.resolve(os.path.expanduser(model))):
         raise UserError(f"--model {model}: neither a model directory nor a shipped model "
-                        f"(shipped: {', '.join(pretrained.names()) or 'none yet'})")
+                        f"(shipped: {', '.join(model_dir.shipped_names()) or 'none yet'})")
     section = ModelSection(path=model)
     tokenizer = section.load_tokenizer(required=True)
     check_representable(tokenizer, " ".join(synthetic.words().all()),

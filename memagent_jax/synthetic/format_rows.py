@@ -1,6 +1,6 @@
 """Format-only trajectories: the memory loop's shape, with no choice of what to keep.
 
-`warmup.target: format` trains a supervised step on these in place of the oracle's
+`plugin.target: format` trains a supervised step on these in place of the oracle's
 (oracle.py): a start for RL (configs/synthetic/rl_only/) that knows what an update turn and a
 final answer look like but was never shown which words a memory keeps.
 

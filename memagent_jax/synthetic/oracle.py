@@ -6,7 +6,7 @@ each prompt built from the previous oracle reply as the agent builds it from its
 replies an ideal memory gives: after each chunk, the facts read so far that bear on the question
 (`tasks.oracle_memories`; the initial memory's words while there are none), and in the final
 turn those facts again and `\\boxed{answer}`; each reply ends with the token that stops the
-engine. A supervised step (`learner.loss: sft`) trains on them through the warmup plugin.
+engine. A supervised step (`learner.loss: sft`) trains on them through the plugin (plugin.py).
 
 `document_state` and `update_turn` build the single update turns the warm-up rows (rows.py)
 and carry starts (carry_starts.py) are made of.

@@ -1,5 +1,5 @@
 """The warm-up's extra rows: one-turn trajectories a supervised step trains on beside the oracle
-trajectories (oracle.py), each kind drawn by the step's seed as the `warmup` section asks.
+trajectories (oracle.py), each kind drawn by the step's seed as the `plugin` section asks.
 
 - copy rows: a random span of the tasks' words, repeated (copying by matching words);
 - recall rows: fact sentences, repeated in another order (finding a value by its key);

@@ -1,5 +1,5 @@
 """Every file under configs/ loads against its schema (no device, no data read): train/ and
-synthetic/ as training configs, with the synthetic steps' warmup plugin built; eval/ as
+synthetic/ as training configs, with the synthetic steps' plugin built; eval/ as
 evaluation configs. A file added to configs/ is loaded here without being listed."""
 
 import glob
@@ -9,7 +9,7 @@ import pytest
 
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.rl.config import load_train_config
-from memagent_jax.rl.warmup import load as load_warmup
+from memagent_jax.rl.plugin import load as load_plugin
 from memagent_jax.runconfig import load_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -30,15 +30,15 @@ def test_the_config_loads(name):
         assert config.data.sets and config.output_dir
         return
     config = load_train_config(path)
-    plugin = load_warmup(config)
+    plugin = load_plugin(config)
     stem = os.path.basename(name)[:-5]
     if name.startswith(os.path.join("synthetic", "rl_only")):  # RL-only rungs need no plugin
         assert config.output_dir == f"runs/rl_only/{stem}"
     elif name.startswith("synthetic"):
-        assert plugin is not None, "a recipe step without its warmup plugin"
+        assert plugin is not None, "a recipe step without its plugin"
         assert config.output_dir == f"runs/synthetic/{stem}"
     else:  # the product's training configs need no experiment
-        assert plugin is None and not config.warmup
+        assert plugin is None and not config.plugin
 
 
 def test_the_recipe_is_a_chain_of_numbered_steps():

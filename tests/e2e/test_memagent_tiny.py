@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memagent_jax import pretrained
+from memagent_jax import model_dir
 from memagent_jax.cli import main
-from memagent_jax.models import load_model, read_config
+from memagent_jax.models.loading import load_model, read_config
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.tokenizer import load_tokenizer, rows_needed, word_ids
 from tests.hf_reference import hf_logits
@@ -33,8 +33,8 @@ AT_LEAST = 12
 def test_it_is_shipped_and_loads_in_transformers_with_our_logits():
     from transformers import AutoModelForCausalLM
 
-    assert NAME in pretrained.names()
-    path = pretrained.resolve(NAME)
+    assert NAME in model_dir.shipped_names()
+    path = model_dir.resolve(NAME)
     model, config = load_model(path)
     ids = np.random.RandomState(0).randint(0, config.vocab_size, (2, 96))
     ours = np.asarray(model(jnp.asarray(ids)))
@@ -47,13 +47,13 @@ def test_it_is_shipped_and_loads_in_transformers_with_our_logits():
 
 
 def test_the_python_api_takes_its_name_as_the_commands_do(monkeypatch):
-    path = pretrained.resolve(NAME)
+    path = model_dir.resolve(NAME)
     _, config = load_model(NAME)
     assert config == read_config(NAME) == read_config(path)
     monkeypatch.setenv("HOME", os.path.dirname(path))
     assert read_config(f"~/{NAME}") == config  # as the README's load_model("~/ckpt/...")
     assert load_tokenizer(NAME).vocab == load_tokenizer(path).vocab
-    assert pretrained.budgets(NAME) == pretrained.budgets(path) != {}
+    assert model_dir.budgets(NAME) == model_dir.budgets(path) != {}
 
 
 def test_vocab_lists_the_words_it_reads(capsys):
@@ -89,7 +89,7 @@ def test_the_readmes_python_example_answers_fresh_8k_multikey_documents_by_name(
     exec(code.replace('"~/models/RL-MemoryAgent-14B"', repr(NAME)), scope)
     answers = [(trajectory.answer or "").strip() for (trajectory,) in scope["results"]]
     chunk_tokens = scope["budgets"].chunk_tokens
-    assert chunk_tokens == pretrained.budgets(NAME)["chunk_tokens"]
+    assert chunk_tokens == model_dir.budgets(NAME)["chunk_tokens"]
     assert all(len(trajectory.turns) == 8192 // chunk_tokens + 1
                for (trajectory,) in scope["results"])
     correct = sum(a == d.answer for a, d in zip(answers, documents))

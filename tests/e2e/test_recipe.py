@@ -25,7 +25,7 @@ def test_the_dapo_config_runs_dapo_through_the_memory_loop(tmp_path):
     """One of the two prompts a step a carry start (2 chunks of the 4 hardest;
     synthetic/carry_starts.py)."""
     path = os.path.join(CONFIGS, "synthetic", "08_dapo.yaml")
-    assert load_train_config(path).warmup["carry_starts"] > 0
+    assert load_train_config(path).plugin["carry_starts"] > 0
     data = tmp_path / "data"
     for task in ("multikey", "twohop"):
         assert main(["data", "synthetic", "--task", task, "--lengths", "400", "--num-samples",
@@ -40,7 +40,7 @@ def test_the_dapo_config_runs_dapo_through_the_memory_loop(tmp_path):
          f"data.val={data}/eval_twohop_700.json", "validation.size=2", "validation.every=2",
          "steps=2", "prompts_per_step=2", "rollout.n=4", "engine.slots=8",
          "dynamic_sampling.enabled=false", f"output_dir={out}", "compilation_cache_dir=null",
-         "warmup.carry_starts=1", "warmup.start_chunks=2", "warmup.start_pool=2"],
+         "plugin.carry_starts=1", "plugin.start_chunks=2", "plugin.start_pool=2"],
         num_processes=1, timeout_s=300, devices=1))
     with open(out / "logs" / "steps.jsonl") as f:
         records = [json.loads(line) for line in f]

@@ -43,7 +43,7 @@ def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
     path = os.path.join(ROOT, "configs", "synthetic", f"{name}.yaml")
     config = load_train_config(path)
     start = [] if config.model.preset else ["model.path=null", "model.preset=small"]
-    copies, recalls, facts, carries = (min(config.warmup.get(f"{kind}_rows", 0), most)
+    copies, recalls, facts, carries = (min(config.plugin.get(f"{kind}_rows", 0), most)
                                        for kind, most in (("copy", 8), ("recall", 8),
                                                           ("fact", 8), ("carry", 4)))
     validate = name == "03_copy_anywhere"
@@ -51,9 +51,9 @@ def test_the_shipped_sft_configs_train_and_validate_through_the_memory_loop(
         ["train", "--config", path, *start, f"model.tokenizer={data}/tokenizer",
          f"data.train=[{data}/train_multikey.parquet, {data}/train_twohop.parquet]",
          f"data.val={data}/eval_multikey_1024.json", "validation.size=4",
-         f"validation.every={2 if validate else 0}", f"warmup.copy_rows={copies}",
-         f"warmup.recall_rows={recalls}", f"warmup.fact_rows={facts}",
-         f"warmup.carry_rows={carries}", "warmup.carry_pool=4", "steps=2",
+         f"validation.every={2 if validate else 0}", f"plugin.copy_rows={copies}",
+         f"plugin.recall_rows={recalls}", f"plugin.fact_rows={facts}",
+         f"plugin.carry_rows={carries}", "plugin.carry_pool=4", "steps=2",
          "prompts_per_step=2",
          f"output_dir={out}", "compilation_cache_dir=null"],
         num_processes=1, timeout_s=300, devices=1))

@@ -19,7 +19,8 @@ import pytest
 
 from memagent_jax import cli
 from memagent_jax.errors import UserError
-from memagent_jax.models import hf_checkpoint, load_model
+from memagent_jax.models import hf_checkpoint
+from memagent_jax.models.loading import load_model
 from tests.hf_reference import write_hf_model
 
 PREFIX = "memagent-jax: error: "

@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, GenerationConfig, PreTrainedToken
 
 import memagent_jax.pretrained
 from memagent_jax.cli import main
-from memagent_jax.models import load_model, save_hf
+from memagent_jax.models.loading import load_model, save_hf
 from tests.hf_reference import hf_logits, write_hf_model, write_tiny_tokenizer
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memagent_jax.models import preset_config
+from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Qwen, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memagent_jax.models import KVCache, load_model, split_params
+from memagent_jax.models.loading import load_model
+from memagent_jax.models.qwen import KVCache, split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from memagent_jax.models import Qwen, preset_config
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.qwen import Qwen
 from memagent_jax.models.presets import preset_hf_dict
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.qwen import KVCache, param_specs

@@ -12,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 
 from memagent_jax.cli import main
 from memagent_jax.errors import UserError
-from memagent_jax.models import load_model, make_mesh
+from memagent_jax.models.loading import load_model
+from memagent_jax.models.sharding import make_mesh
 from memagent_jax.models.sharding import batch_sharding
 from tests.hf_reference import hf_logits, hf_model, write_hf_model
 

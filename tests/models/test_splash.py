@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from memagent_jax.models import make_mesh, preset_config, random_model
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.sharding import make_mesh
 from memagent_jax.models.attention import attend
 from memagent_jax.models.splash import splash_causal
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import make_mesh, random_model
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.batching import (abstract_batch, batch_fields, gather, padded_fraction,

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import make_mesh
+from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.checkpointing import Checkpointer
 
 

@@ -9,7 +9,9 @@ import pytest
 from flax import nnx
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import build_model, make_mesh, param_shardings, random_model, split_params
+from memagent_jax.models.loading import build_model, random_model
+from memagent_jax.models.qwen import split_params
+from memagent_jax.models.sharding import make_mesh, param_shardings
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups
 from memagent_jax.rl.config import LearnerConfig

@@ -5,7 +5,8 @@ each pinned against a hand computation."""
 import numpy as np
 import pytest
 
-from memagent_jax.models import ModelConfig, random_model
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.loading import random_model
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories

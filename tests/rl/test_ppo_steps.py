@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from memagent_jax.models import ModelConfig, build_model
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.loading import build_model
 from memagent_jax.models.loading import abstract_params
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner

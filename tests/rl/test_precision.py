@@ -16,7 +16,9 @@ import pytest
 
 from memagent_jax.data.needle import write_task
 from memagent_jax.errors import UserError
-from memagent_jax.models import ModelConfig, make_mesh, random_model
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner

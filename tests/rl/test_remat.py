@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from memagent_jax.models import random_model
+from memagent_jax.models.loading import random_model
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.logprobs import token_logprobs

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import random_model
+from memagent_jax.models.loading import random_model
 from memagent_jax.rl.dapo import policy_loss, truncated_is_weights
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner

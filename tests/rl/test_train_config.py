@@ -119,30 +119,30 @@ def test_overrides_reach_nested_sections(config_file):
     (["model.attention=flash"], "model.attention: must be one of"),
     (["learner.copy_rows=8"], "unknown key 'learner.copy_rows'"),
     (["learner.loss=sft"], "learner.loss: a supervised step trains on the trajectories a "
-                           "warmup plugin makes"),
-    (["warmup.copy_rows=8"], "warmup.plugin: must name a module with build(settings, config)"),
-    (["warmup.plugin=no_such_module_xyz"], "warmup.plugin: cannot import 'no_such_module_xyz'"),
-    (["warmup.plugin=json"], "warmup.plugin: module 'json' has no build(settings, config)"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.copy_rowz=8"], "unknown key 'warmup.copy_rowz'"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.copy_rows=8"], "warmup.copy_rows: these rows are a supervised step's"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.recall_rows=8"], "warmup.recall_rows: these rows are a supervised step's"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.fact_rows=8"], "warmup.fact_rows: these rows are a supervised step's"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.fact_rows=-1"], "warmup.fact_rows: must be at least 0"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_rows=8"], "warmup.carry_rows: these rows are a supervised step's"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_pool=0"], "warmup.carry_pool: must be at least 1"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_cut=true"], "warmup.carry_cut: cuts the carry rows' chunks"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_cut=sometimes"], "key 'warmup.carry_cut' must be bool"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.copy_draw=normal"], "key 'warmup.copy_draw' must be one of"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.target=oracles", "learner.loss=sft"], "key 'warmup.target' must be one of"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.target=format"], "warmup.target: names what a supervised step trains on"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "learner.loss=sft", "warmup.copy_span=4", "warmup.copy_span_min=5"],
-     "warmup.copy_span_min: 5 is above copy_span 4"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_starts=9", "prompts_per_step=8"],
-     "warmup.carry_starts: 9 is more than prompts_per_step 8"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_starts=1", "learner.loss=sft"],
-     "warmup.carry_starts: carry starts are rollouts"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.carry_starts=-1"], "warmup.carry_starts: must be at least 0"),
-    (["warmup.plugin=memagent_jax.synthetic.warmup", "warmup.start_chunks=0"], "warmup.start_chunks: must be at least 1"),
+                           "plugin makes"),
+    (["plugin.copy_rows=8"], "plugin.module: must name a module with build(settings, config)"),
+    (["plugin.module=no_such_module_xyz"], "plugin.module: cannot import 'no_such_module_xyz'"),
+    (["plugin.module=json"], "plugin.module: module 'json' has no build(settings, config)"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.copy_rowz=8"], "unknown key 'plugin.copy_rowz'"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.copy_rows=8"], "plugin.copy_rows: these rows are a supervised step's"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.recall_rows=8"], "plugin.recall_rows: these rows are a supervised step's"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.fact_rows=8"], "plugin.fact_rows: these rows are a supervised step's"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.fact_rows=-1"], "plugin.fact_rows: must be at least 0"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_rows=8"], "plugin.carry_rows: these rows are a supervised step's"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_pool=0"], "plugin.carry_pool: must be at least 1"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_cut=true"], "plugin.carry_cut: cuts the carry rows' chunks"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_cut=sometimes"], "key 'plugin.carry_cut' must be bool"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.copy_draw=normal"], "key 'plugin.copy_draw' must be one of"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.target=oracles", "learner.loss=sft"], "key 'plugin.target' must be one of"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.target=format"], "plugin.target: names what a supervised step trains on"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "learner.loss=sft", "plugin.copy_span=4", "plugin.copy_span_min=5"],
+     "plugin.copy_span_min: 5 is above copy_span 4"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=9", "prompts_per_step=8"],
+     "plugin.carry_starts: 9 is more than prompts_per_step 8"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=1", "learner.loss=sft"],
+     "plugin.carry_starts: carry starts are rollouts"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=-1"], "plugin.carry_starts: must be at least 0"),
+    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.start_chunks=0"], "plugin.start_chunks: must be at least 1"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):
@@ -428,12 +428,12 @@ def test_training_defaults_are_the_published_scripts():
     assert (config.learner.eps_high, config.learner.kl_coef) == (0.2, 0.001)
 
 
-def test_a_bad_warmup_key_in_a_file_names_the_file(config_file, tmp_path, capsys,
+def test_a_bad_plugin_key_in_a_file_names_the_file(config_file, tmp_path, capsys,
                                                    no_device_work):
     path = tmp_path / "step.yaml"
-    path.write_text(yaml.safe_dump({"base": config_file, "warmup": {
-        "plugin": "memagent_jax.synthetic.warmup", "carry_startz": 1}}))
+    path.write_text(yaml.safe_dump({"base": config_file, "plugin": {
+        "module": "memagent_jax.synthetic.plugin", "carry_startz": 1}}))
     assert main(["train", "--config", str(path)]) == 2
     assert capsys.readouterr().err == (
-        f"{PREFIX}{path} (over {config_file}): unknown key 'warmup.carry_startz' (did you mean "
-        "'warmup.carry_starts' or 'warmup.carry_cut' or 'warmup.carry_rows'?)\n")
+        f"{PREFIX}{path} (over {config_file}): unknown key 'plugin.carry_startz' (did you mean "
+        "'plugin.carry_starts' or 'plugin.carry_cut' or 'plugin.carry_rows'?)\n")

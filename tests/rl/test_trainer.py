@@ -191,7 +191,7 @@ def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
     same weights, one a call: the same tokens, log-probs within 1e-3, the same rewards."""
     from memagent_jax.data import pipeline
     from memagent_jax.rl.collect import collect_batch
-    from memagent_jax.rollout.agent import build_agent, load_policy
+    from memagent_jax.rollout.factory import build_agent, load_policy
 
     config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
         f"output_dir={tmp_path / 'run'}", "mesh={data: 2, fsdp: 2, tensor: 2}",
@@ -229,7 +229,7 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
     from memagent_jax.cli import main
     from memagent_jax.eval.config import EvalConfig
     from memagent_jax.eval.runner import run_eval
-    from memagent_jax.models.checkpoint import training_step_dir
+    from memagent_jax.model_dir import training_step_dir
     from memagent_jax.runconfig import load_config
     from memagent_jax.tokenizer import load_tokenizer
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import load_model, split_params
+from memagent_jax.models.loading import load_model
+from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, Scheduler, complete

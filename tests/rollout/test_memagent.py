@@ -6,8 +6,9 @@ import math
 import pytest
 
 from memagent_jax.errors import UserError
-from memagent_jax.models import load_model, split_params
-from memagent_jax.rollout.agent import build_agent
+from memagent_jax.models.loading import load_model
+from memagent_jax.models.qwen import split_params
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, chunk_ids, read_sample,
                                            required_length)

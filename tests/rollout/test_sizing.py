@@ -9,9 +9,12 @@ import pytest
 
 from memagent_jax.cli import main
 from memagent_jax.errors import ConfigError
-from memagent_jax.models import ModelConfig, make_mesh, random_model, split_params
-from memagent_jax.rollout import agent as agent_module
-from memagent_jax.rollout.agent import build_agent
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.qwen import split_params
+from memagent_jax.models.sharding import make_mesh
+from memagent_jax.rollout import factory as agent_module
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine import Engine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer

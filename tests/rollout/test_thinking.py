@@ -157,7 +157,7 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     """A tiny random Qwen with the Qwen3-like tokenizer through `build_agent`: under off every
     prompt holds the empty think block (the first is keep's plus the block), the memories are
     the replies, and the loop answers from its final reply."""
-    from memagent_jax.rollout.agent import ModelSection, build_agent, load_policy
+    from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
     from memagent_jax.rollout.engine import EngineConfig
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))

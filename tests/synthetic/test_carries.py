@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from memagent_jax import pretrained
+from memagent_jax import model_dir
 from memagent_jax.cli import main
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.synthetic import tasks as synthetic
@@ -53,7 +53,7 @@ def test_margins_are_transformers_logit_margins(shipped):
     carries = [c for i in range(2)
                for c in carry_turns(agent, synthetic.make_sample("multikey", 4096, 9, i), i)]
     scores = score_carries(policy.model, carries)
-    reference = AutoModelForCausalLM.from_pretrained(pretrained.resolve(NAME), dtype="float32")
+    reference = AutoModelForCausalLM.from_pretrained(model_dir.resolve(NAME), dtype="float32")
     top = 0.0
     for carry, score in zip(carries, scores):
         with torch.no_grad():

@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 from memagent_jax.data.needle import write_tokenizer
-from memagent_jax.models import ModelConfig, random_model, split_params
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rewards import strict_reward
-from memagent_jax.rollout.agent import build_agent
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams

@@ -12,10 +12,11 @@ import shlex
 
 import pytest
 
-from memagent_jax import pretrained
+from memagent_jax import model_dir
 from memagent_jax.cli import main
 from memagent_jax.data.needle import write_tokenizer
-from memagent_jax.models import preset_config, random_model, save_hf
+from memagent_jax.models.loading import random_model, save_hf
+from memagent_jax.models.presets import preset_config
 from memagent_jax.synthetic import demo
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import OUTCOMES, follow, made_up, trace_document
@@ -34,31 +35,31 @@ def shipped(tmp_path_factory):
     config = preset_config("small", dtype="float32")
     save_hf(random_model(config, seed=0), config, str(root / "tiny-agent"),
             tokenizer_dir=tokenizer)
-    (root / "tiny-agent" / pretrained.BUDGETS_FILE).write_text(json.dumps(BUDGETS))
+    (root / "tiny-agent" / model_dir.BUDGETS_FILE).write_text(json.dumps(BUDGETS))
     return root
 
 
 @pytest.fixture
 def in_package(shipped, monkeypatch, tmp_path):
-    monkeypatch.setattr(pretrained, "_ROOT", str(shipped))
+    monkeypatch.setattr(model_dir, "SHIPPED_ROOT", str(shipped))
     monkeypatch.chdir(tmp_path)  # no directory of that name here
     return "tiny-agent"
 
 
 def test_a_shipped_model_resolves_by_name_and_a_directory_on_disk_comes_first(in_package,
                                                                               tmp_path):
-    assert pretrained.names() == ["tiny-agent"]
-    assert pretrained.resolve("tiny-agent") == os.path.join(pretrained._ROOT, "tiny-agent")
-    assert pretrained.resolve("elsewhere/model") == "elsewhere/model"
-    assert pretrained.budgets(pretrained.resolve("tiny-agent"), chunk_tokens=64) == {
+    assert model_dir.shipped_names() == ["tiny-agent"]
+    assert model_dir.resolve("tiny-agent") == os.path.join(model_dir.SHIPPED_ROOT, "tiny-agent")
+    assert model_dir.resolve("elsewhere/model") == "elsewhere/model"
+    assert model_dir.budgets(model_dir.resolve("tiny-agent"), chunk_tokens=64) == {
         **BUDGETS, "chunk_tokens": 64}
     (tmp_path / "tiny-agent").mkdir()
-    assert pretrained.resolve("tiny-agent") == "tiny-agent"
+    assert model_dir.resolve("tiny-agent") == "tiny-agent"
 
 
 def test_export_and_run_take_the_name_and_run_its_budgets(in_package, tmp_path, capsys):
     assert main(["export", "--model", in_package, "--out", str(tmp_path / "hf")]) == 0
-    assert json.loads((tmp_path / "hf" / pretrained.BUDGETS_FILE).read_text()) == BUDGETS
+    assert json.loads((tmp_path / "hf" / model_dir.BUDGETS_FILE).read_text()) == BUDGETS
     sample = synthetic.make_sample("multikey", 300, 5, 0)
     (tmp_path / "doc.txt").write_text(sample.context)
     capsys.readouterr()

@@ -1,4 +1,4 @@
-"""Format-only trajectories (synthetic/format_rows.py, `warmup.target: format`): the agent's
+"""Format-only trajectories (synthetic/format_rows.py, `plugin.target: format`): the agent's
 loop with memories of sentences drawn regardless of what they say, and a final turn that
 answers from a memory holding the answer."""
 
@@ -10,7 +10,7 @@ from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.format_rows import format_trajectory, whole_sentences
 from memagent_jax.synthetic.oracle import oracle_trajectory
-from memagent_jax.synthetic.warmup import SyntheticWarmup, WarmupSection
+from memagent_jax.synthetic.plugin import SyntheticPlugin, PluginSection
 from tests.builders import SFT_BUDGETS, sft_agent
 
 
@@ -97,7 +97,7 @@ def test_whole_sentences_drop_a_cut_sentences_pieces():
 def test_the_plugin_trains_on_the_target_the_section_names(agent):
     example = _example("multikey", 200, 2)
     replies = lambda t: [turn.response_ids for turn in t.turns]  # noqa: E731
-    assert replies(SyntheticWarmup(WarmupSection(target="format")).target(agent, example)) == \
+    assert replies(SyntheticPlugin(PluginSection(target="format")).target(agent, example)) == \
         replies(format_trajectory(agent, example))
-    assert replies(SyntheticWarmup(WarmupSection()).target(agent, example)) == \
+    assert replies(SyntheticPlugin(PluginSection()).target(agent, example)) == \
         replies(oracle_trajectory(agent, example))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from memagent_jax.data.pipeline import Example
-from memagent_jax.models import random_model
+from memagent_jax.models.loading import random_model
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rewards import strict_reward

@@ -1,15 +1,15 @@
-"""The supervised warm-up's other rows (synthetic/rows.py, synthetic/warmup.py): copy,
+"""The supervised warm-up's other rows (synthetic/rows.py, synthetic/plugin.py): copy,
 recall, carry and fact rows."""
 
 import numpy as np
 import pytest
 
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rl.warmup import StepContext
+from memagent_jax.rl.plugin import StepContext
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.rows import (carry_candidates, carry_trajectories, copy_trajectories,
                                          fact_trajectories, recall_trajectories)
-from memagent_jax.synthetic.warmup import SyntheticWarmup, WarmupSection
+from memagent_jax.synthetic.plugin import SyntheticPlugin, PluginSection
 from memagent_jax.tokenizer import word_ids
 from tests.builders import SFT_BUDGETS, sft_agent
 
@@ -149,8 +149,8 @@ def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sente
     assert [t.turns[0].prompt_ids for t in
             carry_candidates(agent, 24, seed=3, cut=True)] == [
         t.turns[0].prompt_ids for t in cut]
-    # warmup.carry_cut reaches the rows a supervised step trains on
-    plugin = SyntheticWarmup(WarmupSection(carry_rows=3, carry_pool=2, carry_cut=True))
+    # plugin.carry_cut reaches the rows a supervised step trains on
+    plugin = SyntheticPlugin(PluginSection(carry_rows=3, carry_pool=2, carry_cut=True))
     zeros = lambda rows: np.zeros(rows.tokens.shape, np.float32)  # noqa: E731 - all ties
     rows = plugin.extra_trajectories(StepContext(agent, 3, zeros))
     assert [t.turns[0].prompt_ids for t in rows] == [t.turns[0].prompt_ids for t in cut[:3]]

@@ -1,4 +1,4 @@
-"""The trainer's one door for an experiment (rl/warmup.py), through a plugin written here, not
+"""The trainer's one door for an experiment (rl/plugin.py), through a plugin written here, not
 the synthetic one: a supervised step trains on the plugin's targets and extra rows, a DAPO step
 rolls out its starts from their given memory in place of drawn prompts, and the plugin's
 section is checked as a config section is."""
@@ -14,12 +14,12 @@ from memagent_jax.data.needle import write_task
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
 
-PLUGIN = "tests.rl.warmup_plugin"
+PLUGIN = "tests.rl.example_plugin"
 
 
 @pytest.fixture(scope="module")
 def config_file(tmp_path_factory):
-    root = tmp_path_factory.mktemp("warmup")
+    root = tmp_path_factory.mktemp("plugin")
     task = write_task(str(root / "task"), train_size=16, val_size=2, seed=3)
     config = {
         "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
@@ -40,7 +40,7 @@ def config_file(tmp_path_factory):
 
 def _run(config_file, tmp_path, *overrides):
     trainer = Trainer(load_train_config(config_file, [f"output_dir={tmp_path}",
-                                                      f"warmup.plugin={PLUGIN}", *overrides]))
+                                                      f"plugin.module={PLUGIN}", *overrides]))
     record = trainer.run()
     with open(tmp_path / "logs" / "steps.jsonl") as f:
         assert [json.loads(line)["step"] for line in f] == [1]
@@ -48,15 +48,15 @@ def _run(config_file, tmp_path, *overrides):
 
 
 def test_a_supervised_step_trains_on_the_plugins_targets_and_extra_rows(config_file, tmp_path):
-    trainer, record = _run(config_file, tmp_path, "learner.loss=sft", "warmup.extra=2")
+    trainer, record = _run(config_file, tmp_path, "learner.loss=sft", "plugin.extra=2")
     # 3 drawn examples, one final turn each (their targets answer right), and 2 extra rows
     assert record["learner/rows"] == 3 + 2 and record["reward/mean"] == 1.0
     assert len(record["examples"]) == 3 and record["rollout/turns"] == 1.0
-    assert trainer.warmup.seeds == [5 * 1_000_003 + 1]  # a function of (seed, step) only
+    assert trainer.plugin.seeds == [5 * 1_000_003 + 1]  # a function of (seed, step) only
 
 
 def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file, tmp_path):
-    _, record = _run(config_file, tmp_path, "warmup.starts=1")
+    _, record = _run(config_file, tmp_path, "plugin.starts=1")
     assert len(record["examples"]) == 2  # one of the three prompts is the plugin's start
     assert 0.0 <= record["reward/starts_mean"] <= 1.0
     assert record["rollout/trajectories"] == 3 * 2
@@ -64,13 +64,13 @@ def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file,
 
 def test_a_dapo_run_without_a_plugin_logs_no_starts(config_file, tmp_path):
     trainer = Trainer(load_train_config(config_file, [f"output_dir={tmp_path}"]))
-    assert trainer.warmup is None
+    assert trainer.plugin is None
     assert "reward/starts_mean" not in trainer.run()
 
 
 def test_the_plugins_section_is_checked_as_a_config_section(config_file, capsys):
-    assert main(["train", "--config", config_file, f"warmup.plugin={PLUGIN}",
-                 "warmup.extras=2"]) == 2
+    assert main(["train", "--config", config_file, f"plugin.module={PLUGIN}",
+                 "plugin.extras=2"]) == 2
     err = capsys.readouterr().err
-    assert err == (f"memagent-jax: error: {config_file}: unknown key 'warmup.extras' (did you "
-                   "mean 'warmup.extra'?)\n")
+    assert err == (f"memagent-jax: error: {config_file}: unknown key 'plugin.extras' (did you "
+                   "mean 'plugin.extra'?)\n")

@@ -17,10 +17,12 @@ from typing import ClassVar, Literal, NamedTuple
 
 import jax
 
-from memagent_jax import pretrained
+from memagent_jax import model_dir
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models import (ModelConfig, Params, Qwen, load_model, preset_config,
-                                 random_model, split_params)
+from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.loading import load_model, random_model
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.models.loading import is_model_directory
 from memagent_jax.rollout.engine import Engine, EngineConfig
@@ -47,7 +49,7 @@ class ModelSection:
     init_seed: int = 0            # the preset's random weights
 
     def __post_init__(self):
-        expand = lambda p: p and pretrained.resolve(os.path.expanduser(p))  # noqa: E731
+        expand = lambda p: p and model_dir.resolve(os.path.expanduser(p))  # noqa: E731
         self.path, self.tokenizer = expand(self.path), expand(self.tokenizer)
         if (self.path is None) == (self.preset is None):
             raise ConfigError("model", "give exactly one of model.path (weights) and "
@@ -112,7 +114,7 @@ def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None
     if section.path is not None:
         model, config = load_model(section.path, dtype=compute, param_dtype=stored, mesh=mesh,
                                    attention=section.attention)
-        stops = stop_token_ids(section.path, config)
+        stops = stop_token_ids(section.path, config.extra.get("eos_token_id"))
     else:
         config = preset_config(section.preset, dtype=stored)
         model = random_model(config, seed=section.init_seed, dtype=compute,

@@ -1,6 +1,6 @@
-"""The synthetic tasks' warmup plugin (`warmup.plugin: memagent_jax.synthetic.warmup`).
+"""The synthetic tasks' plugin (`plugin.module: memagent_jax.synthetic.plugin`).
 
-It implements `rl.warmup.Warmup`: a supervised step trains on each drawn row's oracle
+It implements `rl.plugin.Plugin`: a supervised step trains on each drawn row's oracle
 trajectory (oracle.py), or with `target: format` its format-only one (format_rows.py), and on the extra rows its section asks for (rows.py); a DAPO step rolls
 out `carry_starts` prompts that start inside a long document (carry_starts.py).
 """
@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 from memagent_jax.data.pipeline import Example
 from memagent_jax.errors import ConfigError
-from memagent_jax.rl.warmup import StepContext
+from memagent_jax.rl.plugin import StepContext
 from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
 from memagent_jax.runconfig import at_least, build_section
 from memagent_jax.synthetic import rows
@@ -24,9 +24,9 @@ _SUPERVISED = ("copy_rows", "recall_rows", "fact_rows", "carry_rows")
 
 
 @dataclasses.dataclass(frozen=True)
-class WarmupSection:
-    """The `warmup` section's keys besides `plugin` (rows: per supervised step)."""
-    SECTION: ClassVar[str] = "warmup"
+class PluginSection:
+    """The `plugin` section's keys besides `module` (rows: per supervised step)."""
+    SECTION: ClassVar[str] = "plugin"
     target: Literal["oracle", "format"] = "oracle"  # what a drawn row trains on (module doc)
     copy_rows: int = 0          # rows repeating a random span of words (`rows.copy_trajectories`)
     copy_span: int = 24         # a copied span's longest length, in words
@@ -50,17 +50,17 @@ class WarmupSection:
         at_least(self, 1, "copy_span", "copy_span_min", "recall_facts", "carry_pool",
                  "start_chunks", "start_pool")
         if self.copy_span_min > self.copy_span:
-            raise ConfigError("warmup.copy_span_min", f"{self.copy_span_min} is above "
+            raise ConfigError("plugin.copy_span_min", f"{self.copy_span_min} is above "
                                                       f"copy_span {self.copy_span}")
         if self.carry_cut and not self.carry_rows:
-            raise ConfigError("warmup.carry_cut", "cuts the carry rows' chunks: set "
-                                                  "warmup.carry_rows too")
+            raise ConfigError("plugin.carry_cut", "cuts the carry rows' chunks: set "
+                                                  "plugin.carry_rows too")
 
 
-class SyntheticWarmup:
-    """`rl.warmup.Warmup` for the synthetic tasks, as `section` asks."""
+class SyntheticPlugin:
+    """`rl.plugin.Plugin` for the synthetic tasks, as `section` asks."""
 
-    def __init__(self, section: WarmupSection):
+    def __init__(self, section: PluginSection):
         self.section = section
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
@@ -85,22 +85,22 @@ class SyntheticWarmup:
                             seed=step.seed, logprobs=step.logprobs)
 
 
-def build(settings: dict, config) -> SyntheticWarmup:
-    """The plugin from the `warmup` section's keys (`rl.warmup.load`), checked against the
+def build(settings: dict, config) -> SyntheticPlugin:
+    """The plugin from the `plugin` section's keys (`rl.plugin.load`), checked against the
     TrainConfig: supervised rows only with learner.loss sft, carry starts only with dapo."""
-    section = build_section(WarmupSection, settings, "warmup")
+    section = build_section(PluginSection, settings, "plugin")
     loss = config.learner.loss
     for key in _SUPERVISED:
         if getattr(section, key) and loss != "sft":
-            raise ConfigError(f"warmup.{key}", "these rows are a supervised step's "
+            raise ConfigError(f"plugin.{key}", "these rows are a supervised step's "
                                                "(learner.loss: sft)")
     if section.target != "oracle" and loss != "sft":
-        raise ConfigError("warmup.target", "names what a supervised step trains on "
+        raise ConfigError("plugin.target", "names what a supervised step trains on "
                                            "(learner.loss: sft)")
     if section.carry_starts and loss != "dapo":
-        raise ConfigError("warmup.carry_starts", "carry starts are rollouts, and a supervised "
-                                                 "step samples none; use warmup.carry_rows")
+        raise ConfigError("plugin.carry_starts", "carry starts are rollouts, and a supervised "
+                                                 "step samples none; use plugin.carry_rows")
     if section.carry_starts > config.prompts_per_step:
-        raise ConfigError("warmup.carry_starts", f"{section.carry_starts} is more than "
+        raise ConfigError("plugin.carry_starts", f"{section.carry_starts} is more than "
                                                  f"prompts_per_step {config.prompts_per_step}")
-    return SyntheticWarmup(section)
+    return SyntheticPlugin(section)

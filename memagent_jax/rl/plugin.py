@@ -1,17 +1,19 @@
-"""What an experiment may add to training steps, declared once: the `warmup` config section.
+"""The trainer's plugin door: what an experiment may add to training steps, declared once.
 
-The core trainer knows no task. A run whose config has a `warmup` section names a module in
-`warmup.plugin`; the module's `build(settings, config)` parses the section's other keys (its
+The core trainer knows no task. A run whose config has a `plugin` section names a module in
+`plugin.module`; the module's `build(settings, config)` parses the section's other keys (its
 own schema, checked against the rest of the TrainConfig; errors are `ConfigError`s naming
-`warmup.KEY`) and returns a `Warmup`. The trainer
-then asks it, each step, for what the experiment adds:
+`plugin.KEY`) and returns a `Plugin`, built once, as the TrainConfig is
+(`TrainConfig.loaded_plugin`). The trainer then asks it, each step, for what the experiment
+adds:
 - a supervised step (`learner.loss: sft`) trains on `target(agent, example)`, one trajectory
   per drawn example, instead of sampled rollouts, and on `extra_trajectories(step)` beside
   them;
 - a DAPO step rolls out `starts(step)`'s prompts, which come with their own samples (a read
   that begins inside a document, from a given memory: `Sample.initial_memory`), in place of as
   many drawn ones.
-The synthetic tasks' warm-up (`memagent_jax.synthetic.warmup`) is the one plugin shipped.
+The synthetic tasks' plugin (`memagent_jax.synthetic.plugin`: their supervised warm-up and
+carry starts) is the one shipped.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rows import TrainingRows
 from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
 
-SECTION = "warmup"
+SECTION = "plugin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +42,7 @@ class StepContext:
     logprobs: Callable[[TrainingRows], np.ndarray]
 
 
-class Warmup(Protocol):
+class Plugin(Protocol):
     """An experiment's additions to a training step (module docstring)."""
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
@@ -55,24 +57,24 @@ class Warmup(Protocol):
         their examples (to score the answers against) and samples."""
 
 
-def load(config) -> Warmup | None:
-    """The plugin the TrainConfig's `warmup` section names, built from the section's other keys
+def load(config) -> Plugin | None:
+    """The plugin the TrainConfig's `plugin` section names, built from the section's other keys
     (None: no section)."""
-    section = config.warmup
+    section = config.plugin
     if not section:
         if config.learner.loss == "sft":
             raise ConfigError("learner.loss", "a supervised step trains on the trajectories a "
-                                              "warmup plugin makes: set warmup.plugin (e.g. "
-                                              "memagent_jax.synthetic.warmup)")
+                                              "plugin makes: set plugin.module (e.g. "
+                                              "memagent_jax.synthetic.plugin)")
         return None
-    name = section.get("plugin")
+    name = section.get("module")
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"{SECTION}.plugin", f"must name a module with build(settings, config), "
-                                               f"e.g. memagent_jax.synthetic.warmup; got {name!r}")
+        raise ConfigError(f"{SECTION}.module", f"must name a module with build(settings, config), "
+                                               f"e.g. memagent_jax.synthetic.plugin; got {name!r}")
     try:
         module = importlib.import_module(name)
     except ImportError as e:
-        raise ConfigError(f"{SECTION}.plugin", f"cannot import {name!r} ({e})") from None
+        raise ConfigError(f"{SECTION}.module", f"cannot import {name!r} ({e})") from None
     if not callable(getattr(module, "build", None)):
-        raise ConfigError(f"{SECTION}.plugin", f"module {name!r} has no build(settings, config)")
-    return module.build({k: v for k, v in section.items() if k != "plugin"}, config)
+        raise ConfigError(f"{SECTION}.module", f"module {name!r} has no build(settings, config)")
+    return module.build({k: v for k, v in section.items() if k != "module"}, config)

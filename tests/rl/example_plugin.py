@@ -1,5 +1,5 @@
-"""A warmup plugin that is not the synthetic one (rl/warmup.py's contract, exercised by
-tests/rl/test_warmup.py): the target answers each question in one final turn, the extra rows
+"""A plugin that is not the synthetic one (rl/plugin.py's contract, exercised by
+tests/rl/test_plugin.py): the target answers each question in one final turn, the extra rows
 repeat the first drawn question's target, and a start reads one chunk from a given memory."""
 
 import dataclasses
@@ -12,7 +12,7 @@ from memagent_jax.runconfig import build_section
 
 @dataclasses.dataclass(frozen=True)
 class Section:
-    SECTION: ClassVar[str] = "warmup"
+    SECTION: ClassVar[str] = "plugin"
     extra: int = 0              # extra rows a supervised step trains on
     starts: int = 0             # prompts a DAPO step starts from a given memory
 
@@ -50,4 +50,4 @@ class Plugin:
 
 
 def build(settings: dict, config) -> Plugin:
-    return Plugin(build_section(Section, settings, "warmup"))
+    return Plugin(build_section(Section, settings, "plugin"))
