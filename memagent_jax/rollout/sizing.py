@@ -1,6 +1,6 @@
 """Whether an engine fits, checked before it allocates anything: the tokens a slot must hold
 against the model's context window, and the parameters and KV cache against the devices'
-memory. `agent.build_engine` runs both for every engine a command builds (generate, serve,
+memory. `factory.build_engine` runs both for every engine a command builds (generate, serve,
 run, demo, trace, eval, train's rollouts), so a size that cannot work is one line naming the
 setting that asked for it, never XLA's out-of-memory traceback or a silent read past the
 window.

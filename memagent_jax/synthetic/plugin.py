@@ -1,8 +1,9 @@
 """The synthetic tasks' plugin (`plugin.module: memagent_jax.synthetic.plugin`).
 
 It implements `rl.plugin.Plugin`: a supervised step trains on each drawn row's oracle
-trajectory (oracle.py), or with `target: format` its format-only one (format_rows.py), and on the extra rows its section asks for (rows.py); a DAPO step rolls
-out `carry_starts` prompts that start inside a long document (carry_starts.py).
+trajectory (oracle.py), or with `target: format` its format-only one (format_rows.py), and on
+the extra rows its section asks for (rows.py); a DAPO step rolls out `carry_starts` prompts
+that start inside a long document (carry_starts.py).
 """
 
 from __future__ import annotations
