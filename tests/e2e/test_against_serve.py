@@ -24,7 +24,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from memagent_jax.cli import main
-from memagent_jax.pretrained import budgets, resolve
+from memagent_jax.model_dir import budgets, resolve
 from memagent_jax.synthetic import tasks as synthetic
 from tests.serve_helpers import serving
 

@@ -366,7 +366,7 @@ import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 from memagent_jax import distributed
 from memagent_jax.fileutil import atomic_directory
-from memagent_jax.models import make_mesh
+from memagent_jax.models.sharding import make_mesh
 distributed.start()
 me = jax.process_index()
 mesh = make_mesh({"fsdp": -1})
