@@ -95,8 +95,6 @@ class Learner:
                         else jax.tree.leaves(self._param_shardings)[0])
         self._batch_sharding = batch_sharding(mesh) if mesh is not None else self._scalar
         self._row_multiple = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-        self._fields = batching.batch_fields(config, reference=config.kl_coef != 0.0
-                                             and config.loss == "dapo")
 
         # AdamW without its learning-rate scaling: the step multiplies by the training step's
         # lr, which it is given (verl's scheduler counts training steps, not updates).
@@ -119,6 +117,8 @@ class Learner:
         # update.
         self._ref_params = (self._make(cast, self._param_shardings, self._params)
                             if config.kl_coef != 0.0 and config.loss == "dapo" else None)
+        # The micro-batch's arrays (batching.FIELDS): what `update` gathers, `compiled` shapes.
+        self._fields = batching.batch_fields(config, reference=self._ref_params is not None)
 
         # Replicated: the host reads it, and on a pod no process holds every shard.
         self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar)
