@@ -23,8 +23,8 @@ import zlib
 import numpy as np
 
 from memagent_jax.data.pipeline import Example
-from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
-from memagent_jax.synthetic.oracle import end_token, facts_of
+from memagent_jax.rollout.memagent import MemoryAgent, Trajectory
+from memagent_jax.synthetic.oracle import facts_of, loop_trajectory
 from memagent_jax.synthetic.tasks import oracle_memories
 
 
@@ -52,23 +52,9 @@ def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     answer = " ".join([*needed, f"\\boxed{{{example.ground_truths[0]}}}"])
     encode = lambda lines: (tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"]
                             if lines else list(prompts.initial_memory))
-    end = end_token(agent)
-    trajectory = Trajectory(example.question)
-    workflow = memory_turns(sample.chunks, prompts.initial_memory)
-    memory = None
-    for lines in [*memories, None]:
-        kind, previous, chunk = workflow.send(memory)
-        if kind == "update":
-            prompt, reply = prompts.update(sample.problem_ids, previous, chunk), encode(lines)
-        else:
-            prompt = prompts.final(sample.problem_ids, encode(kept))
-            reply = tokenizer(answer, add_special_tokens=False)["input_ids"]
-        text = tokenizer.decode(reply)
-        trajectory.turns.append(Turn(kind, prompt, [*reply, end], [0.0] * (len(reply) + 1),
-                                     "stop", text, text if kind == "update" else None))
-        memory = reply
-    trajectory.answer = example.ground_truths[0]
-    return trajectory
+    replies = [encode(lines) for lines in memories]
+    replies.append(tokenizer(answer, add_special_tokens=False)["input_ids"])
+    return loop_trajectory(agent, example, sample, replies, final_memory=encode(kept))
 
 
 def whole_sentences(text: str, opens: bool) -> list[str]:

@@ -33,20 +33,29 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     facts_read = oracle_memories(texts, facts)
     memories = [tokenizer(m, add_special_tokens=False)["input_ids"] if m
                 else list(prompts.initial_memory) for m in facts_read]
-    end = end_token(agent)
     # The final reply restates the facts it answers from before the boxed answer: the answer is
     # then a copy of a word a few tokens back, not of one found in the prompt with nothing
     # pointing at it. The verifier reads only the box.
     answer = " ".join([facts_read[-1].replace("\n", " "),
                        f"\\boxed{{{example.ground_truths[0]}}}"]).strip()
     replies = memories + [tokenizer(answer, add_special_tokens=False)["input_ids"]]
+    return loop_trajectory(agent, example, sample, replies)
+
+
+def loop_trajectory(agent: MemoryAgent, example: Example, sample, replies: list[list[int]],
+                    final_memory: list[int] | None = None) -> Trajectory:
+    """`agent`'s own loop over `sample` with the given replies (ids; one per chunk, then the
+    final answer), each ending with `end_token`: each update prompt built from the previous
+    reply, the final prompt from `final_memory` (None: the last update's reply)."""
+    tokenizer, prompts, end = agent.tokenizer, agent.prompts, end_token(agent)
     trajectory = Trajectory(example.question)
     workflow = memory_turns(sample.chunks, prompts.initial_memory)
     memory = None
     for reply in replies:
         kind, previous, chunk = workflow.send(memory)
         prompt = (prompts.update(sample.problem_ids, previous, chunk) if kind == "update"
-                  else prompts.final(sample.problem_ids, previous))
+                  else prompts.final(sample.problem_ids,
+                                     previous if final_memory is None else final_memory))
         text = tokenizer.decode(reply)
         trajectory.turns.append(Turn(kind, prompt, [*reply, end], [0.0] * (len(reply) + 1),
                                      "stop", text, text if kind == "update" else None))
