@@ -6,6 +6,8 @@ import os
 import shutil
 import tempfile
 
+from tests import multiprocess  # standard library only: JAX is not imported yet
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # XLA's compiled programs, shared by every test and every process a test starts (they inherit
 # the environment): the tests build the same small models again and again, each time with new
@@ -15,8 +17,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="memagent-jax-tests-xla-")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), multiprocess.COMPILE_FLAGS,
+                                    "--xla_force_host_platform_device_count=8"]).strip()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from memagent_jax.distributed import reserve_cpu_threads  # noqa: E402

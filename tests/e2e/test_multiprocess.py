@@ -111,10 +111,9 @@ def reference(task):
     return out
 
 
-@pytest.mark.parametrize("mesh", [{"data": 2, "fsdp": 4}, {"tensor": 8}])
-def test_two_processes_train_as_one(task, reference, tmp_path, mesh):
+def test_two_processes_train_as_one(task, reference, tmp_path):
     out = tmp_path / "pod"
-    results = multiprocess.wait(_train(task, out, mesh, 2, 2), 300)
+    results = multiprocess.wait(_train(task, out, {"data": 2, "fsdp": 4}, 2, 2), 300)
     multiprocess.check_ok(results)
     assert "finished step 2 of 2" in results[0].stderr
     assert "finished step" not in results[1].stderr  # process 0 reports, and logs, once
@@ -156,8 +155,10 @@ def test_sigterm_mid_rollout_stops_every_process_at_the_previous_step_and_resume
         task, reference, tmp_path):
     out = tmp_path / "pod"
     # A checkpoint every 2 steps: the one of step 1 is written because of the notice, from the
-    # state (parameters, RNG, data position) step 2 started from.
-    results = multiprocess.wait(_train(task, out, {"fsdp": 8}, 3, 2, every=2,
+    # state (parameters, RNG, data position) step 2 started from. The job's mesh is all
+    # tensor, so that its step 1 is also the check that such a mesh over two processes trains
+    # as one process does.
+    results = multiprocess.wait(_train(task, out, {"tensor": 8}, 3, 2, every=2,
                                        code=_SIGTERM_IN_STEP_2), 300)
     multiprocess.check_ok(results)  # exit 0 on both
     stopped = [line for line in results[0].stderr.splitlines()
@@ -168,7 +169,8 @@ def test_sigterm_mid_rollout_stops_every_process_at_the_previous_step_and_resume
     assert sorted(int(p) for p in os.listdir(out / "checkpoints") if p.isdigit()) == [1]
     _assert_same_state(_state(out, 1), _state(reference, 1))
 
-    # The 2-process checkpoint resumes on 1 process x 8 devices, as if never interrupted.
+    # The 2-process checkpoint resumes on 1 process x 8 devices and another mesh, as if never
+    # interrupted.
     resumed = multiprocess.wait(_train(task, out, {"fsdp": 8}, 3, 1, every=2), 300)
     multiprocess.check_ok(resumed)
     assert "resuming from step 1" in resumed[0].stderr

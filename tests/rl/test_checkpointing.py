@@ -17,6 +17,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from memagent_jax.errors import UserError
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.checkpointing import Checkpointer
+from tests import multiprocess
 
 
 def _iterator(seed=7):
@@ -115,7 +116,7 @@ checkpointer.wait()
 
 def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tmp_path):
     directory = str(tmp_path / "ckpt")
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = multiprocess.one_device_environment()
     run = subprocess.run([sys.executable, "-c", _CRASH, directory], env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]

@@ -19,6 +19,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.rl.config import check_devices, load_train_config
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.runconfig import check
+from tests import multiprocess
 from tests.builders import block_package
 
 CONFIGS = os.path.join(Path(__file__).resolve().parents[2], "configs")
@@ -281,7 +282,7 @@ sys.exit(main(sys.argv[1:]))
 def _train_process(config_file, output_dir, ctrl_c_at: str | None = None) -> subprocess.Popen:
     """`memagent-jax train` of the four steps in a fresh process on one CPU device; with
     ctrl_c_at, Ctrl-C there (_CTRL_C)."""
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = multiprocess.one_device_environment()
     cli = ["-m", "memagent_jax.cli"]
     if ctrl_c_at:
         env["CTRL_C_AT"], cli = ctrl_c_at, ["-c", _CTRL_C]

@@ -25,6 +25,7 @@ from memagent_jax.rl import trainer as trainer_module
 from memagent_jax.rl.collect import RolloutBatch
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
+from tests import multiprocess
 
 EXPECTED_TAGS = {
     "reward/mean", "reward/std", "val/accuracy", "val/f1", "learner/kl", "learner/entropy",
@@ -286,7 +287,7 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
 
 def _cli(config_path, output_dir, *overrides):
     """`memagent-jax train` in a fresh process on one CPU device."""
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = multiprocess.one_device_environment()
     return subprocess.Popen(
         [sys.executable, "-m", "memagent_jax.cli", "train", "--config", config_path,
          f"output_dir={output_dir}", *overrides],
@@ -405,7 +406,7 @@ def nan_run(config_path: str, output_dir: str) -> None:
 @pytest.mark.slow
 def test_a_nan_update_is_skipped_logged_and_never_checkpointed(task, tmp_path):
     out = tmp_path / "run"
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    env = multiprocess.one_device_environment()
     root = str(Path(__file__).resolve().parents[2])
     code = (f"from {__name__} import nan_run; "
             f"nan_run({_write_config(task, tmp_path / 'c.yaml')!r}, {str(out)!r})")
