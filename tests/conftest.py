@@ -17,8 +17,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="memagent-jax-tests-xla-")
     atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], True)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), multiprocess.COMPILE_FLAGS,
-                                    "--xla_force_host_platform_device_count=8"]).strip()
+# The CPU's compile flags on CPU only: a GPU run (tests/models/test_gpu.py) compiles as usual.
+cpu_only = multiprocess.COMPILE_FLAGS if os.environ["JAX_PLATFORMS"] == "cpu" else ""
+os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), cpu_only,
+                                                "--xla_force_host_platform_device_count=8"]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from memagent_jax.distributed import reserve_cpu_threads  # noqa: E402
