@@ -17,8 +17,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every test process compiles with LLVM's optimisations off: XLA's own passes (fusion, layout,
-# sharding) still run, so the programs are the ones the product runs, and the tests' tiny
-# models spend far longer compiling than running (about a third less time for the suite).
+# sharding) still run, so the programs are the ones the product runs; the tests' tiny models
+# take far longer to compile than to run.
 COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 
 

@@ -1,5 +1,5 @@
 """The synthetic recipe's supervised warm-up as shipped (configs/synthetic/00-07):
-training steps through the trainer, in a process of its own. (The DAPO step and the
+training steps through the trainer, all seven in one process of their own. (The DAPO step and the
 memagent-tiny eval config are tests/e2e/test_recipe.py's.)"""
 
 import json
@@ -40,8 +40,8 @@ def _rows(name) -> tuple[int, int, int, int]:
                  for kind, most in (("copy", 8), ("recall", 8), ("fact", 8), ("carry", 4)))
 
 
-# Each config's `train`, one after the other in one process: a child's start (importing JAX,
-# flax, orbax) is much of a two-step run, and the configs share compiled programs.
+# Each config's `train`, one after the other in one process: the configs share most of their
+# compiled programs, which a child of its own for each would compile again.
 _TRAIN_EACH = """
 import json, sys, traceback
 from memagent_jax.cli import main
