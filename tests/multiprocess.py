@@ -22,11 +22,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COMPILE_FLAGS = "--xla_backend_optimization_level=0"
 
 
-def one_device_environment() -> dict:
-    """This process's environment for a child JAX process on one CPU device."""
-    return dict(os.environ, XLA_FLAGS=COMPILE_FLAGS, JAX_PLATFORMS="cpu")
-
-
 @dataclasses.dataclass
 class Finished:
     returncode: int
@@ -40,7 +35,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def environment(process_id: int, num_processes: int, port: int, devices: int = 4) -> dict:
+def environment(process_id: int = 0, num_processes: int = 1, port: int = 0,
+                devices: int = 4) -> dict:
+    """Process process_id's environment in a job of num_processes (one: a lone child process,
+    e.g. `environment(devices=1)`), its coordinator on loopback port."""
     env = dict(os.environ)
     env.update(JAX_PLATFORMS="cpu", TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1",
                # XLA:CPU aborts a collective that waits 40 s for a device's thread; beside

@@ -116,7 +116,7 @@ checkpointer.wait()
 
 def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tmp_path):
     directory = str(tmp_path / "ckpt")
-    env = multiprocess.one_device_environment()
+    env = multiprocess.environment(devices=1)
     run = subprocess.run([sys.executable, "-c", _CRASH, directory], env=env,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == -signal.SIGKILL, run.stderr[-2000:]

@@ -282,7 +282,7 @@ sys.exit(main(sys.argv[1:]))
 def _train_process(config_file, output_dir, ctrl_c_at: str | None = None) -> subprocess.Popen:
     """`memagent-jax train` of the four steps in a fresh process on one CPU device; with
     ctrl_c_at, Ctrl-C there (_CTRL_C)."""
-    env = multiprocess.one_device_environment()
+    env = multiprocess.environment(devices=1)
     cli = ["-m", "memagent_jax.cli"]
     if ctrl_c_at:
         env["CTRL_C_AT"], cli = ctrl_c_at, ["-c", _CTRL_C]

@@ -287,7 +287,7 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
 
 def _cli(config_path, output_dir, *overrides):
     """`memagent-jax train` in a fresh process on one CPU device."""
-    env = multiprocess.one_device_environment()
+    env = multiprocess.environment(devices=1)
     return subprocess.Popen(
         [sys.executable, "-m", "memagent_jax.cli", "train", "--config", config_path,
          f"output_dir={output_dir}", *overrides],
@@ -406,7 +406,7 @@ def nan_run(config_path: str, output_dir: str) -> None:
 @pytest.mark.slow
 def test_a_nan_update_is_skipped_logged_and_never_checkpointed(task, tmp_path):
     out = tmp_path / "run"
-    env = multiprocess.one_device_environment()
+    env = multiprocess.environment(devices=1)
     root = str(Path(__file__).resolve().parents[2])
     code = (f"from {__name__} import nan_run; "
             f"nan_run({_write_config(task, tmp_path / 'c.yaml')!r}, {str(out)!r})")
