@@ -1,0 +1,62 @@
+"""The RL-only ladder's committed results (docs/synthetic.md, "RL from an outcome reward
+alone"): its start and end as Hugging Face exports that `transformers` loads with our logits,
+recording the budgets its test config reads them with; and the test table README.md and
+docs/synthetic.md quote, recomputed from the committed per-document answers."""
+
+import dataclasses
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from memagent_jax import model_dir
+from memagent_jax.eval.compare import compare, read_run, wilson_interval
+from memagent_jax.eval.config import EvalConfig
+from memagent_jax.models.loading import load_model
+from memagent_jax.runconfig import load_config
+from tests.hf_reference import hf_logits
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join(ROOT, "results", "rl_only_test")
+
+
+@pytest.mark.parametrize("name", ["start", "final"])
+def test_the_exports_load_in_transformers_with_our_logits_and_the_test_budgets(name):
+    from transformers import AutoModelForCausalLM
+
+    path = os.path.join(ROOT, "checkpoints", "rl_only", name)
+    model, config = load_model(path)
+    ids = np.random.RandomState(0).randint(0, config.vocab_size, (2, 96))
+    ours = np.asarray(model(jnp.asarray(ids)))
+    reference = hf_logits(AutoModelForCausalLM.from_pretrained(path, dtype="float32"), ids)
+    # a trained model's logits: the bound scales with the largest (tests/e2e/test_memagent_tiny)
+    assert np.abs(ours - reference).max() <= 2e-5 * max(1.0, np.abs(reference).max())
+    assert (ours.argmax(-1) == reference.argmax(-1)).all()
+    test_config = load_config(EvalConfig, os.path.join(ROOT, "configs", "eval", "rl_only_test.yaml"))
+    budgets = dataclasses.asdict(test_config.memagent)
+    assert {k: budgets[k] for k in model_dir.budgets(path)} == model_dir.budgets(path)
+
+
+def _count(k: int, n: int) -> str:
+    low, high = wilson_interval(k, n)
+    return f"{k} ({100 * k / n:.1f} %, {100 * low:.1f}-{100 * high:.1f})"
+
+
+def test_the_quoted_test_table_is_the_committed_answers():
+    final, start, tiny = (read_run(os.path.join(RESULTS, m)) for m in ("final", "start", "tiny"))
+    against_start = [r for r in compare(final, start) if r["metric"] == "em"]
+    against_tiny = [r for r in compare(final, tiny) if r["metric"] == "em"]  # same documents
+    assert [r["label"] for r in against_start] == ["8K", "64K", "1M"]
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "synthetic.md"), encoding="utf-8") as f:
+        synthetic_md = f.read()
+    for row, beside in zip(against_start, against_tiny):
+        n, p = row["n"], f"{row['p']:.2g}"
+        start_count, end_count = _count(row["b_right"], n), _count(row["a_right"], n)
+        tiny_count = _count(beside["b_right"], n)
+        assert (f"| {row['label']} | {start_count} | {end_count} | {p} | {tiny_count} |"
+                in readme), row
+        assert (f"| {row['label']} | {start_count} | {end_count} | {row['a_only']} / "
+                f"{row['b_only']} | {p} | {tiny_count} |" in synthetic_md), row
