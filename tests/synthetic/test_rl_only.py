@@ -6,16 +6,13 @@ docs/synthetic.md quote, recomputed from the committed per-document answers."""
 import dataclasses
 import os
 
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from memagent_jax import model_dir
 from memagent_jax.eval.compare import compare, read_run, wilson_interval
 from memagent_jax.eval.config import EvalConfig
-from memagent_jax.models.loading import load_model
 from memagent_jax.runconfig import load_config
-from tests.hf_reference import hf_logits
+from tests.hf_reference import assert_trained_export_matches_transformers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join(ROOT, "results", "rl_only_test")
@@ -23,16 +20,8 @@ RESULTS = os.path.join(ROOT, "results", "rl_only_test")
 
 @pytest.mark.parametrize("name", ["start", "final"])
 def test_the_exports_load_in_transformers_with_our_logits_and_the_test_budgets(name):
-    from transformers import AutoModelForCausalLM
-
     path = os.path.join(ROOT, "checkpoints", "rl_only", name)
-    model, config = load_model(path)
-    ids = np.random.RandomState(0).randint(0, config.vocab_size, (2, 96))
-    ours = np.asarray(model(jnp.asarray(ids)))
-    reference = hf_logits(AutoModelForCausalLM.from_pretrained(path, dtype="float32"), ids)
-    # a trained model's logits: the bound scales with the largest (tests/e2e/test_memagent_tiny)
-    assert np.abs(ours - reference).max() <= 2e-5 * max(1.0, np.abs(reference).max())
-    assert (ours.argmax(-1) == reference.argmax(-1)).all()
+    assert_trained_export_matches_transformers(path)
     test_config = load_config(EvalConfig, os.path.join(ROOT, "configs", "eval", "rl_only_test.yaml"))
     budgets = dataclasses.asdict(test_config.memagent)
     assert {k: budgets[k] for k in model_dir.budgets(path)} == model_dir.budgets(path)
