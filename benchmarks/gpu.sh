@@ -2,7 +2,9 @@
 # The GPU checks and benchmarks, in groups sized (docs/log/benchmarks.md, 2026-11-26) so that each fits
 # one 10-minute device call and two fit a session's 15 minutes of device time:
 #   benchmarks/gpu.sh train      # tests/models/test_gpu.py (cuDNN attention); learner update: 0.5B
-#                                # (XLA, then cuDNN attention), 1.5B with remat
+#                                # (XLA, then cuDNN attention), 1.5B with remat, 1.5B packed
+#                                # (MemAgent-shaped rows, Triton attention) beside one row a
+#                                # sequence (cuDNN)
 #   benchmarks/gpu.sh decode7b   # decode on the 7B shape
 #   benchmarks/gpu.sh small      # decode on the 0.5B shape, the memory loop
 #   benchmarks/gpu.sh kernels    # the Triton kernels' speed: the ragged decode read against
@@ -75,6 +77,10 @@ train)
     step train_1.5b 140 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
         --dtype bfloat16 --rows 16 --prompt-len 768 \
         --response-len 256 --micro-batch-rows 4 --repeats 3 --matmul-size 8192 --remat full
+    # the update as the GPU configs run it (packed rows), at an eighth of MemAgent's lengths
+    step train_packed_1.5b 200 python3 benchmarks/train_step.py --preset qwen2.5-1.5b \
+        --dtype bfloat16 --memagent 32 --scale 8 --attention cudnn --no-torch --repeats 2 \
+        --matmul-size 8192
     ;;
 *)
     echo "usage: benchmarks/gpu.sh train|decode7b|small|kernels" >&2
