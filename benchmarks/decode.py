@@ -38,7 +38,6 @@ import argparse
 import gc
 import os
 import platform
-import subprocess
 import tempfile
 import time
 
@@ -47,6 +46,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave GPU mem
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
+from machine import cpu_model_name  # noqa: E402  beside this script
 
 GB = 1e9
 
@@ -279,16 +279,6 @@ def bench_hf(hf_model, prompts: np.ndarray, new_tokens: int, repeats: int, devic
 
 
 # ---- main ---------------------------------------------------------------------------------
-
-def cpu_model_name() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.split("\n"):
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])

@@ -42,7 +42,6 @@ import atexit
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -51,6 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
+from machine import cpu_model_name  # noqa: E402  beside this script
 
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
@@ -160,12 +160,7 @@ class PeerLoop:
 
 
 def machine() -> str:
-    try:
-        name = [line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout.splitlines()
-            if line.startswith("Model name")][0]
-    except (OSError, IndexError):
-        name = platform.processor()
+    name = cpu_model_name()
     import torch
     import transformers
     return (f"{os.cpu_count()}-core {platform.machine()} ({name}), jax {jax.__version__} "

@@ -41,6 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
+from machine import cpu_model_name  # noqa: E402  beside this script
 
 
 def start(command: list[str]) -> tuple[subprocess.Popen, str]:
@@ -155,12 +156,7 @@ def naive_server(model_dir: str, threads: int) -> None:
 
 
 def machine() -> str:
-    try:
-        name = [line.split(":", 1)[1].strip() for line in subprocess.run(
-            ["lscpu"], capture_output=True, text=True).stdout.splitlines()
-            if line.startswith("Model name")][0]
-    except (OSError, IndexError):
-        name = platform.processor()
+    name = cpu_model_name()
     return f"{os.cpu_count()}-core {platform.machine()} ({name}), load {os.getloadavg()[0]:.1f}"
 
 
