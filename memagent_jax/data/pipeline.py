@@ -1,13 +1,14 @@
 """Training examples from a `datasets` source, served by a sharded `grain` iterator.
 
-The source layout is the published MemAgent training set `BytedTsinghua-SIA/hotpotqa`
-(docs/algorithm.md section 4), one row per question:
+The source layout is verl's, as the published MemAgent training set
+`BytedTsinghua-SIA/hotpotqa` has it (docs/algorithm.md section 4), one row per question:
     data_source: str                      selects the reward function
-    prompt: [{"role": "user", "content": question}]
-    context: str                          the long document
-    reward_model: {"ground_truth": [str, ...], ...}
-    extra_info: {"index": int, "question": str, "num_docs": int, ...}   (optional)
-A source is a local parquet / json / jsonl file or a directory of them, an `hf://` path, or a
+    prompt: [{"role": ..., "content": ...}, ...]    chat messages; the last is the question
+    reward_model: {"ground_truth": str | [str, ...], ...}
+    extra_info: {...}                     (optional) passed to the reward function
+and the fields an agent reads beyond those (`required_fields`; MemAgent's `context`, the long
+document): an existing verl data set loads unchanged. Every field of the row reaches the agent
+(`Example.fields`). A source is a local parquet / json / jsonl file or a directory of them, an `hf://` path, or a
 hub id (read through `datasets`; from its cache with HF_HUB_OFFLINE=1, and refused at once
 where the hub is out of reach: `data.io.load_from_hub`). The evaluation
 layout that `memagent-jax data ruler-hqa` writes (context, input, answers) is read as well, so
@@ -34,26 +35,33 @@ from memagent_jax.data.io import load_from_hub, looks_like_hub_id
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
-REQUIRED_FIELDS = ("data_source", "prompt", "context", "reward_model")
+REQUIRED_FIELDS = ("data_source", "prompt", "reward_model")
 EVAL_FIELDS = ("context", "input", "answers")  # RULER-HQA evaluation sets
 _FILE_KINDS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 
 
 @dataclasses.dataclass(frozen=True)
 class Example:
-    """One training question. index: the row in its source (a stable id, logged per step)."""
+    """One training row. index: the row in its source (a stable id, logged per step);
+    question: the last prompt message's content; context: the row's `context` ("" where it
+    has none); ground_truths: `reward_model.ground_truth` as strings; prompt: the chat
+    messages; fields: every field of the row as read."""
     index: int
     data_source: str
     question: str
     context: str
     ground_truths: tuple[str, ...]
     extra_info: dict = dataclasses.field(default_factory=dict, compare=False)
+    prompt: tuple[dict, ...] = dataclasses.field(default=(), compare=False)
+    fields: dict = dataclasses.field(default_factory=dict, compare=False)
 
 
-def load_source(spec: str, split: str = "train", key: str = "data"):
+def load_source(spec: str, split: str = "train", key: str = "data",
+                required: tuple[str, ...] = ("context",)):
     """The `datasets.Dataset` a source names (see the module docstring); `key` names the config
-    key in errors. Raises UserError when it is missing, empty, or lacks a required field (a
-    missing file before a missing `datasets` package)."""
+    key in errors; `required`: the fields the agent reads beyond verl's. Raises UserError when
+    it is missing, empty, or lacks a required field (a missing file before a missing
+    `datasets` package)."""
     extension = os.path.splitext(spec)[1].lower()
     kind = _FILE_KINDS.get(extension)
     local = os.path.exists(spec)
@@ -93,7 +101,7 @@ def load_source(spec: str, split: str = "train", key: str = "data"):
             raise UserError(f"{key}: '{spec}' has no split '{split}' "
                             f"(it has: {', '.join(dataset)})")
         dataset = dataset[split]
-    missing = [f for f in REQUIRED_FIELDS if f not in dataset.column_names]
+    missing = [f for f in (*REQUIRED_FIELDS, *required) if f not in dataset.column_names]
     if missing and all(f in dataset.column_names for f in EVAL_FIELDS):
         missing = []
     if missing:
@@ -110,33 +118,34 @@ def example_from_row(row: dict, index: int, source: str = "data") -> Example:
     where = f"{source} row {index}"
     row = {k: _listed(v) for k, v in row.items()}
     if "prompt" not in row and "input" in row:  # the evaluation layout
-        row = {"data_source": row.get("data_source") or "", "prompt": row["input"],
-               "context": row.get("context"), "reward_model": {"ground_truth": row["answers"]},
+        row = {**row, "data_source": row.get("data_source") or "", "prompt": row["input"],
+               "reward_model": {"ground_truth": row["answers"]},
                "extra_info": {k: row[k] for k in ("index", "num_docs") if k in row}}
     prompt = row.get("prompt")
     if isinstance(prompt, str):
-        question = prompt
-    elif (isinstance(prompt, Sequence) and prompt and isinstance(prompt[-1], dict)
-          and isinstance(prompt[-1].get("content"), str)):
-        question = prompt[-1]["content"]  # the user message (the only one in the layout)
-    else:
-        raise UserError(f"{where}: field 'prompt' must be [{{role: user, content: question}}], "
-                        f"got {prompt!r:.80}")
-    context = row.get("context")
+        prompt = [{"role": "user", "content": prompt}]
+    if not (isinstance(prompt, Sequence) and prompt and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in prompt)):
+        raise UserError(f"{where}: field 'prompt' must be chat messages [{{role: user, content: "
+                        f"question}}, ...], got {row.get('prompt')!r:.80}")
+    context = row.get("context", "")
     if not isinstance(context, str):
         raise UserError(f"{where}: field 'context' must be a string, got {type(context).__name__}")
     reward = row.get("reward_model")
     truths = reward.get("ground_truth") if isinstance(reward, dict) else None
-    if isinstance(truths, str):
+    if isinstance(truths, (str, int, float)) and not isinstance(truths, bool):
         truths = [truths]
-    if (not isinstance(truths, Sequence) or not truths
-            or not all(isinstance(t, str) for t in truths)):
-        raise UserError(f"{where}: field 'reward_model.ground_truth' must be a non-empty list of "
-                        f"strings, got {truths!r:.80}")
+    if (not isinstance(truths, Sequence) or not truths or not all(
+            isinstance(t, (str, int, float)) and not isinstance(t, bool) for t in truths)):
+        raise UserError(f"{where}: field 'reward_model.ground_truth' must be a non-empty "
+                        f"list of strings (or one string), got {truths!r:.80}")
     extra = row.get("extra_info")
     return Example(index=index, data_source=str(row.get("data_source") or ""),
-                   question=question, context=context, ground_truths=tuple(truths),
-                   extra_info=dict(extra) if isinstance(extra, dict) else {})
+                   question=prompt[-1]["content"], context=context,
+                   ground_truths=tuple(str(t) for t in truths),
+                   extra_info=dict(extra) if isinstance(extra, dict) else {},
+                   prompt=tuple(dict(m) for m in prompt), fields=row)
 
 
 class ExampleSource:

@@ -1,68 +1,55 @@
 """`method: memagent` with `model.url`: the memory agent's turns on an OpenAI-compatible server.
 
-Each of a question's n trajectories is one `rollout.client.run_on_server` loop (what `run
---url` runs: the chunks decoded to text, one chat request per turn), and up to
-`data.batch_size` loops run at once on threads, the way the original's evaluation keeps many
-samples in flight against its vLLM server. Trajectory k of row r asks the server for seeds
-derived from (sampling.seed, set, r, k), so a rerun against the same server and model is
-reproducible where the server honours `seed` (ours does). Scores, logs and resume are the
-runner's, as for the local engine.
+Each of a question's n trajectories is one MemAgent rollout on a `rollout.client.ServerPolicy`
+(what `run --url` runs: the chunks decoded to text, one chat request per turn), and up to
+`data.batch_size` rollouts run at once, the way the original's evaluation keeps many samples in
+flight against its vLLM server. Trajectory k of row r asks the server for seeds derived from
+(sampling.seed, set, r, k), so a rerun against the same server and model is reproducible where
+the server honours `seed` (ours does). Scores, logs and resume are the runner's, as for the
+local engine.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import zlib
 from typing import Callable
 
 from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone
-from memagent_jax.rollout.memagent import read_sample
-from memagent_jax.rollout.client import api_key_from_env, run_on_server
+from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+from memagent_jax.rollout.memagent import MemAgent
 
 
 class ServerMemAgentMethod(MemAgentMethod):
     """MemAgentMethod's checks, its turns sent to `config.model.url`."""
 
     def start(self) -> None:  # nothing to load: the server holds the model
-        model = self.config.model
-        self.name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
+        model, s = self.config.model, self.config.sampling
+        name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
+        self.server = Server(model.url, name, api_key_from_env(), temperature=s.temperature,
+                             top_p=s.top_p)
+        self.agent = MemAgent(self.config.memagent, self.tokenizer)
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
         s, n = self.config.sampling, self.config.sampling.n
-        budgets = self.config.memagent
-        samples = [read_sample(self.tokenizer, record["input"], record["context"], budgets)
-                   for _, record in batch]
+        samples = [self.agent.read(record["input"], record["context"]) for _, record in batch]
         add_turns(n * sum(len(sample.chunks) + 1 for sample in samples))
+        seeds = [[zlib.crc32(f"{s.seed}/{set_name}/{row}/{k}".encode()) & 0x7FFFFFFF
+                  for k in range(n)] for row, _ in batch]
 
-        def trajectory(i: int, k: int) -> Answer:
-            row = batch[i][0]
-            seed = zlib.crc32(f"{s.seed}/{set_name}/{row}/{k}".encode()) & 0x7FFFFFFF
-            record = run_on_server(
-                self.config.model.url, self.name, samples[i], self.tokenizer,
-                max_memory_tokens=budgets.max_memory_tokens,
-                max_final_tokens=budgets.max_final_tokens, temperature=s.temperature,
-                top_p=s.top_p, api_key=api_key_from_env(), seed=seed,
-                thinking=budgets.thinking,
-                on_turn=lambda *_: on_turn())
-            reply = record["final_reply"]
-            tokens = record["final_tokens"]
-            if tokens is None:  # a server without usage counts: our tokenizer's count
-                tokens = len(self.tokenizer(reply, add_special_tokens=False)["input_ids"])
-            return Answer(record["answer"], reply, record["finish_reason"] or "", tokens)
+        def done(i: int, trajectories) -> None:
+            answers = []
+            for trajectory in trajectories:
+                turn = trajectory.final_turn
+                tokens = turn.generated_tokens
+                if tokens is None:  # a server without usage counts: our tokenizer's count
+                    tokens = len(self.tokenizer(turn.reply, add_special_tokens=False)
+                                 ["input_ids"])
+                answers.append(Answer(trajectory.answer, turn.reply, turn.finish_reason or "",
+                                      tokens))
+            on_done(batch[i][0], answers, {"context_tokens": samples[i].document_tokens,
+                                           "turns": len(samples[i].chunks) + 1})
 
-        workers = max(1, min(self.config.data.batch_size, n * len(batch)))
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            futures = [[pool.submit(trajectory, i, k) for k in range(n)]
-                       for i in range(len(batch))]
-            try:
-                for i, answers in enumerate(futures):
-                    on_done(batch[i][0], [f.result() for f in answers],
-                            {"context_tokens": samples[i].document_tokens,
-                             "turns": len(samples[i].chunks) + 1})
-            except BaseException:
-                for answers in futures:
-                    for future in answers:
-                        future.cancel()
-                raise
+        run_on_server(self.server, self.agent, samples, seeds,
+                      max(1, self.config.data.batch_size), lambda i: on_turn(), done)

@@ -1,14 +1,15 @@
-"""One step's rollout batch: memory-loop rollouts, rewards, overlong shaping, dynamic sampling.
+"""One step's rollout batch: the agent's rollouts, rewards, overlong shaping, dynamic sampling.
 
-`collect_batch` draws prompts from the data iterator, runs n MemoryAgent trajectories per prompt
-(every chunk's memory update and the final answer), scores each trajectory's final reply with
-its verifier, adds DAPO's overlong penalty, and, with dynamic sampling on, keeps only groups
-whose rewards are not all equal, drawing more prompts until `prompts` groups are kept or the
-tries run out (docs/algorithm.md section 3); prompts the caller makes itself (a
-plugin's starts, rl/plugin.py) take the place of drawn ones in the first round. It returns the
-kept groups, their shaped rewards [G, n], the indices of every example drawn (the data order,
-logged per step), and rollout statistics over every trajectory sampled. `supervised_batch` is
-its counterpart for a supervised step: one given target trajectory per drawn example.
+`collect_batch` draws rows from the data iterator, runs n rollouts of the agent per row on the
+runner (rollout/runner.py; MemAgent's: every chunk's memory update and the final answer),
+scores each trajectory's final reply (`scoring.Rewarder`), adds DAPO's overlong penalty, and,
+with dynamic sampling on, keeps only groups whose rewards are not all equal, drawing more rows
+until `prompts` groups are kept or the tries run out (docs/algorithm.md section 3); rows the
+caller makes itself (a plugin's starts, rl/plugin.py) take the place of drawn ones in the first
+round. It returns the kept groups, their shaped rewards [G, n], the indices of every example
+drawn (the data order, logged per step), and rollout statistics over every trajectory sampled.
+`supervised_batch` is its counterpart for a supervised step: one given target trajectory per
+drawn example.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Callable
 import numpy as np
 
 from memagent_jax.data.pipeline import Example, take
-from memagent_jax.rl import dapo, rewards
-from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
+from memagent_jax.rl import dapo
+from memagent_jax.rl.scoring import Rewarder
+from memagent_jax.rollout.agent_api import Trajectory
 from memagent_jax.rollout.sampling import SamplingParams
 
 
@@ -38,81 +40,58 @@ class RolloutBatch:
     stats: dict[str, float]
 
 
-def reward_fn(kind: str, data_source: str) -> rewards.RewardFn:
-    """The verifier of data.reward: 'by_source' looks up the row's data_source in rl.rewards'
-    registry; 'contains' is contains_reward; any other value names a registered reward
-    ('strict', 'lenient_boxed', 'exact_match', 'f1')."""
-    if kind == "by_source":
-        return rewards.reward_function(data_source)
-    if kind == "contains":
-        return contains_reward
-    return rewards.reward_function(kind)
-
-
-def contains_reward(response: str, ground_truths) -> float:
-    """1.0 when a normalised gold answer appears as a whole phrase in the normalised reply."""
-    from memagent_jax.eval.metrics import normalize_answer
-
-    truths = [ground_truths] if isinstance(ground_truths, str) else ground_truths
-    text = f" {normalize_answer(response)} "
-    return float(any(f" {g} " in text for g in map(normalize_answer, truths) if g))
-
-
-def score(examples: list[Example], groups: list[list[Trajectory]], reward_kind: str
-          ) -> np.ndarray:
-    """[G, n] verifier rewards of each trajectory's final reply."""
-    return np.array([[reward_fn(reward_kind, e.data_source)(t.final_reply, list(e.ground_truths))
-                      for t in group] for e, group in zip(examples, groups)], np.float32)
-
-
-def overlong_penalties(groups: list[list[Trajectory]], memory_cap: int, final_cap: int,
-                       buffer: int, factor: float) -> np.ndarray:
-    """[G, n] DAPO soft overlong penalties: each turn against its own cap (memory updates:
-    memory_cap; the final answer: final_cap), the trajectory taking its worst."""
+def overlong_penalties(groups: list[list[Trajectory]], buffer: int, factor: float
+                       ) -> np.ndarray:
+    """[G, n] DAPO soft overlong penalties: each reply against its own cap (the max_tokens it
+    was asked with; MemAgent's memory updates max_memory_tokens, its answer max_final_tokens),
+    with `buffer` tokens of slope (a reply's cap where that is smaller), the trajectory taking
+    its worst."""
     out = np.zeros((len(groups), len(groups[0]) if groups else 0), np.float32)
     for g, group in enumerate(groups):
         for j, trajectory in enumerate(group):
             worst = 0.0
-            for c in trajectory.turns:
-                cap = memory_cap if c.kind == "update" else final_cap
-                worst = min(worst, float(dapo.overlong_penalty([len(c.response_ids)], cap,
-                                                               buffer, factor)[0]))
+            for turn in trajectory.turns:
+                for tokens, cap in turn.replies():
+                    if cap is not None:
+                        worst = min(worst, float(dapo.overlong_penalty(
+                            [tokens], cap, min(buffer, cap), factor)[0]))
             out[g, j] = worst
     return out
 
 
-def collect_batch(agent: MemoryAgent, params, iterator, config,
-                  seed_for_try: Callable[[int], int], on_turn: Callable | None = None,
-                  starts: Callable[[], tuple[list[Example], list[Sample]]] | None = None
+def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
+                  seed_for_try: Callable[[int], int], on_call: Callable | None = None,
+                  starts: Callable[[], tuple[list[Example], list]] | None = None
                   ) -> RolloutBatch:
-    """One step's batch (module docstring), sampled with `params`. config: the TrainConfig;
-    seed_for_try(k): the sampling seed of rollout round k; on_turn(sample, turn): called as
-    each turn finishes. starts(): prompts that come with their own samples (`Plugin.starts`),
-    run in the first round in place of as many drawn from `iterator`; later rounds draw from
-    `iterator` only."""
-    rollout, budgets, wanted = config.rollout, config.memagent, config.prompts_per_step
+    """One step's batch (module docstring), sampled with `params`. runner: the
+    `AgentRunner` the agent's rollouts run on; config: the TrainConfig; seed_for_try(k): the
+    sampling seed of rollout round k; on_call(row): after every reply. starts(): rows that
+    come with their own agent input (`Plugin.starts`: examples to score, and what the agent
+    reads), run in the first round in place of as many drawn from `iterator`; later rounds
+    draw from `iterator` only."""
+    rollout, wanted = config.rollout, config.prompts_per_step
     dynamic = config.dynamic_sampling.enabled
     kept_examples, kept_groups, kept_rewards, drawn = [], [], [], []
     all_groups, all_raw, all_shaped, started = [], [], [], []
-    tries, start = 0, time.perf_counter()
+    tries, start, reward_time = 0, time.perf_counter(), 0.0
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):
         need = wanted - len(kept_groups)
-        own_examples, own_samples = starts() if starts and not tries else ([], [])
+        own_examples, own_rows = starts() if starts and not tries else ([], [])
         examples = take(iterator, need - len(own_examples))
         drawn.extend(e.index for e in examples)
-        samples = [agent.read(e.question, e.context, strict=False) for e in examples]
-        examples, samples = examples + own_examples, samples + own_samples
+        rows = examples + own_rows
+        examples = examples + own_examples
         sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k,
                                   seed=seed_for_try(tries))
-        groups = agent.run(params, samples, sampling, n=rollout.n, on_turn=on_turn)
-        raw = score(examples, groups, config.data.reward)
+        groups = runner.run(params, agent, rows, sampling, n=rollout.n, on_call=on_call)
+        raw, seconds = rewarder.score(examples, groups)
+        reward_time += seconds
         if own_examples:
             started = raw[len(raw) - len(own_examples):]
         shaped = raw.copy()
         if config.overlong.enabled:
-            shaped += overlong_penalties(groups, budgets.max_memory_tokens,
-                                         budgets.max_final_tokens, config.overlong.buffer,
+            shaped += overlong_penalties(groups, config.overlong.buffer,
                                          config.overlong.penalty_factor)
         keep = dapo.informative_groups(shaped) if dynamic else np.ones(len(groups), bool)
         for g in np.flatnonzero(keep)[:need]:
@@ -128,40 +107,44 @@ def collect_batch(agent: MemoryAgent, params, iterator, config,
         stats["reward/starts_mean"] = float(started.mean())
     stats.update({"dynamic/kept_fraction": len(kept_groups) / max(len(all_groups), 1),
                   "dynamic/tries": float(tries), "dynamic/kept_groups": float(len(kept_groups)),
-                  "time/rollout_s": time.perf_counter() - start})
+                  "time/rollout_s": time.perf_counter() - start,
+                  "time/reward_s": reward_time})
     stats["rollout/tokens_per_s"] = stats["rollout/generated_tokens"] / stats["time/rollout_s"]
     rewards_array = (np.stack(kept_rewards) if kept_rewards
                      else np.zeros((0, rollout.n), np.float32))
     return RolloutBatch(kept_examples, kept_groups, rewards_array, drawn, tries, stats)
 
 
-def supervised_batch(iterator, prompts: int, reward: str,
+def supervised_batch(iterator, prompts: int, rewarder: Rewarder,
                      target: Callable[[Example], Trajectory]) -> RolloutBatch:
     """`collect_batch`'s result for a supervised step: the next `prompts` examples, one
-    `target` trajectory each (groups of 1), and their final replies' rewards by the verifier
-    `reward` names (data.reward): 1 where the target's answer is one the verifier accepts."""
+    `target` trajectory each (groups of 1), and their final replies' rewards
+    (`rewarder`): 1 where the target's answer is one the verifier accepts."""
     start = time.perf_counter()
     examples = take(iterator, prompts)
     groups = [[target(e)] for e in examples]
-    rewards = score(examples, groups, reward)
+    rewards, seconds = rewarder.score(examples, groups)
     stats = rollout_stats(groups, rewards, rewards)
-    stats["time/rollout_s"] = time.perf_counter() - start
+    stats.update({"time/rollout_s": time.perf_counter() - start, "time/reward_s": seconds})
     return RolloutBatch(examples, groups, rewards, [e.index for e in examples], 1, stats)
 
 
 def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.ndarray
                   ) -> dict[str, float]:
-    """Means over every sampled trajectory: rewards, lengths (tokens), turns, truncations."""
+    """Means over every sampled trajectory: rewards, lengths (generated tokens), turns
+    (conversations), replies, truncations, and the agent's own metrics (`agent/NAME`)."""
     trajectories = [t for group in groups for t in group]
     turns = [turn for t in trajectories for turn in t.turns]
-    updates = [len(c.response_ids) for c in turns if c.kind == "update"]
-    finals = [len(c.response_ids) for c in turns if c.kind == "final"]
-    responses = [len(c.response_ids) for c in turns]
+    updates = [c.generated_tokens for c in turns if c.kind == "update"]
+    finals = [c.generated_tokens for c in turns if c.kind == "final"]
+    responses = [c.generated_tokens for c in turns]
 
     def mean(values):
         return float(np.mean(values)) if len(values) else 0.0
 
-    return {
+    agent = {f"agent/{name}": mean([t.metrics[name] for t in trajectories if name in t.metrics])
+             for name in dict.fromkeys(k for t in trajectories for k in t.metrics)}
+    return {**agent,
         "reward/mean": mean(raw), "reward/std": float(np.std(raw)) if raw.size else 0.0,
         "reward/shaped_mean": mean(shaped),
         "rollout/response_length": mean(responses),
@@ -169,6 +152,7 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
         "rollout/final_length": mean(finals),
         "rollout/prompt_length": mean([len(c.prompt_ids) for c in turns]),
         "rollout/turns": mean([len(t.turns) for t in trajectories]),
+        "rollout/replies": mean([len(c.replies()) for t in trajectories for c in t.turns]),
         "rollout/truncated_fraction": mean([c.finish_reason == "length" for c in turns]),
         "rollout/answered_fraction": mean([t.answer is not None for t in trajectories]),
         "rollout/trajectories": float(len(trajectories)),

@@ -5,8 +5,12 @@ errors naming the key), each checking its own values as it is built:
     model       which weights: an HF/checkpoint directory, or a preset with random weights
                 (`rollout.factory.ModelSection`, shared with eval)
     mesh        device mesh axis sizes (data, fsdp, tensor; -1 takes the remaining devices)
-    data        training source(s) in the hotpotqa parquet layout, validation source, verifier
-    memagent    the workflow's token budgets and `thinking` (`MemAgentConfig`, shared with eval
+    agent       the agent a step rolls out: its module and its own keys (rollout/agent_api.py;
+                none: MemAgent)
+    data        training source(s) in verl's layout, validation source
+    reward      the function that scores a trajectory's final reply, its process pool
+                (`scoring.RewardSection`)
+    memagent    MemAgent's token budgets and `thinking` (`MemAgentConfig`, shared with eval
                 and `run`)
     engine      decode slots, KV length, prefill buckets (`EngineConfig`, shared likewise)
     rollout     n samples per prompt and how they are sampled
@@ -37,9 +41,11 @@ from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen import Remat
 from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
 from memagent_jax.rl.plugin import Plugin, load as load_plugin
+from memagent_jax.rl.scoring import RewardSection
+from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.rollout.factory import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig
 from memagent_jax.runconfig import at_least, load_config, probability
 
 
@@ -155,19 +161,13 @@ class LearnerConfig:
 
 @dataclasses.dataclass
 class DataSection:
-    """Training and validation data. reward: 'by_source' looks the verifier up by each row's
-    data_source (rl.rewards); 'strict' forces the original's verifier; 'lenient_boxed' this
-    port's earlier, more forgiving one; 'exact_match' / 'f1' score the boxed answer with EM /
-    F1 (docs/algorithm.md section 2); 'contains' scores 1 when a gold answer appears as a phrase
-    in the final reply (for smoke runs with untrained tiny models)."""
+    """Training and validation data, rows in verl's layout (data/pipeline.py)."""
     # Sources whose rows are concatenated: files, directories, hf:// paths, hub ids.
     train: list[str] = dataclasses.field(default_factory=list)
     train_split: str = "train"  # the split read from a hub source
     val: str | None = None      # the validation source (None: no validation)
     val_split: str = "train"    # its split
     shuffle: bool = False       # seeded order, reshuffled each epoch (off: the file's order)
-    reward: Literal["by_source", "strict", "lenient_boxed", "exact_match", "f1",
-                    "contains"] = "by_source"  # the verifier (above)
     SECTION: ClassVar[str] = "data"
 
     def __post_init__(self):
@@ -261,7 +261,10 @@ class TrainConfig:
     OTHER_CONFIGS: ClassVar[dict] = {"eval": ("method", "full_context", "sampling", "report")}
     model: ModelSection = dataclasses.field(default_factory=ModelSection)
     mesh: dict[str, int] = dataclasses.field(default_factory=lambda: dict(DEFAULT_MESH))
+    # The agent: {module: ..., its own keys} (rollout/agent_api.py); {}: MemAgent.
+    agent: dict[str, Any] = dataclasses.field(default_factory=dict)
     data: DataSection = dataclasses.field(default_factory=DataSection)
+    reward: RewardSection = dataclasses.field(default_factory=RewardSection)
     # Training documents are centre-truncated to 8 chunks, as the original's were.
     memagent: MemAgentConfig = dataclasses.field(
         default_factory=lambda: MemAgentConfig(max_chunks=8))
@@ -304,8 +307,9 @@ class TrainConfig:
                                   f"rollout.temperature ({self.rollout.temperature}): the "
                                   "learner scores tokens under the distribution they were "
                                   "sampled from")
-        self._plugin = load_plugin(self)  # its section's keys checked
-        if self.overlong.enabled:
+        self._agent = load_agent(self.agent, self)  # its section's keys checked
+        self._plugin = load_plugin(self)
+        if self.overlong.enabled and isinstance(self._agent, MemAgent):
             cap = min(self.memagent.max_memory_tokens, self.memagent.max_final_tokens)
             if not 1 <= self.overlong.buffer <= cap:
                 raise ConfigError("overlong.buffer", f"must be in 1..{cap} (the smaller reply "
@@ -321,6 +325,11 @@ class TrainConfig:
     @property
     def logs_dir(self) -> str:
         return self.log_dir or os.path.join(self.output_dir, "logs")
+
+    @property
+    def loaded_agent(self):
+        """The `agent` section's agent, built when this config was."""
+        return self._agent
 
     @property
     def loaded_plugin(self) -> Plugin | None:

@@ -50,11 +50,10 @@ from memagent_jax.models.qwen import Params, Qwen, Remat, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl import batching
 from memagent_jax.rl.config import LearnerConfig
-from memagent_jax.rl.dapo import (per_token, policy_loss, rollout_mismatch,
-                                  truncated_is_weights)
+from memagent_jax.rl.dapo import rollout_mismatch, truncated_is_weights
 from memagent_jax.rl.logprobs import token_logprobs
+from memagent_jax.rl.objectives import MISMATCH_METRICS, objective
 from memagent_jax.rl.rows import TrainingRows
-from memagent_jax.rl.supervised import sft_loss
 
 
 class Learner:
@@ -74,10 +73,8 @@ class Learner:
 
     def __init__(self, model: Qwen, config: LearnerConfig = LearnerConfig(), mesh=None):
         self.config, self.mesh = config, mesh
+        self.objective = objective(config)  # what `update` minimises (rl/objectives.py)
         self.vocab_size = model.config.vocab_size
-        # Without a recompute, the first mini-batch's forward is the one pass of the learner
-        # over sampled tokens under the parameters that sampled them (see `update`).
-        self._mismatch_in_graph = config.loss == "dapo" and config.old_logprobs == "rollout"
         self.graphdef, params = split_params(model)
         stored = {jnp.dtype(x.dtype).name for x in jax.tree.leaves(params)}
         if stored != {"float32"}:
@@ -116,7 +113,7 @@ class Learner:
         # A copy even when no cast is needed: the policy's own buffers are donated by every
         # update.
         self._ref_params = (self._make(cast, self._param_shardings, self._params)
-                            if config.kl_coef != 0.0 and config.loss == "dapo" else None)
+                            if self.objective.reference else None)
         # The micro-batch's arrays (batching.FIELDS): what `update` gathers, `compiled` shapes.
         self._fields = batching.batch_fields(config, reference=self._ref_params is not None)
 
@@ -237,7 +234,7 @@ class Learner:
             raise ValueError(f"training rows hold token id {outside[0]}, outside the model's "
                              f"vocabulary of {self.vocab_size} ids")
         config = self.config
-        recompute = config.old_logprobs == "recompute" and config.loss == "dapo"
+        recompute = self.objective.recompute_old
         reference = [] if self._ref_params is None else [self._ref_params]
         computed = self._logprobs_under(rows, [self._params] * recompute + reference)
         old = computed[0] if recompute else rows.rollout_logprobs
@@ -293,7 +290,7 @@ class Learner:
         applied = [r for r in results if not r["skipped"]]
         summary = {}
         for name in self._metric_names() + ("grad_norm",):
-            if name in _MISMATCH_METRICS:  # the first mini-batch's, before any update
+            if name in MISMATCH_METRICS:  # the first mini-batch's, before any update
                 summary[name] = float(results[0][name])
                 continue
             values = [float(r[name]) for r in applied]
@@ -332,23 +329,10 @@ class Learner:
         return self._token_logprobs(params, batch)[0]
 
     def _loss_fn(self, params, batch):
-        config = self.config
-        logp, entropy = self._token_logprobs(params, batch, config.remat, True)
-        if config.entropy_coef == 0.0 or config.loss == "sft":
+        logp, entropy = self._token_logprobs(params, batch, self.config.remat, True)
+        if not self.objective.entropy_in_loss:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
-        if config.loss == "sft":
-            return sft_loss(logp, batch["loss_mask"], batch["row_weights"], entropy)
-        loss, metrics = policy_loss(
-            logp, batch["old_logprobs"], batch["advantages"], batch["loss_mask"],
-            eps_low=config.eps_low, eps_high=config.eps_high, dual_clip=config.dual_clip,
-            ref_logp=batch.get("ref_logprobs"), kl_coef=config.kl_coef, entropy=entropy,
-            entropy_coef=config.entropy_coef, row_weights=batch["row_weights"],
-            token_weights=batch.get("is_weights"))
-        if self._mismatch_in_graph:  # old_logprobs are the rollout's
-            weights = batch["loss_mask"] * per_token(batch["row_weights"])
-            metrics.update(rollout_mismatch(jax.lax.stop_gradient(logp), batch["old_logprobs"],
-                                            weights, config.eps_low, config.eps_high))
-        return loss, metrics
+        return self.objective.loss(logp, batch, entropy)
 
     def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish):
         """One micro-batch: accumulate its gradient; if `finish`, apply the mini-batch's update
@@ -384,7 +368,7 @@ class Learner:
     def _metric_names(self) -> tuple[str, ...]:
         """The loss's metrics, summed over a mini-batch's micro-batches."""
         return ("loss", "pg_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "kl",
-                "entropy") + (_MISMATCH_METRICS if self._mismatch_in_graph else ())
+                "entropy") + (MISMATCH_METRICS if self.objective.mismatch_in_loss else ())
 
     def _update_metric_names(self) -> tuple[str, ...]:
         return self._metric_names() + ("grad_norm", "lr", "skipped")
@@ -398,9 +382,6 @@ class Learner:
         metrics = {name: jax.device_put(jnp.float32(0), self._scalar)
                    for name in self._metric_names()}
         return grads, metrics
-
-
-_MISMATCH_METRICS = ("rollout_logprob_abs_diff", "rollout_kl_k3", "rollout_outside_clip")
 
 
 def _zeros_like(tree):

@@ -27,17 +27,19 @@ import numpy as np
 from memagent_jax.data.pipeline import Example
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rows import TrainingRows
-from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
+from memagent_jax.rollout.agent_api import Trajectory
+from memagent_jax.rollout.memagent import MemAgent, Sample
 
 SECTION = "plugin"
 
 
 @dataclasses.dataclass(frozen=True)
 class StepContext:
-    """What a plugin may use in one step. seed: a function of (run seed, step) only, so that a
+    """What a plugin may use in one step. agent: the config's agent (MemAgent
+    for the synthetic plugin); seed: a function of (run seed, step) only, so that a
     resumed run draws the same rows; logprobs: rows -> [R, T] float32 log-probabilities of
     their response tokens under the current parameters (0 elsewhere)."""
-    agent: MemoryAgent
+    agent: object
     seed: int
     logprobs: Callable[[TrainingRows], np.ndarray]
 
@@ -45,7 +47,7 @@ class StepContext:
 class Plugin(Protocol):
     """An experiment's additions to a training step (module docstring)."""
 
-    def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
+    def target(self, agent, example: Example) -> Trajectory:
         """The trajectory a supervised step trains on for `example` (its turns' prompts as
         `agent` builds them, the replies the ones to learn)."""
 

@@ -1,9 +1,11 @@
 """Training rows: every turn of every trajectory.
 
-MemAgent trains on each turn (a memory update or the final answer: a conversation of its own) as
-an independent row: its prompt followed by its response, every response token carrying the
-advantage of the trajectory the turn belongs to (docs/algorithm.md section 3). A trajectory with
-more chunks therefore contributes more rows and more tokens. Two options give the slime port's
+A turn is one conversation an agent returned (rollout/agent_api.py; MemAgent's: a memory update
+or the final answer), trained as an independent row: its prompt followed by its response,
+every generated token carrying the advantage of the trajectory the turn belongs to
+(docs/algorithm.md section 3; multi-conversation DAPO); tokens the agent added between replies
+(tool results, user turns) are in the row and carry no loss. A trajectory with more
+conversations (MemAgent: more chunks) therefore contributes more rows and more tokens. Two options give the slime port's
 recipe instead: `credit="amortise"` divides a trajectory's advantage evenly over its trained
 turns, and `train_final_turn=False` leaves the final-answer turns out.
 
@@ -25,7 +27,7 @@ class TrainingRows:
     """R rows right-padded to a common length T (host numpy arrays).
 
     tokens [R, T] int32: the prompt, then the response, then 0s.
-    loss_mask [R, T] float32: 1 where tokens holds a response token.
+    loss_mask [R, T] float32: 1 where tokens holds a generated response token.
     advantages [R] float32: the row's trajectory's advantage (on each of its response tokens).
     rollout_logprobs [R, T] float32: each response token's log-probability under the sampling
         policy, at its position in tokens; 0 elsewhere.
@@ -63,7 +65,7 @@ def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "br
                            train_final_turn: bool = True) -> TrainingRows:
     """One row per trained turn of every trajectory.
 
-    trajectories: a flat list of `rollout.memagent.Trajectory`, or a list of groups (lists) of
+    trajectories: a flat list of `rollout.agent_api.Trajectory`, or a list of groups (lists) of
     them, as `MemoryAgent.run` returns; advantages: one per trajectory, flat [N] or [G, n]
     matching the grouping. Turns without response tokens have nothing to train and are left
     out, as are final turns when not `train_final_turn`. credit: "broadcast" puts the
@@ -82,8 +84,10 @@ def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "br
     if not turns:
         raise ValueError("no turn with response tokens to train on")
     for _, _, c in turns:
-        if len(c.response_logprobs) != len(c.response_ids):
-            raise ValueError("a turn's response_logprobs and response_ids differ in length")
+        if len(c.response_logprobs) != len(c.response_ids) or (
+                c.response_mask is not None and len(c.response_mask) != len(c.response_ids)):
+            raise ValueError("a turn's response_logprobs, response_mask and response_ids "
+                             "differ in length")
     lengths = np.array([len(c.prompt_ids) + len(c.response_ids) for _, _, c in turns], np.int32)
     rows, width = len(turns), int(lengths.max())
     tokens = np.zeros((rows, width), np.int32)
@@ -94,7 +98,7 @@ def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "br
         p, n = len(c.prompt_ids), len(c.response_ids)
         tokens[r, :p] = c.prompt_ids
         tokens[r, p:p + n] = c.response_ids
-        loss_mask[r, p:p + n] = 1.0
+        loss_mask[r, p:p + n] = 1.0 if c.response_mask is None else c.response_mask
         logprobs[r, p:p + n] = c.response_logprobs
         prompt_lengths[r] = p
     index = np.array([i for i, _, _ in turns], np.int32)

@@ -1,13 +1,14 @@
 """The RL training loop: `memagent-jax train --config FILE key=value ...`.
 
-Per step: draw prompts (grain iterator) -> n MemoryAgent trajectories per prompt on the decoding
-engine, with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
-(collect.py) -> group advantages -> training rows (one per turn) -> `Learner.update` (PPO
-mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
-TensorBoard scalars and one JSON line per step. A `plugin` section's module (rl/plugin.py) may
-add to a step: with `learner.loss: sft` the rollouts are its target trajectories instead (a
-supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out its
-starts beside the drawn prompts. Rollouts decode with the engine's copy of `learner.params`
+Per step: draw rows (grain iterator) -> n rollouts per row of the config's agent
+(rollout/agent_api.py; MemAgent unless `agent.module` names another) on the decoding engine,
+with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
+(collect.py) -> group advantages -> training rows (one per conversation) -> `Learner.update`
+(PPO mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
+TensorBoard scalars and one JSON line per step. The step's kind (steps.py) is built once: with
+`learner.loss: sft` the rollouts are a plugin's (rl/plugin.py) target trajectories instead (a
+supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out a
+plugin's starts beside the drawn rows. Rollouts decode with the engine's copy of `learner.params`
 (`Engine.place`): the learner's own arrays where they are stored in the compute dtype and the
 rollout's layout (one device, float32 on CPU), else a device copy (bf16 from float32 master
 weights, split over tensor only), made on the same mesh at each rollout and dropped when it
@@ -38,7 +39,6 @@ checkpointed with its data position, and the command exits 0 for SIGTERM, 130 fo
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -63,13 +63,14 @@ from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl import plugin
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.checkpointing import Checkpointer, committed_steps
-from memagent_jax.rl.collect import collect_batch, score, supervised_batch
 from memagent_jax.rl.config import (CONFIG_FILE, RESUMABLE, TrainConfig, check_devices,
                                     load_train_config)
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rl.scoring import Rewarder
+from memagent_jax.rl.steps import make_step
 from memagent_jax.rl.tensorboard import ScalarWriter
-from memagent_jax.rollout.factory import build_agent, load_policy
+from memagent_jax.rollout.factory import build_runner, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.runconfig import check, differences, to_dict, write_config
 
@@ -107,12 +108,13 @@ class Trainer:
         """Reads the data sources and the tokenizer, and checks that the output directories
         can be made: every file the run needs, and every optional package; no device."""
         data = self.config.data
-        sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]")
-                   for i, s in enumerate(data.train)]
+        fields = tuple(getattr(self.config.loaded_agent, "required_fields", ()))
+        sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]",
+                                        required=fields) for i, s in enumerate(data.train)]
         self.train_data = pipeline.concatenate(sources)
         self.val_examples = []
         if data.val:
-            val = pipeline.load_source(data.val, data.val_split, key="data.val")
+            val = pipeline.load_source(data.val, data.val_split, key="data.val", required=fields)
             self.val_examples = pipeline.evaluation_examples(val, self.config.validation.size)
         self.tokenizer = self.config.model.load_tokenizer(required=True)
         # The example iterator's and the ScalarWriter's, imported once the model has loaded:
@@ -152,7 +154,8 @@ class Trainer:
 
     def _announce(self) -> None:
         """What the run is about to do, before the model loads (process 0)."""
-        c, m, b = self.config, self.config.model, self.config.memagent
+        c, m = self.config, self.config.model
+        agent = c.loaded_agent
         data = f"{', '.join(c.data.train)} ({len(self.train_data)} rows)"
         if c.data.val:
             data += f"; validation {c.data.val} ({len(self.val_examples)} rows used)"
@@ -162,9 +165,8 @@ class Trainer:
             "data": data,
             "devices": f"{jax.device_count()} {jax.default_backend()} device(s) in "
                        f"{self.process_count} process(es), mesh {mesh}",
-            "budgets": f"chunks of {b.chunk_tokens} tokens (at most {b.max_chunks or 'all'} "
-                       f"a document), memory {b.max_memory_tokens}, final answer "
-                       f"{b.max_final_tokens}; {c.engine.slots} decode slots",
+            "agent": (f"{agent.name}: {agent.describe()}" if hasattr(agent, "describe")
+                      else agent.name) + f"; {c.engine.slots} decode slots",
             "steps": f"{c.steps} ({c.learner.loss}), each {c.prompts_per_step} prompts x "
                      f"{c.rollout.n} trajectories",
             "run dir": f"{c.output_dir} ({CONFIG_FILE}; checkpoints {c.checkpoint_dir}, "
@@ -177,8 +179,10 @@ class Trainer:
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
-        self.agent = build_agent(policy.model, self.tokenizer, config.memagent, config.engine,
-                                 self.mesh, policy.stop_ids)
+        self.agent = config.loaded_agent
+        self.runner = build_runner(self.agent, policy.model, self.tokenizer, config.engine,
+                                   self.mesh, policy.stop_ids)
+        self.rewarder = Rewarder(config.reward)
         self.iterator = pipeline.training_iterator(self.train_data, config.seed,
                                                    shuffle=config.data.shuffle)
         self.checkpointer = Checkpointer(config.checkpoint_dir, keep=config.checkpoint.keep,
@@ -190,21 +194,21 @@ class Trainer:
                          "checkpointing the last finished step (Ctrl-C again changes nothing; "
                          "kill -9 stops at once and keeps only the newest checkpoint)")
         self.plugin = config.loaded_plugin
+        self.step_kind = make_step(config, self.agent, self.runner, self.rewarder, self.plugin)
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
-        directory loads as a model (`export`, `run`, `eval`, `generate`), and the memory
-        loop's budgets and `thinking` setting it trains with (`memagent.json`, which `run` and
-        `demo` default to; max_chunks, a training-time cut, left out). Written once."""
+        directory loads as a model (`export`, `run`, `eval`, `generate`), and the agent's own
+        files (`model_files()`; MemAgent's memagent.json: the budgets and `thinking` setting
+        it trains with, which `run` and `demo` default to). Written once."""
         directory = os.path.join(self.config.checkpoint_dir, model_dir.TRAINING_MODEL_DIR)
         if "://" in directory or distributed.broadcast(os.path.isdir(directory)):
             return
         m = self.config.model
         sources = [m.tokenizer, m.path, m.path and model_dir.side_files_dir(m.path)]
-        budgets = dataclasses.asdict(self.config.memagent)
-        budgets.pop("max_chunks")
-        checkpoint.write_model_files(model_config, directory, [d for d in sources if d],
-                                     {model_dir.BUDGETS_FILE: budgets})
+        agent = self.config.loaded_agent
+        files = agent.model_files() if hasattr(agent, "model_files") else {}
+        checkpoint.write_model_files(model_config, directory, [d for d in sources if d], files)
 
     def _restore_if_any(self) -> None:
         latest = self.checkpointer.latest_step()
@@ -259,14 +263,14 @@ class Trainer:
         A SIGTERM or Ctrl-C during the rollouts (checked after every turn) stops the run at
         the previous step instead (`stopped`), checkpointed as it was when this step began."""
         config, start = self.config, time.perf_counter()
-        turns = [0]
+        calls = [0]
         at_start = self.rng, self.iterator.get_state()
 
-        def on_turn(_sample, _turn):
-            turns[0] += 1
-            if turns[0] % 16 == 0 and self._bar is not None:
-                self._bar.set_postfix_str(f"step {step}: {turns[0]} turns", refresh=True)
-            if self.preemption.reached():  # every process finishes the same turns in order
+        def on_call(_row):
+            calls[0] += 1
+            if calls[0] % 16 == 0 and self._bar is not None:
+                self._bar.set_postfix_str(f"step {step}: {calls[0]} replies", refresh=True)
+            if self.preemption.reached():  # every process finishes the same replies in order
                 raise _Preempted
 
         seeds = []
@@ -280,15 +284,8 @@ class Trainer:
         context = plugin.StepContext(self.agent, config.seed * 1_000_003 + step,
                                      self.learner.logprobs)
         try:
-            if config.learner.loss == "sft":  # no sampling: the plugin's target trajectories
-                batch = supervised_batch(self.iterator, config.prompts_per_step,
-                                         config.data.reward,
-                                         functools.partial(self.plugin.target, self.agent))
-            else:
-                starts = (functools.partial(self.plugin.starts, context) if self.plugin
-                          else None)
-                batch = collect_batch(self.agent, self.learner.params,
-                                      self.iterator, config, seed_for_try, on_turn, starts)
+            batch = self.step_kind.collect(self.learner.params, self.iterator, context,
+                                           seed_for_try, on_call)
         except _Preempted:
             self.rng = at_start[0]
             self.iterator.set_state(at_start[1])
@@ -299,12 +296,8 @@ class Trainer:
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
-            groups = batch.groups
-            if config.learner.loss == "sft":
-                groups = groups + [[t] for t in self.plugin.extra_trajectories(context)]
-                advantages = np.ones(sum(len(g) for g in groups))
-            else:
-                advantages = self.compute_advantages(step, batch.rewards)
+            groups, advantages = self.step_kind.groups(
+                batch, context, functools.partial(self.compute_advantages, step))
             rows = rows_from_trajectories(groups, advantages, config.learner.credit,
                                           config.learner.train_final_turn)
             update_start = time.perf_counter()
@@ -341,12 +334,11 @@ class Trainer:
         verifier)."""
         v, start = self.config.validation, time.perf_counter()
         sampling = SamplingParams(v.temperature, v.top_p, seed=self.config.seed + 1)
-        samples = [self.agent.read(e.question, e.context, strict=False)
-                   for e in self.val_examples]
-        groups = self.agent.run(self.learner.params, samples, sampling, n=v.n)
+        groups = self.runner.run(self.learner.params, self.agent, self.val_examples, sampling,
+                                 n=v.n)
         scores = [qa_scores(t.answer, list(e.ground_truths))
                   for e, g in zip(self.val_examples, groups) for t in g]
-        rewards = score(self.val_examples, groups, self.config.data.reward)
+        rewards, _ = self.rewarder.score(self.val_examples, groups)
         return {"val/accuracy": 100 * float(np.mean([s["sub_em"] for s in scores])),
                 "val/exact_match": float(np.mean([s["em"] for s in scores])),
                 "val/f1": float(np.mean([s["f1"] for s in scores])),
@@ -385,6 +377,7 @@ class Trainer:
     def close(self) -> None:
         self.checkpointer.close()
         self.writer.close()
+        self.rewarder.close()
 
     # ---- helpers ------------------------------------------------------------------------
 

@@ -1,16 +1,19 @@
-"""The MemAgent workflow against an OpenAI-compatible chat-completions server (`run --url`).
+"""An OpenAI-compatible chat-completions server as a policy handle (`run --url`, `eval` with
+`model.url`).
 
-Same turns as on the local engine (`memory_turns`), one HTTP request per turn, as the original
-quickstart does with vLLM or a hosted model. A chat API takes text, so here the workflow runs in
-text: each chunk's ids are decoded, the memory is the reply's text (`thinking: strip`: what
-follows its last </think>, `strip_thinking_text`), and the server tokenizes each message whole
-(`thinking: off`: with "chat_template_kwargs": {"enable_thinking": false}, as vLLM takes it).
-The URL is the API base (".../v1", or an Azure deployment URL); the key comes from the
-environment (`api_key_from_env`).
+`ServerPolicy` is `agent_api.Policy` against a server: each `chat` call is one HTTP request
+(on a thread, so many rollouts' requests are in flight at once), as the original's evaluation
+sends its turns to vLLM or a hosted model. A chat API takes text, so its replies have text and
+no token ids, and an agent that splices ids (MemAgent) runs in text against it
+(`policy.takes_ids` is False). `run_on_server` runs an agent's rollouts with it. The URL is
+the API base (".../v1", or an Azure deployment URL); the key comes from the environment
+(`api_key_from_env`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 import urllib.error
@@ -18,10 +21,9 @@ import urllib.request
 from typing import Callable
 
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.memagent import Sample, memory_turns, run_record
-from memagent_jax.rollout.templates import INITIAL_MEMORY, final_prompt, update_prompt
-from memagent_jax.rollout.thinking import strip_thinking_text, template_kwargs
+from memagent_jax.rollout.agent_api import Reply, Trajectory
+from memagent_jax.rollout.conversation import Call
+from memagent_jax.rollout.runner import run_coroutine, trajectory_of
 
 # Where the client reads its key, first set (non-empty) first: the project's own variable,
 # which `serve` reads too, then the original MemAgent quickstart's (and this command's before
@@ -36,73 +38,117 @@ def api_key_from_env() -> str | None:
     return next(filter(None, map(os.environ.get, API_KEY_VARIABLES)), None)
 
 
-def chat(url: str, model: str, message: str, *, max_tokens: int, temperature: float,
-         top_p: float, api_key: str | None, timeout: float, seed: int | None = None,
+@dataclasses.dataclass(frozen=True)
+class Server:
+    """Where and how to ask: the API base URL, the served model's name, the key (None: none
+    sent), seconds per request, and the sampling every call uses."""
+    url: str
+    model: str
+    api_key: str | None = None
+    timeout: float = 300.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | None = None,
          template_vars: dict | None = None) -> dict:
     """One chat completion: its first choice ({"message": {"content"}, "finish_reason"}),
     with the response's "usage" when the server reports it. template_vars: the chat
-    template's extra variables, sent as "chat_template_kwargs" (vLLM's field). Raises
-    OSError/ValueError on failure."""
-    request = {"model": model, "messages": [{"role": "user", "content": message}],
-               "max_tokens": max_tokens, "temperature": temperature, "top_p": top_p}
+    template's extra variables, sent as "chat_template_kwargs" (vLLM's field; `tools` as
+    OpenAI's own field). Raises OSError/ValueError on failure."""
+    request = {"model": server.model, "messages": messages, "max_tokens": max_tokens,
+               "temperature": server.temperature, "top_p": server.top_p}
     if seed is not None:
         request["seed"] = seed
+    template_vars = dict(template_vars or {})
+    if "tools" in template_vars:
+        request["tools"] = template_vars.pop("tools")
     if template_vars:
         request["chat_template_kwargs"] = template_vars
     body = json.dumps(request).encode()
     headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-        headers["api-key"] = api_key  # Azure OpenAI reads this header instead
-    request = urllib.request.Request(url.rstrip("/") + "/chat/completions", body, headers)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    if server.api_key:
+        headers["Authorization"] = f"Bearer {server.api_key}"
+        headers["api-key"] = server.api_key  # Azure OpenAI reads this header instead
+    request = urllib.request.Request(server.url.rstrip("/") + "/chat/completions", body, headers)
+    with urllib.request.urlopen(request, timeout=server.timeout) as response:
         payload = json.loads(response.read())
     return {**payload["choices"][0], "usage": payload.get("usage")}
 
 
-def run_on_server(url: str, model: str, sample: Sample, tokenizer, *,
-                  max_memory_tokens: int, max_final_tokens: int, temperature: float,
-                  top_p: float, api_key: str | None, timeout: float = 300.0,
-                  seed: int | None = None, thinking: str = "keep",
-                  on_turn: Callable[[int, str, str], None] | None = None) -> dict:
-    """Runs every turn; returns `run_record`'s record (the local engine's keys; a turn's
-    response_tokens from the server's usage, None without it). tokenizer: the one that cut
-    the sample (decodes its chunks). thinking: `MemAgentConfig.thinking`.
-    seed: turn k (from 1) asks the server for seed + k (None: no seed). on_turn(turn number,
-    kind, reply) after each turn. A failed request raises a UserError naming the turn."""
-    turns = memory_turns([tokenizer.decode(c) for c in sample.chunks], INITIAL_MEMORY)
-    records, new_memory, reply, number = [], None, None, 0
-    while True:
+class ServerPolicy:
+    """One rollout's handle on a server (module docstring). Call k (from 1) asks for seed + k
+    (seed None: no seed, the server's own draw)."""
+    takes_ids = False
+
+    def __init__(self, server: Server, tokenizer, seed: int | None = None,
+                 on_call: Callable[[], None] | None = None):
+        self.server, self.tokenizer, self.seed, self.on_call = server, tokenizer, seed, on_call
+        self.calls: dict[Reply, Call] = {}
+
+    async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
+                   prompt_ids: list[int] | None = None, **template_vars) -> Reply:
+        if messages is None:
+            raise ValueError("a server takes chat messages, not prompt_ids alone")
+        number = len(self.calls) + 1
+        seed = None if self.seed is None else (self.seed + number) & 0x7FFFFFFF
+        url = self.server.url
         try:
-            kind, memory, chunk = turns.send(new_memory)
-        except StopIteration:
-            break
-        number += 1
-        message = (update_prompt(sample.problem, memory, chunk) if kind == "update"
-                   else final_prompt(sample.problem, memory))
-        cap = max_memory_tokens if kind == "update" else max_final_tokens
-        try:
-            choice = chat(url, model, message, max_tokens=cap, temperature=temperature,
-                          top_p=top_p, api_key=api_key, timeout=timeout,
-                          seed=None if seed is None else (seed + number) & 0x7FFFFFFF,
-                          template_vars=template_kwargs(thinking))
-            reply = choice["message"]["content"] or ""
+            choice = await asyncio.to_thread(chat, self.server, list(messages),
+                                             max_tokens=max_tokens, seed=seed,
+                                             template_vars=template_vars)
+            text = choice["message"]["content"] or ""
         except urllib.error.HTTPError as e:
-            raise UserError(f"{url}: turn {number} ({kind}): server answered HTTP {e.code} "
-                            f"{e.reason}{_server_message(e)}{_key_hint(e.code, api_key)}"
+            raise UserError(f"{url}: call {number}: server answered HTTP {e.code} {e.reason}"
+                            f"{_server_message(e)}{_key_hint(e.code, self.server.api_key)}"
                             ) from None
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
-            raise UserError(f"{url}: turn {number} ({kind}): request failed "
-                            f"({type(e).__name__}: {e})") from None
-        new_memory = None
-        if kind == "update":
-            new_memory = strip_thinking_text(reply) if thinking == "strip" else reply
-        if on_turn is not None:
-            on_turn(number, kind, reply)
-        records.append({"kind": kind, "reply": reply, "memory": new_memory,
-                        "finish_reason": choice.get("finish_reason"),
-                        "response_tokens": (choice.get("usage") or {}).get("completion_tokens")})
-    return run_record(sample.problem, final_answer(reply), records)
+            raise UserError(f"{url}: call {number}: request failed ({type(e).__name__}: {e})"
+                            ) from None
+        reply = Reply(text, choice.get("finish_reason") or "",
+                      completion_tokens=(choice.get("usage") or {}).get("completion_tokens"))
+        self.calls[reply] = Call(list(messages), template_vars, [], max_tokens, None, reply)
+        if self.on_call is not None:
+            self.on_call()
+        return reply
+
+    async def once(self, fn: Callable, *args):
+        return fn(*args)
+
+
+def run_on_server(server: Server, agent, rows: list, seeds: list[list[int | None]],
+                  concurrency: int = 32, on_call: Callable[[int], None] | None = None,
+                  on_done: Callable[[int, list[Trajectory]], None] | None = None
+                  ) -> list[list[Trajectory]]:
+    """Rollout j of row i with `ServerPolicy(seed=seeds[i][j])`, at most `concurrency` of them
+    at once; the trajectories of every row, in order. on_call(i) after each reply; on_done(i,
+    trajectories) once row i's rollouts have all finished. A failed request raises its
+    UserError."""
+    async def main():
+        limit = asyncio.Semaphore(concurrency)
+        left = [len(s) for s in seeds]
+        results: list[list] = [[None] * len(s) for s in seeds]
+
+        async def one(i: int, j: int):
+            async with limit:
+                policy = ServerPolicy(server, None, seeds[i][j],
+                                      on_call and (lambda: on_call(i)))
+                results[i][j] = trajectory_of(await agent.rollout(rows[i], policy),
+                                              policy.calls, rows[i])
+            left[i] -= 1
+            if not left[i] and on_done is not None:
+                on_done(i, results[i])
+
+        tasks = [asyncio.ensure_future(one(i, j)) for i in range(len(rows))
+                 for j in range(len(seeds[i]))]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+        return results
+
+    return run_coroutine(main)
 
 
 def _server_message(error: urllib.error.HTTPError) -> str:

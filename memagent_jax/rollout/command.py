@@ -193,16 +193,16 @@ def _run(args) -> None:
                 tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
 
         if args.url:
-            from memagent_jax.rollout.client import api_key_from_env, run_on_server
-            record = run_on_server(args.url, args.model, sample, tokenizer,
-                                   max_memory_tokens=config.max_memory_tokens,
-                                   max_final_tokens=config.max_final_tokens,
-                                   temperature=args.temperature, top_p=args.top_p,
-                                   api_key=api_key_from_env(), timeout=args.timeout,
-                                   thinking=config.thinking,
-                                   on_turn=lambda n, kind, reply: show(kind, reply))
+            from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+            from memagent_jax.rollout.memagent import MemAgent
+
+            server = Server(args.url, args.model, api_key_from_env(), args.timeout,
+                            args.temperature, args.top_p)
+            agent = _Shown(MemAgent(config, tokenizer), show)
+            (trajectory,), = run_on_server(server, agent, [sample], [[None]])
         else:
-            record = _run_locally(args, agent, params, sample, show)
+            trajectory = _run_locally(args, agent, params, sample, show)
+        record = trajectory.record()
     if args.json:  # one JSON document on stdout, the answer in it
         print_once(json.dumps(record, ensure_ascii=False, indent=2))
     else:
@@ -230,13 +230,24 @@ def _local_agent(model, config, tokenizer, sample):
     return agent, policy.params
 
 
-def _run_locally(args, agent, params, sample, show) -> dict:
+def _run_locally(args, agent, params, sample, show):
     from memagent_jax.rollout.sampling import SamplingParams
 
     sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
     (trajectory,) = agent.run(params, [sample], sampling,
                               on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
-    return trajectory.record()
+    return trajectory
+
+
+class _Shown:
+    """An agent whose every turn is shown (`run --verbose`, the progress bar)."""
+
+    def __init__(self, agent, show):
+        self.agent, self.show, self.name = agent, show, agent.name
+
+    async def rollout(self, row, policy):
+        return await self.agent.rollout(row, policy,
+                                        lambda turn: self.show(turn.kind, turn.reply))
 
 
 def _checked_sample(tokenizer, question: str, document: str, doc_path: str, config):

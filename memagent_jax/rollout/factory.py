@@ -1,12 +1,14 @@
-"""Where every front end gets its policy and its memory agent: `load_policy`, `build_engine`,
-`build_agent`.
+"""Where every front end gets its policy and its agents' engine: `load_policy`, `build_engine`,
+`build_runner`, `build_agent`.
 
 `run`, `generate`, `eval` and `train` load a model with `load_policy` (the `model` section of
-their config, or their flags) and assemble the engine with `build_engine`; `build_agent` puts
-engine, scheduler and `MemoryAgent` together, the engine sized for the longest turn the
-`memagent` budgets allow (benchmarks/memory_loop.py uses it too). Every engine is checked
+their config, or their flags) and assemble the engine with `build_engine`; `build_runner` puts
+engine, scheduler and `AgentRunner` together for an agent (rollout/agent_api.py), the engine
+sized for the longest conversation the agent says it makes; `build_agent` does so for MemAgent
+and returns a `MemoryAgent` (benchmarks/memory_loop.py uses it too). Every engine is checked
 against the model's window and the devices' memory before it allocates (`sizing`). Nothing
-else builds an agent; only engine-level tests and benchmarks build an `Engine` directly.
+else builds an agent's engine; only engine-level tests and benchmarks build an `Engine`
+directly.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.models.loading import is_model_directory
 from memagent_jax.rollout.engine import Engine, EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, turn_parts
+from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
+from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.sizing import check_memory, check_window
 from memagent_jax.tokenizer import load_tokenizer, rows_needed, stop_token_ids
@@ -145,15 +148,39 @@ def build_engine(model: Qwen, config: EngineConfig, mesh: jax.sharding.Mesh | No
     return engine
 
 
+def build_runner(agent, model: Qwen, tokenizer, engine: EngineConfig,
+                 mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> AgentRunner:
+    """An AgentRunner for `agent` on its own scheduler and engine, after `agent.setup`; the
+    engine sized for the longest conversation the agent makes (`engine_need`) unless
+    `engine.max_len` is set."""
+    if hasattr(agent, "setup"):
+        agent.setup(tokenizer, stop_ids)
+    tokens, key, why = engine_need(agent, tokenizer, engine)
+    decoder = build_engine(model, engine, mesh, tokens, key, why)
+    return AgentRunner(Scheduler(decoder), tokenizer, stop_ids)
+
+
+def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
+    """(KV entries the agent's longest conversation needs, the setting that asks for them, how
+    it makes them): the agent's `engine_need(tokenizer)`, else its `max_len(tokenizer)`. An
+    agent that says neither is a ConfigError unless `engine.max_len` is set."""
+    if hasattr(agent, "engine_need"):
+        return agent.engine_need(tokenizer)
+    if hasattr(agent, "max_len"):
+        tokens = agent.max_len(tokenizer)
+        return tokens, "agent", f"{agent.name} makes conversations of up to {tokens} tokens"
+    if engine.max_len is None:
+        raise ConfigError("engine.max_len", f"agent {agent.name} does not say how long its "
+                                            "conversations get (max_len(tokenizer)): set "
+                                            "engine.max_len")
+    return engine.max_len, "engine.max_len", str(engine.max_len)
+
+
 def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
                 mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> MemoryAgent:
     """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
-    `memagent`'s budgets allow (`turn_parts`) unless `engine.max_len` is set; a turn too long
-    for the model or the devices is a ConfigError naming the largest budget."""
-    parts = turn_parts(tokenizer, memagent)
-    budget = max(("chunk_tokens", "max_memory_tokens", "max_final_tokens",
-                  "max_problem_tokens"), key=lambda name: getattr(memagent, name))
-    why = (f"{getattr(memagent, budget)} makes turns of up to {sum(parts.values())} tokens ("
-           + " + ".join(f"{part} {n}" for part, n in parts.items()) + ")")
-    decoder = build_engine(model, engine, mesh, sum(parts.values()), f"memagent.{budget}", why)
+    `memagent`'s budgets allow (`MemAgent.engine_need`) unless `engine.max_len` is set; a turn too
+    long for the model or the devices is a ConfigError naming the largest budget."""
+    decoder = build_engine(model, engine, mesh, *engine_need(MemAgent(memagent), tokenizer,
+                                                             engine))
     return MemoryAgent(Scheduler(decoder), tokenizer, memagent, stop_ids)

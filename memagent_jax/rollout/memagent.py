@@ -1,38 +1,43 @@
 """The MemAgent workflow: read a document chunk by chunk, rewrite a memory, answer from it.
 
-(docs/algorithm.md section 1.) `memory_turns` is the workflow itself, written once as a
-generator: it yields each turn's memory and chunk and receives the new memory. Two drivers run
-it, each in its own representation:
-- `MemoryAgent`, on the local engine, in token ids as the original's trainer: each prompt is
+(docs/algorithm.md section 1.) MemAgent is one agent on the agent interface
+(rollout/agent_api.py): `MemAgent.rollout(row, policy)` reads its row's document (a `Sample`:
+the question and the document cut into chunks of token ids, `read_sample`, centre-truncated
+first when `max_chunks` is set) and runs `memory_turns`, the workflow written once as a
+generator (it yields each turn's memory and chunk and receives the new memory), in the
+policy's representation:
+- on the engine (`policy.takes_ids`), in token ids as the original's trainer: each prompt is
   the template's ids with the question's, the memory's (the previous reply's ids, end-of-text
   and padding removed; under `thinking: strip` only what follows its last </think>) and the
-  chunk's ids spliced in (`templates.TokenPrompts`). It runs many
-  samples at once, each a chain of requests on the scheduler (turn k's reply builds turn
-  k+1's prompt), so samples with different numbers of chunks share the slots without waiting
-  for each other, and records every turn's token ids and logprobs (one RL training row per
-  turn);
-- `run_on_server` (client.py), one sample against an OpenAI-compatible endpoint, in text.
-Both take a `Sample`: the question and its document cut into chunks of token ids
-(`read_sample`, centre-truncated first when `max_chunks` is set).
-
+  chunk's ids spliced in (`templates.TokenPrompts`), sent as `prompt_ids`;
+- against an OpenAI-compatible server (`run --url`, `eval` with `model.url`), in text: the
+  chunks decoded, one user message per turn, the memory the reply's text.
 Every turn is an independent conversation (one user message, one reply), not a continuation of
-the previous turn's: the memory is the only thing carried from one turn to the next.
+the previous turn's: the memory is the only thing carried from one turn to the next, and each
+turn is one training row.
+
+`MemoryAgent` is MemAgent with an `AgentRunner` on a scheduler: `run(params, samples, sampling,
+n)` runs many samples at once, their turns sharing the slots (samples with different numbers
+of chunks never wait for each other), and returns their `Trajectory`s.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import secrets
-import zlib
-from typing import Callable, ClassVar, Generator, Literal
+from typing import Callable, ClassVar, Generator, Literal, NamedTuple
 
 from memagent_jax import model_dir
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.rollout.answers import final_answer
+from memagent_jax.rollout.agent_api import (Conversation, Rollout, Trajectory, Turn,  # noqa: F401
+                                            run_record)
+from memagent_jax.rollout.conversation import conversation_turns
+from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
-from memagent_jax.rollout.templates import TokenPrompts
-from memagent_jax.rollout.thinking import THINK_END, THINKING_CHOICES, strip_thinking_ids
+from memagent_jax.rollout.scheduler import Scheduler
+from memagent_jax.rollout.templates import (INITIAL_MEMORY, TokenPrompts, final_prompt,
+                                            update_prompt)
+from memagent_jax.rollout.thinking import (THINK_END, THINKING_CHOICES, strip_thinking_ids,
+                                           strip_thinking_text, template_kwargs)
 from memagent_jax.runconfig import at_least, config_key
 from memagent_jax.tokenizer import unknown_id
 
@@ -86,58 +91,6 @@ class Sample:
     chunks: tuple[tuple[int, ...], ...]
     document_tokens: int
     initial_memory: tuple[int, ...] | None = None
-
-
-@dataclasses.dataclass
-class Turn:
-    """One turn of a trajectory: a conversation of its own, its prompt and its response (kind
-    "update" or "final")."""
-    kind: str
-    prompt_ids: list[int]
-    response_ids: list[int]
-    response_logprobs: list[float]
-    finish_reason: str
-    reply: str  # the whole response as text (stop, EOS and padding ids removed)
-    # An update turn's new memory as text: the reply, or under `thinking: strip` what follows
-    # its last </think> (None for the final turn).
-    memory: str | None = None
-
-
-@dataclasses.dataclass
-class Trajectory:
-    problem: str
-    turns: list[Turn] = dataclasses.field(default_factory=list)
-    answer: str | None = None
-
-    @property
-    def memories(self) -> list[str]:
-        """The memories as carried from turn to turn (after `thinking: strip`)."""
-        return [t.memory for t in self.turns if t.kind == "update"]
-
-    @property
-    def final_reply(self) -> str:
-        return self.turns[-1].reply if self.turns else ""
-
-    def record(self) -> dict:
-        """`run --json`'s record (`run_record`)."""
-        return run_record(self.problem, self.answer, [
-            {"kind": t.kind, "reply": t.reply, "memory": t.memory,
-             "finish_reason": t.finish_reason, "response_tokens": len(t.response_ids)}
-            for t in self.turns])
-
-
-def run_record(problem: str, answer: str | None, turns: list[dict]) -> dict:
-    """One read of a document as `run --json` prints it, the same on the local engine and
-    against a server (`run_on_server`): turns are {"kind", "reply" (the whole reply), "memory"
-    (an update turn's new memory, the reply after `thinking: strip`; None for the final
-    turn), "finish_reason", "response_tokens" (None when a server does not report usage)};
-    "memories" are the update turns' memories, "final_reply", "finish_reason" and
-    "final_tokens" the final turn's."""
-    final = turns[-1] if turns else {}
-    return {"problem": problem, "answer": answer,
-            "memories": [t["memory"] for t in turns if t["kind"] == "update"],
-            "final_reply": final.get("reply", ""), "finish_reason": final.get("finish_reason"),
-            "final_tokens": final.get("response_tokens"), "turns": turns}
 
 
 def centre_truncate(ids: list[int], max_tokens: int) -> list[int]:
@@ -205,21 +158,22 @@ def turn_parts(tokenizer, config: MemAgentConfig) -> dict[str, int]:
             "reply": max(config.max_memory_tokens, config.max_final_tokens)}
 
 
-class MemoryAgent:
-    """Runs the workflow for many samples on a scheduler; see the module docstring. Built by
-    `rollout.factory.build_agent`, which sizes the engine for `config`."""
+class MemAgent:
+    """MemAgent as an agent (module docstring): `rollout(row, policy)` for a `Sample` or a
+    data row with `question` and `context` (read as training reads them: `read_sample` not
+    strict). `setup(tokenizer, stop_ids)` before the first rollout. Its settings are the
+    `memagent` section (`build`)."""
+    name = "memagent"
+    required_fields = ("context",)
 
-    def __init__(self, scheduler: Scheduler, tokenizer, config: MemAgentConfig,
-                 stop_ids: tuple[int, ...]):
-        needed = required_length(tokenizer, config)
-        if needed > scheduler.engine.config.max_len:
-            raise UserError(
-                f"chunk size {config.chunk_tokens} + memory cap {config.max_memory_tokens} + "
-                f"question budget {config.max_problem_tokens} + template need {needed} tokens "
-                f"per turn; the engine holds {scheduler.engine.config.max_len}")
-        self.scheduler, self.tokenizer, self.config = scheduler, tokenizer, config
-        self.stop_ids = stop_ids
-        self.prompts = TokenPrompts(tokenizer, config.thinking)
+    def __init__(self, config: MemAgentConfig, tokenizer=None, stop_ids: tuple[int, ...] = ()):
+        self.config = config
+        if tokenizer is not None:
+            self.setup(tokenizer, stop_ids)
+
+    def setup(self, tokenizer, stop_ids: tuple[int, ...]) -> None:
+        self.tokenizer, self.stop_ids = tokenizer, tuple(stop_ids)
+        self.prompts = TokenPrompts(tokenizer, self.config.thinking)
         # What the original strips from a reply before it becomes the next memory (`unpad`
         # with remove_eos): padding and end-of-text, here also every stop id.
         self.not_memory = frozenset(stop_ids) | {
@@ -229,6 +183,29 @@ class MemoryAgent:
         # unknown word of a reply: then no reply has thinking to strip.
         self._think_end = () if unknown_id(tokenizer) in think_end else think_end
         self._blank: dict[int, bool] = {}  # id -> decodes to whitespace only
+
+    def describe(self) -> str:
+        """The budgets, as `train` announces them."""
+        b = self.config
+        return (f"chunks of {b.chunk_tokens} tokens (at most {b.max_chunks or 'all'} a "
+                f"document), memory {b.max_memory_tokens}, final answer {b.max_final_tokens}")
+
+    def engine_need(self, tokenizer) -> tuple[int, str, str]:
+        """(KV entries the longest turn its budgets allow needs (`turn_parts`), the largest
+        budget's key, how it makes them): `rollout.factory.engine_need`."""
+        parts = turn_parts(tokenizer, self.config)
+        budget = max(("chunk_tokens", "max_memory_tokens", "max_final_tokens",
+                      "max_problem_tokens"), key=lambda name: getattr(self.config, name))
+        why = (f"{getattr(self.config, budget)} makes turns of up to {sum(parts.values())} "
+               "tokens (" + " + ".join(f"{part} {n}" for part, n in parts.items()) + ")")
+        return sum(parts.values()), f"memagent.{budget}", why
+
+    def model_files(self) -> dict[str, dict]:
+        """memagent.json: the budgets and `thinking` setting a model was trained with, which
+        `run` and `demo` default to (max_chunks, a training-time cut, left out)."""
+        budgets = dataclasses.asdict(self.config)
+        budgets.pop("max_chunks")
+        return {model_dir.BUDGETS_FILE: budgets}
 
     def memory_ids(self, reply_ids: list[int]) -> list[int]:
         """The next memory from a reply's ids (stop, EOS and padding ids already removed): the
@@ -246,81 +223,105 @@ class MemoryAgent:
         """`read_sample` with this agent's tokenizer and budgets."""
         return read_sample(self.tokenizer, problem, document, self.config, strict)
 
+    async def rollout(self, row, policy, on_turn: Callable[[Turn], None] | None = None
+                      ) -> Rollout:
+        """Every turn of one read of `row` (a Sample, or a row with question and context);
+        on_turn(turn) after each."""
+        sample = row if isinstance(row, Sample) else self.read(row.question, row.context,
+                                                               strict=False)
+        config, ids = self.config, policy.takes_ids
+        if ids:
+            chunks, memory = sample.chunks, (self.prompts.initial_memory
+                                             if sample.initial_memory is None
+                                             else sample.initial_memory)
+        else:  # a server takes text: the chunks decoded, the memory the reply's text
+            chunks = [self.tokenizer.decode(c) for c in sample.chunks]
+            memory = (INITIAL_MEMORY if sample.initial_memory is None
+                      else self.tokenizer.decode(sample.initial_memory))
+        workflow = memory_turns(chunks, memory)
+        conversations, new_memory = [], None
+        while True:
+            try:
+                kind, memory, chunk = workflow.send(new_memory)
+            except StopIteration:
+                break
+            cap = config.max_memory_tokens if kind == "update" else config.max_final_tokens
+            if ids:
+                prompt = (self.prompts.update(sample.problem_ids, memory, chunk)
+                          if kind == "update" else self.prompts.final(sample.problem_ids, memory))
+                reply = await policy.chat(prompt_ids=prompt, max_tokens=cap)
+                said = [t for t in reply.token_ids if t not in self.not_memory]
+                new_memory = self.memory_ids(said) if kind == "update" else None
+                text = None if new_memory is None else reply.text if new_memory == said else \
+                    self.tokenizer.decode(new_memory, skip_special_tokens=True)
+            else:
+                message = (update_prompt(sample.problem, memory, chunk) if kind == "update"
+                           else final_prompt(sample.problem, memory))
+                reply = await policy.chat([{"role": "user", "content": message}],
+                                          max_tokens=cap, **template_kwargs(config.thinking))
+                new_memory = text = None
+                if kind == "update":
+                    new_memory = text = (strip_thinking_text(reply.text)
+                                         if config.thinking == "strip" else reply.text)
+            conversation = Conversation([reply.message], kind, text)
+            conversations.append(conversation)
+            if on_turn is not None:
+                on_turn(conversation_turns(conversation, policy.calls, kind)[0])
+        return Rollout(conversations)
+
+
+class MemoryAgent(MemAgent):
+    """MemAgent on a scheduler: `run` reads many samples at once through an `AgentRunner`.
+    Built by `rollout.factory.build_agent`, which sizes the engine for `config`."""
+
+    def __init__(self, scheduler: Scheduler, tokenizer, config: MemAgentConfig,
+                 stop_ids: tuple[int, ...]):
+        needed = required_length(tokenizer, config)
+        if needed > scheduler.engine.config.max_len:
+            raise UserError(
+                f"chunk size {config.chunk_tokens} + memory cap {config.max_memory_tokens} + "
+                f"question budget {config.max_problem_tokens} + template need {needed} tokens "
+                f"per turn; the engine holds {scheduler.engine.config.max_len}")
+        super().__init__(config, tokenizer, stop_ids)
+        self.scheduler = scheduler
+        self.runner = AgentRunner(scheduler, tokenizer, stop_ids)
+
     def run(self, params, samples: list[Sample], sampling: SamplingParams, n: int = 1,
             on_turn: Callable[[int, Turn], None] | None = None) -> list[list[Trajectory]]:
         """Runs every sample with `params`; returns n trajectories per sample (their identical
         first turn is prefilled once). Each turn is sampled with a seed derived from
-        `sampling.seed` (None: a fresh one), the sample, the trajectory and the turn, so the
-        result does not depend on how samples share the slots. on_turn(sample index, turn)
-        after every turn."""
-        base = secrets.randbits(31) if sampling.seed is None else sampling.seed
-        results = [[Trajectory(s.problem) for _ in range(n)] for s in samples]
-        for i, sample in enumerate(samples):
-            runs = [_Run(self, i, j, sample, results[i][j], base, on_turn) for j in range(n)]
-            for run in runs:
-                run.advance(None)
-            first = runs[0].request(sampling, n)
-
-            def fan_out(completions, runs=runs):
-                for run, completion in zip(runs, completions):
-                    run.finish_turn(completion, sampling)
-
-            self.scheduler.submit(first, fan_out)
-        self.scheduler.run(params)
-        return results
+        `sampling.seed` (None: a fresh one), the sample, the trajectory and the turn
+        (`runner.call_seed`), so the result does not depend on how samples share the slots.
+        on_turn(sample index, turn) after every turn."""
+        return self.runner.run(params, _Numbered(self, on_turn),
+                               [_NumberedSample(i, s) for i, s in enumerate(samples)],
+                               sampling, n)
 
 
-class _Run:
-    """One trajectory in flight: its workflow generator (in token ids) and the turn it waits
-    on."""
+class _NumberedSample(NamedTuple):
+    index: int
+    sample: Sample
 
-    def __init__(self, agent: MemoryAgent, sample_index: int, index: int, sample: Sample,
-                 trajectory, seed, on_turn):
-        self.agent, self.sample, self.index = agent, sample_index, index
-        self.problem_ids = sample.problem_ids
-        self.turns = memory_turns(sample.chunks, agent.prompts.initial_memory
-                                  if sample.initial_memory is None else sample.initial_memory)
-        self.trajectory, self.seed, self.on_turn = trajectory, seed, on_turn
-        self.kind, self.prompt_ids = "", []
+    @property
+    def problem(self) -> str:
+        return self.sample.problem
 
-    def advance(self, memory: list[int] | None) -> bool:
-        """Sends the last reply's memory ids into the workflow and builds the next prompt;
-        False when there are no more turns."""
-        try:
-            self.kind, memory, chunk = self.turns.send(memory)
-        except StopIteration:
-            return False
-        prompts = self.agent.prompts
-        self.prompt_ids = (prompts.update(self.problem_ids, memory, chunk)
-                           if self.kind == "update" else prompts.final(self.problem_ids, memory))
-        return True
 
-    def request(self, sampling: SamplingParams, n: int = 1) -> Request:
-        config = self.agent.config
-        cap = config.max_memory_tokens if self.kind == "update" else config.max_final_tokens
-        turn = len(self.trajectory.turns)
-        # Turn 0 of a group is one request of n samples; later turns are per trajectory.
-        key = f"{self.seed}/{self.sample}/{self.index if turn else 0}/{turn}"
-        seed = zlib.crc32(key.encode()) & 0x7FFFFFFF
-        return Request(tuple(self.prompt_ids), cap, dataclasses.replace(sampling, seed=seed),
-                       self.agent.stop_ids, n)
+class _Numbered:
+    """`MemoryAgent.run`'s agent: the agent's rollout, whose on_turn learns the sample's index."""
 
-    def finish_turn(self, completion: Completion, sampling: SamplingParams) -> None:
-        agent = self.agent
-        said = [t for t in completion.token_ids if t not in agent.not_memory]
-        reply = agent.tokenizer.decode(said, skip_special_tokens=True)
-        memory, text = None, None
-        if self.kind == "update":
-            memory = agent.memory_ids(said)
-            text = reply if memory == said else agent.tokenizer.decode(
-                memory, skip_special_tokens=True)
-        turn = Turn(self.kind, self.prompt_ids, completion.token_ids, completion.logprobs,
-                    completion.finish_reason, reply, text)
-        self.trajectory.turns.append(turn)
-        if self.on_turn is not None:
-            self.on_turn(self.sample, turn)
-        if self.advance(memory):
-            self.agent.scheduler.submit(self.request(sampling),
-                                        lambda c: self.finish_turn(c[0], sampling))
-        else:
-            self.trajectory.answer = final_answer(reply)
+    def __init__(self, agent: MemAgent, on_turn):
+        self.agent, self.on_turn, self.name = agent, on_turn, agent.name
+
+    async def rollout(self, row: _NumberedSample, policy) -> Rollout:
+        on_turn = self.on_turn and (lambda turn: self.on_turn(row.index, turn))
+        return await self.agent.rollout(row.sample, policy, on_turn)
+
+
+def build(settings: dict, config) -> MemAgent:
+    """The agent of `agent: {module: memagent_jax.rollout.memagent}` (the default): its
+    settings are the config's `memagent` section, so the `agent` section takes none."""
+    if settings:
+        raise ConfigError(f"agent.{next(iter(settings))}", "MemAgent's settings are the "
+                                                           "`memagent` section")
+    return MemAgent(config.memagent)

@@ -41,11 +41,15 @@ from memagent_jax.rollout.sampling import SamplingParams
 
 @dataclasses.dataclass(frozen=True)
 class Request:
+    """n samples of a prompt; sample j draws from the key of sample `first_index + j` of
+    `sampling.seed` (`sampling.request_key`), so one request of n samples and n requests of
+    one sample each (first_index 0, 1, ...) draw the same tokens."""
     prompt_ids: tuple[int, ...]
     max_new_tokens: int = 256
     sampling: SamplingParams = SamplingParams()
     stop_ids: tuple[int, ...] = ()
     n: int = 1
+    first_index: int = 0
 
 
 # A token's top alternatives: (ids, log-probabilities), most likely first.
@@ -99,6 +103,7 @@ class Scheduler:
         self._waiting: collections.deque[tuple[int, int]] = collections.deque()
         self._prefixes: dict[int, tuple[object, int]] = {}  # request -> (prefix, inserts left)
         self._slots: list[_Active | None] = [None] * engine.config.slots
+        self._unread: collections.deque[_Unread] = collections.deque()
         self._next_id = 0
 
     @property
@@ -123,6 +128,8 @@ class Scheduler:
             raise UserError(f"max_new_tokens must be positive, got {request.max_new_tokens}")
         if request.n < 1:
             raise UserError(f"n must be at least 1, got {request.n}")
+        if request.first_index < 0:
+            raise UserError(f"first_index must be >= 0, got {request.first_index}")
 
     def submit(self, request: Request,
                on_done: Callable[[list[Completion]], None] | None = None,
@@ -161,33 +168,51 @@ class Scheduler:
                 active.completion.finish_reason = "abort"
                 self._slots[slot] = None
 
+    def clear(self) -> None:
+        """Drops every request, waiting, running or with outputs not read (a run abandoned
+        half way leaves nothing behind for the next)."""
+        for request_id in list(self.requests):
+            self.cancel(request_id)
+        self._unread.clear()
+
     def run(self, params, poll: Callable[[], None] | None = None) -> None:
         """Steps the engine with `params` until every submitted request (and any its callbacks
         submit) has finished. poll(), if given, runs before every step (and once more before
         returning); it may submit and cancel requests."""
-        params = self.engine.place(params)
-        unread: collections.deque[_Unread] = collections.deque()
+        placed = self.engine.place(params)
         while True:
             if poll is not None:
                 poll()
-            if not (self._waiting or any(self._slots) or unread):
+            if not self.step(placed):
                 break
-            self._fill_free_slots(params, unread)
-            busy = [(slot, active) for slot, active in enumerate(self._slots) if active]
-            if busy:
-                # Entries each busy slot reads: its prompt and the tokens fed so far.
-                lengths = [len(self.requests[a.request_id].prompt_ids) + a.asked
-                           for _, a in busy]
-                self.state, tokens, logprobs = self.engine.generate(
-                    params, self.state, max(lengths), sum(lengths))
-                unread.append((busy, tokens, logprobs))
-                for _, active in busy:
-                    self._asked(active)
-            # Everything but the step just queued, which runs while these are read.
-            while len(unread) > (1 if busy else 0):
-                self._read(unread.popleft())
 
-    def _fill_free_slots(self, params, unread: collections.deque[_Unread]) -> None:
+    @property
+    def idle(self) -> bool:
+        """No request waits, runs or has outputs not read yet."""
+        return not (self._waiting or any(self._slots) or self._unread)
+
+    def step(self, placed) -> bool:
+        """One round with parameters as `engine.place` gives them: free slots filled, one
+        engine step queued for the busy slots, the outputs before it read (callbacks run).
+        False, doing nothing, when `idle`."""
+        if self.idle:
+            return False
+        self._fill_free_slots(placed)
+        busy = [(slot, active) for slot, active in enumerate(self._slots) if active]
+        if busy:
+            # Entries each busy slot reads: its prompt and the tokens fed so far.
+            lengths = [len(self.requests[a.request_id].prompt_ids) + a.asked for _, a in busy]
+            self.state, tokens, logprobs = self.engine.generate(
+                placed, self.state, max(lengths), sum(lengths))
+            self._unread.append((busy, tokens, logprobs))
+            for _, active in busy:
+                self._asked(active)
+        # Everything but the step just queued, which runs while these are read.
+        while len(self._unread) > (1 if busy else 0):
+            self._read(self._unread.popleft())
+        return True
+
+    def _fill_free_slots(self, params) -> None:
         rows = self.engine.config.prefill_rows
         while self._waiting and None in self._slots:
             free = [slot for slot, active in enumerate(self._slots) if active is None]
@@ -206,12 +231,12 @@ class Scheduler:
                 request = self.requests[request_id]
                 self.state, token, logprob = self.engine.insert(
                     self._take_prefix(request_id), self.state, slot, request.sampling,
-                    sample_index)
+                    request.first_index + sample_index)
                 limit = min(request.max_new_tokens,
                             self.engine.config.max_len - len(request.prompt_ids))
                 active = _Active(request_id, sample_index, slot, limit)
                 self._slots[slot] = active
-                unread.append(([(0, active)], token, logprob))
+                self._unread.append(([(0, active)], token, logprob))
                 # A limit of one token frees the slot again for this loop's next round.
                 self._asked(active)
 

@@ -49,7 +49,7 @@ def _train_config(task, path, mesh: dict, steps: int, every: int = 1) -> str:
     config = {
         "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
         "mesh": mesh,
-        "data": {"train": [task["train"]], "reward": "contains", "shuffle": True},
+        "data": {"train": [task["train"]], "shuffle": True}, "reward": {"function": "contains"},
         "memagent": {"chunk_tokens": 32, "max_memory_tokens": 6, "max_final_tokens": 4,
                      "max_problem_tokens": 8},
         "engine": {"slots": 8, "prefill_buckets": [256]},

@@ -1,4 +1,4 @@
-"""One step's rollout batch (rl/collect.py) on a scripted agent: which groups DAPO's dynamic
+"""One step's rollout batch (rl/collect.py) on a scripted runner: which groups DAPO's dynamic
 sampling keeps and in what order, how it refills, the examples it draws, its statistics, and
 the overlong penalty of each turn against its own cap, all against hand-computed values.
 
@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from memagent_jax.data.pipeline import Example
-from memagent_jax.rl.collect import collect_batch, overlong_penalties
+from memagent_jax.rl import collect
+from memagent_jax.rl.collect import overlong_penalties
 from memagent_jax.rl.config import load_train_config
-from memagent_jax.rollout.memagent import Trajectory, Turn
+from memagent_jax.rl.scoring import Rewarder
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.rollout.sampling import SamplingParams
 
 # Question -> its group's n = 2 final answers ("-": no answer). The gold answer is "paris" and
@@ -25,33 +27,39 @@ SCRIPT = {"q0": ["paris", "paris"],   # all right: no advantage anywhere
 UPDATE_TOKENS, FINAL_TOKENS = 3, 2  # reply lengths unless a test says otherwise
 
 
-def _turn(kind, reply, tokens):
-    return Turn(kind, [1, 2, 3], list(range(4, 4 + tokens)), [-1.0] * tokens, "stop", reply)
+def _turn(kind, reply, tokens, cap):
+    return Turn(kind, [1, 2, 3], list(range(4, 4 + tokens)), [-1.0] * tokens, "stop", reply,
+                caps=(cap,))
 
 
-class ScriptedAgent:
-    """`MemoryAgent`'s interface (read, run) replaying SCRIPT: each trajectory is one memory
-    update then the final answer; lengths[q][j] = (update tokens, final tokens) of question q's
-    j-th trajectory. Records each run's questions and sampling seed."""
+class ScriptedRunner:
+    """`AgentRunner`'s interface (run) replaying SCRIPT: each trajectory is one memory update
+    (asked with the memory cap) then the final answer (the final cap); lengths[q][j] = (update
+    tokens, final tokens) of question q's j-th trajectory. Records each run's questions and
+    sampling seed. Rows are drawn Examples or a start's question."""
 
-    def __init__(self, lengths=None):
+    def __init__(self, lengths=None, memory_cap=8, final_cap=4):
         self.lengths, self.runs = lengths or {}, []
+        self.caps = memory_cap, final_cap
 
-    def read(self, question, context, strict=True):
-        assert not strict  # training carries on past an over-long question or empty document
-        return question
-
-    def run(self, params, samples, sampling, n=1, on_turn=None):
-        self.runs.append((list(samples), sampling.seed))
+    def run(self, params, agent, rows, sampling, n=1, on_call=None):
+        samples = [getattr(row, "question", row) for row in rows]
+        self.runs.append((samples, sampling.seed))
         groups = []
         for q in samples:
             assert len(SCRIPT[q]) == n
             lengths = self.lengths.get(q, [(UPDATE_TOKENS, FINAL_TOKENS)] * n)
             groups.append([Trajectory(q, [
-                _turn("update", "memory", update),
-                _turn("final", "no answer" if a == "-" else f"\\boxed{{{a}}}", final)],
+                _turn("update", "memory", update, self.caps[0]),
+                _turn("final", "no answer" if a == "-" else f"\\boxed{{{a}}}", final,
+                      self.caps[1])],
                 None if a == "-" else a) for a, (update, final) in zip(SCRIPT[q], lengths)])
         return groups
+
+
+def collect_batch(runner, iterator, config, seed_for_try, starts=None):
+    return collect.collect_batch(runner, None, None, iterator, config, Rewarder(config.reward),
+                                 seed_for_try, starts=starts)
 
 
 def _examples(questions):
@@ -62,7 +70,7 @@ def _examples(questions):
 
 def _config(prompts, dynamic, max_tries=3, overlong=False, memory_cap=8, final_cap=4):
     return load_train_config(None, [
-        "data.train=[unread.parquet]", "model.path=unread", "data.reward=by_source",
+        "data.train=[unread.parquet]", "model.path=unread", "reward.function=by_source",
         "rollout.n=2", f"prompts_per_step={prompts}",
         f"dynamic_sampling.enabled={str(dynamic).lower()}",
         f"dynamic_sampling.max_tries={max_tries}",
@@ -74,8 +82,8 @@ def _config(prompts, dynamic, max_tries=3, overlong=False, memory_cap=8, final_c
 def test_dynamic_sampling_keeps_groups_with_different_rewards_in_order_and_refills():
     """2 groups wanted: round 1 draws q0 q1 (keeps q1), round 2 draws the one still missing,
     q2 (keeps nothing), round 3 draws q3 (keeps it), seeded by seed_for_try(round)."""
-    agent = ScriptedAgent()
-    batch = collect_batch(agent, None, _examples(list(SCRIPT)), _config(2, dynamic=True),
+    agent = ScriptedRunner()
+    batch = collect_batch(agent, _examples(list(SCRIPT)), _config(2, dynamic=True),
                           seed_for_try=lambda k: 100 + k)
     assert [e.question for e in batch.examples] == ["q1", "q3"]
     assert [[t.answer for t in group] for group in batch.groups] == [["paris", "rome"],
@@ -88,7 +96,7 @@ def test_dynamic_sampling_keeps_groups_with_different_rewards_in_order_and_refil
 def test_statistics_cover_every_sampled_trajectory_not_only_the_kept_ones():
     """The run above sampled 8 trajectories (q0 q1 q2 q3): rewards 1 1 | 1 0 | 0 0 | 0 1, each
     an update of 3 tokens and a final answer of 2, 6 of them answered; 2 of 4 groups kept."""
-    batch = collect_batch(ScriptedAgent(), None, _examples(list(SCRIPT)),
+    batch = collect_batch(ScriptedRunner(), _examples(list(SCRIPT)),
                           _config(2, dynamic=True), seed_for_try=lambda k: k)
     stats = batch.stats
     assert stats["reward/mean"] == stats["reward/shaped_mean"] == pytest.approx(0.5)
@@ -106,8 +114,8 @@ def test_statistics_cover_every_sampled_trajectory_not_only_the_kept_ones():
 def test_dynamic_sampling_stops_after_max_tries_with_what_it_kept():
     """Nothing informative in 2 rounds of 2 prompts: an empty batch, and q1 (informative) is
     never drawn, because a third round is not run."""
-    agent = ScriptedAgent()
-    batch = collect_batch(agent, None, _examples(["q0", "q2", "q5", "q0", "q1", "q1"]),
+    agent = ScriptedRunner()
+    batch = collect_batch(agent, _examples(["q0", "q2", "q5", "q0", "q1", "q1"]),
                           _config(2, dynamic=True, max_tries=2), seed_for_try=lambda k: k)
     assert batch.examples == [] and batch.groups == [] and batch.rewards.shape == (0, 2)
     assert batch.drawn == [0, 1, 2, 3] and batch.tries == 2 and len(agent.runs) == 2
@@ -116,8 +124,8 @@ def test_dynamic_sampling_stops_after_max_tries_with_what_it_kept():
 
 def test_without_dynamic_sampling_every_group_is_kept_in_one_round():
     """All-equal groups (q0 all right, q2 all wrong) are trained on too; no second round."""
-    agent = ScriptedAgent()
-    batch = collect_batch(agent, None, _examples(list(SCRIPT)),
+    agent = ScriptedRunner()
+    batch = collect_batch(agent, _examples(list(SCRIPT)),
                           _config(3, dynamic=False, max_tries=3), seed_for_try=lambda k: 7 + k)
     assert [e.question for e in batch.examples] == ["q0", "q1", "q2"]
     np.testing.assert_array_equal(batch.rewards, [[1, 1], [1, 0], [0, 0]])
@@ -130,19 +138,19 @@ def test_carry_starts_take_the_place_of_drawn_prompts_in_the_first_round_only():
     """2 groups wanted and one prompt of the step's own (a carry start asking q3, an
     informative group): round 1 runs it with one drawn prompt, q0 (dropped); round 2 draws
     the one still missing, q1, and calls for no more starts."""
-    agent, calls = ScriptedAgent(), []
+    agent, calls = ScriptedRunner(), []
 
     def starts():
         calls.append(1)
         return [Example(-1, "hotpotqa", "q3", "", ("paris",))], ["q3"]
 
-    batch = collect_batch(agent, None, _examples(list(SCRIPT)), _config(2, dynamic=True),
+    batch = collect_batch(agent, _examples(list(SCRIPT)), _config(2, dynamic=True),
                           seed_for_try=lambda k: 100 + k, starts=starts)
     assert agent.runs == [(["q0", "q3"], 100), (["q1"], 101)] and calls == [1]
     assert [e.index for e in batch.examples] == [-1, 1] and batch.drawn == [0, 1]
     np.testing.assert_array_equal(batch.rewards, [[0, 1], [1, 0]])
     assert batch.stats["reward/starts_mean"] == 0.5  # q3's alone
-    plain = collect_batch(ScriptedAgent(), None, _examples(list(SCRIPT)),
+    plain = collect_batch(ScriptedRunner(), _examples(list(SCRIPT)),
                           _config(2, dynamic=True), seed_for_try=lambda k: k)
     assert "reward/starts_mean" not in plain.stats
 
@@ -151,8 +159,8 @@ def test_dynamic_sampling_judges_the_shaped_rewards():
     """q0's answers are both right, but its second final answer is at the final cap (4 tokens,
     penalty -1): shaped rewards 1, 0 differ, so the group is kept (docs/algorithm.md: the
     penalty is added before dynamic sampling); q5 (both wrong, no penalty) is dropped."""
-    agent = ScriptedAgent({"q0": [(3, 2), (3, 4)]})
-    batch = collect_batch(agent, None, _examples(["q5", "q0"]),
+    agent = ScriptedRunner({"q0": [(3, 2), (3, 4)]})
+    batch = collect_batch(agent, _examples(["q5", "q0"]),
                           _config(1, dynamic=True, overlong=True), seed_for_try=lambda k: k)
     assert [e.question for e in batch.examples] == ["q0"]
     np.testing.assert_array_equal(batch.rewards, [[1, 0]])
@@ -175,9 +183,9 @@ OVERLONG_CASES = {
 @pytest.mark.parametrize("case", list(OVERLONG_CASES))
 def test_overlong_penalty_judges_each_turn_against_its_own_cap(case):
     memory_cap, final_cap, q1, q3, expected = OVERLONG_CASES[case]
-    groups = ScriptedAgent({"q1": [q1, q1], "q3": [q3, q3]}).run(
-        None, ["q1", "q3"], SamplingParams(seed=0), n=2)
-    np.testing.assert_array_equal(overlong_penalties(groups, memory_cap, final_cap, 2, 1.0),
+    groups = ScriptedRunner({"q1": [q1, q1], "q3": [q3, q3]}, memory_cap, final_cap).run(
+        None, None, ["q1", "q3"], SamplingParams(seed=0), n=2)
+    np.testing.assert_array_equal(overlong_penalties(groups, 2, 1.0),
                                   [[expected[0]] * 2, [expected[1]] * 2])
 
 
@@ -186,8 +194,8 @@ def test_collected_rewards_are_the_verifiers_plus_each_turns_overlong_penalty(ca
     """q1 scores [1, 0], q3 [0, 1]; the penalties above are added (memagent.max_memory_tokens,
     max_final_tokens, overlong.buffer 2); reward/mean stays the verifier's."""
     memory_cap, final_cap, q1, q3, (p1, p3) = OVERLONG_CASES[case]
-    batch = collect_batch(ScriptedAgent({"q1": [q1, q1], "q3": [q3, q3]}), None,
-                          _examples(["q1", "q3"]),
+    batch = collect_batch(ScriptedRunner({"q1": [q1, q1], "q3": [q3, q3]}, memory_cap,
+                                        final_cap), _examples(["q1", "q3"]),
                           _config(2, dynamic=False, overlong=True, memory_cap=memory_cap,
                                   final_cap=final_cap), seed_for_try=lambda k: k)
     np.testing.assert_array_equal(batch.rewards, [[1 + p1, p1], [p3, 1 + p3]])

@@ -23,7 +23,7 @@ def config_file(tmp_path_factory):
     task = write_task(str(root / "task"), train_size=16, val_size=2, seed=3)
     config = {
         "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
-        "data": {"train": [task["train"]], "reward": "contains"},
+        "data": {"train": [task["train"]]}, "reward": {"function": "contains"},
         "memagent": {"chunk_tokens": 32, "max_memory_tokens": 12, "max_final_tokens": 8,
                      "max_problem_tokens": 8},
         "engine": {"slots": 16, "prefill_buckets": [256]},

@@ -160,7 +160,7 @@ def test_shipped_configs_train_in_bf16_compute(name, mesh, preset, task, tmp_pat
                                _small(task, tmp_path, mesh, preset))
     assert (config.model.param_dtype, config.model.compute_dtype) == ("float32", "bfloat16")
     trainer = Trainer(config)
-    engine = trainer.agent.scheduler.engine
+    engine = trainer.runner.scheduler.engine
     assert {a.dtype for a in jax.tree.leaves(engine.abstract_params)} == {jnp.dtype("bfloat16")}
     assert engine.dtype == jnp.bfloat16
     # it decodes a bf16 copy of the masters, in its own layout

@@ -2,13 +2,11 @@
 scores as the original's (quoted in tests/original_hotpotqa_reward.py) on many replies; the
 lenient, exact-match and F1 rewards on hand-computed cases."""
 
-import typing
 
 import pytest
 
 from memagent_jax.rl import rewards
-from memagent_jax.rl.collect import contains_reward, reward_fn
-from memagent_jax.rl.config import DataSection
+from memagent_jax.rl.scoring import BUILT_IN, contains_reward, verifier
 from memagent_jax.rl.rewards import (exact_match_reward, f1_reward, lenient_boxed_reward,
                                      math_strip_string, reward_function, strict_reward,
                                      strip_string)
@@ -183,11 +181,11 @@ def test_registry_defaults_to_strict_and_is_pluggable(monkeypatch):
     assert reward_function("hotpotqa") is strict_reward
 
 
-def test_every_data_reward_value_names_a_verifier():
-    kinds = typing.get_args(typing.get_type_hints(DataSection)["reward"])
-    assert set(kinds) == {"by_source", "contains", "strict", "lenient_boxed", "exact_match", "f1"}
-    assert reward_fn("by_source", "hotpotqa") is strict_reward
-    assert reward_fn("contains", "hotpotqa") is contains_reward
-    for kind in set(kinds) - {"by_source", "contains"}:
-        assert reward_fn(kind, "some_source") is reward_function(kind)
-    assert reward_fn("f1", "hotpotqa") is f1_reward
+def test_every_built_in_reward_name_names_a_verifier():
+    assert set(BUILT_IN) == {"by_source", "contains", "strict", "lenient_boxed", "exact_match",
+                             "f1"}
+    assert verifier("by_source", "hotpotqa") is strict_reward
+    assert verifier("contains", "hotpotqa") is contains_reward
+    for kind in set(BUILT_IN) - {"by_source", "contains"}:
+        assert verifier(kind, "some_source") is reward_function(kind)
+    assert verifier("f1", "hotpotqa") is f1_reward

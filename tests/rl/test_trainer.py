@@ -21,7 +21,7 @@ import yaml
 from memagent_jax import distributed
 from memagent_jax.data.needle import write_task
 from memagent_jax.data.pipeline import Example
-from memagent_jax.rl import trainer as trainer_module
+from memagent_jax.rl import steps as steps_module
 from memagent_jax.rl.collect import RolloutBatch
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
@@ -47,7 +47,7 @@ def _write_config(task, path, **top) -> str:
     config = {
         "model": {"preset": "tiny", "tokenizer": task["tokenizer"], "compute_dtype": "float32"},
         "mesh": {"data": 1, "fsdp": -1, "tensor": 1},
-        "data": {"train": [task["train"]], "val": task["val"], "reward": "contains"},
+        "data": {"train": [task["train"]], "val": task["val"]}, "reward": {"function": "contains"},
         "memagent": {"chunk_tokens": 32, "max_memory_tokens": 12, "max_final_tokens": 8,
                      "max_problem_tokens": 8},
         "engine": {"slots": 16, "prefill_buckets": [256]},
@@ -114,7 +114,7 @@ def three_steps(task, tmp_path_factory) -> _Run:
         f"output_dir={run.out}", "mesh={data: 2, fsdp: 2, tensor: 2}"])
     run.trainer = trainer = Trainer(config)
     run.initial = jax.device_get(trainer.learner.state()["params"])
-    engine, learner = trainer.agent.scheduler.engine, trainer.learner
+    engine, learner = trainer.runner.scheduler.engine, trainer.learner
     run.decoded_with_learners_arrays = []
     step = engine.generate
 
@@ -205,9 +205,10 @@ def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
     alone = build_agent(policy.model, trainer.tokenizer, config.memagent,
                         dataclasses.replace(config.engine, prefill_rows=1), None,
                         policy.stop_ids)
-    batches = [collect_batch(agent, weights, pipeline.training_iterator(
-        trainer.train_data, config.seed, shuffle=config.data.shuffle), config, lambda k: 11 + k)
-        for agent, weights in ((trainer.agent, sharp), (alone, params))]
+    batches = [collect_batch(runner, trainer.agent, weights, pipeline.training_iterator(
+        trainer.train_data, config.seed, shuffle=config.data.shuffle), config,
+        trainer.rewarder, lambda k: 11 + k)
+        for runner, weights in ((trainer.runner, sharp), (alone.runner, params))]
     turns = [[t for group in b.groups for trajectory in group for t in trajectory.turns]
              for b in batches]
     assert [t.response_ids for t in turns[0]] == [t.response_ids for t in turns[1]]
@@ -348,7 +349,7 @@ def test_the_lockstep_check_stops_a_process_that_drew_sampled_or_kept_differentl
     trainer = Trainer(config)
     canned = {}
 
-    def collect_batch(agent, params, iterator, config, seed_for_try, *_):
+    def collect_batch(runner, agent, params, iterator, config, rewarder, seed_for_try, *_):
         seed_for_try(0)
         examples = [Example(i, "needle", "q", "c", ("a",)) for i in canned["kept"]]
         return RolloutBatch(examples, [], np.zeros((0, config.rollout.n), np.float32),
@@ -360,7 +361,7 @@ def test_the_lockstep_check_stops_a_process_that_drew_sampled_or_kept_differentl
         values.append(value)
         return [values[0], value]
 
-    monkeypatch.setattr(trainer_module, "collect_batch", collect_batch)
+    monkeypatch.setattr(steps_module, "collect_batch", collect_batch)
     monkeypatch.setattr(distributed, "gather", gather)
 
     def step_1(drawn, kept, rng_seed):

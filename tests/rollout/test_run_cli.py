@@ -171,10 +171,10 @@ def test_local_run_thinking_reaches_the_prompts(tmp_path, doc, capsys):
 
 
 @pytest.mark.parametrize("fault,extra,message", [
-    ({"fail_on": 2}, [], "turn 2 (update): server answered HTTP 500"),
-    ({"slow_on": 3}, ["--timeout", "0.5"], "turn 3 (update): request failed"),
+    ({"fail_on": 2}, [], "call 2: server answered HTTP 500"),
+    ({"slow_on": 3}, ["--timeout", "0.5"], "call 3: request failed"),
 ])
-def test_url_mode_server_failure_names_the_turn(model_dir, doc, capsys, fault, extra, message):
+def test_url_mode_server_failure_names_the_call(model_dir, doc, capsys, fault, extra, message):
     server = _ChatServer(**fault)
     try:
         assert _run_url(server, model_dir, doc, *extra) == 2
@@ -208,15 +208,15 @@ def test_url_mode_reads_the_key_serve_reads(model_dir, doc, capsys, monkeypatch)
 
 
 @pytest.mark.parametrize("server_options, env, message", [
-    ({"key": "k"}, {}, "turn 1 (update): server answered HTTP 401 Unauthorized: You didn't "
+    ({"key": "k"}, {}, "call 1: server answered HTTP 401 Unauthorized: You didn't "
                        "provide an API key; set MEMAGENT_API_KEY to the server's key (no key "
                        "was sent)"),
-    ({"key": "k"}, {"API_KEY": "old"}, "turn 1 (update): server answered HTTP 401 "
+    ({"key": "k"}, {"API_KEY": "old"}, "call 1: server answered HTTP 401 "
                                        "Unauthorized: Incorrect API key provided; set "
                                        "MEMAGENT_API_KEY to the server's key (the key sent was "
                                        "API_KEY's)"),
     ({"error": (404, "The model `served-model` does not exist (served: m)")}, {},
-     "turn 1 (update): server answered HTTP 404 Not Found: The model `served-model` does not "
+     "call 1: server answered HTTP 404 Not Found: The model `served-model` does not "
      "exist (served: m)"),
 ])
 def test_url_mode_http_errors_say_what_to_do(model_dir, doc, capsys, monkeypatch,

@@ -1,0 +1,244 @@
+"""The agent interface: an agent is an async function of a data row and a policy handle that
+returns its conversations.
+
+    async def rollout(row, policy) -> Rollout | list[list[dict]]
+
+`await policy.chat(messages, max_tokens=N)` takes OpenAI-style chat messages
+(`[{"role": ..., "content": ...}, ...]`) and returns a `Reply`: the reply's text, the token ids
+the engine generated, their behaviour log-probabilities and the finish reason. The agent
+appends `reply.message` to its messages, adds tool results or user turns, calls again, and
+returns every conversation it wants trained (one turn; a multi-turn tool conversation; or
+several context-independent conversations, as MemAgent's turns). It writes no batching,
+padding or tokenization: the rollout runner (`rollout/runner.py`) runs hundreds of rollouts
+at once on one event loop, their calls sharing the engine's slots through the scheduler, and
+`rollout/remote.py` runs the same function against an OpenAI-compatible server.
+
+A module names an agent in a config's `agent` section (`agent: {module: my_package.my_agent,
+...its settings}`, `load_agent`). It defines either `rollout(row, policy)` (an agent without
+settings) or `build(settings, config)`, which checks the section's other keys (errors naming
+`agent.KEY`, as every config key's) and returns an object with `rollout`, and optionally:
+- `setup(tokenizer, stop_ids)`: once, before any rollout, with the policy's tokenizer;
+- `max_len(tokenizer) -> int`: the most tokens one of its conversations can reach (sizes the
+  engine; without it `engine.max_len` must be set), or `engine_need(tokenizer) -> (tokens,
+  the setting that asks for them, how)` where errors should name a setting;
+- `required_fields`: the data-row fields it reads beyond verl's (`data.pipeline`);
+- `model_files() -> {file name: JSON-able}`: files a training run writes beside its model.
+
+What is trained (`rl/rows.py`) is what was generated: each conversation becomes a `Turn`, its
+tokens the ids the engine produced for every reply (and, between replies, the ids of what the
+agent added), never the text re-tokenized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Protocol
+
+from memagent_jax.errors import ConfigError
+
+SECTION = "agent"
+# The agent of a config without an `agent` section: MemAgent, whose budgets are the `memagent`
+# section (rollout/memagent.py).
+DEFAULT_MODULE = "memagent_jax.rollout.memagent"
+
+
+class AssistantMessage(dict):
+    """{"role": "assistant", "content": text}: a reply as a chat message. `reply` links it to
+    the call that generated it, so the runner finds its token ids when the agent sends it back
+    in a later call's messages or returns it in a conversation (a plain dict with the same
+    content is matched by content instead)."""
+
+    def __init__(self, content: str, reply: Reply | None = None):
+        super().__init__(role="assistant", content=content)
+        self.reply = reply
+
+
+@dataclasses.dataclass(eq=False)
+class Reply:
+    """One chat call's answer. text: the reply, its stop, end-of-text and padding ids removed;
+    token_ids: every id generated, the stop token included (None from a server, which
+    returns text); logprobs: each id's behaviour log-probability (None likewise);
+    finish_reason: "stop" or "length"; prompt_ids: the ids the engine continued (None from a
+    server); message: the reply as the next call's messages take it."""
+    text: str
+    finish_reason: str
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    prompt_ids: list[int] | None = None
+    completion_tokens: int | None = None  # a server's usage count when it reports one
+    message: AssistantMessage = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        self.message = AssistantMessage(self.text, self)
+
+
+class Conversation(list):
+    """A list of chat messages with a label: `kind` (the `Turn.kind` its row gets; default
+    "turn", and "final" for a rollout's final conversation) and `memory` (MemAgent's update
+    turns: the memory the reply became)."""
+
+    def __init__(self, messages=(), kind: str | None = None, memory: str | None = None):
+        super().__init__(messages)
+        self.kind, self.memory = kind, memory
+
+
+@dataclasses.dataclass
+class Rollout:
+    """What an agent returns for one row (a bare list of conversations means
+    `Rollout(conversations)`). final: the conversation whose last reply is the answer the
+    reward reads; metrics: the agent's own numbers, averaged over trajectories into the step's
+    metrics as `agent/NAME`."""
+    conversations: list[list[dict]]
+    final: int = -1
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Policy(Protocol):
+    """The handle an agent calls. takes_ids: whether `prompt_ids` are honoured and replies carry
+    token ids (the engine: True; a server: False); tokenizer: the policy's."""
+    takes_ids: bool
+    tokenizer: Any
+
+    async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
+                   prompt_ids: list[int] | None = None, **template_vars) -> Reply:
+        """A reply to `messages` of at most max_tokens tokens, sampled as the run samples
+        (temperature, top-p, a seed per call). prompt_ids: the prompt as ids instead, for a
+        workflow that splices ids (MemAgent); template_vars: the chat template's extra
+        variables (enable_thinking, tools, ...)."""
+
+
+@dataclasses.dataclass
+class Turn:
+    """One conversation of a trajectory, as it is trained (one row): prompt_ids, the ids before
+    its first reply; response_ids, everything after: each reply's generated ids and, between
+    replies, the ids of the messages the agent added (tool results, user turns);
+    response_logprobs, each generated id's behaviour log-probability (0 elsewhere);
+    response_mask, 1 on generated ids (None: all of them, a one-reply conversation); caps, each
+    reply's max_tokens; kind, the row's label ("final" for the answer's conversation; MemAgent:
+    "update" or "final"); reply, the last reply's text; memory, MemAgent's memory after an
+    update turn; messages, the conversation as the agent returned it."""
+    kind: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    finish_reason: str
+    reply: str
+    memory: str | None = None
+    response_mask: list[int] | None = None
+    caps: tuple[int, ...] = ()
+    messages: list[dict] | None = None
+    server_tokens: int | None = None  # a server's turn (no ids): the tokens its usage reported
+
+    @property
+    def generated_tokens(self) -> int | None:
+        """Tokens generated in this conversation (a server's: its usage count, or None)."""
+        if not self.response_ids:
+            return self.server_tokens
+        return len(self.response_ids) if self.response_mask is None else sum(self.response_mask)
+
+    def replies(self) -> list[tuple[int, int | None]]:
+        """(generated tokens, cap) of each reply in order (cap None where not recorded)."""
+        if self.response_mask is None:
+            lengths = [len(self.response_ids)]
+        else:
+            lengths, previous = [], 0
+            for m in self.response_mask:
+                if m and not previous:
+                    lengths.append(0)
+                if m:
+                    lengths[-1] += 1
+                previous = m
+        caps = list(self.caps) + [None] * (len(lengths) - len(self.caps))
+        return list(zip(lengths, caps))
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One rollout of one row: its turns (conversations) in the agent's order, the answer
+    (`\\boxed{}` content, or the reply after `rollout.answers.final_answer`) of its final
+    turn, and the agent's metrics."""
+    problem: str
+    turns: list[Turn] = dataclasses.field(default_factory=list)
+    answer: str | None = None
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def memories(self) -> list[str]:
+        """MemAgent's memories as carried from turn to turn (after `thinking: strip`)."""
+        return [t.memory for t in self.turns if t.kind == "update"]
+
+    @property
+    def final_turn(self) -> Turn | None:
+        """The turn the answer is read from: the one of kind "final", else the last."""
+        return next((t for t in self.turns if t.kind == "final"),
+                    self.turns[-1] if self.turns else None)
+
+    @property
+    def final_reply(self) -> str:
+        turn = self.final_turn
+        return turn.reply if turn is not None else ""
+
+    def record(self) -> dict:
+        """`run --json`'s record (`run_record`)."""
+        return run_record(self.problem, self.answer, [
+            {"kind": t.kind, "reply": t.reply, "memory": t.memory,
+             "finish_reason": t.finish_reason,
+             "response_tokens": t.generated_tokens}
+            for t in self.turns], self.metrics)
+
+
+def run_record(problem: str, answer: str | None, turns: list[dict],
+               metrics: dict | None = None) -> dict:
+    """One rollout as `run --json` prints it, the same on the local engine and against a
+    server: turns are {"kind", "reply" (the last reply), "memory" (MemAgent's update turns:
+    the new memory; else None), "finish_reason", "response_tokens" (generated tokens; None
+    when a server does not report usage)}; "memories" are the update turns' memories,
+    "final_reply", "finish_reason" and "final_tokens" the final turn's; "metrics" the agent's
+    own (only when it reports any)."""
+    final = next((t for t in turns if t["kind"] == "final"), turns[-1] if turns else {})
+    record = {"problem": problem, "answer": answer,
+              "memories": [t["memory"] for t in turns if t["kind"] == "update"],
+              "final_reply": final.get("reply", ""), "finish_reason": final.get("finish_reason"),
+              "final_tokens": final.get("response_tokens"), "turns": turns}
+    if metrics:
+        record["metrics"] = metrics
+    return record
+
+
+def load_agent(section: dict, config) -> Any:
+    """The agent a config's `agent` section names (module docstring), built from its other keys
+    against `config` (the whole TrainConfig or EvalConfig). A module with `rollout` only takes
+    no settings. Errors are ConfigErrors naming `agent.module` or the setting."""
+    name = section.get("module", DEFAULT_MODULE)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{SECTION}.module", f"must name a module with rollout(row, policy) "
+                                               f"or build(settings, config); got {name!r}")
+    try:
+        module = importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(f"{SECTION}.module", f"cannot import {name!r} ({e})") from None
+    settings = {k: v for k, v in section.items() if k != "module"}
+    if callable(getattr(module, "build", None)):
+        agent = module.build(settings, config)
+    elif callable(getattr(module, "rollout", None)):
+        if settings:
+            raise ConfigError(f"{SECTION}.{next(iter(settings))}",
+                              f"{name} takes no settings (it defines rollout(row, policy) "
+                              "and no build(settings, config))")
+        agent = _FunctionAgent(module.rollout)
+    else:
+        raise ConfigError(f"{SECTION}.module", f"module {name!r} defines neither "
+                                               "rollout(row, policy) nor build(settings, config)")
+    if not callable(getattr(agent, "rollout", None)):
+        raise ConfigError(f"{SECTION}.module", f"{name}.build returned {type(agent).__name__}, "
+                                               "which has no rollout(row, policy)")
+    agent.name = getattr(agent, "name", None) or name
+    return agent
+
+
+class _FunctionAgent:
+    """A module's bare `rollout` function as an agent object."""
+
+    def __init__(self, rollout):
+        self.rollout = rollout

@@ -1,0 +1,171 @@
+"""Chat calls as token ids, and conversations as the rows that train them.
+
+What is trained is what was generated (verl's agent loop: token in, token out). A call's prompt
+is its messages through the chat template, except where it continues an earlier call of the
+same rollout (its messages are that call's messages, that call's reply, then more: a tool
+result, a user turn): then the prompt is the earlier prompt's ids, the ids the engine generated
+for that reply, then the template's own text for what follows, tokenized. So a reply the
+template would render otherwise (a merge the tokenizer never makes, thinking the template
+strips, a reply cut at its cap) reaches the next call, and the training row, as the ids it was.
+
+`conversation_turns` turns a conversation the agent returns into `Turn`s: each chain of calls
+that continue one another is one row, its prompt the first call's, its response everything
+after, with 1 in `response_mask` on the generated ids only (prompt, user and tool tokens carry
+no loss). A one-call conversation is that call's prompt and reply, as MemAgent's turns are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from memagent_jax.rollout.agent_api import Reply, Turn
+from memagent_jax.rollout.templates import chat_ids
+
+# Rendered in place of a reply's content to find where the template's text after a reply
+# begins; no template writes it.
+_REPLY = "\u2063memagent-jax reply\u2063"
+
+
+@dataclasses.dataclass(eq=False)
+class Call:
+    """One chat call of a rollout: its messages (None when the prompt was given as ids),
+    template variables, prompt ids, max_tokens, the call it continues (None: a fresh prompt),
+    and its reply once answered."""
+    messages: list[dict] | None
+    template_vars: dict
+    prompt_ids: list[int]
+    max_tokens: int
+    parent: Call | None = None
+    reply: Reply | None = None
+
+
+class ChatPrompts:
+    """Prompt ids for chat calls in one tokenizer (module docstring)."""
+
+    def __init__(self, tokenizer, stop_ids: tuple[int, ...]):
+        self.tokenizer, self.stop_ids = tokenizer, frozenset(stop_ids)
+        self._stop_text: dict[int, str] = {}
+
+    def prompt(self, messages: list[dict], template_vars: dict, earlier: list[Call]
+               ) -> tuple[list[int], Call | None]:
+        """(the prompt ids of `messages`, the earlier call they continue or None)."""
+        _check_messages(messages)
+        for call in reversed(earlier):
+            continued = self._continue(call, messages, template_vars)
+            if continued is not None:
+                return continued, call
+        return chat_ids(self.tokenizer, messages, **template_vars), None
+
+    def _continue(self, call: Call, messages: list[dict], template_vars: dict
+                  ) -> list[int] | None:
+        """The ids of `messages` as a continuation of `call`, or None where they do not
+        continue it (or the template renders the earlier part differently once more follows)."""
+        if (call.reply is None or call.messages is None or call.reply.token_ids is None
+                or call.template_vars != template_vars):
+            return None
+        m = len(call.messages)
+        if (len(messages) <= m + 1 or not is_reply(messages[m], call.reply)
+                or messages[:m] != call.messages):
+            return None
+        head = messages[:m] + [{"role": "assistant", "content": _REPLY}]
+        closed = self._render(head, False, template_vars)
+        full = self._render(head + messages[m + 1:], True, template_vars)
+        if not full.startswith(closed) or _REPLY not in closed:
+            return None
+        after = closed[closed.rindex(_REPLY) + len(_REPLY):]
+        generated = call.reply.token_ids
+        if generated and generated[-1] in self.stop_ids:
+            # The template closes the reply with the token that stopped it: generated already.
+            stop = self._decoded_stop(generated[-1])
+            if after.startswith(stop):
+                after = after[len(stop):]
+        text = after + full[len(closed):]
+        return (list(call.prompt_ids) + list(generated)
+                + list(self.tokenizer.encode(text, add_special_tokens=False)))
+
+    def _render(self, messages, generation_prompt: bool, template_vars: dict) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                  add_generation_prompt=generation_prompt,
+                                                  **template_vars)
+
+    def _decoded_stop(self, token: int) -> str:
+        if token not in self._stop_text:
+            self._stop_text[token] = self.tokenizer.decode([token])
+        return self._stop_text[token]
+
+
+def is_reply(message, reply: Reply) -> bool:
+    """Whether `message` is `reply` as a chat message: its own `reply.message`, or an assistant
+    message with the same content."""
+    return message is reply.message or (isinstance(message, dict)
+                                        and message.get("role") == "assistant"
+                                        and message.get("content") == reply.text)
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise TypeError(f"chat messages must be a non-empty list of {{'role', 'content'}} "
+                        f"dicts, got {messages!r:.100}")
+    for k, message in enumerate(messages):
+        if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
+                or not isinstance(message.get("content"), str)):
+            raise TypeError(f"chat message {k} must be a dict with string 'role' and "
+                            f"'content', got {message!r:.100}")
+
+
+def conversation_turns(conversation: list[dict], calls: dict[Reply, Call], kind: str
+                       ) -> list[Turn]:
+    """The rows of one conversation (module docstring), in order; `calls` maps this rollout's
+    replies to their calls; kind: the rows' `Turn.kind` unless the conversation says
+    (`Conversation.kind`). Assistant messages that are no reply of this rollout are prompt."""
+    found = []
+    for k, message in enumerate(conversation):
+        call = _call_of(message, conversation, k, calls)
+        if call is not None and call not in found:
+            found.append(call)
+    covered: set[int] = set()
+    chains = []
+    for call in reversed(found):
+        if id(call) in covered:
+            continue
+        chain = []
+        while call is not None:
+            chain.append(call)
+            covered.add(id(call))
+            call = call.parent
+        chains.append(chain[::-1])
+    label = getattr(conversation, "kind", None) or kind
+    memory = getattr(conversation, "memory", None)
+    return [_turn(chain, label, memory, list(conversation)) for chain in reversed(chains)]
+
+
+def _call_of(message, conversation, k, calls: dict[Reply, Call]) -> Call | None:
+    reply = getattr(message, "reply", None)
+    if isinstance(reply, Reply) and reply in calls:
+        return calls[reply]
+    if not (isinstance(message, dict) and message.get("role") == "assistant"):
+        return None
+    return next((call for call in calls.values()
+                 if call.reply.text == message.get("content")
+                 and call.messages == list(conversation[:k])), None)
+
+
+def _turn(chain: list[Call], kind: str, memory: str | None, messages) -> Turn:
+    first, last = chain[0], chain[-1]
+    if last.reply.token_ids is None:  # a server's reply: text only, nothing to train
+        return Turn(kind, [], [], [], last.reply.finish_reason, last.reply.text, memory,
+                    caps=tuple(c.max_tokens for c in chain), messages=messages,
+                    server_tokens=last.reply.completion_tokens)
+    prompt = list(first.prompt_ids)
+    if len(chain) == 1:
+        return Turn(kind, prompt, list(last.reply.token_ids), list(last.reply.logprobs),
+                    last.reply.finish_reason, last.reply.text, memory,
+                    caps=(last.max_tokens,), messages=messages)
+    response = list(last.prompt_ids[len(prompt):]) + list(last.reply.token_ids)
+    mask, logprobs = [0] * len(response), [0.0] * len(response)
+    for call in chain:
+        start = len(call.prompt_ids) - len(prompt)
+        for t, logprob in enumerate(call.reply.logprobs):
+            mask[start + t], logprobs[start + t] = 1, logprob
+    return Turn(kind, prompt, response, logprobs, last.reply.finish_reason, last.reply.text,
+                memory, mask, tuple(c.max_tokens for c in chain), messages)

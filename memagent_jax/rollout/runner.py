@@ -1,0 +1,295 @@
+"""Agents' rollouts on the engine: hundreds at once, on one event loop, sharing the slots.
+
+`AgentRunner.run(params, agent, rows, sampling, n)` runs n rollouts of every row, each an
+asyncio task of `agent.rollout(row, policy)` with a handle of its own (`EnginePolicy`). A chat
+call renders its prompt (`conversation.ChatPrompts`), is queued, and waits. The runner's loop
+lets every ready rollout run until it waits on a reply, submits the queued calls to the
+scheduler, steps the engine once, and again: the rollouts' calls fill the slots as they come
+(continuous batching), and no agent batches, pads or tokenizes anything.
+
+Seeds: call k of rollout j of row i is sampled with the seed
+crc32(f"{seed}/{i}/{j if k else 0}/{k}") and, for its first call, sample index j, so a group's
+first calls draw as the n samples of one request (and are one request when their prompts agree:
+the prompt is prefilled once), and every later call as a request of its own. A rollout's
+tokens therefore depend on the seed, its row's place and its own calls, not on the slot or the
+step that serves them.
+
+Many processes: every process runs the same rollouts and must make the same engine calls in
+the same order. Each submission compares the calls across processes; where they differ (an
+agent or tool that reads time, randomness or I/O), the run stops on every process with one line
+naming the agent. `policy.once(fn, *args)` computes such a value on process 0 and gives every
+process its result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import secrets
+import threading
+import zlib
+from typing import Any, Callable
+
+from memagent_jax import distributed
+from memagent_jax.errors import UserError
+from memagent_jax.rollout.agent_api import Reply, Rollout, Trajectory
+from memagent_jax.rollout.answers import final_answer
+from memagent_jax.rollout.conversation import Call, ChatPrompts, conversation_turns
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
+
+# on_call(row index): after every reply, before its rollout sees it.
+OnCall = Callable[[int], None]
+
+
+def call_seed(seed: int, row: int, trajectory: int, call: int) -> tuple[int, int]:
+    """(the sampling seed, the sample index) of a rollout's call (module docstring)."""
+    key = f"{seed}/{row}/{trajectory if call else 0}/{call}"
+    return zlib.crc32(key.encode()) & 0x7FFFFFFF, trajectory if call == 0 else 0
+
+
+class AgentRunner:
+    """Runs agents' rollouts on `scheduler` (module docstring). stop_ids end a reply; they,
+    end-of-text and padding are dropped from its text."""
+
+    def __init__(self, scheduler: Scheduler, tokenizer, stop_ids: tuple[int, ...]):
+        self.scheduler, self.tokenizer, self.stop_ids = scheduler, tokenizer, tuple(stop_ids)
+        self.not_reply = frozenset(stop_ids) | {
+            t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None}
+        self.prompts = ChatPrompts(tokenizer, self.stop_ids)
+
+    def run(self, params, agent, rows: list, sampling: SamplingParams, n: int = 1,
+            on_call: OnCall | None = None) -> list[list[Trajectory]]:
+        """n trajectories of every row, sampled with `params` and `sampling` (its seed None:
+        a fresh one). A rollout that raises stops the run: its exception, with a note naming
+        the agent and the row."""
+        run = _Run(self, params, agent, rows, sampling, n, on_call)
+        try:
+            return run_coroutine(run.main)
+        except BaseException:
+            self.scheduler.clear()
+            raise
+
+    def reply(self, call: Call, completion: Completion) -> Reply:
+        said = [t for t in completion.token_ids if t not in self.not_reply]
+        return Reply(self.tokenizer.decode(said, skip_special_tokens=True),
+                     completion.finish_reason, completion.token_ids, completion.logprobs,
+                     call.prompt_ids)
+
+
+@dataclasses.dataclass(eq=False)
+class _Queued:
+    """A chat call waiting to be submitted."""
+    row: int
+    call: Call
+    seed: int
+    first_index: int
+    future: asyncio.Future
+
+
+class EnginePolicy:
+    """The policy handle of one rollout on the engine (`agent_api.Policy`)."""
+    takes_ids = True
+
+    def __init__(self, run: _Run, row: int, index: int):
+        self._run, self.row, self.index = run, row, index
+        self.tokenizer = run.runner.tokenizer
+        self.calls: dict[Reply, Call] = {}
+        self._made: list[Call] = []
+
+    @property
+    def max_len(self) -> int:
+        """The engine's most tokens a call's prompt and reply may take together."""
+        return self._run.runner.scheduler.engine.config.max_len
+
+    async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
+                   prompt_ids: list[int] | None = None, **template_vars) -> Reply:
+        runner = self._run.runner
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if prompt_ids is None:
+            ids, parent = runner.prompts.prompt(messages, template_vars, self._made)
+        else:
+            ids, parent = list(prompt_ids), None
+        seed, first_index = call_seed(self._run.seed, self.row, self.index, len(self._made))
+        sampling = dataclasses.replace(self._run.sampling, seed=seed)
+        runner.scheduler.check(Request(tuple(ids), max_tokens, sampling))
+        call = Call(None if messages is None else list(messages), template_vars, ids, max_tokens,
+                    parent)
+        self._made.append(call)
+        future = asyncio.get_running_loop().create_future()
+        self._run.queue.append(_Queued(self.row, call, seed, first_index, future))
+        self._run.wake.set()
+        call.reply = runner.reply(call, await future)
+        self.calls[call.reply] = call
+        return call.reply
+
+    async def once(self, fn: Callable, *args) -> Any:
+        """fn(*args) computed on process 0 only, its (picklable) result on every process: for
+        a tool or value that reads time, randomness or I/O (module docstring)."""
+        future = asyncio.get_running_loop().create_future()
+        self._run.once.append((functools.partial(fn, *args), future))
+        self._run.wake.set()
+        return await future
+
+
+class _Run:
+    """One `AgentRunner.run`."""
+
+    def __init__(self, runner: AgentRunner, params, agent, rows, sampling, n, on_call):
+        self.runner, self.params, self.agent, self.rows = runner, params, agent, rows
+        self.seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
+        self.sampling, self.n, self.on_call = sampling, n, on_call
+        self.name = getattr(agent, "name", None) or type(agent).__name__
+        self.queue: list[_Queued] = []
+        self.once: list[tuple[Callable, asyncio.Future]] = []
+        self.failures: list[BaseException] = []
+
+    async def main(self) -> list[list[Trajectory]]:
+        scheduler = self.runner.scheduler
+        placed = scheduler.engine.place(self.params)
+        self.wake = asyncio.Event()
+        tasks = [[asyncio.ensure_future(self._rollout(i, EnginePolicy(self, i, j)))
+                  for j in range(self.n)] for i in range(len(self.rows))]
+        flat = [t for group in tasks for t in group]
+        for task in flat:
+            task.add_done_callback(self._failed)
+        try:
+            while True:
+                await asyncio.sleep(0)  # every ready rollout runs until it waits again
+                if self.failures:
+                    raise self.failures[0]
+                self._flush()
+                if scheduler.step(placed):
+                    continue
+                pending = [t for t in flat if not t.done()]
+                if not pending and not self.queue and not self.once:
+                    break
+                if not self.queue and not self.once:
+                    # Rollouts wait on something else than the engine (a tool on a thread).
+                    self.wake.clear()
+                    waiter = asyncio.ensure_future(self.wake.wait())
+                    await asyncio.wait(pending + [waiter],
+                                       return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+        finally:
+            for task in flat:
+                task.cancel()
+            await asyncio.gather(*flat, return_exceptions=True)
+        return [[t.result() for t in group] for group in tasks]
+
+    def _failed(self, task: asyncio.Task) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.failures.append(task.exception())
+
+    async def _rollout(self, i: int, policy: EnginePolicy) -> Trajectory:
+        row = self.rows[i]
+        try:
+            result = await self.agent.rollout(row, policy)
+            return trajectory_of(result, policy.calls, row)
+        except Exception as e:
+            e.add_note(f"in agent {self.name}, rollout {policy.index} of row {i}")
+            raise
+
+    def _flush(self) -> None:
+        """Computes the `once` values waiting, then submits the queued calls, a group's
+        identical first calls as one request (after checking that every process queued the
+        same ones)."""
+        if self.once:
+            waiting, self.once = self.once, []
+            values = distributed.on_main(lambda: [fn() for fn, _ in waiting])
+            for (_, future), value in zip(waiting, values):
+                future.set_result(value)
+        if not self.queue:
+            return
+        queued, self.queue = self.queue, []
+        self._check_same_calls(queued)
+        groups: list[list[_Queued]] = []
+        for q in queued:
+            last = groups[-1][-1] if groups else None
+            if (last is not None and q.row == last.row and q.first_index == last.first_index + 1
+                    and q.seed == last.seed and q.call.max_tokens == last.call.max_tokens
+                    and q.call.prompt_ids == last.call.prompt_ids):
+                groups[-1].append(q)
+            else:
+                groups.append([q])
+        runner = self.runner
+        for group in groups:
+            head = group[0]
+            request = Request(tuple(head.call.prompt_ids), head.call.max_tokens,
+                              dataclasses.replace(self.sampling, seed=head.seed),
+                              runner.stop_ids, len(group), head.first_index)
+            runner.scheduler.submit(request, functools.partial(self._answered, group))
+
+    def _answered(self, group: list[_Queued], completions: list[Completion]) -> None:
+        for q, completion in zip(group, completions):
+            q.future.set_result(completion)
+            if self.on_call is not None:
+                self.on_call(q.row)
+
+    def _check_same_calls(self, queued: list[_Queued]) -> None:
+        if not distributed.joined():
+            return
+        digest = zlib.crc32(repr([(q.row, q.seed, q.first_index, q.call.max_tokens,
+                                   q.call.prompt_ids) for q in queued]).encode())
+        digests = distributed.gather((len(queued), digest))
+        if any(d != digests[0] for d in digests):
+            raise UserError(f"agent {self.name}: the processes asked the engine for different "
+                            f"calls ({digests}, calls and digest per process): an agent or tool "
+                            "that reads time, randomness or I/O must compute it once, with "
+                            "`await policy.once(fn, *args)`")
+
+
+def trajectory_of(result, calls: dict[Reply, Call], row) -> Trajectory:
+    """A rollout of `row`'s result (a `Rollout` or a bare list of conversations) as its
+    Trajectory: each conversation's rows (`conversation_turns`), the final one's labelled
+    "final" and its last reply's answer."""
+    rollout = result if isinstance(result, Rollout) else Rollout(result)
+    conversations = rollout.conversations
+    if not isinstance(conversations, list) or not conversations or not all(
+            isinstance(c, list) for c in conversations):
+        raise TypeError("an agent returns a Rollout or a non-empty list of conversations "
+                        f"(lists of chat messages), got {result!r:.200}")
+    if not -len(conversations) <= rollout.final < len(conversations):
+        raise TypeError(f"Rollout.final {rollout.final} is not a conversation's index (there "
+                        f"are {len(conversations)})")
+    final = rollout.final % len(conversations)
+    turns = []
+    for k, conversation in enumerate(conversations):
+        turns += conversation_turns(conversation, calls, "final" if k == final else "turn")
+    trajectory = Trajectory(_problem(row), turns, metrics=dict(rollout.metrics))
+    trajectory.answer = final_answer(trajectory.final_reply) if turns else None
+    return trajectory
+
+
+def _problem(row) -> str:
+    """The question a row asks, for the trajectory's record."""
+    for name in ("question", "problem"):
+        value = getattr(row, name, None)
+        if isinstance(value, str):
+            return value
+    return ""
+
+
+def run_coroutine(main: Callable):
+    """main() on a new event loop: in this thread, or, where this thread already runs one (a
+    notebook), in a thread of its own."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(main())
+    outcome: dict = {}
+
+    def target():
+        try:
+            outcome["result"] = asyncio.run(main())
+        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+            outcome["error"] = e
+
+    thread = threading.Thread(target=target, name="rollouts")
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["result"]
