@@ -4,9 +4,9 @@
 Every subcommand validates its input before touching devices; a `UserError` becomes one line on
 stderr (`memagent-jax: error: ...`) and exit status 2, and outputs are written all-or-nothing.
 Every command module imports only the standard library at import time, so `memagent-jax --help`
-and `memagent-jax data ...` start without JAX. The synthetic experiment's commands (`demo`,
-`trace`, `data synthetic`) are registered here, the one place outside `memagent_jax.synthetic`
-that imports them: the core packages import nothing from it.
+and `memagent-jax data ...` start without JAX. The experiments' commands (synthetic's `demo`,
+`trace`, `data synthetic`; lookup's `data lookup`) are registered here, the one place outside
+their packages that imports them: the core packages import nothing from them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.data import command as data_command
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval import command as eval_command
+from memagent_jax.lookup import command as lookup_command
 from memagent_jax.models import command as models_command
 from memagent_jax.rl import command as rl_command
 from memagent_jax.rollout import command as rollout_command
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     eval_command.add_parsers(sub)
     data_kinds = data_command.add_parsers(sub)
     synthetic_command.add_data_parsers(data_kinds)
+    lookup_command.add_data_parsers(data_kinds)
     return parser
 
 

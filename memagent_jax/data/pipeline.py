@@ -120,7 +120,8 @@ def example_from_row(row: dict, index: int, source: str = "data") -> Example:
     if "prompt" not in row and "input" in row:  # the evaluation layout
         row = {**row, "data_source": row.get("data_source") or "", "prompt": row["input"],
                "reward_model": {"ground_truth": row["answers"]},
-               "extra_info": {k: row[k] for k in ("index", "num_docs") if k in row}}
+               "extra_info": row.get("extra_info") or {k: row[k] for k in ("index", "num_docs")
+                                                       if k in row}}
     prompt = row.get("prompt")
     if isinstance(prompt, str):
         prompt = [{"role": "user", "content": prompt}]

@@ -6,8 +6,10 @@ Sections and what they change:
   instead (`memagent-jax serve`, vLLM; key in env MEMAGENT_API_KEY, else
   API_KEY), as `run --url` does; `path` is
   then only read for the tokenizer, and `served_name` is the model name sent.
-- method: "memagent" (the chunk-memory loop) or "full_context" (the whole document in one
-  prompt, centre-truncated to the model window: the baseline of the paper's table).
+- method: "memagent" (the chunk-memory loop), "full_context" (the whole document in one
+  prompt, centre-truncated to the model window: the baseline of the paper's table), or
+  "agent": the `agent` section's agent (rollout/agent_api.py: `{module: ..., its own keys}`)
+  on each record as a data row, its final answer scored.
 - memagent: the memory agent's token budgets and `thinking` (`MemAgentConfig`, shared with train
   and `run`);
   full_context: the baseline's window and reply length.
@@ -23,9 +25,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from memagent_jax.errors import ConfigError
+from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.rollout.factory import ModelSection
 from memagent_jax.rollout.engine import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
@@ -95,7 +98,9 @@ class EvalConfig:
                                                "validation", "checkpoint", "dynamic_sampling",
                                                "overlong", "plugin")}
     model: EvalModelSection = dataclasses.field(default_factory=EvalModelSection)
-    method: Literal["memagent", "full_context"] = "memagent"
+    method: Literal["memagent", "full_context", "agent"] = "memagent"
+    # method agent's agent: {module: ..., its own keys} (rollout/agent_api.py).
+    agent: dict[str, Any] = dataclasses.field(default_factory=dict)
     memagent: MemAgentConfig = dataclasses.field(default_factory=MemAgentConfig)
     full_context: FullContextSection = dataclasses.field(default_factory=FullContextSection)
     sampling: SamplingSection = dataclasses.field(default_factory=SamplingSection)
@@ -112,9 +117,19 @@ class EvalConfig:
         if missing:
             raise ConfigError("", f"required key{'s' if len(missing) > 1 else ''} missing: "
                                   f"{', '.join(missing)}")
-        if self.model.url and self.method != "memagent":
-            raise ConfigError("model.url", "a server runs method memagent only (full_context "
-                                           "needs the local engine)")
+        if self.model.url and self.method == "full_context":
+            raise ConfigError("model.url", "a server runs methods memagent and agent "
+                                           "(full_context needs the local engine)")
+        if (self.method == "agent") != bool(self.agent):
+            raise ConfigError("agent" if self.agent else "method",
+                              "method agent runs the agent section's agent: give both "
+                              "(MemAgent is method memagent)")
+        self._agent = load_agent(self.agent, self) if self.agent else None
+
+    @property
+    def loaded_agent(self):
+        """method agent's agent, built when this config was (None for the other methods)."""
+        return self._agent
 
     @property
     def row_name(self) -> str:
@@ -125,8 +140,8 @@ class EvalConfig:
         """The settings a run's results depend on: a resumed run must match them.
         `memagent.thinking` is named only when it is not "keep" (full_context reads it too),
         so runs from before the setting existed resume under its default."""
-        method = self.memagent if self.method == "memagent" else self.full_context
-        settings = dataclasses.asdict(method)
+        method = {"memagent": self.memagent, "full_context": self.full_context}.get(self.method)
+        settings = dataclasses.asdict(method) if method is not None else dict(self.agent)
         settings.pop("thinking", None)
         thinking = self.memagent.thinking
         return {"model.path": (self.model.path or f"preset {self.model.preset}, seed "

@@ -1,12 +1,15 @@
-"""The two ways an eval answers a question about a long context, on the local engine.
+"""The ways an eval answers a question, on the local engine.
 
 - MemAgentMethod: the memory agent (`rollout.memagent.MemoryAgent`): chunk by chunk, then an
   answer from the memory; n trajectories per question share the first prefill.
 - FullContextMethod: the baseline of the paper's table: the whole context in one prompt (the
   original's "boxed" template), centre-truncated to the model window (first half + last half
   of the prompt's tokens, as the original), n samples per question.
+- AgentMethod (`method: agent`): the `agent` section's agent on each record as a data row
+  (`data.pipeline.example_from_row`), n rollouts each, on the engine or on a server
+  (`model.url`); its final answer is scored, its own metrics kept in the record.
 
-Both are used the same way: `check(where, row, record)` on every sample before any device work;
+All are used the same way: `check(where, row, record)` on every sample before any device work;
 `start()` loads the model (only when something is left to run); `run(set_name, batch, on_done,
 on_turn, add_turns)` over a batch of (row, record) pairs calls `on_done(row, answers, info)` as
 each question finishes (answers: one `Answer` per sample; info: context_tokens, turns),
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import os
 import zlib
 from typing import Callable
 
@@ -26,7 +30,8 @@ import jax
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.models.sharding import job_mesh
-from memagent_jax.rollout.factory import Policy, build_agent, build_engine, load_policy
+from memagent_jax.rollout.factory import (Policy, build_agent, build_engine, build_runner,
+                                          load_policy)
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
@@ -76,7 +81,7 @@ class MemAgentMethod:
         # What the agent's strict read (rollout.memagent.read_sample) refuses, before any work
         if not record["input"].strip():
             raise UserError(f"{where}: row {row}: the question is empty")
-        if not record["context"].strip():
+        if not record.get("context", "").strip():
             raise UserError(f"{where}: row {row}: the context is empty")
         tokens = _count(self.tokenizer, [record["input"]])[0]
         budget = self.config.memagent.max_problem_tokens
@@ -144,7 +149,7 @@ class FullContextMethod:
         return self.max_input + self.overhead + 64 + self.config.full_context.max_new_tokens
 
     def check(self, where: str, row: int, record: dict) -> None:
-        if not record["context"].strip():
+        if not record.get("context", "").strip():
             raise UserError(f"{where}: row {row}: the context is empty")
 
     def start(self) -> None:
@@ -209,3 +214,68 @@ class FullContextMethod:
 
         complete(self.engine, self.params, requests, on_done=request_done)
 
+
+
+class AgentMethod:
+    """`method: agent` (module docstring)."""
+
+    def __init__(self, config: EvalConfig, tokenizer):
+        self.config, self.tokenizer = config, tokenizer
+        self.agent = config.loaded_agent
+
+    def row(self, where: str, row: int, record: dict):
+        from memagent_jax.data.pipeline import example_from_row
+        return example_from_row(record, row, where)
+
+    def check(self, where: str, row: int, record: dict) -> None:
+        self.row(where, row, record)
+
+    def start(self) -> None:
+        model = self.config.model
+        if model.url:  # the server holds the model
+            from memagent_jax.rollout.client import Server, api_key_from_env
+
+            s = self.config.sampling
+            name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
+            self.server = Server(model.url, name, api_key_from_env(), temperature=s.temperature,
+                                 top_p=s.top_p)
+            if hasattr(self.agent, "setup"):
+                self.agent.setup(self.tokenizer, ())
+            return
+        policy, mesh = _load(self.config, self.tokenizer)
+        self.runner = build_runner(self.agent, policy.model, self.tokenizer, self.config.engine,
+                                   mesh, policy.stop_ids)
+        self.params = policy.params
+
+    def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
+            on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
+        s = self.config.sampling
+        rows = [self.row(set_name, row, record) for row, record in batch]
+
+        def call(_i: int) -> None:
+            add_turns(1)
+            on_turn()
+
+        def done(i: int, trajectories) -> None:
+            answers = [Answer(t.answer, t.final_reply, t.final_turn.finish_reason,
+                              t.final_turn.generated_tokens or 0) for t in trajectories]
+            names = dict.fromkeys(k for t in trajectories for k in t.metrics)
+            metrics = {k: sum(t.metrics.get(k, 0.0) for t in trajectories) / len(trajectories)
+                       for k in names}
+            on_done(batch[i][0], answers, {
+                "context_tokens": len(self.tokenizer(rows[i].context, add_special_tokens=False)
+                                      ["input_ids"]) if rows[i].context else 0,
+                "turns": sum(len(t.turns) for t in trajectories) / len(trajectories),
+                **({"agent": metrics} if metrics else {})})
+
+        seed = zlib.crc32(f"{s.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
+        if self.config.model.url:
+            from memagent_jax.rollout.client import run_on_server
+
+            seeds = [[zlib.crc32(f"{s.seed}/{set_name}/{row}/{k}".encode()) & 0x7FFFFFFF
+                      for k in range(s.n)] for row, _ in batch]
+            run_on_server(self.server, self.agent, rows, seeds,
+                          max(1, self.config.data.batch_size), call, done)
+            return
+        self.runner.run(self.params, self.agent, rows,
+                        SamplingParams(s.temperature, s.top_p, s.top_k, seed), s.n, call, done)

@@ -27,7 +27,7 @@ from memagent_jax import distributed
 from memagent_jax.console import announce, progress_bar
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.config import EvalConfig
-from memagent_jax.eval.methods import FullContextMethod, MemAgentMethod
+from memagent_jax.eval.methods import AgentMethod, FullContextMethod, MemAgentMethod
 from memagent_jax.eval.remote import ServerMemAgentMethod
 from memagent_jax.eval.report import markdown, write_report
 from memagent_jax.eval.results import OutputDir, ResultLog
@@ -36,8 +36,10 @@ from memagent_jax.fileutil import check_output_dir
 
 
 def make_method(config: EvalConfig, tokenizer):
-    """The method a config names: the memory agent on a server (model.url), in process, or the
-    full-context baseline."""
+    """The method a config names: the `agent` section's agent, the memory agent on a server
+    (model.url) or in process, or the full-context baseline."""
+    if config.method == "agent":
+        return AgentMethod(config, tokenizer)
     if config.model.url:
         return ServerMemAgentMethod(config, tokenizer)
     return (MemAgentMethod if config.method == "memagent" else FullContextMethod)(config,
@@ -117,6 +119,8 @@ def _announce(config: EvalConfig, sets: list[EvalSet], remaining: int) -> None:
         b = config.memagent
         budgets = (f"chunks of {b.chunk_tokens} tokens, memory {b.max_memory_tokens}, final "
                    f"answer {b.max_final_tokens}")
+    elif config.method == "agent":
+        budgets = f"the agent {config.loaded_agent.name}"
     else:
         f = config.full_context
         window = f"{f.max_input_tokens} tokens" if f.max_input_tokens else "the model's window"

@@ -2,7 +2,8 @@
 
 A set file holds one context length of one task: RULER-HQA records {context, input, answers,
 num_docs, index}, RULER synthetic records {context, input, answers, task, length, ...}, or QA
-records of one `length` (`memagent-jax data synthetic`).
+records of one `length` (`memagent-jax data synthetic`); `context` is optional (`method:
+agent`'s rows may have none; MemAgent's check refuses a record without one).
 QA sets are scored with EM / sub-EM / F1 (accuracy = sub-EM, as the paper); RULER synthetic
 tasks with string_match_all (docs/algorithm.md section 2).
 """
@@ -81,11 +82,11 @@ def load_set(path: str, max_samples: int | None = None) -> EvalSet:
 def _check(record, where: str) -> None:
     if not isinstance(record, dict):
         raise UserError(f"{where}: expected an object")
-    for field in ("context", "input", "answers"):
+    for field in ("input", "answers"):
         if record.get(field) is None:
             raise UserError(f"{where}: missing field '{field}'")
     for field in ("context", "input"):
-        if not isinstance(record[field], str):
+        if field in record and not isinstance(record[field], str):
             raise UserError(f"{where}: field '{field}' must be a string")
     answers = record["answers"]
     if not isinstance(answers, list) or not answers or not all(isinstance(a, str)

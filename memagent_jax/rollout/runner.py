@@ -41,6 +41,8 @@ from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
 
 # on_call(row index): after every reply, before its rollout sees it.
 OnCall = Callable[[int], None]
+# on_done(row index, its trajectories): once all of a row's rollouts have finished.
+OnDone = Callable[[int, list[Trajectory]], None]
 
 
 def call_seed(seed: int, row: int, trajectory: int, call: int) -> tuple[int, int]:
@@ -60,11 +62,12 @@ class AgentRunner:
         self.prompts = ChatPrompts(tokenizer, self.stop_ids)
 
     def run(self, params, agent, rows: list, sampling: SamplingParams, n: int = 1,
-            on_call: OnCall | None = None) -> list[list[Trajectory]]:
+            on_call: OnCall | None = None, on_done: OnDone | None = None
+            ) -> list[list[Trajectory]]:
         """n trajectories of every row, sampled with `params` and `sampling` (its seed None:
         a fresh one). A rollout that raises stops the run: its exception, with a note naming
         the agent and the row."""
-        run = _Run(self, params, agent, rows, sampling, n, on_call)
+        run = _Run(self, params, agent, rows, sampling, n, on_call, on_done)
         try:
             return run_coroutine(run.main)
         except BaseException:
@@ -137,14 +140,16 @@ class EnginePolicy:
 class _Run:
     """One `AgentRunner.run`."""
 
-    def __init__(self, runner: AgentRunner, params, agent, rows, sampling, n, on_call):
+    def __init__(self, runner: AgentRunner, params, agent, rows, sampling, n, on_call, on_done):
         self.runner, self.params, self.agent, self.rows = runner, params, agent, rows
         self.seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
-        self.sampling, self.n, self.on_call = sampling, n, on_call
+        self.sampling, self.n, self.on_call, self.on_done = sampling, n, on_call, on_done
         self.name = getattr(agent, "name", None) or type(agent).__name__
         self.queue: list[_Queued] = []
         self.once: list[tuple[Callable, asyncio.Future]] = []
         self.failures: list[BaseException] = []
+        self.left = [n] * len(rows)   # rollouts of each row not finished
+        self.finished: list[int] = []  # rows whose rollouts all finished, not reported yet
 
     async def main(self) -> list[list[Trajectory]]:
         scheduler = self.runner.scheduler
@@ -160,11 +165,13 @@ class _Run:
                 await asyncio.sleep(0)  # every ready rollout runs until it waits again
                 if self.failures:
                     raise self.failures[0]
+                self._report(tasks)
                 self._flush()
                 if scheduler.step(placed):
                     continue
                 pending = [t for t in flat if not t.done()]
                 if not pending and not self.queue and not self.once:
+                    self._report(tasks)
                     break
                 if not self.queue and not self.once:
                     # Rollouts wait on something else than the engine (a tool on a thread).
@@ -187,10 +194,21 @@ class _Run:
         row = self.rows[i]
         try:
             result = await self.agent.rollout(row, policy)
-            return trajectory_of(result, policy.calls, row)
+            trajectory = trajectory_of(result, policy.calls, row)
         except Exception as e:
             e.add_note(f"in agent {self.name}, rollout {policy.index} of row {i}")
             raise
+        self.left[i] -= 1
+        if not self.left[i]:
+            self.finished.append(i)
+        return trajectory
+
+    def _report(self, tasks) -> None:
+        """on_done for the rows whose rollouts have all finished since the last report."""
+        finished, self.finished = self.finished, []
+        if self.on_done is not None:
+            for i in finished:
+                self.on_done(i, [t.result() for t in tasks[i]])
 
     def _flush(self) -> None:
         """Computes the `once` values waiting, then submits the queued calls, a group's
@@ -293,3 +311,46 @@ def run_coroutine(main: Callable):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["result"]
+
+
+def replay(agent, row, answer: Callable[[int, list[dict] | None], list[int]], tokenizer,
+           stop_ids: tuple[int, ...]) -> Trajectory:
+    """The trajectory `agent` makes of `row` when its call k is answered with the ids
+    `answer(k, the call's messages)` (each ending with a stop id) instead of the engine's
+    sample: its prompts and continuations exactly as the runner builds them, log-probs 0. What
+    a supervised step trains an agent's own conversations on."""
+    policy = _ReplayPolicy(answer, tokenizer, stop_ids)
+    result = run_coroutine(lambda: agent.rollout(row, policy))
+    return trajectory_of(result, policy.calls, row)
+
+
+class _ReplayPolicy:
+    """`replay`'s handle: `EnginePolicy`'s prompts, given replies."""
+    takes_ids = True
+
+    def __init__(self, answer, tokenizer, stop_ids):
+        self.answer, self.tokenizer, self.stop_ids = answer, tokenizer, tuple(stop_ids)
+        self.not_reply = frozenset(stop_ids) | {
+            t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None}
+        self.prompts = ChatPrompts(tokenizer, self.stop_ids)
+        self.calls: dict[Reply, Call] = {}
+        self._made: list[Call] = []
+
+    async def chat(self, messages=None, *, max_tokens, prompt_ids=None, **template_vars):
+        if prompt_ids is None:
+            ids, parent = self.prompts.prompt(messages, template_vars, self._made)
+        else:
+            ids, parent = list(prompt_ids), None
+        call = Call(None if messages is None else list(messages), template_vars, ids,
+                    max_tokens, parent)
+        self._made.append(call)
+        tokens = list(self.answer(len(self._made) - 1, call.messages))
+        said = [t for t in tokens if t not in self.not_reply]
+        call.reply = Reply(self.tokenizer.decode(said, skip_special_tokens=True),
+                           "stop" if tokens and tokens[-1] in self.stop_ids else "length",
+                           tokens, [0.0] * len(tokens), ids)
+        self.calls[call.reply] = call
+        return call.reply
+
+    async def once(self, fn: Callable, *args) -> Any:
+        return fn(*args)

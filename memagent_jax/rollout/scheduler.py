@@ -39,6 +39,10 @@ from memagent_jax.rollout.engine import DecodeEngine, StepLogprobs
 from memagent_jax.rollout.sampling import SamplingParams
 
 
+class PromptTooLong(UserError):
+    """A prompt that leaves no room for a reply within the engine's max_len."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Request:
     """n samples of a prompt; sample j draws from the key of sample `first_index + j` of
@@ -122,7 +126,7 @@ class Scheduler:
             raise UserError(f"token id {outside} is outside the model's vocabulary of {vocab} "
                             "ids")
         if len(request.prompt_ids) >= limit:
-            raise UserError(f"prompt of {len(request.prompt_ids)} tokens does not fit the "
+            raise PromptTooLong(f"prompt of {len(request.prompt_ids)} tokens does not fit the "
                             f"engine's maximum length of {limit} tokens (prompt + reply)")
         if request.max_new_tokens <= 0:
             raise UserError(f"max_new_tokens must be positive, got {request.max_new_tokens}")

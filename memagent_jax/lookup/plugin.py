@@ -1,0 +1,71 @@
+"""The lookup task's supervised start (`plugin.module: memagent_jax.lookup.plugin`,
+`learner.loss: sft`): format-only conversations.
+
+Each drawn row's target is the tool-calling agent's own conversation (`rollout.runner.replay`:
+its system prompt, the question, the tool's result as the agent sends it) with replies that
+show the formats and nothing of the task: the call's key is a word of the question drawn
+uniformly (the asked key one time in six), the answer is `\\boxed{}` around a word of the
+tool's result drawn uniformly. So the start knows how to call `lookup` and how to answer, and
+was never shown which call answers which question, nor which word of a result is the code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+
+from memagent_jax.errors import ConfigError
+from memagent_jax.rollout.agent_api import Trajectory
+from memagent_jax.rollout.runner import replay
+from memagent_jax.runconfig import build_section
+
+_WORD = re.compile(r"\w+")
+
+
+def call_text(key: str) -> str:
+    return f'<tool_call>{{"name": "lookup", "arguments": {{"key": "{key}"}}}}</tool_call>'
+
+
+def answer_text(word: str) -> str:
+    return f"\\boxed{{{word}}}"
+
+
+@dataclasses.dataclass(frozen=True)
+class FormatSection:
+    """The `plugin` section's keys besides `module`: none."""
+
+
+class FormatPlugin:
+    """`rl.plugin.Plugin`: a supervised step's format-only targets (module docstring)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def target(self, agent, example) -> Trajectory:
+        rng = random.Random(f"lookup-format/{self.seed}/{example.index}")
+        tokenizer = agent.tokenizer
+        end = tokenizer.eos_token_id
+
+        def answer(call: int, messages) -> list[int]:
+            if call == 0:
+                text = call_text(rng.choice(_WORD.findall(example.question)))
+            else:
+                text = answer_text(rng.choice(_WORD.findall(messages[-1]["content"])))
+            return tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
+
+        return replay(agent, example, answer, tokenizer, agent.stop_ids)
+
+    def extra_trajectories(self, step) -> list[Trajectory]:
+        return []
+
+    def starts(self, step):
+        return [], []
+
+
+def build(settings: dict, config) -> FormatPlugin:
+    build_section(FormatSection, settings, "plugin")
+    if config.learner.loss != "sft":
+        raise ConfigError("plugin.module", "the lookup plugin gives a supervised step's "
+                                           "targets (learner.loss: sft)")
+    return FormatPlugin(config.seed)
