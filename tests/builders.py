@@ -229,3 +229,37 @@ def block_package(monkeypatch, package: str) -> None:
     test, as if it were not installed."""
     for name in [n for n in sys.modules if n.startswith(package + ".")] + [package]:
         monkeypatch.setitem(sys.modules, name, None)
+
+
+# ---- Agents: a byte-level BPE of Qwen's kind, and an engine that replies by script
+
+def qwen_like_tokenizer(texts: list[str], chat_template: str, vocab_size: int = 600):
+    """A byte-level BPE trained here on `texts`, with Qwen's special tokens (<|endoftext|>
+    padding, <|im_start|>, <|im_end|> end-of-turn) and `chat_template`: Qwen's kind of
+    tokenizer, where a text has one canonical tokenization and others that decode to it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                  special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(texts, trainer)
+    wrapped = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
+                                      pad_token="<|endoftext|>")
+    wrapped.chat_template = chat_template
+    return wrapped
+
+
+class ReplyEngine(ScriptedEngine):
+    """Replies reply(prompt text) (ids, the end token included) to every prompt."""
+
+    def __init__(self, tokenizer, reply, max_len=4096, slots=4):
+        super().__init__(tokenizer, max_len, slots)
+        self.reply = reply
+
+    def _script(self, prompt_ids):
+        self.prefill_count += 1
+        return list(self.reply(self.tokenizer.decode(list(prompt_ids))))

@@ -16,7 +16,8 @@ Tools are plain Python functions, named `module:function`, declared with a JSON 
 (`get_json_schema`). Arguments the schema does not name come from the row, as verl's tool rows
 carry them (`extra_info.tools_kwargs[name].create_kwargs`), unseen by the model. A tool's
 result reaches the model as text; an unknown tool, malformed call, wrong arguments or a tool
-that raises is told to the model in the tool message (the original's way), not raised. Tools
+that raises is told to the model in the tool message (the original's way), not raised, in
+words that repeat nothing the model wrote (a word-level tokenizer reads only its vocabulary). Tools
 run through `policy.once`: on many processes, process 0 runs them and shares the results.
 """
 
@@ -34,6 +35,12 @@ from memagent_jax.rollout.scheduler import PromptTooLong
 from memagent_jax.runconfig import at_least, build_section
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+# What the model is told of a call that runs no tool (the original's words where it has them).
+# None repeats what the model wrote: a tool message holds only text the tokenizer reads.
+INVALID_JSON = "invalid json"
+NO_NAME = "tool name not found"
+UNKNOWN_TOOL = "unknown tool"
+NOT_AN_OBJECT = "arguments must be a json object"
 
 
 def tool(schema: dict | None = None) -> Callable:
@@ -111,9 +118,9 @@ def parse_tool_call(text: str) -> tuple[str, Any] | None:
     try:
         call = _stripped(json.loads(match.group(1).strip()))
     except json.JSONDecodeError:
-        return "", "invalid json"
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
-        return "", "tool name not found"
+        return "", INVALID_JSON
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not call["name"]:
+        return "", NO_NAME
     return call["name"], call.get("arguments", {})
 
 
@@ -199,17 +206,14 @@ class ToolCalling:
             return f"error: {arguments}"
         tool = self.tools.get(name)
         if tool is None:
-            return f"error: unknown tool {name}"
+            return f"error: {UNKNOWN_TOOL}"
         properties = tool.schema["parameters"]["properties"]
         required = tool.schema["parameters"].get("required", [])
         if not isinstance(arguments, dict):
-            return "error: arguments must be a json object"
-        unknown = sorted(set(arguments) - set(properties))
-        missing = [k for k in required if k not in arguments]
-        if unknown or missing:
+            return f"error: {NOT_AN_OBJECT}"
+        if set(arguments) - set(properties) or set(required) - set(arguments):
             return (f"error: {name} takes {', '.join(properties) or 'no arguments'}"
-                    + (f"; unknown: {', '.join(unknown)}" if unknown else "")
-                    + (f"; missing: {', '.join(missing)}" if missing else ""))
+                    + (f" (required: {', '.join(required)})" if required else ""))
         hidden = (((getattr(row, "extra_info", None) or {}).get("tools_kwargs") or {})
                   .get(name) or {}).get("create_kwargs") or {}
         return await policy.once(_run_tool, tool.fn, {**arguments, **hidden})

@@ -36,7 +36,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
 REQUIRED_FIELDS = ("data_source", "prompt", "reward_model")
-EVAL_FIELDS = ("context", "input", "answers")  # RULER-HQA evaluation sets
+EVAL_FIELDS = ("input", "answers")  # evaluation sets (RULER-HQA's, `data synthetic`'s, ...)
 _FILE_KINDS = {".parquet": "parquet", ".json": "json", ".jsonl": "json"}
 
 
@@ -101,9 +101,9 @@ def load_source(spec: str, split: str = "train", key: str = "data",
             raise UserError(f"{key}: '{spec}' has no split '{split}' "
                             f"(it has: {', '.join(dataset)})")
         dataset = dataset[split]
-    missing = [f for f in (*REQUIRED_FIELDS, *required) if f not in dataset.column_names]
-    if missing and all(f in dataset.column_names for f in EVAL_FIELDS):
-        missing = []
+    layout = (EVAL_FIELDS if all(f in dataset.column_names for f in EVAL_FIELDS)
+              else REQUIRED_FIELDS)
+    missing = [f for f in (*layout, *required) if f not in dataset.column_names]
     if missing:
         raise UserError(f"{key}: '{spec}' lacks the field(s) {', '.join(missing)} "
                         f"(it has: {', '.join(dataset.column_names)})")

@@ -10,7 +10,8 @@ are made-up words, drawn per row, so no code can be learned by heart.
 an eval set (`eval_lookup.json`: `input`, `answers`, `extra_info`), and the word-level tokenizer
 of the vocabulary (every word and punctuation run one token; data/word_tokenizer.py) with a chat
 template that renders system, user, assistant and tool messages (tool results as a user turn of
-`<tool_response>`, as the original's Qwen template does). Deterministic by seed.
+`<tool_response>`, as the original's Qwen template does; whitespace runs as one space).
+Deterministic by seed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import os
 import random
 import re
 
-from memagent_jax.agents.tool_calling import system_prompt
 from memagent_jax.fileutil import atomic_directory
 
 PHRASINGS = ("what is the code of {key} ?", "which code does {key} have ?",
@@ -29,10 +29,13 @@ PHRASINGS = ("what is the code of {key} ?", "which code does {key} have ?",
 TABLE_SIZE = 4
 DATA_SOURCE = "lookup"
 ROLES = ("system", "user", "assistant")
+# Whitespace runs become one space: a word-level reading has no token for a line break
+# between two words.
 CHAT_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'tool' %}<s>user <tool_response> "
-    "{{ m['content'] }} </tool_response></s>{% else %}<s>{{ m['role'] }} {{ m['content'] }}"
-    "</s>{% endif %}{% endfor %}{% if add_generation_prompt %}<s>assistant {% endif %}")
+    "{% for m in messages %}{% set text = m['content'].split() | join(' ') %}"
+    "{% if m['role'] == 'tool' %}<s>user <tool_response> {{ text }} </tool_response></s>"
+    "{% else %}<s>{{ m['role'] }} {{ text }}</s>{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<s>assistant {% endif %}")
 # A word-level reading: whole markup tags, `\\boxed{`, words, punctuation runs.
 _PIECES = re.compile(r"</?tool_call>|</?tool_response>|\\boxed\{|\w+|[^\w\s]+")
 
@@ -63,14 +66,18 @@ def make_row(seed: int, index: int) -> dict:
 def vocabulary() -> list[str]:
     """<pad>, <s>, </s>, the roles, then every piece of the tools' system prompt, the
     phrasings, the tool's replies, the answer format and the keys and codes."""
+    from memagent_jax.agents import tool_calling
     from memagent_jax.lookup.tools import TOOL
 
     keys, codes = words()
     vocab = ["<pad>", "<s>", "</s>", *ROLES]
-    text = " ".join([system_prompt([TOOL]), *PHRASINGS, "the code of is . no code for",
+    errors = [tool_calling.INVALID_JSON, tool_calling.NO_NAME, tool_calling.UNKNOWN_TOOL,
+              tool_calling.NOT_AN_OBJECT, "error: lookup takes key (required: key)"]
+    text = " ".join([tool_calling.system_prompt([TOOL]), *PHRASINGS, "the code of is . no such key .",
+                     *errors,
                      "<tool_call> </tool_call> <tool_response> </tool_response>",
                      '{"name": "lookup", "arguments": {"key": "k"}}', "\\boxed{ x }",
-                     "error", *keys, *codes])
+                     *keys, *codes])
     for piece in _PIECES.findall(text.replace("{key}", "k")):
         if piece not in vocab:
             vocab.append(piece)

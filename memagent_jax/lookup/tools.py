@@ -13,7 +13,9 @@ from memagent_jax.agents.tool_calling import load_tool, tool
 def lookup(key: str, table: list) -> str:
     """table: the row's [key, code] pairs (`extra_info.tools_kwargs.lookup.create_kwargs`)."""
     codes = dict(table)
-    return f"the code of {key} is {codes[key]} ." if key in codes else f"no code for {key} ."
+    # Not found: the key is not repeated (a word the model made up may be none of the
+    # tokenizer's).
+    return f"the code of {key} is {codes[key]} ." if key in codes else "no such key ."
 
 
 TOOL = load_tool("memagent_jax.lookup.tools:lookup", "agent.tools")

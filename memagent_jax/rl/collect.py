@@ -152,7 +152,7 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
         "rollout/final_length": mean(finals),
         "rollout/prompt_length": mean([len(c.prompt_ids) for c in turns]),
         "rollout/turns": mean([len(t.turns) for t in trajectories]),
-        "rollout/replies": mean([len(c.replies()) for t in trajectories for c in t.turns]),
+        "rollout/replies": mean([sum(len(c.replies()) for c in t.turns) for t in trajectories]),
         "rollout/truncated_fraction": mean([c.finish_reason == "length" for c in turns]),
         "rollout/answered_fraction": mean([t.answer is not None for t in trajectories]),
         "rollout/trajectories": float(len(trajectories)),

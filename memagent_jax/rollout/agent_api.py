@@ -183,8 +183,9 @@ class Trajectory:
         """`run --json`'s record (`run_record`)."""
         return run_record(self.problem, self.answer, [
             {"kind": t.kind, "reply": t.reply, "memory": t.memory,
-             "finish_reason": t.finish_reason,
-             "response_tokens": t.generated_tokens}
+             "finish_reason": t.finish_reason, "response_tokens": t.generated_tokens,
+             **({"messages": [dict(m) for m in t.messages]}
+                if t.messages and len(t.messages) > 1 else {})}
             for t in self.turns], self.metrics)
 
 
@@ -193,7 +194,8 @@ def run_record(problem: str, answer: str | None, turns: list[dict],
     """One rollout as `run --json` prints it, the same on the local engine and against a
     server: turns are {"kind", "reply" (the last reply), "memory" (MemAgent's update turns:
     the new memory; else None), "finish_reason", "response_tokens" (generated tokens; None
-    when a server does not report usage)}; "memories" are the update turns' memories,
+    when a server does not report usage), and "messages" (the conversation, where it holds
+    more than its reply)}; "memories" are the update turns' memories,
     "final_reply", "finish_reason" and "final_tokens" the final turn's; "metrics" the agent's
     own (only when it reports any)."""
     final = next((t for t in turns if t["kind"] == "final"), turns[-1] if turns else {})

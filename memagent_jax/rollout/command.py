@@ -49,8 +49,15 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", required=True, metavar="PATH",
                    help="HF, checkpoint or training run directory (with --url: the served "
                         "model's name)")
-    p.add_argument("--doc", required=True, metavar="FILE", help="UTF-8 text of any length")
+    p.add_argument("--doc", metavar="FILE", help="UTF-8 text of any length (MemAgent: required; "
+                                                 "another agent: the row's context)")
     p.add_argument("--question", required=True)
+    p.add_argument("--agent", metavar="MODULE|{module: ..., ...}",
+                   help="another agent than MemAgent (docs/agents.md): its module, or its "
+                        "config section as a YAML mapping; the question is its row's prompt")
+    p.add_argument("--max-len", type=tokens,
+                   help="with --agent: the engine's most tokens a conversation takes (default: "
+                        "the agent's own max_len)")
     p.add_argument("--chunk-tokens", type=tokens,
                    help="document tokens per turn (default: the model's memagent.json, else "
                         "5000)")
@@ -152,6 +159,13 @@ def _run(args) -> None:
 
     from tqdm import tqdm
 
+    if args.agent is not None:
+        return _run_agent(args)
+    if args.doc is None:
+        raise UserError("--doc is required (MemAgent reads a document; another agent: --agent)")
+    if args.max_len is not None:
+        raise UserError("--max-len is --agent's (MemAgent sizes its engine from its budgets)")
+
     from memagent_jax.console import progress_bar
     from memagent_jax.model_dir import resolve
     from memagent_jax.rollout.memagent import MemAgentConfig
@@ -207,6 +221,77 @@ def _run(args) -> None:
         print_once(json.dumps(record, ensure_ascii=False, indent=2))
     else:
         # Stripped: a word-level tokenizer decodes with a space before every word.
+        answer = record["answer"]
+        print_once((answer if answer is not None else record["final_reply"]).strip())
+
+
+def _run_agent(args) -> None:
+    """`run --agent`: one rollout of the agent on a row of --question (and --doc as its
+    context), on the local engine or the --url server; prints the answer (or --json: the
+    record, each conversation's messages in it)."""
+    import json
+
+    import yaml
+
+    from memagent_jax.data.pipeline import Example
+    from memagent_jax.errors import ConfigError
+    from memagent_jax.rollout.agent_api import load_agent
+    from memagent_jax.rollout.sampling import SamplingParams
+
+    _check_sampling(args.temperature, args.top_p)
+    for flag in ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "thinking"):
+        if getattr(args, flag) is not None:
+            raise UserError(f"--{flag.replace('_', '-')} is MemAgent's; --agent takes its "
+                            "settings in its section")
+    try:
+        section = yaml.safe_load(args.agent)
+    except yaml.YAMLError as e:
+        raise UserError(f"--agent: not a module name nor a YAML mapping ({e})") from None
+    section = {"module": section} if isinstance(section, str) else section
+    if not isinstance(section, dict):
+        raise UserError(f"--agent: expected a module name or {{module: ..., ...}}, got "
+                        f"{args.agent!r}")
+    try:
+        agent = load_agent(section, None)
+    except ConfigError as e:
+        raise UserError(f"--agent: {e}") from None
+    if not args.question.strip():
+        raise UserError("--question: the question is empty")
+    context = _read_document(args.doc) if args.doc else ""
+    prompt = ({"role": "user", "content": args.question},)
+    row = Example(0, "", args.question, context, (), prompt=prompt,
+                  fields={"prompt": list(prompt), "context": context})
+    if args.url:
+        from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+
+        server = Server(args.url, args.model, api_key_from_env(), args.timeout,
+                        args.temperature, args.top_p)
+        (trajectory,), = run_on_server(server, agent, [row], [[None]])
+    else:
+        from memagent_jax.models.sharding import job_mesh
+        from memagent_jax.rollout.engine import EngineConfig
+        from memagent_jax.rollout.factory import ModelSection, build_runner, load_policy
+
+        model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
+                           compute_dtype=args.dtype, attention=args.attention)
+        tokenizer = from_flags(model.load_tokenizer, required=True)
+        start(args)
+        mesh = job_mesh(None)
+        policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
+        runner = from_flags(build_runner, agent=agent, model=policy.model,
+                            tokenizer=tokenizer, engine=EngineConfig(slots=1,
+                                                                     max_len=args.max_len),
+                            mesh=mesh, stop_ids=policy.stop_ids)
+        (trajectory,), = runner.run(policy.params, agent, [row],
+                                    SamplingParams(args.temperature, args.top_p, seed=args.seed))
+    record = trajectory.record()
+    if args.verbose:
+        for turn in trajectory.turns:
+            for message in turn.messages or []:
+                print(f"--- {message['role']}:\n{message['content']}", file=sys.stderr)
+    if args.json:
+        print_once(json.dumps(record, ensure_ascii=False, indent=2))
+    else:
         answer = record["answer"]
         print_once((answer if answer is not None else record["final_reply"]).strip())
 

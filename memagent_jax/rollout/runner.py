@@ -223,15 +223,20 @@ class _Run:
             return
         queued, self.queue = self.queue, []
         self._check_same_calls(queued)
-        groups: list[list[_Queued]] = []
+        # A group's identical first calls (one row, seed and prompt; samples j, j+1, ...)
+        # are one request, in the order the first of them was queued.
+        same: dict[tuple, list[_Queued]] = {}
         for q in queued:
-            last = groups[-1][-1] if groups else None
-            if (last is not None and q.row == last.row and q.first_index == last.first_index + 1
-                    and q.seed == last.seed and q.call.max_tokens == last.call.max_tokens
-                    and q.call.prompt_ids == last.call.prompt_ids):
-                groups[-1].append(q)
-            else:
-                groups.append([q])
+            key = (q.row, q.seed, q.call.max_tokens, tuple(q.call.prompt_ids))
+            same.setdefault(key, []).append(q)
+        groups: list[list[_Queued]] = []
+        for calls in same.values():
+            for q in sorted(calls, key=lambda q: q.first_index):
+                last = groups[-1][-1] if groups and groups[-1][0] in calls else None
+                if last is not None and q.first_index == last.first_index + 1:
+                    groups[-1].append(q)
+                else:
+                    groups.append([q])
         runner = self.runner
         for group in groups:
             head = group[0]

@@ -1,6 +1,6 @@
-"""Every file under configs/ loads against its schema (no device, no data read): train/ and
-synthetic/ as training configs, with the synthetic steps' plugin built; eval/ as
-evaluation configs. A file added to configs/ is loaded here without being listed."""
+"""Every file under configs/ loads against its schema (no device, no data read): train/,
+synthetic/ and lookup/ as training configs, with the experiments' plugins and agents built;
+eval/ as evaluation configs. A file added to configs/ is loaded here without being listed."""
 
 import glob
 import os
@@ -19,7 +19,8 @@ FILES = sorted(os.path.relpath(p, CONFIGS)
 
 
 def test_every_config_is_in_a_purpose_folder():
-    assert FILES and {f.split(os.sep)[0] for f in FILES} == {"train", "eval", "synthetic"}
+    assert FILES and {f.split(os.sep)[0] for f in FILES} == {"train", "eval", "synthetic",
+                                                              "lookup"}
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -37,6 +38,10 @@ def test_the_config_loads(name):
     elif name.startswith("synthetic"):
         assert plugin is not None, "a recipe step without its plugin"
         assert config.output_dir == f"runs/synthetic/{stem}"
+    elif name.startswith("lookup"):  # the tool agent's start (a plugin's rows), then DAPO
+        assert (plugin is not None) == (config.learner.loss == "sft")
+        assert config.output_dir == f"runs/lookup/{stem}"
+        assert config.agent["module"] == "memagent_jax.agents.tool_calling"
     else:  # the product's training configs need no experiment
         assert plugin is None and not config.plugin
 

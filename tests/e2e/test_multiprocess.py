@@ -1,7 +1,9 @@
 """A pod on one machine: commands run as a job of 2 JAX processes x 4 CPU devices (gloo over
 loopback, tests/multiprocess.py) and give what the same command gives on 1 process x 8 devices:
 training (three meshes, the same examples, the same parameters), preemption by SIGTERM and
-resuming on another process count, export / generate / eval written once, and bad starts."""
+resuming on another process count, export / generate / eval written once (a tool-calling
+agent's eval too, its tools run once and shared; an agent whose calls differ between processes
+stops them, named), and bad starts."""
 
 import json
 import os
@@ -17,6 +19,7 @@ import yaml
 from memagent_jax import distributed
 from memagent_jax.data.needle import needle_rows, vocabulary, write_rows, write_tokenizer
 from memagent_jax.errors import UserError
+from memagent_jax.lookup.task import write_task
 from tests import multiprocess
 
 PREFIX = "memagent-jax: error: "
@@ -40,6 +43,7 @@ def task(tmp_path_factory):
                for i, r in enumerate(needle_rows(4, seed=9))]
     with open(paths["sets"], "w") as f:
         json.dump(records, f)
+    paths["lookup"] = write_task(str(root / "lookup"), 5, 4, "eval")
     return paths
 
 
@@ -179,18 +183,29 @@ def test_sigterm_mid_rollout_stops_every_process_at_the_previous_step_and_resume
 
 
 _COMMANDS = """
-import json, sys
+import json, os, sys
 from memagent_jax.cli import main
-ckpt, sets, out = sys.argv[1:4]
-for argv in (["export", "--model", ckpt, "--out", out + "/hf", "--max-shard-size", "40KB"],
-             ["generate", "--model", out + "/hf", "--input", out + "/../prompts.jsonl",
-              "--out", out + "/completions.jsonl", "--max-new-tokens", "6", "--slots", "4"],
-             ["eval", "--config", "configs/eval/tiny_cpu.yaml", "model.path=" + out + "/hf",
+ckpt, sets, lookup, out, processes = sys.argv[1:6]
+tool_eval = ["eval", "--config", "configs/eval/tiny_cpu.yaml", "model.path=null",
+             "model.preset=tiny", "model.tokenizer=" + os.path.dirname(lookup) + "/tokenizer",
+             "data.sets=" + json.dumps([lookup]), "method=agent", "sampling.temperature=1.0",
+             "engine.slots=8", "engine.prefill_buckets=[256]"]
+tools = ("{module: memagent_jax.agents.tool_calling, tools: [memagent_jax.lookup.tools:lookup], "
+         "max_turns: 2, max_tokens: 20, max_length: 320}")
+commands = [(["export", "--model", ckpt, "--out", out + "/hf", "--max-shard-size", "40KB"], 0),
+            (["generate", "--model", out + "/hf", "--input", out + "/../prompts.jsonl",
+              "--out", out + "/completions.jsonl", "--max-new-tokens", "6", "--slots", "4"], 0),
+            (["eval", "--config", "configs/eval/tiny_cpu.yaml", "model.path=" + out + "/hf",
               "data.sets=" + json.dumps([sets]), "output_dir=" + out + "/eval",
-              "engine.slots=8"]):
+              "engine.slots=8"], 0),
+            (tool_eval + ["agent=" + tools, "output_dir=" + out + "/tools"], 0)]
+if processes == "2":
+    commands.append((tool_eval + ["agent={module: tests.e2e.racy_agent}",
+                                  "engine.max_len=320", "output_dir=" + out + "/racy"], 2))
+for argv, expected in commands:
     code = main(argv)
-    if code:
-        sys.exit(code)
+    if code != expected:
+        sys.exit(code or 1)
 """
 
 
@@ -203,7 +218,8 @@ def test_export_generate_and_eval_on_two_processes_write_what_one_process_writes
     for processes in (1, 2):
         out = tmp_path / f"p{processes}"
         out.mkdir()
-        args = ["-c", _COMMANDS, str(reference / "checkpoints" / "3"), task["sets"], str(out)]
+        args = ["-c", _COMMANDS, str(reference / "checkpoints" / "3"), task["sets"],
+                task["lookup"], str(out), str(processes)]
         results = multiprocess.run(args, processes, timeout_s=300, devices=8 // processes)
         multiprocess.check_ok(results)
         # Process 0 prints each result once. Gloo's C++ notes its connections on stdout
@@ -236,6 +252,21 @@ def test_export_generate_and_eval_on_two_processes_write_what_one_process_writes
     assert [[r["reply"] for r in line["runs"]] for line in eval_lines(two)] == [
         [r["reply"] for r in line["runs"]] for line in eval_lines(one)]
     assert (two / "eval" / "table.md").read_text() == (one / "eval" / "table.md").read_text()
+
+    # The tool agent: the same conversations (replies sampled at temperature 1 call the tool
+    # with made-up keys), its tool calls and their results counted alike.
+    def tool_lines(out):
+        lines = (out / "tools" / "samples" / "eval_lookup.jsonl").read_text().splitlines()
+        return sorted((json.loads(line) for line in lines), key=lambda line: line["row"])
+
+    assert len(tool_lines(two)) == 4
+    assert [([r["reply"] for r in line["runs"]], line["agent"]) for line in tool_lines(two)] == [
+        ([r["reply"] for r in line["runs"]], line["agent"]) for line in tool_lines(one)]
+    assert any(line["agent"]["tool_calls"] > 0 for line in tool_lines(two))
+    # The agent whose prompt holds its process's index: both processes stop, naming it.
+    for result in results:
+        assert ("agent tests.e2e.racy_agent: the processes asked the engine for different "
+                "calls") in result.stderr.strip().splitlines()[-1]
 
 
 def test_bad_starts_end_every_process_with_one_line(task, tmp_path):

@@ -1,0 +1,228 @@
+"""The agent interface (rollout/agent_api.py, runner.py): an agent is an async function of a
+row and a policy handle; its conversations become the rows trained. MemAgent through it gives
+the former loop's turns byte for byte; other agents run concurrently, share a group's first
+prefill, compute tools once, and fail with one note naming the agent and the row."""
+
+import asyncio
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from memagent_jax.agents.tool_calling import build as build_tool_agent, parse_tool_call
+from memagent_jax.data.needle import needle_rows, write_tokenizer
+from memagent_jax.data.pipeline import example_from_row
+from memagent_jax.errors import ConfigError
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.qwen import split_params
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.agent_api import Conversation, Rollout, load_agent
+from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.factory import build_agent
+from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.scheduler import PromptTooLong, Scheduler
+from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.tokenizer import load_tokenizer
+from tests.builders import EOS, ReplyEngine
+from tests.reference_memory_loop import reference_run
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return load_tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok"))))
+
+
+def _rows(count):
+    return [example_from_row(r, i) for i, r in enumerate(needle_rows(count, seed=3))]
+
+
+def _ids(tokenizer, text):
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _runner(tokenizer, reply, slots=4):
+    engine = ReplyEngine(tokenizer, reply, slots=slots)
+    return AgentRunner(Scheduler(engine), tokenizer, (EOS,)), engine
+
+
+def test_memagent_through_the_interface_is_the_former_loop_byte_for_byte(tokenizer):
+    """A random tiny model samples at temperature 1 (n 3, documents of 2 and 3 chunks, fewer
+    slots than trajectories): every turn's prompt, reply ids, log-probs, reply and memory are
+    the a43aa52 loop's (tests/reference_memory_loop.py), float for float."""
+    model = random_model(preset_config("tiny"), seed=1)
+    config = MemAgentConfig(chunk_tokens=24, max_memory_tokens=8, max_final_tokens=6,
+                            max_problem_tokens=8)
+    agent = build_agent(model, tokenizer, config, EngineConfig(slots=4), None, (EOS,))
+    samples = [agent.read(e.question, e.context) for e in _rows(4)]
+    assert len({len(s.chunks) for s in samples}) > 1
+    sampling = SamplingParams(1.0, 0.9, seed=7)
+    params = split_params(model)[1]
+    ours = agent.run(params, samples, sampling, n=3)
+    theirs = reference_run(agent, Scheduler(agent.scheduler.engine), params, samples, sampling,
+                           n=3)
+    for group_a, group_b in zip(ours, theirs):
+        for a, b in zip(group_a, group_b):
+            assert (a.problem, a.answer) == (b.problem, b.answer)
+            assert len(a.turns) == len(b.turns)
+            for x, y in zip(a.turns, b.turns):
+                assert (x.kind, x.prompt_ids, x.response_ids, x.finish_reason, x.reply,
+                        x.memory) == (y.kind, y.prompt_ids, y.response_ids, y.finish_reason,
+                                      y.reply, y.memory)
+                assert np.asarray(x.response_logprobs, np.float32).tobytes() == \
+                    np.asarray(y.response_logprobs, np.float32).tobytes()
+                assert x.response_mask is None  # one reply: every response id trained
+
+
+async def _two_views(row, policy):
+    """Two context-independent conversations asked concurrently; the first is the answer."""
+    first, second = await asyncio.gather(
+        policy.chat([{"role": "user", "content": row.question}], max_tokens=4),
+        policy.chat([{"role": "user", "content": "the river runs past"}], max_tokens=3))
+    return Rollout([[{"role": "user", "content": row.question}, first.message],
+                    Conversation([second.message], kind="aside")], final=0,
+                   metrics={"asked": 2.0})
+
+
+def test_an_agents_conversations_become_its_rows(tokenizer):
+    def reply(prompt):
+        return _ids(tokenizer, "\\boxed{ tiger }" if "secret" in prompt else "the mill") + [EOS]
+
+    runner, engine = _runner(tokenizer, reply)
+    agent = types.SimpleNamespace(rollout=_two_views, name="two_views")
+    groups = runner.run(None, agent, _rows(3), SamplingParams(0.0), n=2)
+    for group in groups:
+        for trajectory in group:
+            final, aside = trajectory.turns
+            assert (final.kind, aside.kind) == ("final", "aside")
+            assert trajectory.answer.strip() == "tiger" and trajectory.metrics == {"asked": 2.0}
+            assert final.caps == (4,) and aside.caps == (3,)
+            assert final.response_ids == _ids(tokenizer, "\\boxed{ tiger }") + [EOS]
+            assert aside.response_ids == _ids(tokenizer, "the mill") + [EOS]
+    rows = rows_from_trajectories(groups, np.arange(6, dtype=np.float32).reshape(3, 2))
+    assert len(rows) == 12 and rows.final.sum() == 6
+    np.testing.assert_array_equal(rows.advantages, np.repeat(np.arange(6), 2))
+    # A group's identical first calls are one request (one prefill a row); later calls are
+    # each trajectory's own (a seed of their own): 3 rows x (1 + 2).
+    assert engine.prefill_count == 9
+
+
+def test_a_failing_agent_names_itself_and_the_row_and_leaves_the_runner_clean(tokenizer):
+    runner, _ = _runner(tokenizer, lambda prompt: _ids(tokenizer, "the") + [EOS])
+
+    async def flaky(row, policy):
+        reply = await policy.chat([{"role": "user", "content": row.question}], max_tokens=2)
+        if row.index == 1:
+            raise KeyError("no such field")
+        return [[reply.message]]
+
+    agent = types.SimpleNamespace(rollout=flaky, name="flaky")
+    with pytest.raises(KeyError) as error:
+        runner.run(None, agent, _rows(3), SamplingParams(0.0), n=2)
+    assert "in agent flaky, rollout 0 of row 1" in error.value.__notes__
+    assert runner.scheduler.idle
+    agent.rollout = _two_views
+    assert len(runner.run(None, agent, _rows(2), SamplingParams(0.0))) == 2
+
+
+@pytest.mark.parametrize("returned, message", [
+    (None, "returns a Rollout or a non-empty list of conversations"),
+    ([], "returns a Rollout or a non-empty list of conversations"),
+    (Rollout([[]], final=3), "Rollout.final 3 is not a conversation's index"),
+])
+def test_what_an_agent_returns_is_checked(tokenizer, returned, message):
+    runner, _ = _runner(tokenizer, lambda prompt: [EOS])
+
+    async def agent(row, policy):
+        return returned
+
+    with pytest.raises(TypeError, match=message):
+        runner.run(None, types.SimpleNamespace(rollout=agent), _rows(1), SamplingParams(0.0))
+
+
+def test_a_prompt_past_the_engine_is_the_agents_to_handle(tokenizer):
+    runner, _ = _runner(tokenizer, lambda prompt: [EOS])
+    seen = []
+
+    async def long(row, policy):
+        try:
+            await policy.chat(prompt_ids=[5] * policy.max_len, max_tokens=1)
+        except PromptTooLong as e:
+            seen.append(str(e))
+        reply = await policy.chat(prompt_ids=[5], max_tokens=1)
+        return [[reply.message]]
+
+    runner.run(None, types.SimpleNamespace(rollout=long), _rows(1), SamplingParams(0.0))
+    assert seen and "does not fit the engine's maximum length" in seen[0]
+
+
+def lookup_tool(key: str) -> str:
+    """A word's code.
+
+    Args:
+        key: the word
+    """
+    return f"the code of {key} is tiger ."
+
+
+def test_the_tool_agent_tells_the_model_of_a_call_that_runs_no_tool(tokenizer):
+    """The original's way: the tool message says what went wrong, and repeats nothing the model
+    wrote; the agent stops after max_turns calls."""
+    assert parse_tool_call('<tool_call>{" name": " x", " arguments": {" k": " v"}}</tool_call>'
+                           ) == ("x", {"k": "v"})
+    assert parse_tool_call("<tool_call>{oops</tool_call>") == ("", "invalid json")
+    assert parse_tool_call('<tool_call>{"name": ""}</tool_call>') == ("", "tool name not found")
+    assert parse_tool_call("no call") is None
+    agent = build_tool_agent({"tools": [f"{__name__}:lookup_tool"], "max_turns": 2}, None)
+    assert agent.tools["lookup_tool"].schema["parameters"]["required"] == ["key"]
+    calls = iter(['{"name": "search", "arguments": {}}', '{"name": "lookup_tool", '
+                  '"arguments": {"word": "zebra"}}'])
+
+    told = []
+
+    class Policy:  # every reply calls a tool it should not
+        takes_ids = False
+
+        async def chat(self, messages, max_tokens, **_):
+            from memagent_jax.rollout.agent_api import Reply
+            if messages[-1]["role"] == "tool":
+                told.append(messages[-1]["content"])
+            return Reply(f"<tool_call>{next(calls, '{}')}</tool_call>", "stop")
+
+        async def once(self, fn, *args):
+            return fn(*args)
+
+    row = _rows(1)[0]
+    rollout = asyncio.run(agent.rollout(row, Policy()))
+    assert told == ["error: unknown tool", "error: lookup_tool takes key (required: key)"]
+    assert rollout.metrics == {"tool_calls": 2.0, "tool_errors": 2.0}
+    assert "zebra" not in " ".join(told) and "search" not in " ".join(told)
+
+
+def _module(name, **attributes):
+    module = types.ModuleType(name)
+    module.__dict__.update(attributes)
+    sys.modules[name] = module
+    return name
+
+
+@pytest.mark.parametrize("section, key, message", [
+    ({"module": "no.such.module"}, "agent.module", "cannot import 'no.such.module'"),
+    ({"module": "json"}, "agent.module", "defines neither rollout(row, policy) nor build"),
+    ({"module": "agents_test_bare", "tries": 3}, "agent.tries", "takes no settings"),
+    ({"module": "memagent_jax.agents.single_turn", "max_tokenz": 3}, "agent.max_tokenz",
+     "unknown key"),
+    ({"module": "memagent_jax.agents.single_turn", "max_tokens": 0}, "agent.max_tokens",
+     "must be at least 1"),
+    ({"module": "memagent_jax.agents.tool_calling", "tools": ["json:nothing"]},
+     "agent.tools[0]", "names no function"),
+    ({"module": "memagent_jax.rollout.memagent", "chunk_tokens": 5}, "agent.chunk_tokens",
+     "MemAgent's settings are the `memagent` section"),
+])
+def test_an_agent_section_is_checked_as_every_config_key(section, key, message):
+    _module("agents_test_bare", rollout=_two_views)
+    with pytest.raises(ConfigError) as error:
+        load_agent(section, None)
+    assert key in str(error.value) and message in str(error.value)

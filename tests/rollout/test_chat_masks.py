@@ -1,0 +1,130 @@
+"""What a tool-calling conversation trains: the ids the engine generated, and nothing else.
+
+The oracle is the original's training template (tests/original_chat_template/, verbatim), whose
+`{% generation %}` blocks give the original trainer its loss mask through transformers'
+`return_assistant_tokens_mask`. For conversations it renders, our row's tokens are its tokens
+and our loss mask is its assistant mask: tool results, user and system tokens carry no loss.
+Where the generated ids are not the text's canonical tokenization, the row keeps the generated
+ids (the template's re-tokenization would train other ids than were sampled)."""
+
+import os
+
+import numpy as np
+import pytest
+
+from memagent_jax.agents.tool_calling import build as build_tool_agent, system_prompt
+from memagent_jax.data.pipeline import example_from_row
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.scheduler import Scheduler
+from tests.builders import ReplyEngine, qwen_like_tokenizer
+
+TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "original_chat_template",
+                        "Qwen2TokenizerFast.j2")
+CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+ANSWER = "It is 3 degrees in Oslo: \\boxed{3}"
+
+
+def weather(city: str) -> str:
+    """The temperature in a city.
+
+    Args:
+        city: the city's name
+    """
+    return f"{city}: 3 degrees"
+
+
+def _tokenizer():
+    with open(TEMPLATE, encoding="utf-8") as f:
+        template = f.read()
+    tool = build_tool_agent({"tools": [f"{__name__}:weather"]}, None)
+    texts = [template, system_prompt(list(tool.tools.values())), CALL, ANSWER,
+             "What is the weather in Oslo? Oslo: 3 degrees"] * 3
+    return qwen_like_tokenizer(texts, template)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return _tokenizer()
+
+
+def _call_ids(tokenizer):
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    return tokenizer(CALL, add_special_tokens=False)["input_ids"] + [end]
+
+
+def _rollout(tokenizer, answer_ids, max_tokens=64, max_turns=2):
+    """One rollout of the tool agent: the first reply calls weather, the next `answer_ids`."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    call_ids = _call_ids(tokenizer)
+
+    def reply(prompt: str):
+        return answer_ids if "<tool_response>" in prompt else call_ids
+
+    agent = build_tool_agent({"tools": [f"{__name__}:weather"], "max_tokens": max_tokens,
+                              "max_turns": max_turns, "max_length": 1024}, None)
+    runner = AgentRunner(Scheduler(ReplyEngine(tokenizer, reply)), tokenizer, (end,))
+    row = example_from_row({"data_source": "weather", "prompt": "What is the weather in Oslo?",
+                            "reward_model": {"ground_truth": "3"}}, 0)
+    (trajectory,), = runner.run(None, agent, [row], SamplingParams(0.0))
+    return trajectory, call_ids
+
+
+def _oracle(tokenizer, turn):
+    """The original template's ids and assistant mask for the conversation, each reply with
+    the original's `finished` flag (a reply cut at its cap has no end token)."""
+    messages = [dict(m) for m in turn.messages]
+    if turn.finish_reason != "stop":
+        messages[-1]["finished"] = False
+    rendered = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+                                             return_assistant_tokens_mask=True)
+    return list(rendered["input_ids"]), list(rendered["assistant_masks"])
+
+
+def _ours(turn):
+    return (turn.prompt_ids + turn.response_ids,
+            [0] * len(turn.prompt_ids) + list(turn.response_mask))
+
+
+@pytest.mark.parametrize("cut", [False, True], ids=["answered", "answer_cut_at_its_cap"])
+def test_the_row_and_its_loss_mask_are_the_original_templates(tokenizer, cut):
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    cap = len(_call_ids(tokenizer))  # the call fits; an answer three times ANSWER does not
+    answer = tokenizer(ANSWER * (3 if cut else 1), add_special_tokens=False)["input_ids"]
+    trajectory, call_ids = _rollout(tokenizer, answer + [end], max_tokens=cap if cut else 64)
+    (turn,) = trajectory.turns
+    assert [m["role"] for m in turn.messages] == ["system", "user", "assistant", "tool",
+                                                  "assistant"]
+    assert turn.messages[3]["content"] == "Oslo: 3 degrees"
+    assert turn.finish_reason == ("length" if cut else "stop")
+    ids, mask = _ours(turn)
+    assert (ids, mask) == _oracle(tokenizer, turn)
+    # Trained: exactly the two replies' generated ids; the tool's result is not.
+    trained = [t for t, m in zip(ids, mask) if m]
+    assert trained == call_ids + (answer[:cap] if cut else answer + [end])
+    tool_text = tokenizer.decode([t for t, m in zip(turn.response_ids, turn.response_mask)
+                                  if not m])
+    assert "Oslo: 3 degrees" in tool_text and "<tool_response>" in tool_text
+    rows = rows_from_trajectories([trajectory], [1.0])
+    np.testing.assert_array_equal(rows.loss_mask[0, :len(mask)], mask)
+    assert rows.loss_mask[0].sum() == len(trained)
+
+
+def test_generated_ids_are_trained_where_the_text_would_tokenize_otherwise(tokenizer):
+    """The answer generated one byte-level piece at a time: the same text, other ids than its
+    canonical tokenization. The row holds the generated ids and masks exactly them; the
+    template's rendering re-tokenizes the text and would train other ids."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    canonical = tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
+    pieces = [tokenizer.convert_tokens_to_ids(c) for c in
+              "".join(tokenizer.convert_ids_to_tokens(canonical))]
+    assert len(pieces) > len(canonical) and tokenizer.decode(pieces) == ANSWER
+    trajectory, call_ids = _rollout(tokenizer, pieces + [end])
+    (turn,) = trajectory.turns
+    ids, mask = _ours(turn)
+    assert [t for t, m in zip(ids, mask) if m] == call_ids + pieces + [end]
+    oracle_ids, oracle_mask = _oracle(tokenizer, turn)
+    assert ids != oracle_ids and tokenizer.decode(ids) == tokenizer.decode(oracle_ids)
+    assert [t for t, m in zip(oracle_ids, oracle_mask) if m] == call_ids + canonical + [end]
+    assert trajectory.answer == "3"
