@@ -84,7 +84,8 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
         examples = examples + own_examples
         sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k,
                                   seed=seed_for_try(tries))
-        groups = runner.run(params, agent, rows, sampling, n=rollout.n, on_call=on_call)
+        groups = runner.run(params, agent, rows, sampling, n=rollout.n, on_call=on_call,
+                            fixed_sampling=True)
         raw, seconds = rewarder.score(examples, groups)
         reward_time += seconds
         if own_examples:

@@ -101,11 +101,14 @@ class Policy(Protocol):
     tokenizer: Any
 
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
-                   prompt_ids: list[int] | None = None, **template_vars) -> Reply:
+                   prompt_ids: list[int] | None = None, temperature: float | None = None,
+                   top_p: float | None = None, top_k: int | None = None,
+                   **template_vars) -> Reply:
         """A reply to `messages` of at most max_tokens tokens, sampled as the run samples
-        (temperature, top-p, a seed per call). prompt_ids: the prompt as ids instead, for a
-        workflow that splices ids (MemAgent); template_vars: the chat template's extra
-        variables (enable_thinking, tools, ...)."""
+        (temperature, top-p, top-k; a seed per call) unless the call asks otherwise (not in
+        training: the learner scores tokens under the rollout's distribution). prompt_ids: the
+        prompt as ids instead, for a workflow that splices ids (MemAgent); template_vars: the
+        chat template's extra variables (enable_thinking, tools, ...)."""
 
 
 @dataclasses.dataclass

@@ -48,6 +48,7 @@ class Server:
     timeout: float = 300.0
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0              # 0: not sent (off)
 
 
 def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | None = None,
@@ -58,6 +59,8 @@ def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | N
     OpenAI's own field). Raises OSError/ValueError on failure."""
     request = {"model": server.model, "messages": messages, "max_tokens": max_tokens,
                "temperature": server.temperature, "top_p": server.top_p}
+    if server.top_k:
+        request["top_k"] = server.top_k  # vLLM's, and ours
     if seed is not None:
         request["seed"] = seed
     template_vars = dict(template_vars or {})
@@ -87,14 +90,19 @@ class ServerPolicy:
         self.calls: dict[Reply, Call] = {}
 
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
-                   prompt_ids: list[int] | None = None, **template_vars) -> Reply:
+                   prompt_ids: list[int] | None = None, temperature: float | None = None,
+                   top_p: float | None = None, top_k: int | None = None,
+                   **template_vars) -> Reply:
         if messages is None:
             raise ValueError("a server takes chat messages, not prompt_ids alone")
+        given = {k: v for k, v in (("temperature", temperature), ("top_p", top_p),
+                                   ("top_k", top_k)) if v is not None}
+        server = dataclasses.replace(self.server, **given) if given else self.server
         number = len(self.calls) + 1
         seed = None if self.seed is None else (self.seed + number) & 0x7FFFFFFF
         url = self.server.url
         try:
-            choice = await asyncio.to_thread(chat, self.server, list(messages),
+            choice = await asyncio.to_thread(chat, server, list(messages),
                                              max_tokens=max_tokens, seed=seed,
                                              template_vars=template_vars)
             text = choice["message"]["content"] or ""

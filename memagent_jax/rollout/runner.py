@@ -62,12 +62,13 @@ class AgentRunner:
         self.prompts = ChatPrompts(tokenizer, self.stop_ids)
 
     def run(self, params, agent, rows: list, sampling: SamplingParams, n: int = 1,
-            on_call: OnCall | None = None, on_done: OnDone | None = None
-            ) -> list[list[Trajectory]]:
+            on_call: OnCall | None = None, on_done: OnDone | None = None,
+            fixed_sampling: bool = False) -> list[list[Trajectory]]:
         """n trajectories of every row, sampled with `params` and `sampling` (its seed None:
-        a fresh one). A rollout that raises stops the run: its exception, with a note naming
-        the agent and the row."""
-        run = _Run(self, params, agent, rows, sampling, n, on_call, on_done)
+        a fresh one; a call may ask for another temperature, top-p or top-k unless
+        `fixed_sampling`: training, whose learner scores tokens under the rollout's). A rollout
+        that raises stops the run: its exception, with a note naming the agent and the row."""
+        run = _Run(self, params, agent, rows, sampling, n, on_call, on_done, fixed_sampling)
         try:
             return run_coroutine(run.main)
         except BaseException:
@@ -83,10 +84,10 @@ class AgentRunner:
 
 @dataclasses.dataclass(eq=False)
 class _Queued:
-    """A chat call waiting to be submitted."""
+    """A chat call waiting to be submitted, with its sampling (its own seed)."""
     row: int
     call: Call
-    seed: int
+    sampling: SamplingParams
     first_index: int
     future: asyncio.Future
 
@@ -107,22 +108,25 @@ class EnginePolicy:
         return self._run.runner.scheduler.engine.config.max_len
 
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
-                   prompt_ids: list[int] | None = None, **template_vars) -> Reply:
+                   prompt_ids: list[int] | None = None, temperature: float | None = None,
+                   top_p: float | None = None, top_k: int | None = None,
+                   **template_vars) -> Reply:
         runner = self._run.runner
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        sampling = self._run.sampling_of(temperature, top_p, top_k)
         if prompt_ids is None:
             ids, parent = runner.prompts.prompt(messages, template_vars, self._made)
         else:
             ids, parent = list(prompt_ids), None
         seed, first_index = call_seed(self._run.seed, self.row, self.index, len(self._made))
-        sampling = dataclasses.replace(self._run.sampling, seed=seed)
+        sampling = dataclasses.replace(sampling, seed=seed)
         runner.scheduler.check(Request(tuple(ids), max_tokens, sampling))
         call = Call(None if messages is None else list(messages), template_vars, ids, max_tokens,
                     parent)
         self._made.append(call)
         future = asyncio.get_running_loop().create_future()
-        self._run.queue.append(_Queued(self.row, call, seed, first_index, future))
+        self._run.queue.append(_Queued(self.row, call, sampling, first_index, future))
         self._run.wake.set()
         call.reply = runner.reply(call, await future)
         self.calls[call.reply] = call
@@ -140,16 +144,32 @@ class EnginePolicy:
 class _Run:
     """One `AgentRunner.run`."""
 
-    def __init__(self, runner: AgentRunner, params, agent, rows, sampling, n, on_call, on_done):
+    def __init__(self, runner: AgentRunner, params, agent, rows, sampling, n, on_call, on_done,
+                 fixed_sampling):
         self.runner, self.params, self.agent, self.rows = runner, params, agent, rows
         self.seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
         self.sampling, self.n, self.on_call, self.on_done = sampling, n, on_call, on_done
+        self.fixed_sampling = fixed_sampling
         self.name = getattr(agent, "name", None) or type(agent).__name__
         self.queue: list[_Queued] = []
         self.once: list[tuple[Callable, asyncio.Future]] = []
         self.failures: list[BaseException] = []
         self.left = [n] * len(rows)   # rollouts of each row not finished
         self.finished: list[int] = []  # rows whose rollouts all finished, not reported yet
+
+    def sampling_of(self, temperature, top_p, top_k) -> SamplingParams:
+        """The run's sampling with a call's own values over it (None: the run's)."""
+        given = {k: v for k, v in (("temperature", temperature), ("top_p", top_p),
+                                   ("top_k", top_k)) if v is not None}
+        if not given:
+            return self.sampling
+        if self.fixed_sampling and any(getattr(self.sampling, k) != v for k, v in given.items()):
+            raise ValueError(f"in training a call samples as rollout.* says (the learner "
+                             f"scores its tokens under that distribution), not with {given}")
+        if not (0 <= given.get("temperature", 0) and 0 < given.get("top_p", 1) <= 1
+                and given.get("top_k", 0) >= 0):
+            raise ValueError(f"sampling out of range: {given}")
+        return dataclasses.replace(self.sampling, **given)
 
     async def main(self) -> list[list[Trajectory]]:
         scheduler = self.runner.scheduler
@@ -227,7 +247,7 @@ class _Run:
         # are one request, in the order the first of them was queued.
         same: dict[tuple, list[_Queued]] = {}
         for q in queued:
-            key = (q.row, q.seed, q.call.max_tokens, tuple(q.call.prompt_ids))
+            key = (q.row, q.sampling, q.call.max_tokens, tuple(q.call.prompt_ids))
             same.setdefault(key, []).append(q)
         groups: list[list[_Queued]] = []
         for calls in same.values():
@@ -240,8 +260,7 @@ class _Run:
         runner = self.runner
         for group in groups:
             head = group[0]
-            request = Request(tuple(head.call.prompt_ids), head.call.max_tokens,
-                              dataclasses.replace(self.sampling, seed=head.seed),
+            request = Request(tuple(head.call.prompt_ids), head.call.max_tokens, head.sampling,
                               runner.stop_ids, len(group), head.first_index)
             runner.scheduler.submit(request, functools.partial(self._answered, group))
 
@@ -254,7 +273,7 @@ class _Run:
     def _check_same_calls(self, queued: list[_Queued]) -> None:
         if not distributed.joined():
             return
-        digest = zlib.crc32(repr([(q.row, q.seed, q.first_index, q.call.max_tokens,
+        digest = zlib.crc32(repr([(q.row, q.sampling, q.first_index, q.call.max_tokens,
                                    q.call.prompt_ids) for q in queued]).encode())
         digests = distributed.gather((len(queued), digest))
         if any(d != digests[0] for d in digests):
@@ -341,7 +360,8 @@ class _ReplayPolicy:
         self.calls: dict[Reply, Call] = {}
         self._made: list[Call] = []
 
-    async def chat(self, messages=None, *, max_tokens, prompt_ids=None, **template_vars):
+    async def chat(self, messages=None, *, max_tokens, prompt_ids=None, temperature=None,
+                   top_p=None, top_k=None, **template_vars):
         if prompt_ids is None:
             ids, parent = self.prompts.prompt(messages, template_vars, self._made)
         else:

@@ -78,3 +78,41 @@ def test_a_source_missing_fields_is_named(tmp_path):
     path.write_text(json.dumps({"question": "q", "context": "c"}) + "\n")
     with pytest.raises(UserError, match="lacks the field"):
         pipeline.load_source(str(path), key="data.train[0]")
+
+
+# A row of verl's own gsm8k preprocessing (examples/data_preprocess/gsm8k.py): a string ground
+# truth, fields of its own (ability), extra_info, a tool's row arguments.
+VERL_ROW = {
+    "data_source": "openai/gsm8k",
+    "prompt": [{"role": "system", "content": "Think step by step."},
+               {"role": "user", "content": "Natalia sold 48 clips in April and half as many "
+                                           "in May. How many in all?"}],
+    "ability": "math",
+    "reward_model": {"style": "rule", "ground_truth": "72"},
+    "extra_info": {"split": "train", "index": 0, "answer": "48 + 24 = 72",
+                   "tools_kwargs": {"calc": {"create_kwargs": {"ground_truth": "72"}}}},
+}
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "parquet", "hub_directory"])
+def test_an_existing_verl_data_set_loads_unchanged(tmp_path, layout):
+    """jsonl, parquet, and a directory as a Hugging Face dataset's repository holds it
+    (data/train-00000-of-00001.parquet): the agent gets the chat messages, the ground truth,
+    extra_info and every other field as stored; MemAgent, which reads `context`, is refused
+    this set with one line."""
+    if layout == "jsonl":
+        path = tmp_path / "gsm8k.jsonl"
+        path.write_text(json.dumps(VERL_ROW) + "\n")
+    else:
+        path = tmp_path / ("gsm8k.parquet" if layout == "parquet" else "hub")
+        target = path if layout == "parquet" else path / "data" / "train-00000-of-00001.parquet"
+        write_rows([VERL_ROW], str(target))
+    (example,) = pipeline.evaluation_examples(pipeline.load_source(str(path), required=()))
+    assert example.prompt == tuple(VERL_ROW["prompt"])
+    assert example.question == VERL_ROW["prompt"][-1]["content"]
+    assert example.ground_truths == ("72",) and example.context == ""
+    assert example.fields["ability"] == "math"
+    assert example.fields["reward_model"]["ground_truth"] == "72"
+    assert example.extra_info["tools_kwargs"]["calc"]["create_kwargs"] == {"ground_truth": "72"}
+    with pytest.raises(UserError, match="lacks the field\\(s\\) context"):
+        pipeline.load_source(str(path), key="data.train[0]", required=("context",))

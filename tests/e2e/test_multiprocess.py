@@ -183,15 +183,15 @@ def test_sigterm_mid_rollout_stops_every_process_at_the_previous_step_and_resume
 
 
 _COMMANDS = """
-import json, os, sys
+import json, sys
 from memagent_jax.cli import main
 ckpt, sets, lookup, out, processes = sys.argv[1:6]
-tool_eval = ["eval", "--config", "configs/eval/tiny_cpu.yaml", "model.path=null",
-             "model.preset=tiny", "model.tokenizer=" + os.path.dirname(lookup) + "/tokenizer",
-             "data.sets=" + json.dumps([lookup]), "method=agent", "sampling.temperature=1.0",
-             "engine.slots=8", "engine.prefill_buckets=[256]"]
+tool_eval = ["eval", "--config", "configs/eval/tiny_cpu.yaml",
+             "model.path=checkpoints/lookup/start", "data.sets=" + json.dumps([lookup]),
+             "method=agent", "sampling.temperature=1.0", "engine.slots=8",
+             "engine.prefill_buckets=[256]"]
 tools = ("{module: memagent_jax.agents.tool_calling, tools: [memagent_jax.lookup.tools:lookup], "
-         "max_turns: 2, max_tokens: 20, max_length: 320}")
+         "max_turns: 2, max_tokens: 20, max_length: 256}")
 commands = [(["export", "--model", ckpt, "--out", out + "/hf", "--max-shard-size", "40KB"], 0),
             (["generate", "--model", out + "/hf", "--input", out + "/../prompts.jsonl",
               "--out", out + "/completions.jsonl", "--max-new-tokens", "6", "--slots", "4"], 0),
@@ -201,7 +201,7 @@ commands = [(["export", "--model", ckpt, "--out", out + "/hf", "--max-shard-size
             (tool_eval + ["agent=" + tools, "output_dir=" + out + "/tools"], 0)]
 if processes == "2":
     commands.append((tool_eval + ["agent={module: tests.e2e.racy_agent}",
-                                  "engine.max_len=320", "output_dir=" + out + "/racy"], 2))
+                                  "engine.max_len=256", "output_dir=" + out + "/racy"], 2))
 for argv, expected in commands:
     code = main(argv)
     if code != expected:
@@ -253,8 +253,8 @@ def test_export_generate_and_eval_on_two_processes_write_what_one_process_writes
         [r["reply"] for r in line["runs"]] for line in eval_lines(one)]
     assert (two / "eval" / "table.md").read_text() == (one / "eval" / "table.md").read_text()
 
-    # The tool agent: the same conversations (replies sampled at temperature 1 call the tool
-    # with made-up keys), its tool calls and their results counted alike.
+    # The tool agent (the lookup experiment's start, sampling at temperature 1: calls with
+    # keys drawn from the question): the same conversations, tool calls and results.
     def tool_lines(out):
         lines = (out / "tools" / "samples" / "eval_lookup.jsonl").read_text().splitlines()
         return sorted((json.loads(line) for line in lines), key=lambda line: line["row"])

@@ -42,7 +42,7 @@ class ScriptedRunner:
         self.lengths, self.runs = lengths or {}, []
         self.caps = memory_cap, final_cap
 
-    def run(self, params, agent, rows, sampling, n=1, on_call=None):
+    def run(self, params, agent, rows, sampling, n=1, on_call=None, fixed_sampling=False):
         samples = [getattr(row, "question", row) for row in rows]
         self.runs.append((samples, sampling.seed))
         groups = []

@@ -158,6 +158,23 @@ def test_a_prompt_past_the_engine_is_the_agents_to_handle(tokenizer):
     assert seen and "does not fit the engine's maximum length" in seen[0]
 
 
+def test_a_call_may_sample_otherwise_except_in_training(tokenizer):
+    runner, _ = _runner(tokenizer, lambda prompt: _ids(tokenizer, "the") + [EOS])
+    asked = []
+
+    async def greedy_answer(row, policy):
+        reply = await policy.chat([{"role": "user", "content": row.question}], max_tokens=2,
+                                  temperature=0.0, top_k=5)
+        asked.append(reply.text)
+        return [[reply.message]]
+
+    agent = types.SimpleNamespace(rollout=greedy_answer, name="greedy_answer")
+    runner.run(None, agent, _rows(1), SamplingParams(1.0))
+    assert asked == [" the"]
+    with pytest.raises(ValueError, match=r"in training a call samples as rollout\.\* says"):
+        runner.run(None, agent, _rows(1), SamplingParams(1.0), fixed_sampling=True)
+
+
 def lookup_tool(key: str) -> str:
     """A word's code.
 

@@ -374,3 +374,36 @@ def test_help_shows_the_defaults(capsys, command, shown):
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert all(s in text for s in shown), text
+
+
+def test_another_agent_runs_against_a_server_and_locally(model_dir, capsys):
+    """`run --agent`: the single-turn agent's one chat request, its settings as a YAML
+    mapping, sampled as asked; MemAgent's own flags refused with it."""
+    server = _ChatServer(final="no")
+    agent = "{module: memagent_jax.agents.single_turn, max_tokens: 7}"
+    try:
+        assert main(["run", "--url", server.url, "--model", "served-model", "--agent", agent,
+                     "--question", "You are presented with a problem and a previous memory",
+                     "--temperature", "0.3", "--json"]) == 0
+    finally:
+        server.close()
+    record = json.loads(capsys.readouterr().out)
+    (request,) = server.requests
+    assert request["body"]["messages"] == [{"role": "user", "content": "You are presented "
+                                            "with a problem and a previous memory"}]
+    assert (request["body"]["max_tokens"], request["body"]["temperature"]) == (7, 0.3)
+    assert record["final_reply"] == "no" and record["turns"][0]["kind"] == "final"
+    assert record["turns"][0]["messages"][-1] == {"role": "assistant", "content": "no"}
+    assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",
+                 "--question", "what is the secret code ?", "--temperature", "0"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--agent single_turn makes conversations of up to 2048 tokens: over the model's "
+        "context window of 512 tokens (config.json max_position_embeddings)")
+    assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",
+                 "--question", "what is the secret code ?", "--temperature", "0",
+                 "--max-len", "64"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",
+                 "--question", "q", "--chunk-tokens", "8"]) == 2
+    assert capsys.readouterr().err.strip().endswith(
+        "--chunk-tokens is MemAgent's; --agent takes its settings in its section")
