@@ -17,10 +17,10 @@ from memagent_jax.console import progress_bar  # stdlib-only at import
 
 def add_parsers(sub):
     """Registers `data` and its subcommands on the CLI's subparsers; returns the `data` group's
-    subparsers, where other packages register theirs (`data synthetic`)."""
-    # Every kind, the synthetic experiment's too (tests/core/test_commandline.py checks it)
+    subparsers, where other packages register theirs (`data synthetic`, `data lookup`)."""
+    # Every kind, the experiments' too (tests/core/test_commandline.py checks it)
     data = sub.add_parser("data", help="build evaluation and training sets: ruler-hqa, "
-                                       "hotpotqa-train, ruler, needle, synthetic")
+                                       "hotpotqa-train, ruler, needle, synthetic, lookup")
     kinds = data.add_subparsers(dest="data_command", required=True)
 
     p = kinds.add_parser("ruler-hqa", help="RULER-HQA evaluation sets from HotpotQA dev "

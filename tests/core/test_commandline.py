@@ -72,7 +72,7 @@ def test_the_data_entry_of_help_names_every_kind():
     (group,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     data_help = next(a.help for a in group._choices_actions if a.dest == "data")
     kinds = [names[1] for names in commands if len(names) == 2 and names[0] == "data"]
-    assert len(kinds) == 5 and all(kind in data_help for kind in kinds), data_help
+    assert len(kinds) == 6 and all(kind in data_help for kind in kinds), data_help
 
 
 def test_a_file_system_error_is_one_line_naming_the_path(monkeypatch, capsys, tmp_path):

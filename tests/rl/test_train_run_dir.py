@@ -105,8 +105,8 @@ def test_the_run_says_what_it_is_about_to_do(config_file, tmp_path, capsys):
         f"  data     {task / 'train.parquet'} (8 rows); validation {task / 'val.parquet'} (2 "
         "rows used)",
         "  devices  8 cpu device(s) in 1 process(es), mesh data 1 x fsdp 8 x tensor 1",
-        "  budgets  chunks of 32 tokens (at most 8 a document), memory 8, final answer 8; 8 "
-        "decode slots",
+        "  agent    memagent: chunks of 32 tokens (at most 8 a document), memory 8, final "
+        "answer 8; 8 decode slots",
         "  steps    4 (dapo), each 2 prompts x 2 trajectories",
         f"  run dir  {tmp_path / 'run'} (config.yaml; checkpoints "
         f"{os.path.join(tmp_path / 'run', 'checkpoints')}, logs "
