@@ -110,12 +110,10 @@ def main() -> None:
           f"median of {args.repeats}")
     print(f"ours (agent interface) {ours_s:.3f} s | peer (callback loop) {peer_s:.3f} s | "
           f"ours / peer {ours_s / peer_s:.3f}")
-    print(f"engine alone {engine_s:.3f} s of a {profiled:.3f} s run (each call blocking): "
-          f"ours / engine {ours_s / engine_s:.3f}, host work "
-          f"{(profiled - engine_s) / profiled:.1%} of it")
-    print(f"host time per turn: ours {1e3 * (ours_s - engine_s) / turns:.2f} ms, peer "
-          f"{1e3 * (peer_s - engine_s) / turns:.2f} ms; spread ours "
-          f"{min(times['ours']):.3f}-{max(times['ours']):.3f}, peer "
+    print(f"engine alone {engine_s:.3f} s of a {profiled:.3f} s run with each call blocking "
+          f"(host work {(profiled - engine_s) / profiled:.1%} of it): ours / engine "
+          f"{ours_s / engine_s:.3f} (below 1: host work hidden under the device's)")
+    print(f"spread: ours {min(times['ours']):.3f}-{max(times['ours']):.3f} s, peer "
           f"{min(times['peer']):.3f}-{max(times['peer']):.3f} s")
     np.testing.assert_equal(len(expected), args.batch * args.n)
 
