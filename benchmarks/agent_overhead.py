@@ -109,10 +109,10 @@ def main() -> None:
     print(f"{args.batch} documents of {args.length} tokens x n {args.n}: {turns} turns, "
           f"median of {args.repeats}")
     print(f"ours (agent interface) {ours_s:.3f} s | peer (callback loop) {peer_s:.3f} s | "
-          f"ours / peer {ours_s / peer_s:.3f}")
+          f"ours / peer (speed) {peer_s / ours_s:.3f}")
     print(f"engine alone {engine_s:.3f} s of a {profiled:.3f} s run with each call blocking "
           f"(host work {(profiled - engine_s) / profiled:.1%} of it): ours / engine "
-          f"{ours_s / engine_s:.3f} (below 1: host work hidden under the device's)")
+          f"(speed) {engine_s / ours_s:.3f} (above 1: host work hidden under the device's)")
     print(f"spread: ours {min(times['ours']):.3f}-{max(times['ours']):.3f} s, peer "
           f"{min(times['peer']):.3f}-{max(times['peer']):.3f} s")
     np.testing.assert_equal(len(expected), args.batch * args.n)

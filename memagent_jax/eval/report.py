@@ -86,7 +86,8 @@ def _length_text(tokens: float, _=None) -> str:
 
 def plot(path: str, summaries: list[dict], published: bool) -> None:
     """accuracy vs context length (tokens, log x), 800x500 pixels. Our points sit at the mean
-    measured context length of each set; the paper's at its nominal lengths."""
+    measured context length of each set; the paper's at its nominal lengths. Sets without a
+    context (an agent's rows: 0 tokens) are points by name instead."""
     with needs("data", "the accuracy plot"):
         import matplotlib
         matplotlib.use("Agg")  # files only; no display
@@ -94,22 +95,31 @@ def plot(path: str, summaries: list[dict], published: bool) -> None:
         from matplotlib.ticker import FuncFormatter
 
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    by_length = all(c["tokens"] > 0 for s in summaries for c in s["columns"])
+    labels = sorted({c["label"] for s in summaries for c in s["columns"]})
     for s in summaries:
         columns = sorted(s["columns"], key=lambda c: c["tokens"])
-        ax.plot([c["tokens"] for c in columns], [c["accuracy"] for c in columns], marker="o",
+        xs = ([c["tokens"] for c in columns] if by_length
+              else [labels.index(c["label"]) for c in columns])
+        ax.plot(xs, [c["accuracy"] for c in columns], marker="o",
                 linewidth=2, label=f"{s['model']} ({s['method']})")
     if published and summaries[0]["task"] == "ruler_hqa":
         for name, values in PUBLISHED_RULER_HQA.items():
             points = [(x, v) for x, v in zip(PUBLISHED_TOKENS, values) if v is not None]
             ax.plot(*zip(*points), linestyle="--", marker=".", alpha=0.6,
                     label=f"{name} (paper)")
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(_length_text))
-    ax.set_xlabel("context length (tokens)")
+    if by_length:
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(_length_text))
+        ax.set_xlabel("context length (tokens)")
+    else:
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlabel("set")
     ax.set_ylabel(_METRIC_NAMES.get(summaries[0]["metric"], summaries[0]["metric"]))
     ax.set_ylim(-2, 102)
     task = summaries[0]["task"]
-    ax.set_title(f"{'RULER-HQA' if task == 'ruler_hqa' else task}: accuracy vs context length")
+    ax.set_title(f"{'RULER-HQA' if task == 'ruler_hqa' else task}: accuracy "
+                 f"{'vs context length' if by_length else 'by set'}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()

@@ -47,13 +47,14 @@ def make_method(config: EvalConfig, tokenizer):
 
 
 class Progress:
-    """Two bars on stderr: questions finished, and model calls (chunks and answers)."""
+    """Two bars on stderr: questions finished, and model calls (`calls`: MemAgent's "chunks"
+    and answers, an agent's "calls", full context's "answers")."""
 
-    def __init__(self, samples: int):
+    def __init__(self, samples: int, calls: str):
         quiet = not distributed.is_main()
         self.samples = progress_bar(total=samples, desc="samples", unit="sample", position=0,
                                     disable=quiet)
-        self.turns = progress_bar(total=0, desc="chunks", unit="turn", position=1,
+        self.turns = progress_bar(total=0, desc=calls, unit="call", position=1,
                                   disable=quiet)
 
     def add_turns(self, count: int) -> None:
@@ -87,7 +88,8 @@ def run_eval(config: EvalConfig, method=None) -> dict | None:
         _announce(config, sets, remaining)
         if remaining:
             method.start()  # loads the model: only when something is left to do
-            progress = Progress(remaining)
+            progress = Progress(remaining, {"memagent": "chunks", "agent": "calls"}.get(
+                config.method, "answers"))
             try:
                 for s, rows in todo:
                     _run_set(method, s, rows, logs[s.name], progress, config.data.batch_size)

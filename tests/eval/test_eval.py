@@ -368,3 +368,19 @@ def test_eval_killed_midway_resumes(model_dir, sets, tmp_path):
         assert sorted(rows) == [0, 1, 2, 3]  # each sample exactly once
     kept = _lines(log)[:before["eval_12.jsonl"]]
     assert [line["row"] for line in kept] == list(range(len(kept)))  # earlier lines untouched
+
+
+def test_sets_without_a_context_plot_by_name_without_warnings(tmp_path):
+    """An agent's sets have no context (0 tokens): points by set name, not a log axis that
+    matplotlib cannot draw (it warned and left the points out)."""
+    import warnings
+
+    from memagent_jax.eval.report import plot
+    columns = [{"set": name, "label": name, "tokens": 0.0, "accuracy": accuracy}
+               for name, accuracy in (("eval_lookup", 100.0), ("eval_other", 40.0))]
+    summary = {"model": "m", "method": "agent", "task": "lookup", "metric": "em",
+               "columns": columns}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        plot(str(tmp_path / "accuracy.png"), [summary], published=False)
+    _png_ok(tmp_path / "accuracy.png")
