@@ -209,10 +209,14 @@ def _build(schema: type, values: dict, source: str, prefix: str, base=None):
 def _unknown_key(at: str, key: str, schema: type) -> UserError:
     """"unknown key 'learner.lrr' (did you mean 'learner.lr'?)": the section's keys close to
     the one given; where none is, the section's keys when they are few, else the schema that
-    holds them (a section of 30 keys listed in full hides the one the user meant)."""
+    holds them (a section of 30 keys listed in full hides the one the user meant). A key the
+    schema lists in `MOVED` names its new place."""
     *parents, name = key.split(".")
     section = "".join(f"{part}." for part in parents)
     known = sorted(f.name for f in dataclasses.fields(schema))
+    moved = getattr(schema, "MOVED", {}).get(name)
+    if moved:
+        return UserError(f"{at}unknown key '{key}': it is '{moved}' now")
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     if close:
         hint = "did you mean " + " or ".join(f"'{section}{c}'" for c in close) + "?"

@@ -169,6 +169,7 @@ class DataSection:
     val_split: str = "train"    # its split
     shuffle: bool = False       # seeded order, reshuffled each epoch (off: the file's order)
     SECTION: ClassVar[str] = "data"
+    MOVED: ClassVar[dict[str, str]] = {"reward": "reward.function"}
 
     def __post_init__(self):
         # `~` in local paths (YAML does not expand it; hf:// and hub ids never start with it).

@@ -98,6 +98,7 @@ def test_overrides_reach_nested_sections(config_file):
 
 @pytest.mark.parametrize("overrides, message", [
     (["learner.lrr=1e-6"], "unknown key 'learner.lrr'"),
+    (["data.reward=contains"], "unknown key 'data.reward': it is 'reward.function' now"),
     (["steps=many"], "key 'steps' must be int, got 'many'"),
     (["rollout.n=2.5"], "key 'rollout.n' must be int"),
     (["learner.remat=3"], "key 'learner.remat' must be one of 'none', 'matmuls', 'full', got 3"),
