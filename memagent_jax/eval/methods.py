@@ -102,16 +102,25 @@ class MemAgentMethod:
         turns = [len(sample.chunks) + 1 for sample in samples]  # the chunks, then the answer
         add_turns(n * sum(turns))
         finals: dict[int, list[Answer]] = collections.defaultdict(list)
+        gates = self.config.memagent.gates
+        counted = collections.defaultdict(collections.Counter)  # with gates: over n reads
 
         def turn_done(i: int, turn) -> None:
             on_turn()
             if turn.kind != "final":
+                gate = gates and self.agent.gate(turn.reply)
+                counted[i].update(["chunks_read", *([gate + "s"] if gate else [])])
                 return
             finals[i].append(Answer(final_answer(turn.reply), turn.reply, turn.finish_reason,
                                     len(turn.response_ids)))
             if len(finals[i]) == n:  # the question's last trajectory has answered
-                on_done(batch[i][0], finals.pop(i),
-                        {"context_tokens": samples[i].document_tokens, "turns": turns[i]})
+                info = {"context_tokens": samples[i].document_tokens, "turns": turns[i]}
+                count = counted.pop(i)
+                if gates:  # an exit reads fewer chunks: the turns taken, and the gates
+                    info["turns"] = count["chunks_read"] / n + 1
+                    info["agent"] = {name: count[name] / n for name in
+                                     ("chunks_read", *(gate + "s" for gate in gates))}
+                on_done(batch[i][0], finals.pop(i), info)
 
         # A batch's seed comes from its first row: a fresh run is reproducible; a resumed
         # run re-runs its unfinished rows in new batches, so with new random numbers.

@@ -48,8 +48,13 @@ class ServerMemAgentMethod(MemAgentMethod):
                                  ["input_ids"])
                 answers.append(Answer(trajectory.answer, turn.reply, turn.finish_reason or "",
                                       tokens))
-            on_done(batch[i][0], answers, {"context_tokens": samples[i].document_tokens,
-                                           "turns": len(samples[i].chunks) + 1})
+            info = {"context_tokens": samples[i].document_tokens,
+                    "turns": len(samples[i].chunks) + 1}
+            if self.config.memagent.gates:  # as MemAgentMethod records them
+                info["agent"] = {name: sum(t.metrics[name] for t in trajectories) / n
+                                 for name in trajectories[0].metrics}
+                info["turns"] = info["agent"]["chunks_read"] + 1
+            on_done(batch[i][0], answers, info)
 
         run_on_server(self.server, self.agent, samples, seeds,
                       max(1, self.config.data.batch_size), lambda i: on_turn(), done)

@@ -34,12 +34,12 @@ from memagent_jax.rollout.conversation import conversation_turns
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import (INITIAL_MEMORY, TokenPrompts, final_prompt,
-                                            update_prompt)
+from memagent_jax.rollout.templates import (GATE_SENTENCES, GATE_WORDS, INITIAL_MEMORY,
+                                            TokenPrompts, final_prompt, update_prompt)
 from memagent_jax.rollout.thinking import (THINK_END, THINKING_CHOICES, strip_thinking_ids,
                                            strip_thinking_text, template_kwargs)
 from memagent_jax.runconfig import at_least, config_key
-from memagent_jax.tokenizer import unknown_id
+from memagent_jax.tokenizer import check_representable, unknown_id
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +63,12 @@ class MemAgentConfig:
     # The final answer (after the last </think>) and the reward are the same in all three; a
     # model that never writes </think> (Qwen2.5) gets identical prompts and memories.
     thinking: Literal["keep", "strip", "off"] = "keep"
+    # Gates (GRU-Mem's update and exit gates, as one-word replies; templates.update_prompt
+    # names them): an update reply that is only "keep" leaves the memory as it was; only
+    # "exit" stops reading, and the final turn answers from the memory as it was. Off, the
+    # prompts and turns are the original's.
+    keep_gate: bool = False
+    exit_gate: bool = False
 
     def __post_init__(self):
         at_least(self, 1, "chunk_tokens", "max_memory_tokens", "max_final_tokens",
@@ -77,6 +83,11 @@ class MemAgentConfig:
         `demo` read it; a shipped model's name is taken), with those `given` (None: not given)
         over them, and the defaults above for the rest."""
         return cls(**model_dir.budgets(model_path, **given))
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        """The gates on, of templates.GATE_WORDS."""
+        return tuple(g for g, on in zip(GATE_WORDS, (self.keep_gate, self.exit_gate)) if on)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,12 +120,20 @@ def chunk_ids(ids: list[int], chunk_tokens: int, max_chunks: int | None = None) 
     return [ids[i:i + chunk_tokens] for i in range(0, len(ids), chunk_tokens)]
 
 
+class StopReading(NamedTuple):
+    """What an update turn sends `memory_turns` to read no further: the memory kept."""
+    memory: object
+
+
 def memory_turns(chunks, memory) -> Generator[tuple, object, None]:
     """The workflow: yields ("update", memory, chunk) for each chunk and receives the new
-    memory (the reply), then yields ("final", memory, None). Memories and chunks are whatever
-    the driver works in (token ids or text); `memory` is the initial one."""
+    memory (the reply) or a `StopReading`, then yields ("final", memory, None). Memories and
+    chunks are whatever the driver works in (token ids or text); `memory` is the initial one."""
     for chunk in chunks:
         memory = yield "update", memory, chunk
+        if isinstance(memory, StopReading):
+            memory = memory.memory
+            break
     yield "final", memory, None
 
 
@@ -151,7 +170,7 @@ def turn_parts(tokenizer, config: MemAgentConfig) -> dict[str, int]:
     around the longest "question", "memory" and "chunk", plus the longest "reply". (A memory
     is at most a reply's ids, or the initial memory's; the final prompt is the update prompt
     without its chunk.)"""
-    prompts = TokenPrompts(tokenizer, config.thinking)
+    prompts = TokenPrompts(tokenizer, config.thinking, config.gates)
     return {"template": prompts.update_overhead, "question": config.max_problem_tokens,
             "memory": max(config.max_memory_tokens, len(prompts.initial_memory)),
             "chunk": config.chunk_tokens,
@@ -173,7 +192,7 @@ class MemAgent:
 
     def setup(self, tokenizer, stop_ids: tuple[int, ...]) -> None:
         self.tokenizer, self.stop_ids = tokenizer, tuple(stop_ids)
-        self.prompts = TokenPrompts(tokenizer, self.config.thinking)
+        self.prompts = TokenPrompts(tokenizer, self.config.thinking, self.config.gates)
         # What the original strips from a reply before it becomes the next memory (`unpad`
         # with remove_eos): padding and end-of-text, here also every stop id.
         self.not_memory = frozenset(stop_ids) | {
@@ -183,12 +202,15 @@ class MemAgent:
         # unknown word of a reply: then no reply has thinking to strip.
         self._think_end = () if unknown_id(tokenizer) in think_end else think_end
         self._blank: dict[int, bool] = {}  # id -> decodes to whitespace only
+        for gate in self.config.gates:  # a word-level tokenizer may lack their words
+            check_representable(tokenizer, GATE_SENTENCES[gate], f"memagent.{gate}_gate")
 
     def describe(self) -> str:
         """The budgets, as `train` announces them."""
         b = self.config
         return (f"chunks of {b.chunk_tokens} tokens (at most {b.max_chunks or 'all'} a "
-                f"document), memory {b.max_memory_tokens}, final answer {b.max_final_tokens}")
+                f"document), memory {b.max_memory_tokens}, final answer {b.max_final_tokens}"
+                + "".join(f", {g} gate" for g in b.gates))
 
     def engine_need(self, tokenizer) -> tuple[int, str, str]:
         """(KV entries the longest turn its budgets allow needs (`turn_parts`), the largest
@@ -205,6 +227,9 @@ class MemAgent:
         `run` and `demo` default to (max_chunks, a training-time cut, left out)."""
         budgets = dataclasses.asdict(self.config)
         budgets.pop("max_chunks")
+        for gate in ("keep_gate", "exit_gate"):  # recorded when on: the file is as before
+            if not budgets[gate]:
+                budgets.pop(gate)
         return {model_dir.BUDGETS_FILE: budgets}
 
     def memory_ids(self, reply_ids: list[int]) -> list[int]:
@@ -213,6 +238,12 @@ class MemAgent:
         if self.config.thinking != "strip":
             return list(reply_ids)
         return strip_thinking_ids(reply_ids, self._think_end, self._is_blank)
+
+    def gate(self, reply: str) -> str | None:
+        """The gate an update turn's reply names ("keep" or "exit", when on): the reply, after
+        `thinking: strip`, is that one word."""
+        word = (strip_thinking_text(reply) if self.config.thinking == "strip" else reply).strip()
+        return word if word in self.config.gates else None
 
     def _is_blank(self, token: int) -> bool:
         if token not in self._blank:
@@ -226,7 +257,8 @@ class MemAgent:
     async def rollout(self, row, policy, on_turn: Callable[[Turn], None] | None = None
                       ) -> Rollout:
         """Every turn of one read of `row` (a Sample, or a row with question and context);
-        on_turn(turn) after each."""
+        on_turn(turn) after each. With gates on, the rollout's metrics are its chunks read and
+        its "keep" and "exit" replies."""
         sample = row if isinstance(row, Sample) else self.read(row.question, row.context,
                                                                strict=False)
         config, ids = self.config, policy.takes_ids
@@ -240,6 +272,7 @@ class MemAgent:
                       else self.tokenizer.decode(sample.initial_memory))
         workflow = memory_turns(chunks, memory)
         conversations, new_memory = [], None
+        gated = dict.fromkeys(config.gates, 0)
         while True:
             try:
                 kind, memory, chunk = workflow.send(new_memory)
@@ -255,7 +288,8 @@ class MemAgent:
                 text = None if new_memory is None else reply.text if new_memory == said else \
                     self.tokenizer.decode(new_memory, skip_special_tokens=True)
             else:
-                message = (update_prompt(sample.problem, memory, chunk) if kind == "update"
+                message = (update_prompt(sample.problem, memory, chunk, config.gates)
+                           if kind == "update"
                            else final_prompt(sample.problem, memory))
                 reply = await policy.chat([{"role": "user", "content": message}],
                                           max_tokens=cap, **template_kwargs(config.thinking))
@@ -263,11 +297,21 @@ class MemAgent:
                 if kind == "update":
                     new_memory = text = (strip_thinking_text(reply.text)
                                          if config.thinking == "strip" else reply.text)
+            gate = self.gate(reply.text) if kind == "update" else None
+            if gate:
+                gated[gate] += 1
+                text = memory if isinstance(memory, str) else self.tokenizer.decode(
+                    memory, skip_special_tokens=True)
+                new_memory = memory if gate == "keep" else StopReading(memory)
             conversation = Conversation([reply.message], kind, text)
             conversations.append(conversation)
             if on_turn is not None:
                 on_turn(conversation_turns(conversation, policy.calls, kind)[0])
-        return Rollout(conversations)
+        metrics = {}
+        if gated:
+            metrics = {"chunks_read": float(len(conversations) - 1),
+                       **{f"{gate}s": float(n) for gate, n in gated.items()}}
+        return Rollout(conversations, metrics=metrics)
 
 
 class MemoryAgent(MemAgent):

@@ -53,9 +53,25 @@ Your answer:
 """
 
 
-def update_prompt(problem: str, memory: str, chunk: str) -> str:
-    """The memory-update user message for one chunk of the document."""
-    return UPDATE_TEMPLATE.format(problem=problem, memory=memory, chunk=chunk)
+# The gates (`memagent.keep_gate`, `memagent.exit_gate`; off by default, and then the prompt is
+# the original's): sentences after the update prompt's instructions naming the one-word replies
+# that keep the memory as it is, or stop reading and go to the final turn.
+GATE_WORDS = ("keep", "exit")
+GATE_SENTENCES = {
+    "keep": " If the section adds nothing useful, reply with the single word keep: the memory "
+            "is then kept unchanged.",
+    "exit": " If the memory already answers the problem, reply with the single word exit: "
+            "reading then stops and you answer.",
+}
+_INSTRUCTIONS_END = "useful information."
+
+
+def update_prompt(problem: str, memory: str, chunk: str, gates: tuple[str, ...] = ()) -> str:
+    """The memory-update user message for one chunk of the document; `gates` (of GATE_WORDS)
+    adds their sentences to its instructions."""
+    template = UPDATE_TEMPLATE.replace(
+        _INSTRUCTIONS_END, _INSTRUCTIONS_END + "".join(GATE_SENTENCES[g] for g in gates), 1)
+    return template.format(problem=problem, memory=memory, chunk=chunk)
 
 
 def final_prompt(problem: str, memory: str) -> str:
@@ -97,15 +113,17 @@ class TokenPrompts:
     memory, chunk)` and `final(problem, memory)` take token id sequences; `initial_memory` is
     "No previous memory" tokenized; `update_overhead` the update prompt's own tokens (chat
     markup and template text). thinking: the `memagent.thinking` setting (off: the template
-    rendered with enable_thinking=False)."""
+    rendered with enable_thinking=False); gates: those the update prompt offers
+    (`update_prompt`)."""
 
-    def __init__(self, tokenizer, thinking: str = "keep"):
+    def __init__(self, tokenizer, thinking: str = "keep", gates: tuple[str, ...] = ()):
         _require_chat_template(tokenizer)
         wrapper = tokenizer.apply_chat_template([{"role": "user", "content": "{message}"}],
                                                 tokenize=False, add_generation_prompt=True,
                                                 **template_kwargs(thinking))
         self._encode = lambda text: list(tokenizer.encode(text, add_special_tokens=False))
-        self._update = self._pieces(wrapper, update_prompt("{problem}", "{memory}", "{chunk}"))
+        self._update = self._pieces(wrapper, update_prompt("{problem}", "{memory}", "{chunk}",
+                                                               gates))
         self._final = self._pieces(wrapper, final_prompt("{problem}", "{memory}"))
         self.initial_memory = tuple(self._encode(INITIAL_MEMORY))
         self.update_overhead = sum(len(p) for p in self._update[0])

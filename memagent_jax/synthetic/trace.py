@@ -63,6 +63,14 @@ def follow(memories: list[str], fact: str, due: int) -> tuple[str, int | None]:
     return ("kept" if first == due else "late"), first
 
 
+def turn_losses(memories: list[str], fact: str, due: int) -> tuple[int, int]:
+    """(turns that follow one whose memory holds `fact`, from `due` on; of them, those whose
+    memory no longer holds it): the per-turn loss rate's counts, every loss counted, not only
+    `follow`'s first."""
+    held = [holds(memory, fact) for memory in memories[due:]]
+    return sum(held[:-1]), sum(a and not b for a, b in zip(held, held[1:]))
+
+
 @dataclasses.dataclass
 class FactTrace:
     text: str
@@ -73,6 +81,8 @@ class FactTrace:
     turn: int | None   # `follow`'s turn
     memory: str        # the agent's memory after `turn` (after `due` when unwritten)
     made_up: int | None  # `made_up`'s turn: a value for its subject before it was read
+    carried: int = 0     # `turn_losses`: turns after one that held it
+    dropped: int = 0     # ... whose memory no longer held it
 
 
 @dataclasses.dataclass
@@ -83,6 +93,7 @@ class DocumentTrace:
     answer: str
     truth: str
     facts: list[FactTrace]   # the needed facts, in document order
+    gates: dict[str, float] = dataclasses.field(default_factory=dict)  # the agent's metrics
 
     @property
     def outcome(self) -> FactTrace | None:
@@ -91,12 +102,15 @@ class DocumentTrace:
 
 
 def trace_document(index: int, document, chunk_texts: list[str], memories: list[str],
-                   answer: str, chunk_tokens: int) -> DocumentTrace:
+                   answer: str, chunk_tokens: int, gates: dict | None = None) -> DocumentTrace:
     """The trace of one read: `document` (a tasks.Sample), the agent's chunks as
-    decoded text, its memory after each, and its final answer."""
+    decoded text, its memory after each (after an exit, the memory it answered from, for
+    every chunk left unread), its final answer, and with gates on the rollout's metrics
+    (chunks_read, keeps, exits)."""
     from memagent_jax.synthetic.demo import first_token
     from memagent_jax.synthetic.tasks import oracle_memories
 
+    memories = memories + memories[-1:] * (len(chunk_texts) - len(memories))  # after an exit
     facts = [dataclasses.asdict(f) for f in document.facts]
     ideal = oracle_memories(chunk_texts, facts)
     words = document.context.split()
@@ -109,9 +123,10 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
         outcome, turn = follow(memories, fact.text, due)
         traced.append(FactTrace(fact.text, start // chunk_tokens, start % chunk_tokens, due,
                                 outcome, turn, memories[due if turn is None else turn],
-                                made_up(memories, fact.text, due)))
+                                made_up(memories, fact.text, due),
+                                *turn_losses(memories, fact.text, due)))
     return DocumentTrace(index, len(memories), answer == document.answer, answer,
-                         document.answer, traced)
+                         document.answer, traced, dict(gates or {}))
 
 
 def describe(trace: DocumentTrace) -> str:
@@ -138,6 +153,15 @@ def summarize(traces: list[DocumentTrace], chunk_tokens: int) -> list[str]:
     invented = [t for t in traces if any(f.made_up is not None for f in t.facts)]
     lines.append(f"a value made up before its fact was read: {len(invented)} of {len(traces)} "
                  f"documents, {sum(not t.correct for t in invented)} of them answered wrong")
+    carried = sum(f.carried for t in traces for f in t.facts)
+    dropped = sum(f.dropped for t in traces for f in t.facts)
+    lines.append(f"a held fact lost in {dropped} of {carried} turns"
+                 + (f" ({dropped / carried:.2e} a turn)" if carried else ""))
+    if traces[0].gates:
+        read = sum(t.gates["chunks_read"] for t in traces)
+        lines.append(f"chunks read {read:.0f} of {sum(t.chunks for t in traces)}" + "".join(
+            f"; {name} {sum(t.gates[name] for t in traces):.0f}"
+            for name in ("keeps", "exits") if name in traces[0].gates))
     starts = sorted(f.word for t in traces for f in t.facts if f.outcome == "unwritten")
     if starts:
         lines.append(f"unwritten facts began at words {', '.join(map(str, starts))} of "
@@ -174,8 +198,8 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     for index, ((trajectory,), document, sample) in enumerate(zip(groups, documents, samples)):
         traces.append(trace_document(
             index, document, [agent.tokenizer.decode(c) for c in sample.chunks],
-            trajectory.memories, (trajectory.answer or "").strip(),
-            config.chunk_tokens))
+            trajectory.memories, (trajectory.answer or "").strip(), config.chunk_tokens,
+            trajectory.metrics))
         print(describe(traces[-1]))
     for line in summarize(traces, config.chunk_tokens):
         print(line)

@@ -19,7 +19,8 @@ from memagent_jax.models.loading import random_model, save_hf
 from memagent_jax.models.presets import preset_config
 from memagent_jax.synthetic import demo
 from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.synthetic.trace import OUTCOMES, follow, made_up, trace_document
+from memagent_jax.synthetic.trace import (OUTCOMES, follow, made_up, trace_document,
+                                         turn_losses)
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 from tests.synthetic.signals import ctrl_c_in_a_gc_callback
 
@@ -182,6 +183,16 @@ def test_trace_finds_a_value_made_up_before_its_fact_was_read(memories, due, exp
     assert made_up(memories, FACT, due) == expected
 
 
+@pytest.mark.parametrize("memories, due, expected", [
+    ([FACT, FACT, FACT], 0, (2, 0)),
+    (["", FACT, "", FACT, FACT, ""], 1, (3, 2)),        # every loss counted, not the first
+    (["the code of kasumo vigifa .", FACT, ""], 1, (1, 1)),  # before `due`: not counted
+    (["", "", ""], 0, (0, 0)),
+])
+def test_trace_counts_every_turn_that_loses_a_held_fact(memories, due, expected):
+    assert turn_losses(memories, FACT, due) == expected
+
+
 def test_trace_expects_a_fact_cut_by_the_chunk_boundary_one_turn_later():
     chunk = 64
     index, document = next(
@@ -230,6 +241,9 @@ def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_packag
     assert lines[5] == (f"a value made up before its fact was read: {len(invented)} of 3 "
                         f"documents, {sum(not r['correct'] for r in invented)} of them "
                         "answered wrong")
+    carried = sum(r["facts"][0]["carried"] for r in records)
+    dropped = sum(r["facts"][0]["dropped"] for r in records)
+    assert lines[6].startswith(f"a held fact lost in {dropped} of {carried} turns")
 
 
 @pytest.mark.parametrize("argv, message", [
