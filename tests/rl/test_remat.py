@@ -66,7 +66,7 @@ def test_each_policy_keeps_what_it_names_under_fused_attention(capsys):
         capsys.readouterr()
         print_saved_residuals(*_mean_logprob(model, tokens, remat))
         saved[remat] = [tuple(int(n) for n in dims.split(",") if n) for dims in
-                        re.findall(r"^\w+\[([\d,]*)\]", capsys.readouterr().out, re.M)]
+                        re.findall(r"^\w+\[([\d,]*)\]", capsys.readouterr().out, re.MULTILINE)]
     scores = {remat: [s for s in shapes if s.count(t) >= 2] for remat, shapes in saved.items()}
     assert scores["none"] and not scores["matmuls"] and not scores["full"], scores
     assert query in saved["matmuls"] and query not in saved["full"], saved
