@@ -44,7 +44,10 @@ def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
         lines = drawn_memory(lines + whole_sentences(text, opens), budget, size, rng)
         memories.append(lines)
     needed = [f for f in oracle_memories(texts, facts)[-1].splitlines() if f]
-    kept = [line for line in memories[-1] if line not in needed]
+    # A drawn line is in the decoder's spacing ("v."), a fact in the task's ("v ."): compared
+    # without spaces, as oracle_memories compares them, so no fact is shown twice.
+    unspaced = {"".join(fact.split()) for fact in needed}
+    kept = [line for line in memories[-1] if "".join(line.split()) not in unspaced]
     while kept and size(kept + needed) > budget:
         kept.pop(int(rng.integers(len(kept))))
     for fact in needed:

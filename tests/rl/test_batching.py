@@ -150,3 +150,16 @@ def test_cudnn_learner_packs_on_the_mesh_as_the_blocked_kernel_does(rows):
     for a, b in zip(jax.tree.leaves(learners["cudnn"].params),
                     jax.tree.leaves(learners["xla"].params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+
+
+@pytest.mark.parametrize("row_multiple", [2, 4])
+def test_a_packed_plan_on_a_mesh_keeps_to_its_token_budget(row_multiple):
+    """Each micro-batch holds at least `row_multiple` sequences (one a data shard), so packing
+    fills sequences only as long as row_multiple of them fit the budget: a bucket as long as
+    the whole budget would give each micro-batch row_multiple times the tokens asked for."""
+    lengths = np.random.default_rng(2).integers(5, 64, 100)
+    buckets, tokens = (64, 128, 256), 256
+    for plan in plan_sequences(lengths, range(100), buckets, pack=True, tokens=tokens,
+                               row_multiple=row_multiple):
+        assert plan.sequences * plan.length <= tokens, (plan.sequences, plan.length)
+        assert plan.sequences % row_multiple == 0

@@ -14,6 +14,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from memagent_jax import model_dir
 from memagent_jax.errors import UserError
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.checkpointing import Checkpointer
@@ -151,3 +152,22 @@ def test_restoring_into_another_tree_is_one_clear_error(tmp_path):
         checkpointer.restore(other)
     checkpointer.close()
 
+
+
+@pytest.mark.parametrize("order", [sorted, lambda names: sorted(names, reverse=True),
+                                   lambda names: sorted(names, key=lambda n: n[::-1])],
+                         ids=["ascending", "descending", "scrambled"])
+def test_a_runs_newest_step_is_found_whatever_order_the_directory_lists(tmp_path, monkeypatch,
+                                                                        order):
+    """`run`, `export` and the other commands read a run's newest finished step: step 10 of
+    2, 3, 9 and 10 (the largest number, not the last name listed nor the largest string),
+    never an unfinished one."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    (checkpoints / model_dir.TRAINING_MODEL_DIR).mkdir(parents=True)
+    (checkpoints / model_dir.TRAINING_MODEL_DIR / model_dir.CONFIG_FILE).write_text("{}")
+    for step in ("2", "3", "9", "10", "11.orbax-checkpoint-tmp-5"):
+        (checkpoints / step / model_dir.TRAINING_STATE).mkdir(parents=True)
+    listdir = os.listdir
+    monkeypatch.setattr(os, "listdir", lambda path: order(listdir(path)))
+    for path in (tmp_path / "run", checkpoints):
+        assert model_dir.training_step_dir(str(path)) == str(checkpoints / "10")

@@ -1,24 +1,28 @@
 """Activation rematerialisation (`model(..., remat=policy)`, `LearnerConfig.remat`, the policies
 of models/qwen.py `REMAT_POLICIES`) changes what the backward keeps in memory, not the values:
-the model's gradient, a learner update, and the compiled gradient's temporary memory."""
+the model's gradient, a learner update, the residuals kept for the backward and the compiled
+gradient's temporary memory."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from jax.ad_checkpoint import print_saved_residuals
 
 from memagent_jax.models.loading import random_model
+from memagent_jax.models.qwen import Qwen
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.logprobs import token_logprobs
 from tests.builders import LEARNER_MODEL, random_rows
 
 
-def _mean_logprob_grad(model, tokens, remat):
-    """The jitted gradient of the mean next-token log-prob w.r.t. the model's parameters."""
+def _mean_logprob(model, tokens, remat):
+    """(the mean next-token log-prob as a function of the model's parameters, those)."""
     graphdef, state = nnx.split(model)
 
     def mean_logprob(state):
@@ -27,6 +31,12 @@ def _mean_logprob_grad(model, tokens, remat):
                                  entropy=False)
         return logp[:, 1:].mean()
 
+    return mean_logprob, state
+
+
+def _mean_logprob_grad(model, tokens, remat):
+    """The jitted gradient of the mean next-token log-prob w.r.t. the model's parameters."""
+    mean_logprob, state = _mean_logprob(model, tokens, remat)
     return jax.jit(jax.grad(mean_logprob)), state
 
 
@@ -38,6 +48,28 @@ def test_model_gradient_is_the_same_with_remat(policy):
     remat, _ = _mean_logprob_grad(model, tokens, remat=policy)
     for a, b in zip(jax.tree.leaves(remat(state)), jax.tree.leaves(plain(state))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-8)
+
+
+def test_each_policy_keeps_what_it_names_under_fused_attention(capsys):
+    """Under attention 'dot_product' (jax.nn.dot_product_attention: the scores are a batched
+    product) the backward keeps [T, T] scores without remat; "matmuls" keeps the layer's
+    projections (the query's [layers, B, T, heads, head_dim] among them) and recomputes the
+    scores (a policy saving every product, batched ones included, would keep them: 82 against
+    49 MB of temporaries at 512 tokens); "full" keeps neither. Read from the residuals jax
+    lists for the backward, traced only."""
+    t = 40  # apart from every other dimension here
+    model = random_model(LEARNER_MODEL, seed=0, attention="dot_product")
+    tokens = jnp.zeros((2, t), jnp.int32)
+    query = (LEARNER_MODEL.num_layers, 2, t, LEARNER_MODEL.num_heads, LEARNER_MODEL.head_dim)
+    saved = {}
+    for remat in ("none", "matmuls", "full"):
+        capsys.readouterr()
+        print_saved_residuals(*_mean_logprob(model, tokens, remat))
+        saved[remat] = [tuple(int(n) for n in dims.split(",") if n) for dims in
+                        re.findall(r"^\w+\[([\d,]*)\]", capsys.readouterr().out, re.MULTILINE)]
+    scores = {remat: [s for s in shapes if s.count(t) >= 2] for remat, shapes in saved.items()}
+    assert scores["none"] and not scores["matmuls"] and not scores["full"], scores
+    assert query in saved["matmuls"] and query not in saved["full"], saved
 
 
 def test_each_policy_keeps_less_than_the_one_before():
@@ -56,16 +88,28 @@ def test_each_policy_keeps_less_than_the_one_before():
     assert temp["full"] < 0.9 * temp["matmuls"] and temp["matmuls"] < 0.9 * temp["none"], temp
 
 
-def test_learner_update_is_the_same_with_remat():
-    """Two mini-batches of 8-row micro-batches: same metrics and same new parameters. (The
-    learner hands its policy to the model unread: each policy's gradient is the model test's.)"""
+def test_learner_update_is_the_same_with_remat(monkeypatch):
+    """Two mini-batches of 8-row micro-batches: same metrics and same new parameters. The
+    learner hands its policy to the model for the loss it differentiates: each policy's
+    gradient and memory are then the model tests'."""
     rows = random_rows()
     config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=8, adam_eps=1e-3,
                            bucket_lengths=(32,), mini_batches=2)
     learners = {remat: Learner(random_model(LEARNER_MODEL, seed=1),
                                dataclasses.replace(config, remat=remat))
                 for remat in ("none", "full")}
-    metrics = {remat: learner.update(rows) for remat, learner in learners.items()}
+    asked, hidden = [], Qwen.hidden
+
+    def recorded(self, *args, remat="none", **kwargs):
+        asked.append(remat)
+        return hidden(self, *args, remat=remat, **kwargs)
+
+    monkeypatch.setattr(Qwen, "hidden", recorded)
+    metrics = {}
+    for remat, learner in learners.items():
+        asked.clear()
+        metrics[remat] = learner.update(rows)
+        assert remat in asked, (remat, asked)  # traced by this learner's update
     params = {remat: jax.tree.leaves(jax.device_get(learner.state()["params"]))
               for remat, learner in learners.items()}
     start = jax.tree.leaves(nnx.to_pure_dict(nnx.state(random_model(LEARNER_MODEL, seed=1))))

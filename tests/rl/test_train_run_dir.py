@@ -3,15 +3,19 @@ config (config.yaml, which reruns as it is), a resume refused when it changes ot
 than those a resume may change, and the block saying what the run is about to do. Each test
 stops the trainer where it would start building the model: no device work."""
 
+import copy
+import functools
 import os
 
 import pytest
 import yaml
 
+from memagent_jax import distributed
 from memagent_jax.cli import main
 from memagent_jax.data.needle import write_task
 from memagent_jax.rl.config import RESUMABLE, load_train_config
 from memagent_jax.rl.trainer import Trainer
+from memagent_jax.runconfig import differences, to_dict
 
 PREFIX = "memagent-jax: error: "
 
@@ -82,17 +86,62 @@ def test_a_resume_with_other_settings_is_refused_naming_each_change(config_file,
     assert kept.read_text() == started  # the run's config is left as it was
 
 
+# Each key a resume may change (rl/config.py RESUMABLE, written out again here so that a key
+# dropped from it or added to it shows), with a change of it ({tmp}: the test's directory).
+RESUMED = {"steps": "steps=10", "checkpoint.every": "checkpoint.every=1",
+           "checkpoint.keep": "checkpoint.keep=5",
+           "checkpoint.async_save": "checkpoint.async_save=false",
+           "validation.every": "validation.every=2",
+           "validation.at_start": "validation.at_start=true",
+           "output_dir": "output_dir={tmp}/moved",  # the run directory moved
+           "mesh": "mesh={{data: 2, fsdp: -1, tensor: 1}}",
+           "distributed": "distributed=true",
+           "compilation_cache_dir": "compilation_cache_dir={tmp}/cache",
+           "engine.slots": "engine.slots=16",
+           "learner.micro_batch_rows": "learner.micro_batch_rows=8",
+           "learner.micro_batch_tokens": "learner.micro_batch_tokens=1024",
+           "learner.remat": "learner.remat=full"}
+
+
+@pytest.mark.parametrize("key", RESUMED)
 def test_a_resume_may_run_longer_checkpoint_validate_and_sit_on_the_machine_otherwise(
-        config_file, tmp_path):
+        config_file, tmp_path, monkeypatch, key):
+    monkeypatch.setattr(distributed, "start", lambda *args: None)  # distributed=true: no job
+    change = RESUMED[key].format(tmp=tmp_path)
+    assert load_train_config(config_file, [change]) != load_train_config(config_file)
     assert _train(config_file) == "built"
-    (tmp_path / "run" / "checkpoints" / "2").mkdir(parents=True)
-    changes = ["steps=10", "checkpoint.every=1", "checkpoint.keep=5", "validation.every=2",
-               "mesh={data: 2, fsdp: -1, tensor: 1}", "engine.slots=16",
-               "learner.micro_batch_tokens=1024", "learner.remat=full",
-               f"compilation_cache_dir={tmp_path / 'cache'}"]
-    assert _train(config_file, *changes) == "built"
-    assert load_train_config(str(tmp_path / "run" / "config.yaml")) == load_train_config(
-        config_file, changes)  # kept as the run now is
+    run = tmp_path / "run"
+    (run / "checkpoints" / "2").mkdir(parents=True)
+    if key == "output_dir":
+        run = run.rename(tmp_path / "moved")
+    assert _train(config_file, change) == "built"
+    assert load_train_config(str(run / "config.yaml")) == load_train_config(
+        config_file, [change])  # kept as the run now is
+
+
+def test_a_resume_checks_every_other_key(config_file):
+    """The config's keys fall in two: those a resume may change (RESUMED, and the keys under
+    them) and every other, whose change the resume's check names."""
+    assert set(RESUMABLE) == set(RESUMED)
+    started = to_dict(load_train_config(config_file))
+    kept = [key for key in _keys(started)
+            if not any(key == k or key.startswith(k + ".") for k in RESUMED)]
+    assert len(kept) > 50, kept  # every section's
+    for key in kept + list(RESUMED):
+        *path, name = key.split(".")
+        changed = copy.deepcopy(started)
+        section = functools.reduce(dict.__getitem__, path, changed)
+        was, section[name] = section[name], "changed"  # KeyError: no such key
+        expected = [] if key in RESUMED else [f"{key} was {was!r}, now 'changed'"]
+        assert differences(started, changed, RESUMABLE) == expected, key
+
+
+def _keys(tree: dict) -> list[str]:
+    """The dotted keys of a config as plain data (`to_dict`) down to its values that are no
+    section."""
+    return [f"{name}.{key}" if key else name
+            for name, value in tree.items()
+            for key in (_keys(value) if isinstance(value, dict) and value else [""])]
 
 
 def test_the_run_says_what_it_is_about_to_do(config_file, tmp_path, capsys):

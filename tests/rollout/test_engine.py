@@ -95,28 +95,53 @@ def test_greedy_matches_transformers_in_one_continuous_batch(engine, params, ref
         assert completion.finish_reason == ("stop" if tokens[-1] == EOS else "length")
 
 
+def _reads(engine, monkeypatch) -> list[tuple[int, str]]:
+    """Records each decode step the engine runs: (the longest busy slot's entries, "ragged"
+    or "dense": the read the step took)."""
+    reads, generate = [], engine.generate
+
+    def recorded(params, state, length, filled=None):
+        reads.append((length, None))
+        return generate(params, state, length, filled)
+
+    def counted(step, read):
+        def run(*args):
+            reads[-1] = (reads[-1][0], read)
+            return step(*args)
+        return run
+
+    monkeypatch.setattr(engine, "generate", recorded)
+    for name, read in (("_generate", "dense"), ("_generate_ragged", "ragged")):
+        monkeypatch.setattr(engine, name, counted(getattr(engine, name), read))
+    return reads
+
+
 def test_one_long_slot_beside_short_ones_is_read_to_each_slots_length(engine, params, reference,
                                                                        compilations,
                                                                        monkeypatch):
     """A 200-token prompt beside three of 2 to 5 tokens fill under a quarter of the 256-entry
     cache together, so the CPU engine's steps read each slot only to its own position (XLA
-    loops, `attend_cache_ragged`): greedy tokens and log-probs equal transformers', and warm-up
-    compiled that step too."""
-    steps = {"ragged": 0}
-    ragged = engine._generate_ragged
-
-    def counted(*args):
-        steps["ragged"] += 1
-        return ragged(*args)
-
-    monkeypatch.setattr(engine, "_generate_ragged", counted)
+    loops, `attend_cache_ragged`) while the long slot runs: greedy tokens and log-probs equal
+    transformers', and warm-up compiled that step too."""
+    reads = _reads(engine, monkeypatch)
     requests = _greedy_requests([_prompts(1, 200, 200, seed=7)[0]] + _prompts(3, 2, 5, seed=8))
     results = _complete_without_compiling(compilations, engine, params, requests)
-    assert steps["ragged"] >= 8
+    beside_the_long_slot = [read for length, read in reads if length > 200]
+    assert len(beside_the_long_slot) >= 8 and set(beside_the_long_slot) == {"ragged"}, reads
     for request, (completion,) in zip(requests, results):
         tokens, logprobs = _hf_greedy(reference, request.prompt_ids, request.max_new_tokens)
         assert completion.token_ids == tokens
         assert np.abs(np.array(completion.logprobs) - np.array(logprobs)).max() <= 1e-4
+
+
+def test_slots_that_fill_the_cache_are_read_whole(engine, params, monkeypatch):
+    """Four prompts of 150 to 200 tokens, each given 8 new tokens, fill most of the 4 x
+    256-entry cache at every step: each takes the dense read, which costs less there than
+    reading each slot to its length."""
+    reads = _reads(engine, monkeypatch)
+    complete(engine, params, [Request(p, max_new_tokens=8, sampling=GREEDY)
+                              for p in _prompts(4, 150, 200, seed=9)])
+    assert reads and {read for _, read in reads} == {"dense"}, reads
 
 
 def test_sampled_logprobs_are_at_the_requests_temperature(engine, params, reference):

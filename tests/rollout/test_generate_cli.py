@@ -96,6 +96,17 @@ def test_bad_input_is_one_clear_line(model_dir, tmp_path, capsys, lines, extra, 
     assert not os.path.exists(out)
 
 
+def test_a_prompt_and_new_tokens_that_exactly_fill_the_limit_are_generated(model_dir, tmp_path):
+    """2 prompt tokens and --max-new-tokens 62 fill --max-len 64 exactly: accepted (63 is the
+    first refused, above)."""
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [5, 6]}])
+    out = tmp_path / "out.jsonl"
+    assert main(["generate", "--model", model_dir, "--input", src, "--out", str(out),
+                 "--max-len", "64", "--max-new-tokens", "62", "--temperature", "0"]) == 0
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert 0 < len(row["completion_ids"]) <= 62
+
+
 def test_missing_model_and_missing_input(tmp_path, model_dir, capsys):
     src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1]}])
     assert main(["generate", "--model", str(tmp_path / "nope"), "--input", src,

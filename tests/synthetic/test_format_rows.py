@@ -8,7 +8,7 @@ import pytest
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.synthetic.format_rows import format_trajectory, whole_sentences
+from memagent_jax.synthetic.format_rows import drawn_memory, format_trajectory, whole_sentences
 from memagent_jax.synthetic.oracle import oracle_trajectory
 from memagent_jax.synthetic.plugin import SyntheticPlugin, PluginSection
 from tests.builders import SFT_BUDGETS, sft_agent
@@ -87,6 +87,83 @@ def test_a_fact_is_kept_as_often_as_any_sentence(agent):
     assert abs(drawn["other"] - drawn["filler"]) < 0.12
     oracle = rates(oracle_trajectory)
     assert oracle["asked"] == 1.0 and oracle["other"] == oracle["filler"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def drawn(agent):
+    """80 rows' (example, its chunks' texts, format trajectory): documents of 3 to 7 chunks."""
+    rows = []
+    for task in synthetic.TASKS:
+        for length in (200, 400):
+            for index in range(20):
+                example = _example(task, length, index)
+                sample = agent.read(example.question, example.context, strict=False)
+                rows.append((example, [agent.tokenizer.decode(c) for c in sample.chunks],
+                             format_trajectory(agent, example)))
+    return rows
+
+
+def _final_memory(agent, example, trajectory):
+    """The sentences of the memory the final turn's prompt shows."""
+    sample = agent.read(example.question, example.context, strict=False)
+    marked = agent.prompts.final(sample.problem_ids, [-1])  # -1 where the memory goes
+    ids, start = trajectory.turns[-1].prompt_ids, marked.index(-1)
+    return _lines(agent.tokenizer.decode(ids[start:start + len(ids) - len(marked) + 1]))
+
+
+def test_every_reply_fits_the_memory_budget_with_its_end_token(drawn):
+    replies = [t.response_ids for _, _, trajectory in drawn for t in trajectory.turns[:-1]]
+    assert len(replies) > 300
+    assert max(len(r) for r in replies) <= SFT_BUDGETS.max_memory_tokens
+
+
+def test_a_chunk_that_opens_with_a_whole_sentence_offers_it_as_any_other(drawn):
+    """Where the previous chunk ends a sentence, the chunk's first sentence is whole: it is
+    kept about as often as the chunk's later sentences."""
+    first, later = [], []
+    for _, texts, trajectory in drawn:
+        for i in range(1, len(texts)):
+            if not texts[i - 1].rstrip().endswith("."):
+                continue
+            memory = _lines(trajectory.turns[i].reply)
+            kept = [_lines(s)[0] in memory for s in whole_sentences(texts[i], opens=True)]
+            first.append(kept[0])
+            later += kept[1:]
+    assert len(first) >= 20, len(first)
+    assert np.mean(first) > 0.5 * np.mean(later), (np.mean(first), np.mean(later))
+
+
+def test_the_final_memory_holds_each_needed_fact_once(agent, drawn):
+    """A drawn line that is a needed fact (the decoder's spacing, "v.") is the fact the
+    oracle names ("v ."): it gives way to it rather than standing beside it."""
+    for example, _, trajectory in drawn:
+        memory = _final_memory(agent, example, trajectory)
+        needed = [_lines(f["text"])[0] for f in example.extra_info["facts"] if f["needed"]]
+        assert [memory.count(fact) for fact in needed] == [1] * len(needed), (needed, memory)
+
+
+def test_the_answers_facts_sit_anywhere_in_the_final_memory(agent, drawn):
+    """The needed facts take random places among the drawn lines: not always last."""
+    last = []
+    for example, _, trajectory in drawn:
+        memory = _final_memory(agent, example, trajectory)
+        needed = {_lines(f["text"])[0] for f in example.extra_info["facts"] if f["needed"]}
+        last.append(set(memory[-len(needed):]) == needed)
+    assert 0.05 < np.mean(last) < 0.7, np.mean(last)
+
+
+def test_a_memory_is_drawn_until_the_next_line_would_not_fit():
+    """Lines drawn in random order until the first that would take the memory past the
+    budget, not skipping it for a shorter one."""
+    candidates = ["a" * n for n in (1, 2, 3, 4, 5, 6)]
+    size = lambda lines: sum(len(line) for line in lines)  # noqa: E731
+    for seed in range(50):
+        order = np.random.default_rng(seed).permutation(len(candidates))
+        taken = 0
+        while taken < len(order) and size(candidates[i] for i in order[:taken + 1]) <= 9:
+            taken += 1
+        assert drawn_memory(candidates, 9, size, np.random.default_rng(seed)) == [
+            candidates[i] for i in sorted(order[:taken])], seed
 
 
 def test_whole_sentences_drop_a_cut_sentences_pieces():
