@@ -17,6 +17,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from memagent_jax import cli
@@ -24,7 +25,8 @@ from memagent_jax.errors import UserError
 from memagent_jax.models import hf_checkpoint
 from memagent_jax.models.loading import load_model
 from tests.full_disk import TENSORSTORE_ENOSPC, fail_orbax_writes, fill_disk_after
-from tests.hf_reference import write_hf_model
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.synthetic.signals import ctrl_c_in_a_gc_callback_at
 
 PREFIX = "memagent-jax: error: "
 
@@ -285,19 +287,45 @@ def test_export_into_empty_existing_dir_is_fine(capsys, good_ckpt, tmp_path):
 
 # ------------------------------------------------------------------------ export: bad input
 
-@pytest.mark.parametrize("kind", ["hf_dir", "missing", "file"])
-def test_export_ckpt_is_not_a_checkpoint(capsys, hf_single, tmp_path, kind):
-    if kind == "hf_dir":
-        ckpt = hf_single
-    elif kind == "missing":
-        ckpt = str(tmp_path / "no_ckpt")
-    else:
-        ckpt = str(tmp_path / "weights.bin")
+@pytest.mark.parametrize("kind", ["missing", "file", "no_model"])
+def test_export_model_is_not_a_model(capsys, tmp_path, kind):
+    if kind == "missing":
+        ckpt, named = str(tmp_path / "no_ckpt"), "model directory not found"
+    elif kind == "file":
+        ckpt, named = str(tmp_path / "weights.bin"), "model directory not found"
         with open(ckpt, "wb") as f:
             f.write(b"\0" * 64)
+    else:
+        ckpt, named = str(tmp_path), "neither an HF model directory nor a memagent-jax checkpoint"
     out = str(tmp_path / "exported")
-    line = fails_cleanly(capsys, ["export", "--model", ckpt, "--out", out], out, ckpt)
-    assert "not a memagent-jax checkpoint" in line
+    fails_cleanly(capsys, ["export", "--model", ckpt, "--out", out], out, ckpt, named)
+
+
+def test_export_writes_an_hf_directory_again(hf_single, tmp_path, capsys):
+    """An HF directory given by its path exports as a shipped model's name does (resharded):
+    the same tensors, and the tokenizer beside them."""
+    hf, out = _copy(hf_single, tmp_path), tmp_path / "exported"
+    write_tiny_tokenizer(hf)
+    assert cli.main(["export", "--model", hf, "--out", str(out),
+                     "--max-shard-size", "20KB"]) == 0
+    assert capsys.readouterr().out == f"exported {hf} -> {out}\n"
+    before, after = hf_checkpoint.scan_weights(hf), hf_checkpoint.scan_weights(str(out))
+    assert before.keys() == after.keys()
+    for name, info in before.items():
+        np.testing.assert_array_equal(info.read(), after[name].read(), err_msg=name)
+    assert os.path.isfile(out / hf_checkpoint.INDEX_FILE)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
+
+
+def test_a_checkpoint_given_by_a_relative_path_loads(hf_single, tmp_path, monkeypatch):
+    """Orbax takes absolute paths only: a relative one is made absolute before it gets it
+    (`export` here; `generate`, `run` and `eval` load a checkpoint the same way)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["convert", "--model", hf_single, "--out", "ckpt"]) == 0
+    assert cli.main(["export", "--model", "ckpt", "--out", "exported"]) == 0
+    before, after = hf_checkpoint.scan_weights(hf_single), hf_checkpoint.scan_weights("exported")
+    for name, info in before.items():
+        np.testing.assert_array_equal(info.read(), after[name].read(), err_msg=name)
 
 
 @pytest.mark.parametrize("layout", ["deeper_config", "stacked_layers"])
@@ -422,6 +450,24 @@ def test_what_orbax_prints_after_a_full_disk_is_kept_off_stderr(monkeypatch):
                     f"Task exception was never retrieved: coro defined at {orbax_file}")
     assert kept(absl, orbax_file, ValueError("another failure"))
     assert kept(absl, "elsewhere.py", full)
+
+
+def test_ctrl_c_while_the_model_loads_stops_the_export_with_nothing_written(
+        good_ckpt, tmp_path, monkeypatch, capsys):
+    """Ctrl-C as it lands in practice while Orbax restores the parameters: in a garbage
+    collection's callback, where Python drops a KeyboardInterrupt (the export went on to the
+    end). It stops before the first tensor is written, in one line."""
+    from memagent_jax.models import checkpoint
+
+    ctrl_c_in_a_gc_callback_at(monkeypatch, checkpoint, "read_params")
+    out = str(tmp_path / "exported")
+    assert cli.main(["export", "--model", good_ckpt, "--out", out]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip().splitlines()[-1] == (
+        f"memagent-jax: interrupted (Ctrl-C); nothing was written to {out}")
+    assert "Traceback" not in captured.err and "Exception ignored" not in captured.err
+    _assert_nothing_written(out)
 
 
 def test_convert_failure_midway_leaves_nothing(capsys, hf_single, tmp_path, monkeypatch):

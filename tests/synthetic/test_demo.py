@@ -72,6 +72,21 @@ def test_export_and_run_take_the_name_and_run_its_budgets(in_package, tmp_path, 
     assert all(t["response_tokens"] <= BUDGETS["max_memory_tokens"] for t in updates)
 
 
+def test_convert_and_export_take_the_name_or_the_directory_with_its_side_files(
+        in_package, tmp_path):
+    """convert carries a shipped model's tokenizer, chat template and budgets into the
+    checkpoint, as it does an HF directory's; export takes the shipped directory by its path
+    as by its name."""
+    shipped = os.path.join(model_dir.SHIPPED_ROOT, in_package)
+    side_files = sorted(n for n in os.listdir(shipped) if n.endswith((".jinja", ".json"))
+                        and n != "config.json")
+    assert {"tokenizer.json", "chat_template.jinja", model_dir.BUDGETS_FILE} <= set(side_files)
+    assert main(["convert", "--model", in_package, "--out", str(tmp_path / "ckpt")]) == 0
+    assert sorted(os.listdir(tmp_path / "ckpt" / model_dir.SIDE_DIR)) == side_files
+    assert main(["export", "--model", shipped, "--out", str(tmp_path / "hf")]) == 0
+    assert set(side_files) <= set(os.listdir(tmp_path / "hf"))
+
+
 def test_demo_reads_a_fresh_document_and_shows_the_memory_answer_and_truth(in_package,
                                                                           capsys):
     assert main(["demo", "--model", in_package, "--length", "1K", "--seed", "7"]) == 0
