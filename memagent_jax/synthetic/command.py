@@ -52,7 +52,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=int, default=777,
                    help="the documents' seed (the recipe's data: seeds 1-5; its evaluation: 9)")
     p.add_argument("--slots", type=int, default=16, help="documents read together")
-    p.add_argument("--out", metavar="FILE.jsonl", help="also write the traces, one a line")
+    p.add_argument("--out", metavar="FILE.jsonl",
+                   help="also write the traces, one a line, to this new file")
     p.add_argument("--carries", action="store_true",
                    help="instead of reading: score every turn that should keep the memory as "
                         "it is, teacher-forced, and count those the model would rewrite "

@@ -247,6 +247,14 @@ def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_packag
                         "answered wrong")
 
 
+def test_trace_refuses_an_existing_out_before_reading(in_package, capsys, tmp_path):
+    (tmp_path / "t.jsonl").write_text("kept")
+    assert main(["trace", "--model", in_package, "--out", "t.jsonl"]) == 2
+    assert capsys.readouterr() == ("", "memagent-jax: error: --out: t.jsonl exists; remove it "
+                                       "or choose another --out\n")
+    assert (tmp_path / "t.jsonl").read_text() == "kept"
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--num-samples", "0"], "--num-samples must be at least 1, got 0"),
     (["--length", "10"], "--length 10: below one chunk of 128 tokens"),
