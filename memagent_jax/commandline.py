@@ -13,7 +13,7 @@ import dataclasses
 import math
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.errors import ConfigError, UserError
+from memagent_jax.errors import ConfigError, Interrupted, UserError
 
 
 class _HelpWithDefaults(argparse.ArgumentDefaultsHelpFormatter):
@@ -79,6 +79,20 @@ def start(args, auto: bool = False) -> None:
             "start_timeout", "distributed"}
     fingerprint = repr(sorted((k, v) for k, v in vars(args).items() if k not in skip))
     distributed.start(launch, fingerprint)
+
+
+def stop_when_signalled(notice: distributed.PreemptionNotice, kept=None):
+    """A poll for long work under `notice` (SIGINT and SIGTERM only set its flag, so neither
+    is lost, as a KeyboardInterrupt is when it lands in a garbage-collection callback, nor
+    cuts a file's write short, nor leaves Orbax's background reads and writes to fail
+    against a closed event loop): raises Interrupted once a signal came, saying what `kept()`
+    returns (what was written, if anything). The CLI exits with status 130."""
+    def poll() -> None:
+        if notice.reached():
+            cause = "interrupted (Ctrl-C)" if notice.interrupted else "stopped (SIGTERM)"
+            said = kept() if kept else ""
+            raise Interrupted(f"{cause}; {said}" if said else cause)
+    return poll
 
 
 def from_flags(build, **flags):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import uuid
@@ -58,16 +59,60 @@ def check_new_output(out_dir: str, name: str = "output") -> None:
                         "choose a new path")
 
 
+def is_disk_full(error: BaseException) -> bool:
+    """Whether `error`, or an error it was raised from, says the file system is out of space
+    (ENOSPC, or EDQUOT: a quota): an OSError with that errno, or the C library's text for it
+    in another type's message, which is how TensorStore (under Orbax: a ValueError) and
+    tokenizers (a bare Exception) report it."""
+    texts = [os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT)]
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if any(text in str(error) for text in texts):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def disk_full_error(path: str, kept: str) -> UserError:
+    """The one line for a write to `path` that ran out of space; `kept`: what is on disk now,
+    and how to go on."""
+    return UserError(f"no space left on device writing {path}; {kept}")
+
+
+@contextlib.contextmanager
+def atomic_file(path: str):
+    """Yields a temporary name beside `path` to write; renames it to `path` on success.
+
+    On any exception the temporary file is removed, so `path` is whole or absent; a disk
+    that filled up is a UserError naming `path`."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    except Exception as e:
+        if is_disk_full(e):
+            raise disk_full_error(path, "it was not written (free some space and run the "
+                                        "command again)") from None
+        raise
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
 @contextlib.contextmanager
 def atomic_directory(out_dir: str):
     """Yields a temporary sibling of out_dir to fill; renames it to out_dir on success.
 
     out_dir must not exist or be an empty directory. On any exception the temporary directory
     is removed, so a failed or interrupted write never leaves a half-written out_dir behind.
-    In a multi-process job every process gets the same temporary directory, which process 0
-    creates and renames once all have finished with it (before any of them returns); what
-    each process writes there is the caller's choice (Orbax writes from all of them, plain
-    files come from process 0), and a failure on one process is raised on every process.
+    A disk that filled up is a UserError naming out_dir. In a multi-process job every
+    process gets the same temporary directory, which process 0 creates and renames once all
+    have finished with it (before any of them returns); what each process writes there is the
+    caller's choice (Orbax writes from all of them, plain files come from process 0), and a
+    failure on one process is raised on every process.
     """
     from memagent_jax import distributed
 
@@ -87,6 +132,9 @@ def atomic_directory(out_dir: str):
         failed = [p for p, f in enumerate(distributed.gather(failure is not None)) if f]
         if failed:
             distributed.on_main(shutil.rmtree, tmp, True)
+            if failure is not None and is_disk_full(failure):
+                raise disk_full_error(out_dir, "nothing of it was kept (free some space and "
+                                               "run the command again)") from None
             raise failure or RuntimeError(f"{out_dir}: process(es) {failed} failed writing it")
         distributed.on_main(_replace, tmp, out_dir)  # returns once it is renamed
     except BaseException:

@@ -60,7 +60,9 @@ class Stored:
 
 
 def locate(path: str) -> Stored | None:
-    """The checkpoint a path names (module docstring), or None if it names none."""
+    """The checkpoint a path names (module docstring), or None if it names none; its paths
+    are absolute (Orbax refuses relative ones)."""
+    path = os.path.abspath(path)
     if (os.path.isfile(os.path.join(path, CONFIG_FILE))
             and os.path.isdir(os.path.join(path, PARAMS_DIR))):
         return Stored(path, os.path.join(path, PARAMS_DIR))
@@ -97,9 +99,12 @@ def _has_model_files(directory: str) -> bool:
 
 
 def side_files_dir(path: str) -> str:
-    """The tokenizer and generation files of a checkpoint path (of any kind)."""
+    """Where a model path's tokenizer and generation files (and memagent.json) are: a
+    checkpoint's copy (of any kind of checkpoint path), else the directory itself (an HF
+    directory, or a shipped model's name)."""
+    path = resolve(path)
     where = locate(path)
-    return os.path.join(where.files_dir if where else path, SIDE_DIR)
+    return os.path.join(where.files_dir, SIDE_DIR) if where else path
 
 
 def config_path(path: str) -> str:

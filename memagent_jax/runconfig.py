@@ -67,6 +67,8 @@ def _read(path: str, chain: tuple[str, ...]) -> tuple[dict, list[str]]:
         raise UserError(f"{path}: config file not found{named}") from None
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML ({_yaml_problem(e)})") from None
+    except UnicodeDecodeError as e:  # a binary file, or text in another encoding
+        raise UserError(f"{path}: not a YAML text file (not UTF-8: {e.reason})") from None
     if not isinstance(values, dict):
         raise UserError(f"{path}: expected a mapping of keys at the top level")
     base = values.pop(BASE_KEY, None)

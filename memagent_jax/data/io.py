@@ -6,7 +6,7 @@ Sources (HotpotQA, or an existing set to take question indices from) are read wi
 files. Evaluation sets are read WITHOUT `datasets` (GPU images often lack it): a .json list
 (the original's `eval_{N}.json`), .jsonl, or .parquet (pyarrow). Sets are written as a JSON
 list, streamed record by record into a temporary file that is renamed into place, so a set
-file is either complete or absent.
+file is either complete or absent (and a full disk is one line naming it).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Callable, Iterable
 
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
+from memagent_jax.fileutil import atomic_file
 
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 HUB_TIMEOUT_S = 3  # how long `load_from_hub` waits for a connection to the hub
@@ -118,36 +119,29 @@ def read_set(path: str) -> list[dict]:
 
 def write_set(path: str, records: Iterable[dict]) -> int:
     """Streams records into `path` as a JSON list (one record per line inside the brackets);
-    returns how many. Written to a temporary file renamed into place: all or nothing."""
+    returns how many. Written whole or not at all (`atomic_file`). `records` is closed when
+    the write ends, failed or not, if it can be (a generator, a progress bar): a bar then
+    prints its last line before the error is reported, not after."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
     count = 0
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write("[")
             for record in records:
                 f.write(",\n" if count else "\n")
                 f.write(json.dumps(record, ensure_ascii=False))
                 count += 1
             f.write("\n]\n")
-        os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        getattr(records, "close", lambda: None)()
     return count
 
 
 def write_parquet(path: str, rows: list[dict]) -> None:
-    """rows as one parquet table, written to a temporary file renamed into place."""
+    """rows as one parquet table, written whole or not at all (`atomic_file`)."""
     with needs("data", "writing parquet files"):
         import pyarrow as pa
         import pyarrow.parquet as pq
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
+    with atomic_file(path) as tmp:
         pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-

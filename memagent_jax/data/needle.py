@@ -22,6 +22,7 @@ import random
 import re
 
 from memagent_jax.extras import needs
+from memagent_jax.fileutil import atomic_directory
 
 FILLER = ("the river runs past an old mill where farmers bring grain every autumn and the town "
           "keeps a small market near a stone bridge with bright lamps on long evenings while "
@@ -91,19 +92,23 @@ def vocabulary(task_words: list[str] | None = None) -> list[str]:
 
 def write_tokenizer(out_dir: str, words: list[str] | None = None) -> str:
     """Saves the tokenizer of `words` (default: `vocabulary()`; tokenizer.json,
-    tokenizer_config.json, chat_template.jinja; eos </s>) to out_dir."""
+    tokenizer_config.json, chat_template.jinja; eos </s>) to out_dir (new or empty), all or
+    nothing (`atomic_directory`)."""
     from memagent_jax.data.word_tokenizer import build, save
-    save(build(words or vocabulary(), ROLES, CHAT_TEMPLATE), out_dir)
+    with atomic_directory(out_dir) as tmp:
+        save(build(words or vocabulary(), ROLES, CHAT_TEMPLATE), tmp)
     return out_dir
 
 
 def write_task(out_dir: str, train_size: int = 64, val_size: int = 16, seed: int = 0,
                **row_options) -> dict[str, str]:
-    """train.parquet, val.parquet (a different seed) and tokenizer/ under out_dir."""
-    paths = {"train": os.path.join(out_dir, "train.parquet"),
-             "val": os.path.join(out_dir, "val.parquet"),
-             "tokenizer": os.path.join(out_dir, "tokenizer")}
-    write_rows(needle_rows(train_size, seed, **row_options), paths["train"])
-    write_rows(needle_rows(val_size, seed + 1_000_003, **row_options), paths["val"])
-    write_tokenizer(paths["tokenizer"])
-    return paths
+    """train.parquet, val.parquet (a different seed) and tokenizer/ under out_dir (new or
+    empty), all or nothing."""
+    names = {"train": "train.parquet", "val": "val.parquet", "tokenizer": "tokenizer"}
+    with atomic_directory(out_dir) as tmp:
+        write_rows(needle_rows(train_size, seed, **row_options),
+                   os.path.join(tmp, names["train"]))
+        write_rows(needle_rows(val_size, seed + 1_000_003, **row_options),
+                   os.path.join(tmp, names["val"]))
+        write_tokenizer(os.path.join(tmp, names["tokenizer"]))
+    return {kind: os.path.join(out_dir, name) for kind, name in names.items()}

@@ -21,6 +21,7 @@ import os
 
 from memagent_jax.errors import UserError
 from memagent_jax.eval.results import read_results
+from memagent_jax.fileutil import atomic_file
 
 Z95 = 1.959963984540054    # the standard normal's 97.5 % quantile: a two-sided 95 % interval
 METRICS = {"em": "EM", "sub_em": "sub-EM"}
@@ -222,8 +223,6 @@ def main(dirs: list[str], headline: str = "em", out: str | None = None) -> str:
     text = paired_markdown(*runs, headline) if len(runs) == 2 else single_markdown(*runs,
                                                                                    headline)
     if out:
-        tmp = out + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_file(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write(text)
-        os.replace(tmp, out)
     return text

@@ -18,19 +18,60 @@ them, and loading reads only the `params` of the step's state.
 from __future__ import annotations
 
 import json
+import logging
 import os
+import sys
 
 import orbax.checkpoint as ocp
 from etils import epath
 
 from memagent_jax import distributed
 from memagent_jax.errors import UserError
-from memagent_jax.fileutil import atomic_directory
+from memagent_jax.fileutil import atomic_directory, is_disk_full
 from memagent_jax.model_dir import CONFIG_FILE, PARAMS_DIR, SIDE_DIR, locate
 from memagent_jax.models import mapping
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.hf_checkpoint import copy_side_files
 from memagent_jax.models.qwen import Params
+
+
+def quiet_failed_writes() -> None:
+    """Keeps off stderr what Orbax's background work prints once one of its writes failed
+    for a full disk, which the command reports in one line: TensorStore's writes still in
+    flight complete into an event loop Orbax has closed (a "RuntimeError: Event loop is
+    closed" traceback each, dozens per checkpoint), their coroutines are collected at exit
+    ("ImportError: sys.meta_path is None") or logged by asyncio as "Task exception was never
+    retrieved", and Orbax logs the failure with its traceback from each thread that saw it.
+    Other errors are reported as before. Installed once per process, by whatever writes with
+    Orbax."""
+    global _quieted
+    if _quieted:
+        return
+    _quieted = True
+    previous = sys.unraisablehook
+
+    def unraisable(report, previous=previous, finalizing=sys.is_finalizing):
+        late = (finalizing() and getattr(getattr(report.object, "cr_code", None),
+                                         "co_filename", "").find(_ORBAX) >= 0)
+        closed = (isinstance(report.exc_value, RuntimeError)
+                  and str(report.exc_value) == "Event loop is closed")
+        if not (late or closed):
+            previous(report)
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        error = record.exc_info[1] if record.exc_info else Exception(message)
+        about_orbax = _ORBAX in record.pathname or _ORBAX in message  # asyncio names the coro
+        return not (about_orbax and record.levelno >= logging.ERROR and is_disk_full(error))
+
+    sys.unraisablehook = unraisable
+    for logger in ("absl", "asyncio"):
+        logging.getLogger(logger).addFilter(keep)
+
+
+_quieted = False
+_ORBAX = f"{os.sep}orbax{os.sep}"
+
 
 def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str],
                       side_json: dict[str, dict] | None = None) -> None:
@@ -57,6 +98,7 @@ def write_checkpoint(params: Params, config: ModelConfig, out_dir: str,
                      side_files_dir: str | None = None) -> None:
     """Our checkpoint directory (module docstring), all or nothing; in a multi-process job
     every process calls it and writes its shards of the parameters."""
+    quiet_failed_writes()
     with atomic_directory(out_dir) as tmp:
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)

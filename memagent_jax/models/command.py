@@ -7,8 +7,10 @@ model code load inside each command.
 
 from __future__ import annotations
 
+import contextlib
+
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, print_once, start
+from memagent_jax.commandline import add_command, print_once, start, stop_when_signalled
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import check_new_output
 
@@ -25,8 +27,9 @@ def add_parsers(sub) -> None:
     p = add_command(sub, "export", help="memagent-jax checkpoint -> HF safetensors directory")
     p.add_argument("--model", "--ckpt", required=True, metavar="CKPT_DIR",
                    help="a `convert` output, a training run's output directory (its newest "
-                        "step), checkpoints directory or step directory, or a shipped model's "
-                        "name (memagent_jax/pretrained)")
+                        "step), checkpoints directory or step directory; or an HF directory "
+                        "or a shipped model's name (memagent_jax/pretrained), written again "
+                        "(with another --max-shard-size)")
     p.add_argument("--out", required=True, metavar="HF_DIR", help="new (or empty) directory")
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index")
@@ -54,34 +57,45 @@ def add_parsers(sub) -> None:
 
 
 def _convert(args) -> None:
-    from memagent_jax.models.loading import load_model, save_checkpoint
-    from memagent_jax.models.sharding import job_mesh
     check_new_output(args.out, "--out")
-    start(args)
-    model, config = load_model(args.model, dtype=None, mesh=job_mesh(None))
-    save_checkpoint(model, config, args.out, side_files_dir=args.model)
+    with _stop_before_writing(args.out) as poll:
+        from memagent_jax.model_dir import side_files_dir
+        from memagent_jax.models.loading import load_model, save_checkpoint
+        from memagent_jax.models.sharding import job_mesh
+        start(args)
+        model, config = load_model(args.model, dtype=None, mesh=job_mesh(None))
+        poll()  # Orbax's write is one call: the last point to stop at
+        save_checkpoint(model, config, args.out, side_files_dir=side_files_dir(args.model))
     print_once(f"converted {args.model} -> {args.out} ({config.num_layers} layers, "
                f"{config.dtype})")
 
 
 def _export(args) -> None:
-    from memagent_jax.models.loading import load_model, save_hf
-    from memagent_jax.models.sharding import job_mesh
-    from memagent_jax.model_dir import is_checkpoint_directory, resolve, side_files_dir
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out, "--out")
-    source = resolve(args.model)
-    if is_checkpoint_directory(source):
-        side_files = side_files_dir(source)
-    elif source != args.model:  # a shipped model: an HF directory, re-exported (resharded)
-        side_files = source
-    else:
-        raise UserError(f"{args.model}: not a memagent-jax checkpoint (a `memagent-jax convert` "
-                        "output, or a training run's output, checkpoints or step directory)")
-    start(args)
-    model, config = load_model(source, dtype=None, mesh=job_mesh(None))
-    save_hf(model, config, args.out, tokenizer_dir=side_files, max_shard_bytes=max_shard_bytes)
+    with _stop_before_writing(args.out) as poll:
+        from memagent_jax.model_dir import side_files_dir
+        from memagent_jax.models.loading import load_model, read_config, save_hf
+        from memagent_jax.models.sharding import job_mesh
+        read_config(args.model)  # a path that is no model fails here, before the job starts
+        start(args)
+        model, config = load_model(args.model, dtype=None, mesh=job_mesh(None))
+        save_hf(model, config, args.out, tokenizer_dir=side_files_dir(args.model),
+                max_shard_bytes=max_shard_bytes, poll=poll)
     print_once(f"exported {args.model} -> {args.out}")
+
+
+@contextlib.contextmanager
+def _stop_before_writing(out: str):
+    """Yields a poll (`stop_when_signalled`) for convert and export, listening from before
+    JAX loads (a Ctrl-C then would land in one of its garbage-collection callbacks and be
+    lost): Ctrl-C or SIGTERM while the model loads, or while it is written, stops at the next
+    poll with nothing left at `out`; one after the last poll lets the write finish."""
+    with distributed.PreemptionNotice(
+            on_interrupt=f"Ctrl-C: stopping when the model has loaded or the tensor being "
+                         f"written is done; {out} is kept only if it is complete by "
+                         "then") as notice:
+        yield stop_when_signalled(notice, lambda: f"nothing was written to {out}")
 
 
 def _random_model(args) -> None:

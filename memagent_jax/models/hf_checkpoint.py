@@ -10,9 +10,11 @@ generate() stops only at an eos_token_id it is given).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -115,12 +117,19 @@ def _build(row: mapping.Row, info: TensorInfo, target: jax.ShapeDtypeStruct) -> 
 
 def write_directory(params: Params, config: ModelConfig, out_dir: str,
                     side_files_dir: str | None = None,
-                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES) -> None:
+                    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+                    poll: Callable[[], None] = lambda: None) -> None:
     """Writes an HF directory from our parameters, all or nothing. In a multi-process job every
-    process calls it: each tensor is gathered from all hosts, and process 0 writes."""
+    process calls it: each tensor is gathered from all hosts, and process 0 writes. poll() is
+    called before each tensor, on every process (`save_hf`)."""
     params = mapping.flatten(params)
+
+    def produce(row, array):
+        poll()
+        return mapping.to_hf(row, distributed.to_host(array))
+
     tensors = [(name, params[ours].dtype, mapping.hf_shape(row, params[ours].shape),
-                lambda row=row, a=params[ours]: mapping.to_hf(row, distributed.to_host(a)))
+                functools.partial(produce, row, params[ours]))
                for row, ours, name in mapping.tensors(config)]
     shards = _split_into_shards(tensors, max_shard_bytes)
     with atomic_directory(out_dir) as tmp:

@@ -7,6 +7,7 @@ read straight onto its sharding from either format, so loading never allocates t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -86,12 +87,15 @@ def build_model(config: ModelConfig, params: Params, dtype: str = "float32",
 
 
 def save_hf(model: Qwen, config: ModelConfig, out_dir: str, tokenizer_dir: str | None = None,
-            max_shard_bytes: int = hf_checkpoint.DEFAULT_MAX_SHARD_BYTES) -> None:
+            max_shard_bytes: int = hf_checkpoint.DEFAULT_MAX_SHARD_BYTES,
+            poll: Callable[[], None] = lambda: None) -> None:
     """Exports an HF directory loadable by `transformers.AutoModelForCausalLM.from_pretrained`,
-    in the parameters' dtype; tokenizer/generation files are copied from tokenizer_dir."""
+    in the parameters' dtype; tokenizer/generation files are copied from tokenizer_dir.
+    poll: called before each tensor is written; what it raises stops the export, and nothing
+    is left at out_dir."""
     config = config.replace(dtype=jnp.dtype(model.embed[...].dtype).name)
     hf_checkpoint.write_directory(split_params(model)[1], config, out_dir, tokenizer_dir,
-                                  max_shard_bytes)
+                                  max_shard_bytes, poll)
 
 
 def save_checkpoint(model: Qwen, config: ModelConfig, out_dir: str,

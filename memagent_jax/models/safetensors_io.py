@@ -103,4 +103,6 @@ def write_file(path: str, tensors: Iterable[tuple[str, np.dtype, tuple[int, ...]
             if array.shape != tuple(shape) or array.dtype != np.dtype(dtype):
                 raise AssertionError(f"{name}: produced {array.shape} {array.dtype}, "
                                      f"planned {shape} {dtype}")
-            np.ascontiguousarray(array).tofile(f)
+            # f.write, not ndarray.tofile: tofile reports a full disk as "N requested and
+            # M written", without the errno that says the disk is full.
+            f.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8))

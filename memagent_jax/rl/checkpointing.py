@@ -11,16 +11,25 @@ Atomicity is Orbax's: a step is written under a temporary name and renamed to `<
 every item of every process is complete (on object stores a commit marker plays that part), so
 a crash mid-save leaves the previous steps as they were, and the half-written directory is never
 listed as a step (it is cleaned up by the next manager). `keep` bounds the steps kept.
+
+A write that fills the disk (found by whichever call comes next: an async save fails in the
+background) is a UserError naming the directory and the newest step kept, once the step being
+written is removed: the steps before it are as they were, and the same command resumes from
+the newest of them once there is space.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 from typing import Any
 
 import jax
 
+from memagent_jax import distributed
 from memagent_jax.errors import UserError
+from memagent_jax.fileutil import disk_full_error, is_disk_full
 
 
 class Checkpointer:
@@ -30,6 +39,9 @@ class Checkpointer:
 
     def __init__(self, directory: str, keep: int | None = 3, async_save: bool = True):
         import orbax.checkpoint as ocp
+
+        from memagent_jax.models.checkpoint import quiet_failed_writes
+        quiet_failed_writes()
 
         # gs:// and other remote URLs go to Orbax as they are (it writes them natively).
         self.directory = directory if "://" in directory else os.path.abspath(directory)
@@ -57,7 +69,8 @@ class Checkpointer:
             meta = {**meta, "data": data_iterator.get_state()}
         items = {"state": ocp.args.StandardSave(state),
                  "meta": ocp.args.JsonSave(_plain(meta))}
-        self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        with self._writing():
+            self._manager.save(step, args=ocp.args.Composite(**items), force=True)
 
     def restore(self, target: Any, data_iterator=None, step: int | None = None
                 ) -> tuple[Any, dict]:
@@ -89,11 +102,31 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Blocks until every started save has committed."""
-        self._manager.wait_until_finished()
+        with self._writing():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        self.wait()
         self._manager.close()
+
+    @contextlib.contextmanager
+    def _writing(self):
+        """Where a save's failure surfaces: a full disk becomes the module docstring's
+        UserError, after process 0 removed the uncommitted step."""
+        try:
+            yield
+        except Exception as e:
+            if not is_disk_full(e) or "://" in self.directory:
+                raise
+            import orbax.checkpoint as ocp
+            if distributed.is_main():  # no collective: the other processes may not fail here
+                for name in ocp.path.step.tmp_checkpoints(self.directory):
+                    shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            steps = committed_steps(self.directory)
+            kept = (f"the newest checkpoint is step {steps[-1]}" if steps
+                    else "no checkpoint was kept")
+            raise disk_full_error(self.directory, f"{kept}; free some space and run the same "
+                                                  "command to resume") from None
 
 
 def committed_steps(directory: str) -> list[int]:

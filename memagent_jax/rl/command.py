@@ -9,7 +9,7 @@ from __future__ import annotations
 from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import add_command, add_config_flags, start
 from memagent_jax.errors import UserError
-from memagent_jax.fileutil import check_output_file
+from memagent_jax.fileutil import check_new_files, check_output_file
 from memagent_jax.rl.curves import DEFAULT_TAGS  # stdlib-only at import
 
 
@@ -25,7 +25,9 @@ def add_parsers(sub) -> None:
     p = add_command(sub, "curves", help="training curves of runs (their TensorBoard scalars), "
                                         "one after another or overlaid, as a PNG")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="training output directories")
-    p.add_argument("--out", required=True, metavar="PNG")
+    p.add_argument("--out", required=True, metavar="PNG",
+                   help="a new picture file: .png, or another format matplotlib writes "
+                        "(.pdf, .svg, ...)")
     p.add_argument("--tags", nargs="+", default=list(DEFAULT_TAGS), help="scalars to draw")
     p.add_argument("--names", nargs="+", help="the runs' legend names (default: directories)")
     p.add_argument("--overlay", action="store_true",
@@ -45,6 +47,7 @@ def _train(args) -> None:
 def _curves(args) -> None:
     from memagent_jax.rl.curves import plot_curves
     check_output_file(args.out)
+    check_new_files([args.out], "--out")
     if args.names and len(args.names) != len(args.runs):
         raise UserError(f"--names: {len(args.names)} names for {len(args.runs)} runs")
     plot_curves(args.runs, args.out, tuple(args.tags), args.names, args.overlay)

@@ -14,6 +14,7 @@ import os
 
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
+from memagent_jax.fileutil import atomic_file
 
 DEFAULT_TAGS = ("reward/mean", "val/accuracy", "rollout/memory_length", "dynamic/kept_fraction")
 
@@ -54,11 +55,18 @@ def _check_tags(runs: list[str], scalars: list[dict], tags) -> None:
 def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
                 names: list[str] | None = None, overlay: bool = False) -> None:
     """One panel per tag, the runs in sequence or overlaid (module docstring); written to
-    `out` (PNG)."""
+    `out` (PNG, or another format matplotlib writes, by its extension; whole or not at all).
+    """
     with needs("train", "drawing curves"):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.backend_bases import FigureCanvasBase
+    picture = os.path.splitext(out)[1].lstrip(".").lower()
+    formats = FigureCanvasBase.get_supported_filetypes()
+    if picture not in formats:  # matplotlib would draw everything first, then refuse (or add .png)
+        raise UserError(f"--out {out}: not a picture file's name; end it in .png (or "
+                        f"{', '.join('.' + f for f in sorted(formats) if f != 'png')})")
 
     scalars = [read_scalars(run) for run in runs]
     _check_tags(runs, scalars, tags)
@@ -88,5 +96,6 @@ def plot_curves(runs: list[str], out: str, tags=DEFAULT_TAGS,
     for panel in list(axes.flat)[len(tags):]:
         panel.set_visible(False)
     figure.tight_layout()
-    figure.savefig(out, dpi=110)
+    with atomic_file(out) as tmp:
+        figure.savefig(tmp, dpi=110, format=picture)
     plt.close(figure)

@@ -57,7 +57,7 @@ from memagent_jax.console import announce, progress_bar
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
-from memagent_jax.fileutil import check_output_dir
+from memagent_jax.fileutil import check_output_dir, disk_full_error, is_disk_full
 from memagent_jax.models import checkpoint
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl import plugin
@@ -434,5 +434,12 @@ def _all_finite(tree) -> jax.Array:
 
 
 def train(config: TrainConfig) -> dict:
-    """Builds a Trainer and runs it; returns the last step's record."""
-    return Trainer(config).run()
+    """Builds a Trainer and runs it; returns the last step's record. A full disk is one line
+    naming output_dir (the checkpointer names its own directory)."""
+    try:
+        return Trainer(config).run()
+    except Exception as e:
+        if isinstance(e, UserError) or not is_disk_full(e):
+            raise
+        raise disk_full_error(config.output_dir, "free some space and run the same command to "
+                                                 "resume from the newest checkpoint") from None

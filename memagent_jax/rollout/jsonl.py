@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 from memagent_jax.errors import UserError
-from memagent_jax.fileutil import check_input_file
+from memagent_jax.fileutil import atomic_file, check_input_file
 from memagent_jax.tokenizer import check_representable, undecodable_ids
 
 
@@ -69,16 +68,10 @@ def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
 
 
 def write_completions(path: str, rows: list[dict]) -> None:
-    """Writes all rows, via a temporary file renamed into place (no half-written output).
-    A non-finite logprob is written as null: JSON has no NaN."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for row in rows:
-                row = dict(row, logprobs=[x if math.isfinite(x) else None
-                                          for x in row["logprobs"]])
-                f.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    """Writes all rows, whole or not at all (`atomic_file`). A non-finite logprob is written
+    as null: JSON has no NaN."""
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for row in rows:
+            row = dict(row, logprobs=[x if math.isfinite(x) else None
+                                      for x in row["logprobs"]])
+            f.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")

@@ -11,8 +11,8 @@ import argparse
 import os
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, start, tokens
-from memagent_jax.errors import Interrupted, UserError
+from memagent_jax.commandline import add_command, start, stop_when_signalled, tokens
+from memagent_jax.errors import UserError
 
 # Bytes of memory a token of the longest document takes at the peak of `data synthetic`
 # (measured: maximum RSS against length, 4M to 16M tokens): building an eval set's document
@@ -52,7 +52,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--seed", type=int, default=777,
                    help="the documents' seed (the recipe's data: seeds 1-5; its evaluation: 9)")
     p.add_argument("--slots", type=int, default=16, help="documents read together")
-    p.add_argument("--out", metavar="FILE.jsonl", help="also write the traces, one a line")
+    p.add_argument("--out", metavar="FILE.jsonl",
+                   help="also write the traces, one a line, to this new file")
     p.add_argument("--carries", action="store_true",
                    help="instead of reading: score every turn that should keep the memory as "
                         "it is, teacher-forced, and count those the model would rewrite "
@@ -101,19 +102,6 @@ def _budgets(args) -> dict:
             "max_final_tokens": args.max_final_tokens}
 
 
-def _stop_when_signalled(notice: distributed.PreemptionNotice, kept=None):
-    """A poll for long work under `notice` (SIGINT and SIGTERM only set its flag, so neither
-    is lost, as a KeyboardInterrupt is when it lands in a garbage-collection callback, nor
-    cuts a file's write short): raises Interrupted once a signal came, saying what `kept()`
-    returns (what was written, if anything). The CLI exits with status 130."""
-    def poll() -> None:
-        if notice.reached():
-            cause = "interrupted (Ctrl-C)" if notice.interrupted else "stopped (SIGTERM)"
-            said = kept() if kept else ""
-            raise Interrupted(f"{cause}; {said}" if said else cause)
-    return poll
-
-
 def _demo(args) -> None:
     from memagent_jax.synthetic.demo import run_demo
     if args.show < 0:
@@ -121,7 +109,7 @@ def _demo(args) -> None:
     start(args)
     with distributed.PreemptionNotice() as notice:
         run_demo(args.model, args.task, args.length, args.seed, args.show, _budgets(args),
-                 _stop_when_signalled(notice))
+                 stop_when_signalled(notice))
 
 
 def _trace(args) -> None:
@@ -182,7 +170,7 @@ def _synthetic(args) -> None:
     # Ctrl-C and SIGTERM stop the work at the next poll (every sample, and every
     # POLL_TOKENS of a document), where the file being written is removed unwritten.
     with distributed.PreemptionNotice() as notice:
-        poll = _stop_when_signalled(notice, kept)
+        poll = stop_when_signalled(notice, kept)
         if not os.path.isdir(tokenizer):
             write_tokenizer(tokenizer, synthetic.vocabulary())
         if args.layout == "train":

@@ -176,7 +176,7 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     from memagent_jax import distributed
     from memagent_jax.console import progress_bar
     from memagent_jax.errors import UserError
-    from memagent_jax.fileutil import check_output_file
+    from memagent_jax.fileutil import atomic_file, check_new_files, check_output_file
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.synthetic.demo import load_agent
@@ -185,6 +185,7 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
         raise UserError(f"--num-samples must be at least 1, got {num_samples}")
     if out:
         check_output_file(out)
+        check_new_files([out], "--out")
     policy, agent, config = load_agent(model, task, length, budgets, slots)
     documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
     samples = [agent.read(d.question, d.context) for d in documents]
@@ -204,6 +205,6 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     for line in summarize(traces, config.chunk_tokens):
         print(line)
     if out and distributed.is_main():  # every process of a job reads the same documents
-        with open(out, "w") as f:
+        with atomic_file(out) as tmp, open(tmp, "w") as f:
             f.writelines(json.dumps(dataclasses.asdict(t)) + "\n" for t in traces)
     return traces

@@ -33,7 +33,7 @@ ALLOWED = {
     "models": {"distributed", "errors", "fileutil", "model_dir"},
     "rollout": {"distributed", "errors", "fileutil", "model_dir", "models", "runconfig",
                 "tokenizer"},
-    "data": {"errors", "extras", "rollout", "tokenizer"},
+    "data": {"errors", "extras", "fileutil", "rollout", "tokenizer"},
     "eval": {"console", "data", "distributed", "errors", "extras", "fileutil", "models",
              "rollout", "runconfig"},
     "rl": {"console", "data", "distributed", "errors", "eval", "extras", "fileutil",

@@ -87,6 +87,16 @@ def test_a_directory_given_as_the_config(tmp_path):
         load_config(Run, str(tmp_path))
 
 
+@pytest.mark.parametrize("command", ["eval", "train"])
+def test_a_binary_file_given_as_the_config_is_one_line(tmp_path, capsys, command):
+    from memagent_jax.cli import main
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(bytes(range(256)) * 64)
+    assert main([command, "--config", str(path)]) == 2
+    assert capsys.readouterr() == ("", f"memagent-jax: error: {path}: not a YAML text file "
+                                       "(not UTF-8: invalid start byte)\n")
+
+
 def test_missing_file(tmp_path):
     with pytest.raises(UserError, match="config file not found"):
         load_config(Run, str(tmp_path / "nope.yaml"))

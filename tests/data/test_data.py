@@ -16,6 +16,7 @@ from memagent_jax.data.ruler import NIAH, TASKS, ruler_records
 from memagent_jax.errors import UserError
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import hotpot_rows
+from tests.full_disk import fill_disk_after
 
 PREFIX = "memagent-jax: error: "
 
@@ -348,6 +349,22 @@ def test_the_needle_task_is_a_data_command(tmp_path, capsys):
                  "--val-size", "2"]) == 0
     assert sorted(os.listdir(tmp_path / "needle")) == ["tokenizer", "train.parquet",
                                                        "val.parquet"]
+
+
+def test_the_needle_task_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, capsys,
+                                                                       monkeypatch):
+    """The disk fills up in its last file (tests/full_disk.py): its parquet files, written
+    first, are not left without the tokenizer; with space again the command writes them."""
+    out = tmp_path / "needle"
+    argv = ["data", "needle", "--out", str(out), "--train-size", "4", "--val-size", "2"]
+    with monkeypatch.context() as patched:
+        fill_disk_after(patched, tmp_path, 0)
+        assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"memagent-jax: error: no space left on device writing {out}; nothing of it was kept "
+        "(free some space and run the command again)\n")
+    assert os.listdir(tmp_path) == []
+    assert main(argv) == 0
 
 
 def test_data_commands_never_overwrite_and_say_when_out_is_a_file(hotpot_json, tmp_path,

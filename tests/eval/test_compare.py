@@ -152,6 +152,15 @@ def test_paired_table(runs, capsys, tmp_path):
     assert lines[3].startswith("| 8K | EM | 12 | 6 (50.0 %")
 
 
+def test_an_existing_out_is_refused_not_overwritten(runs, capsys, tmp_path):
+    out = tmp_path / "table.md"
+    out.write_text("kept")
+    assert main(["eval-compare", runs["A"], runs["B"], "--out", str(out)]) == 2
+    assert capsys.readouterr() == ("", f"memagent-jax: error: --out: {out} exists; remove it "
+                                       "or choose another --out\n")
+    assert out.read_text() == "kept"
+
+
 def test_one_directory_counts_and_intervals(runs, capsys):
     assert main(["eval-compare", runs["B"]]) == 0
     assert capsys.readouterr().out.splitlines()[:4] == [

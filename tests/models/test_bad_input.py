@@ -10,18 +10,23 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from memagent_jax import cli
 from memagent_jax.errors import UserError
 from memagent_jax.models import hf_checkpoint
 from memagent_jax.models.loading import load_model
-from tests.hf_reference import write_hf_model
+from tests.full_disk import TENSORSTORE_ENOSPC, fail_orbax_writes, fill_disk_after
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.synthetic.signals import ctrl_c_in_a_gc_callback_at
 
 PREFIX = "memagent-jax: error: "
 
@@ -282,19 +287,45 @@ def test_export_into_empty_existing_dir_is_fine(capsys, good_ckpt, tmp_path):
 
 # ------------------------------------------------------------------------ export: bad input
 
-@pytest.mark.parametrize("kind", ["hf_dir", "missing", "file"])
-def test_export_ckpt_is_not_a_checkpoint(capsys, hf_single, tmp_path, kind):
-    if kind == "hf_dir":
-        ckpt = hf_single
-    elif kind == "missing":
-        ckpt = str(tmp_path / "no_ckpt")
-    else:
-        ckpt = str(tmp_path / "weights.bin")
+@pytest.mark.parametrize("kind", ["missing", "file", "no_model"])
+def test_export_model_is_not_a_model(capsys, tmp_path, kind):
+    if kind == "missing":
+        ckpt, named = str(tmp_path / "no_ckpt"), "model directory not found"
+    elif kind == "file":
+        ckpt, named = str(tmp_path / "weights.bin"), "model directory not found"
         with open(ckpt, "wb") as f:
             f.write(b"\0" * 64)
+    else:
+        ckpt, named = str(tmp_path), "neither an HF model directory nor a memagent-jax checkpoint"
     out = str(tmp_path / "exported")
-    line = fails_cleanly(capsys, ["export", "--model", ckpt, "--out", out], out, ckpt)
-    assert "not a memagent-jax checkpoint" in line
+    fails_cleanly(capsys, ["export", "--model", ckpt, "--out", out], out, ckpt, named)
+
+
+def test_export_writes_an_hf_directory_again(hf_single, tmp_path, capsys):
+    """An HF directory given by its path exports as a shipped model's name does (resharded):
+    the same tensors, and the tokenizer beside them."""
+    hf, out = _copy(hf_single, tmp_path), tmp_path / "exported"
+    write_tiny_tokenizer(hf)
+    assert cli.main(["export", "--model", hf, "--out", str(out),
+                     "--max-shard-size", "20KB"]) == 0
+    assert capsys.readouterr().out == f"exported {hf} -> {out}\n"
+    before, after = hf_checkpoint.scan_weights(hf), hf_checkpoint.scan_weights(str(out))
+    assert before.keys() == after.keys()
+    for name, info in before.items():
+        np.testing.assert_array_equal(info.read(), after[name].read(), err_msg=name)
+    assert os.path.isfile(out / hf_checkpoint.INDEX_FILE)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(out))
+
+
+def test_a_checkpoint_given_by_a_relative_path_loads(hf_single, tmp_path, monkeypatch):
+    """Orbax takes absolute paths only: a relative one is made absolute before it gets it
+    (`export` here; `generate`, `run` and `eval` load a checkpoint the same way)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["convert", "--model", hf_single, "--out", "ckpt"]) == 0
+    assert cli.main(["export", "--model", "ckpt", "--out", "exported"]) == 0
+    before, after = hf_checkpoint.scan_weights(hf_single), hf_checkpoint.scan_weights("exported")
+    for name, info in before.items():
+        np.testing.assert_array_equal(info.read(), after[name].read(), err_msg=name)
 
 
 @pytest.mark.parametrize("layout", ["deeper_config", "stacked_layers"])
@@ -343,23 +374,31 @@ def test_bad_max_shard_size_random_model(capsys, tmp_path):
 
 # ------------------------------------------------------------------- failures while writing
 
-def test_export_failure_midway_leaves_nothing(capsys, good_ckpt, tmp_path, monkeypatch):
-    """The disk fills up after the first shard: clean error, no output, no temp dir."""
-    real_write, written = hf_checkpoint.write_file, []
-
-    def write_then_fail(path, tensors):
-        if written:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
-        real_write(path, tensors)
-        written.append(path)
-
-    # hf_checkpoint imported write_file by name, so patch it where it is used.
-    monkeypatch.setattr(hf_checkpoint, "write_file", write_then_fail)
+def test_export_on_a_full_disk_is_one_line_and_leaves_nothing(capsys, good_ckpt, tmp_path,
+                                                              monkeypatch):
+    """The disk fills up in the middle of the second shard's bytes: one line naming the
+    output, no output, no temp dir; with space again the same command writes it."""
     out = str(tmp_path / "exported")
-    fails_cleanly(capsys, ["export", "--model", good_ckpt, "--out", out,
-                           "--max-shard-size", "20KB"], out, "No space left on device")
-    assert len(written) == 1 and os.path.basename(os.path.dirname(written[0])).startswith(
-        ".exported.tmp-")  # the first shard really was written, into the temp dir
+    argv = ["export", "--model", good_ckpt, "--out", out, "--max-shard-size", "20KB"]
+    with monkeypatch.context() as patched:
+        disk = fill_disk_after(patched, tmp_path, 30_000)
+        line = fails_cleanly(capsys, argv, out)
+    assert line == (f"{PREFIX}no space left on device writing {out}; nothing of it was kept "
+                    "(free some space and run the command again)")
+    assert disk["written"] == 30_000  # the first shard (about 20 KB) was written, and more
+    assert cli.main(argv) == 0
+
+
+def test_convert_on_a_full_disk_is_one_line_and_leaves_nothing(capsys, hf_single, tmp_path,
+                                                               monkeypatch):
+    """Orbax's write of the parameters fails as TensorStore's does on a full disk (in its own
+    thread, with a checkpoint half written): one line naming the output, nothing left."""
+    out = str(tmp_path / "ckpt")
+    failed = fail_orbax_writes(monkeypatch)
+    line = fails_cleanly(capsys, ["convert", "--model", hf_single, "--out", out], out)
+    assert line == (f"{PREFIX}no space left on device writing {out}; nothing of it was kept "
+                    "(free some space and run the command again)")
+    assert failed and all(".ckpt.tmp-" in where for where in failed)
 
 
 def test_export_interrupted_midway_leaves_nothing(good_ckpt, tmp_path, monkeypatch):
@@ -376,6 +415,58 @@ def test_export_interrupted_midway_leaves_nothing(good_ckpt, tmp_path, monkeypat
     assert cli.main(["export", "--model", good_ckpt, "--out", out, "--max-shard-size",
                      "20KB"]) == 130   # one line, no traceback (cli.main)
     assert len(written) == 1
+    _assert_nothing_written(out)
+
+
+def test_what_orbax_prints_after_a_full_disk_is_kept_off_stderr(monkeypatch):
+    """The tracebacks Orbax's threads print once a write failed for a full disk (seen on a
+    real one: tests/e2e/test_full_disk.py) are dropped; other errors are not."""
+    from memagent_jax.models import checkpoint
+
+    passed_on = []
+    monkeypatch.setattr(checkpoint, "_quieted", False)
+    monkeypatch.setattr(sys, "unraisablehook", passed_on.append)
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    for logger in loggers:
+        monkeypatch.setattr(logger, "filters", [])
+    checkpoint.quiet_failed_writes()
+
+    closed, other = (SimpleNamespace(exc_value=RuntimeError(text), object=None)
+                     for text in ("Event loop is closed", "something else"))
+    sys.unraisablehook(closed)
+    sys.unraisablehook(other)
+    assert passed_on == [other]
+
+    orbax_file = os.path.join("site-packages", "orbax", "checkpoint", "future.py")
+    full = ValueError(TENSORSTORE_ENOSPC.format(path="/ckpt"))
+
+    def kept(logger, path, error, message="_SignalingThread.run() raised an exception"):
+        return logger.filter(logging.LogRecord(logger.name, logging.ERROR, path, 1, message,
+                                               None, (type(error), error, None)))
+
+    absl, asyncio_logger = loggers
+    assert not kept(absl, orbax_file, full)
+    assert not kept(asyncio_logger, "asyncio/base_events.py", full,
+                    f"Task exception was never retrieved: coro defined at {orbax_file}")
+    assert kept(absl, orbax_file, ValueError("another failure"))
+    assert kept(absl, "elsewhere.py", full)
+
+
+def test_ctrl_c_while_the_model_loads_stops_the_export_with_nothing_written(
+        good_ckpt, tmp_path, monkeypatch, capsys):
+    """Ctrl-C as it lands in practice while Orbax restores the parameters: in a garbage
+    collection's callback, where Python drops a KeyboardInterrupt (the export went on to the
+    end). It stops before the first tensor is written, in one line."""
+    from memagent_jax.models import checkpoint
+
+    ctrl_c_in_a_gc_callback_at(monkeypatch, checkpoint, "read_params")
+    out = str(tmp_path / "exported")
+    assert cli.main(["export", "--model", good_ckpt, "--out", out]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip().splitlines()[-1] == (
+        f"memagent-jax: interrupted (Ctrl-C); nothing was written to {out}")
+    assert "Traceback" not in captured.err and "Exception ignored" not in captured.err
     _assert_nothing_written(out)
 
 

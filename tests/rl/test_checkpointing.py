@@ -19,6 +19,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.checkpointing import Checkpointer
 from tests import multiprocess
+from tests.full_disk import fail_orbax_writes
 
 
 def _iterator(seed=7):
@@ -137,6 +138,38 @@ def test_a_crash_mid_save_leaves_the_previous_checkpoint_usable(tmp_path):
     assert sorted(os.listdir(directory)) == ["1", "2"]
     restored, _ = Checkpointer(directory).restore(target)
     np.testing.assert_array_equal(restored["w"], np.arange(4096.0) * 2)
+
+
+@pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
+def test_a_full_disk_removes_the_step_being_written_and_keeps_the_others(tmp_path,
+                                                                         monkeypatch,
+                                                                         async_save):
+    """Step 2's arrays fail to write as on a full disk (tests/full_disk.py; an async save
+    fails in Orbax's thread and surfaces at the next call): one UserError naming the directory
+    and the step kept, step 2's partial directory removed, step 1 restores as it was saved,
+    and a new checkpointer saves step 2 once there is space."""
+    mesh = make_mesh({"fsdp": -1})
+    directory = str(tmp_path / "ckpt")
+    checkpointer = Checkpointer(directory, keep=3, async_save=async_save)
+    checkpointer.save(1, _train_state(mesh), {"step": 1})
+    checkpointer.wait()
+    failed = fail_orbax_writes(monkeypatch, lambda where: "2.orbax-checkpoint-tmp" in where)
+    with pytest.raises(UserError) as error:
+        checkpointer.save(2, _train_state(mesh, scale=2.0), {"step": 2})
+        checkpointer.wait()
+    assert failed
+    assert str(error.value) == (f"no space left on device writing {directory}; the newest "
+                                "checkpoint is step 1; free some space and run the same "
+                                "command to resume")
+    assert os.listdir(directory) == ["1"]
+    monkeypatch.undo()
+    again = Checkpointer(directory, keep=3, async_save=async_save)
+    restored, meta = again.restore(_train_state(mesh, scale=0.0))
+    _assert_equal(restored, _train_state(mesh))
+    assert meta == {"step": 1}
+    again.save(2, _train_state(mesh, scale=2.0), {"step": 2})
+    again.close()
+    assert sorted(os.listdir(directory)) == ["1", "2"]
 
 
 def test_restoring_into_another_tree_is_one_clear_error(tmp_path):

@@ -59,6 +59,28 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert "--names: 2 names for 1 runs" in capsys.readouterr().err
 
 
+def test_an_existing_out_or_one_no_picture_format_has_is_refused_before_reading(tmp_path,
+                                                                                 capsys):
+    """As every command's, an existing output is refused, not overwritten; a name without a
+    picture format's extension (matplotlib would refuse it, or add .png) is one line naming
+    the formats, before any run is read."""
+    run = _run(tmp_path / "run", [1], {"reward/mean": lambda s: 1.0})
+    (tmp_path / "c.png").write_text("kept")
+    assert main(["curves", run, "--out", str(tmp_path / "c.png")]) == 2
+    assert capsys.readouterr().err == (f"memagent-jax: error: --out: {tmp_path / 'c.png'} "
+                                       "exists; remove it or choose another --out\n")
+    assert (tmp_path / "c.png").read_text() == "kept"
+    for name in ("c.txt", "c"):
+        assert main(["curves", str(tmp_path / "no-run"), "--out", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"memagent-jax: error: --out {tmp_path / name}: not a picture "
+                              "file's name; end it in .png (or .") and ".svg" in err, err
+        assert err.count("\n") == 1
+    assert main(["curves", run, "--out", str(tmp_path / "c.svg")]) == 0
+    assert (tmp_path / "c.svg").read_text().lstrip().startswith("<?xml")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.png", "c.svg", "run"]
+
+
 def test_a_tag_no_run_logs_is_refused_with_the_tags_they_log(tmp_path, capsys):
     """An asked-for tag no run logs would be an empty panel; of the default tags, only all of
     them missing is refused (a supervised run logs no kept fraction: that panel is empty)."""

@@ -26,6 +26,7 @@ from memagent_jax.rl.collect import RolloutBatch
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
 from tests import multiprocess
+from tests.full_disk import fail_orbax_writes
 
 EXPECTED_TAGS = {
     "reward/mean", "reward/std", "val/accuracy", "val/f1", "learner/kl", "learner/entropy",
@@ -284,6 +285,44 @@ def test_a_training_checkpoint_is_a_model_everywhere(three_steps, tmp_path):
         "memagent.max_final_tokens=4", "memagent.max_problem_tokens=16", "engine.slots=2"])
     summary = run_eval(config)
     assert summary["columns"][0]["samples"] == 1
+
+
+@pytest.mark.slow
+def test_a_full_disk_stops_the_run_in_one_line_and_the_rerun_is_the_uninterrupted_run(
+        three_steps, task, tmp_path, monkeypatch, capsys):
+    """`three_steps`' run with its step-3 checkpoint failing as on a full disk
+    (tests/full_disk.py; found when the run closes, as an async save fails in Orbax's
+    thread): one line naming the checkpoint directory and the step kept, step 3's partial
+    directory removed, step 2 as it was; rerun with space again, it resumes from step 2 and
+    ends where the uninterrupted run ended, parameters and optimiser state equal."""
+    from memagent_jax.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "--config", _write_config(task, tmp_path / "c.yaml",
+                                               memagent__max_final_tokens=48),
+            f"output_dir={out}", "mesh={data: 2, fsdp: 2, tensor: 2}"]
+    checkpoints = out / "checkpoints"
+    with monkeypatch.context() as patched:
+        failed = fail_orbax_writes(patched, lambda where: "3.orbax-checkpoint-tmp" in where)
+        assert main(argv) == 2
+    assert failed
+    err = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()
+    assert err[-1] == (f"memagent-jax: error: no space left on device writing {checkpoints}; "
+                       "the newest checkpoint is step 2; free some space and run the same "
+                       "command to resume")
+    assert "Traceback" not in "\n".join(err)
+    assert sorted(os.listdir(checkpoints)) == ["2", "model"]
+    _assert_trees_equal(_saved_state(str(checkpoints), 2),
+                        _saved_state(str(three_steps.out / "checkpoints"), 2))
+
+    assert main(argv) == 0
+    assert "resuming from step 2" in capsys.readouterr().err
+    _assert_trees_equal(_saved_state(str(checkpoints), 3),
+                        _saved_state(str(three_steps.out / "checkpoints"), 3))
+    first, second = _records(three_steps.out), _records(out)
+    assert [r["step"] for r in second] == [1, 2, 3]
+    assert [r["examples"] for r in first] == [r["examples"] for r in second]
+    assert [r["reward/mean"] for r in first] == [r["reward/mean"] for r in second]
 
 
 def _cli(config_path, output_dir, *overrides):

@@ -73,6 +73,21 @@ def test_export_and_run_take_the_name_and_run_its_budgets(in_package, tmp_path, 
     assert all(t["response_tokens"] <= BUDGETS["max_memory_tokens"] for t in updates)
 
 
+def test_convert_and_export_take_the_name_or_the_directory_with_its_side_files(
+        in_package, tmp_path):
+    """convert carries a shipped model's tokenizer, chat template and budgets into the
+    checkpoint, as it does an HF directory's; export takes the shipped directory by its path
+    as by its name."""
+    shipped = os.path.join(model_dir.SHIPPED_ROOT, in_package)
+    side_files = sorted(n for n in os.listdir(shipped) if n.endswith((".jinja", ".json"))
+                        and n != "config.json")
+    assert {"tokenizer.json", "chat_template.jinja", model_dir.BUDGETS_FILE} <= set(side_files)
+    assert main(["convert", "--model", in_package, "--out", str(tmp_path / "ckpt")]) == 0
+    assert sorted(os.listdir(tmp_path / "ckpt" / model_dir.SIDE_DIR)) == side_files
+    assert main(["export", "--model", shipped, "--out", str(tmp_path / "hf")]) == 0
+    assert set(side_files) <= set(os.listdir(tmp_path / "hf"))
+
+
 def test_demo_reads_a_fresh_document_and_shows_the_memory_answer_and_truth(in_package,
                                                                           capsys):
     assert main(["demo", "--model", in_package, "--length", "1K", "--seed", "7"]) == 0
@@ -244,6 +259,14 @@ def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_packag
     carried = sum(r["facts"][0]["carried"] for r in records)
     dropped = sum(r["facts"][0]["dropped"] for r in records)
     assert lines[6].startswith(f"a held fact lost in {dropped} of {carried} turns")
+
+
+def test_trace_refuses_an_existing_out_before_reading(in_package, capsys, tmp_path):
+    (tmp_path / "t.jsonl").write_text("kept")
+    assert main(["trace", "--model", in_package, "--out", "t.jsonl"]) == 2
+    assert capsys.readouterr() == ("", "memagent-jax: error: --out: t.jsonl exists; remove it "
+                                       "or choose another --out\n")
+    assert (tmp_path / "t.jsonl").read_text() == "kept"
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -21,6 +21,7 @@ from memagent_jax.cli import main
 from memagent_jax.data.pipeline import ExampleSource, load_source
 from memagent_jax.eval.sets import load_set
 from memagent_jax.synthetic import tasks as synthetic
+from tests.full_disk import fill_disk_after
 from tests.synthetic.signals import ctrl_c_in_a_gc_callback
 
 
@@ -236,6 +237,28 @@ def test_lengths_count_k_as_the_eval_does_and_no_set_is_overwritten(tmp_path, ca
         f"memagent-jax: error: --out: {out / 'eval_multikey_1024.json'} exists; remove it or "
         "choose another --out")
     assert (out / "eval_multikey_1024.json").read_text() == before
+
+
+@pytest.mark.parametrize("room, writing", [(0, "tokenizer"), (2000, "eval_multikey_1024.json")])
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_nothing_partial(
+        tmp_path, capsys, monkeypatch, room, writing):
+    """The disk fills up (tests/full_disk.py) in the tokenizer's files, or in the set's after
+    the tokenizer is complete: one line naming what was being written, none of it left; the
+    same command finishes once there is space."""
+    out = tmp_path / "sets"
+    argv = ["data", "synthetic", "--task", "multikey", "--lengths", "1K", "--num-samples", "2",
+            "--out", str(out)]
+    with monkeypatch.context() as patched:
+        fill_disk_after(patched, tmp_path, room)
+        assert main(argv) == 2
+    path = out / writing if writing != "tokenizer" else os.path.abspath(out / writing)
+    kept = ("nothing of it was kept" if writing == "tokenizer" else "it was not written")
+    assert capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1] == (
+        f"memagent-jax: error: no space left on device writing {path}; {kept} (free some "
+        "space and run the command again)")
+    assert sorted(os.listdir(out)) == ([] if writing == "tokenizer" else ["tokenizer"])
+    assert main(argv) == 0
+    assert len(load_set(str(out / "eval_multikey_1024.json")).records) == 2
 
 
 @pytest.mark.parametrize("kind", ["a file", "under a file"])
