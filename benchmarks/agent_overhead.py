@@ -39,7 +39,7 @@ from memory_loop import Timed, documents  # noqa: E402
 
 from memagent_jax.models.loading import load_model  # noqa: E402
 from memagent_jax.models.qwen import split_params  # noqa: E402
-from memagent_jax.rollout.engine import EngineConfig  # noqa: E402
+from memagent_jax.rollout.engine_api import EngineConfig  # noqa: E402
 from memagent_jax.rollout.factory import build_agent  # noqa: E402
 from memagent_jax.rollout.memagent import MemAgentConfig  # noqa: E402
 from memagent_jax.rollout.sampling import SamplingParams  # noqa: E402

@@ -34,7 +34,8 @@ from machine import cpu_model_name  # beside this script
 from memagent_jax.models.loading import load_model, random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 
 

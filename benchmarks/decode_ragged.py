@@ -40,7 +40,8 @@ from decode import GB, DeviceBandwidth, best_time
 from machine import cpu_model_name  # beside this script
 from decode_length import model_for
 from memagent_jax.models.qwen import KVCache, split_params
-from memagent_jax.rollout.engine import RAGGED_BELOW, RAGGED_READS, EngineConfig
+from memagent_jax.rollout.engine import RAGGED_BELOW, RAGGED_READS
+from memagent_jax.rollout.engine_api import EngineConfig
 
 
 def step_time(model, params, lengths: list[int], cache_length: int, read_cache, steps: int,

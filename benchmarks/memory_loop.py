@@ -55,7 +55,8 @@ from machine import cpu_model_name  # noqa: E402  beside this script
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, read_sample,
                                            required_length)
 from memagent_jax.rollout.sampling import SamplingParams

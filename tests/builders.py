@@ -17,7 +17,7 @@ from memagent_jax.rollout.factory import build_agent
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import Answer
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.engine import DecodeEngine, EngineConfig
+from memagent_jax.rollout.engine_api import DecodeEngine, EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
 from memagent_jax.runconfig import load_config
 from memagent_jax.synthetic import tasks as synthetic

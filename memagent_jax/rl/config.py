@@ -44,9 +44,9 @@ from memagent_jax.rl.plugin import Plugin, load as load_plugin
 from memagent_jax.rl.scoring import RewardSection
 from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.rollout.factory import ModelSection
-from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig
-from memagent_jax.runconfig import at_least, load_config, probability
+from memagent_jax.runconfig import at_least, load_config, probability, to_dict
 
 
 CONFIG_FILE = "config.yaml"  # the run's resolved config, in its output_dir
@@ -308,8 +308,13 @@ class TrainConfig:
                                   f"rollout.temperature ({self.rollout.temperature}): the "
                                   "learner scores tokens under the distribution they were "
                                   "sampled from")
-        self._agent = load_agent(self.agent, self)  # its section's keys checked
-        self._plugin = load_plugin(self)
+        # The agent and the plugin, built once for these settings (`runconfig.check` runs
+        # this again: a config changed since is built again, its sections checked again).
+        settings = repr(to_dict(self))
+        if getattr(self, "_built_for", None) != settings:
+            self._agent = load_agent(self.agent, self)  # its section's keys checked
+            self._plugin = load_plugin(self)
+            self._built_for = settings
         if self.overlong.enabled and isinstance(self._agent, MemAgent):
             cap = min(self.memagent.max_memory_tokens, self.memagent.max_final_tokens)
             if not 1 <= self.overlong.buffer <= cap:

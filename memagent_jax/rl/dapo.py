@@ -26,10 +26,9 @@ _LOG_RATIO_LIMIT = 20.0
 _KL_LIMIT = 10.0
 
 
-def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float = 0.2,
-                eps_high: float = 0.28, dual_clip: float | None = 3.0, ref_logp=None,
-                kl_coef: float = 0.0, entropy=None, entropy_coef: float = 0.0,
-                row_weights=None, token_weights=None):
+def policy_loss(logp, old_logp, advantages, mask, *, eps_low: float, eps_high: float,
+                dual_clip: float | None, kl_coef: float, ref_logp=None, entropy=None,
+                entropy_coef: float = 0.0, row_weights=None, token_weights=None):
     """The mini-batch loss to minimise, and its metrics.
 
     logp, old_logp, mask: [rows, T] (log-probabilities of the tokens under the policy being

@@ -90,7 +90,7 @@ def _generate(args) -> None:
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
     from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
-    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.engine_api import EngineConfig
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.rollout.scheduler import Request, complete
@@ -269,7 +269,7 @@ def _run_agent(args) -> None:
         (trajectory,), = run_on_server(server, agent, [row], [[None]])
     else:
         from memagent_jax.models.sharding import job_mesh
-        from memagent_jax.rollout.engine import EngineConfig
+        from memagent_jax.rollout.engine_api import EngineConfig
         from memagent_jax.rollout.factory import ModelSection, build_runner, load_policy
 
         model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
@@ -302,7 +302,7 @@ def _local_agent(model, config, tokenizer, sample):
 
     from memagent_jax.models.sharding import job_mesh
     from memagent_jax.rollout.factory import build_agent, load_policy
-    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.engine_api import EngineConfig
 
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)

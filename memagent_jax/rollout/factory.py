@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, Literal, NamedTuple
 
 import jax
 
@@ -27,12 +27,15 @@ from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.models.loading import is_model_directory
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.sizing import check_memory, check_window
 from memagent_jax.tokenizer import load_tokenizer, rows_needed, stop_token_ids
+
+if TYPE_CHECKING:  # the engine (and its kernels) load when one is built, not with a config
+    from memagent_jax.rollout.engine import Engine
 
 
 @dataclasses.dataclass
@@ -141,6 +144,8 @@ def build_engine(model: Qwen, config: EngineConfig, mesh: jax.sharding.Mesh | No
     engine.max_len where the config sets it."""
     if config.max_len is not None:
         tokens, key, why = config.max_len, "engine.max_len", None
+    from memagent_jax.rollout.engine import Engine
+
     why = why or str(tokens)
     check_window(model.config, tokens, key, why)
     engine = Engine(model, config.sized_for(tokens), mesh=mesh)

@@ -35,7 +35,7 @@ import jax
 import numpy as np
 
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.engine import DecodeEngine, StepLogprobs
+from memagent_jax.rollout.engine_api import DecodeEngine, StepLogprobs
 from memagent_jax.rollout.sampling import SamplingParams
 
 

@@ -76,7 +76,7 @@ def _serve(args) -> None:
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
     from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
-    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.engine_api import EngineConfig
 
     check_single_host()
     require_http_stack()

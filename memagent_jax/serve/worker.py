@@ -19,7 +19,7 @@ import threading
 import traceback
 from typing import Callable
 
-from memagent_jax.rollout.engine import DecodeEngine
+from memagent_jax.rollout.engine_api import DecodeEngine
 from memagent_jax.rollout.scheduler import Completion, OnToken, Request, Scheduler
 
 

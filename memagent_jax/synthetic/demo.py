@@ -34,7 +34,7 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     from memagent_jax import model_dir
     from memagent_jax.commandline import from_flags
     from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
-    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.engine_api import EngineConfig
     from memagent_jax.rollout.memagent import MemAgentConfig
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.tokenizer import check_representable

@@ -178,3 +178,15 @@ def test_the_training_eval_and_serve_paths_load_no_experiment_module():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=240, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_config_loads_the_engines_contract_not_its_kernels():
+    """Reading a train or eval config imports rollout/engine_api.py, not the engine and the
+    Pallas kernels it compiles. (flax itself loads jax._src.pallas through jax.extend: not
+    counted; jax.experimental.pallas is what a kernel imports.)"""
+    code = ("import sys, memagent_jax.rl.config, memagent_jax.eval.config; "
+            "print(sorted(m for m in sys.modules if m.startswith('jax.experimental.pallas') "
+            "or m in ('memagent_jax.rollout.engine', 'memagent_jax.models.cache_kernels')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=240, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -22,7 +22,8 @@ from flax import nnx
 
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Qwen, split_params
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
 

@@ -11,7 +11,8 @@ from flax import nnx
 
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import KVCache, split_params
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
 from tests.hf_reference import hf_logits, hf_model, write_hf_model

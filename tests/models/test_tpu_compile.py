@@ -16,7 +16,8 @@ from memagent_jax.models.sharding import make_mesh  # noqa: E402
 from memagent_jax.models.loading import abstract_params, build_model  # noqa: E402
 from memagent_jax.rl.config import LearnerConfig  # noqa: E402
 from memagent_jax.rl.learner import Learner  # noqa: E402
-from memagent_jax.rollout.engine import Engine, EngineConfig  # noqa: E402
+from memagent_jax.rollout.engine import Engine  # noqa: E402
+from memagent_jax.rollout.engine_api import EngineConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from memagent_jax.models.sharding import make_mesh
 from memagent_jax.models.loading import abstract_params, build_model
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 
 CONFIG = LearnerConfig(micro_batch_rows=8, bucket_lengths=(64,), kl_coef=0.001)
 

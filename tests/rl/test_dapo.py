@@ -12,6 +12,9 @@ from memagent_jax.rl.dapo import informative_groups, overlong_penalty, policy_lo
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.memagent import Trajectory, Turn
 
+# DAPO's paper: clip-higher 0.2 / 0.28, dual clip 3, no KL (the shipped configs set their own).
+DAPO = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0}
+
 
 def reference_loss(logp, old, adv, mask, eps_low, eps_high, c, ref, kl_coef, ent, ent_coef):
     """Token by token, in plain Python floats: verl's dual-clip PPO loss with low_var_kl."""
@@ -83,6 +86,7 @@ def test_policy_loss_matches_hand_computed_reference(arrays, eps_low, eps_high, 
 def test_clip_higher_asymmetry_and_dual_clip_on_single_tokens():
     """One token per case, advantages +-1: where each bound applies."""
     def loss(log_ratio, adv, **kw):
+        kw = {**DAPO, **kw}
         value, _ = policy_loss(np.array([[log_ratio]]), np.zeros((1, 1)), np.array([adv]),
                                np.ones((1, 1)), **kw)
         return float(value)
@@ -106,7 +110,7 @@ def test_policy_loss_gradient_vanishes_on_clipped_tokens():
     old = np.zeros((3, 2))
     logp = np.array([[math.log(2.0), 0.0], [math.log(0.3), 0.0], [0.1, 0.0]])
     mask = np.array([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
-    grad = jax.grad(lambda lp: policy_loss(lp, old, adv, mask)[0])(logp)
+    grad = jax.grad(lambda lp: policy_loss(lp, old, adv, mask, **DAPO)[0])(logp)
     assert grad[0, 0] == 0.0 and grad[1, 0] == 0.0  # beyond 1.28 with A>0, below 0.8 with A<0
     assert grad[2, 0] == pytest.approx(-math.exp(0.1) / 3, rel=1e-5)  # inside: -A r / tokens
     assert np.all(grad[:, 1] == 0.0)
@@ -114,9 +118,10 @@ def test_policy_loss_gradient_vanishes_on_clipped_tokens():
 
 def test_row_weights_make_micro_batch_losses_sum_to_the_mini_batch_mean(arrays):
     logp, old, adv, mask, ref, _ = arrays
-    whole, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, kl_coef=0.1)
+    settings = {**DAPO, "kl_coef": 0.1}
+    whole, _ = policy_loss(logp, old, adv, mask, ref_logp=ref, **settings)
     weight = 1.0 / mask.sum()
-    parts = [policy_loss(logp[s], old[s], adv[s], mask[s], ref_logp=ref[s], kl_coef=0.1,
+    parts = [policy_loss(logp[s], old[s], adv[s], mask[s], ref_logp=ref[s], **settings,
                          row_weights=np.full(len(adv[s]), weight))[0]
              for s in (slice(0, 2), slice(2, 6))]
     assert float(sum(parts)) == pytest.approx(float(whole), abs=1e-6)

@@ -57,7 +57,7 @@ def test_truncated_is_loss_equals_a_hand_computed_one():
 
     def loss(logp, token_weights):
         return policy_loss(logp, jnp.asarray(old, jnp.float32), advantages, mask, eps_low=0.2,
-                           eps_high=0.28, dual_clip=3.0,
+                           eps_high=0.28, dual_clip=3.0, kl_coef=0.0,
                            token_weights=token_weights)[0]
 
     args = (jnp.asarray(logp, jnp.float32), jnp.asarray(truncated_is_weights(old, rollout, cap)))

@@ -19,7 +19,7 @@ from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Conversation, Rollout, load_agent
-from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.sampling import SamplingParams

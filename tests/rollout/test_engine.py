@@ -7,7 +7,8 @@ import torch
 from memagent_jax.errors import UserError
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, Scheduler, complete
 from tests.hf_reference import hf_model, write_hf_model

@@ -9,7 +9,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.engine import EngineConfig
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, chunk_ids, read_sample,
                                            required_length)
 from memagent_jax.rollout.sampling import SamplingParams

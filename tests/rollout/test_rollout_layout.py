@@ -18,7 +18,8 @@ from memagent_jax.models.sharding import make_mesh
 from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout import engine as engine_module
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete

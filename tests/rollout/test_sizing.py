@@ -13,9 +13,10 @@ from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
-from memagent_jax.rollout import factory as agent_module
+from memagent_jax.rollout import engine as engine_module
 from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.engine import Engine, EngineConfig
+from memagent_jax.rollout.engine import Engine
+from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_model, write_tiny_tokenizer
@@ -74,13 +75,13 @@ def test_run_budgets_beyond_the_window_name_the_flag(model_dir, doc, capsys):
 def test_run_sizes_the_cache_from_the_document_not_the_flag(model_dir, doc, capsys,
                                                             monkeypatch):
     lengths = []
-    build = agent_module.Engine
+    build = engine_module.Engine
 
     def engine(model, config, mesh=None):
         lengths.append(config.max_len)
         return build(model, config, mesh)
 
-    monkeypatch.setattr(agent_module, "Engine", engine)
+    monkeypatch.setattr(engine_module, "Engine", engine)
     assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what is the answer",
                  "--chunk-tokens", "100000", "--max-memory-tokens", "4",
                  "--max-final-tokens", "4", "--temperature", "0"]) == 0

@@ -158,7 +158,7 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     prompt holds the empty think block (the first is keep's plus the block), the memories are
     the replies, and the loop answers from its final reply."""
     from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
-    from memagent_jax.rollout.engine import EngineConfig
+    from memagent_jax.rollout.engine_api import EngineConfig
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))
     tokenizer = section.load_tokenizer(required=True)
