@@ -83,31 +83,35 @@ def unreadable_parts(tokenizer, text: str) -> list[str]:
     "' ' after 'is' at the end")."""
     unk = unknown_id(tokenizer)
 
-    def unreadable(ids) -> bool:
-        return any(i == unk or i >= PIECE_IDS for i in ids)
-
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     spans = [span for i, span in zip(encoded["input_ids"], encoded["offset_mapping"])
-             if unreadable([i])]
+             if i == unk or i >= PIECE_IDS]
     if not spans:
         return []
     words = list(dict.fromkeys(text.split()))
     bad = {w for w, ids in zip(words, tokenizer(words, add_special_tokens=False)["input_ids"]
-                                      if words else []) if unreadable(ids)}
-    parts = []
+                                      if words else [])
+           if any(i == unk or i >= PIECE_IDS for i in ids)}
+    parts, last = [], 0
     for start, end in spans:
-        inside = next((k for k in range(start, end) if not text[k].isspace()), None)
+        if end <= last:  # in the word or whitespace just named
+            continue
+        inside = next((k for k in range(max(start, last), end) if not text[k].isspace()), None)
         if inside is None:  # whitespace: its own fault unless it is a bad word's
             first, last = _extend(text, start, end, str.isspace)
-            if not {_word_ending(text, first), _word_starting(text, last)} & bad:
+            if not {_word_before(text, first), _word_after(text, last)} & bad:
                 parts.append(_whitespace(text, first, last))
             continue
-        first, last = _extend(text, inside, inside + 1, lambda c: not c.isspace())
-        if text[first:last] in bad or first == 0 or not text[first - 1].isspace():
+        first, last = _extend(text, inside, inside + 1, _visible)
+        if text[first:last] in bad or first == 0:
             parts.append(repr(text[first:last]))
         else:  # a word that reads alone, not after this whitespace
             parts.append(_whitespace(text, *_extend(text, first - 1, first, str.isspace)))
     return list(dict.fromkeys(parts))
+
+
+def _visible(c: str) -> bool:
+    return not c.isspace()
 
 
 def _extend(text: str, start: int, end: int, keep) -> tuple[int, int]:
@@ -119,17 +123,19 @@ def _extend(text: str, start: int, end: int, keep) -> tuple[int, int]:
     return start, end
 
 
-def _word_ending(text: str, end: int) -> str:
-    return text[:end].split()[-1] if text[:end].strip() else ""
+def _word_before(text: str, end: int) -> str:
+    """The word ending at `end` (where a run of whitespace starts); "" at the start."""
+    return text[_extend(text, end, end, _visible)[0]:end]
 
 
-def _word_starting(text: str, start: int) -> str:
-    return text[start:].split()[0] if text[start:].strip() else ""
+def _word_after(text: str, start: int) -> str:
+    """The word starting at `start` (where a run of whitespace ends); "" at the end."""
+    return text[start:_extend(text, start, start, _visible)[1]]
 
 
 def _whitespace(text: str, start: int, end: int) -> str:
-    """The whitespace text[start:end] quoted, with the words around it."""
-    run, before, after = text[start:end], _word_ending(text, start), _word_starting(text, end)
+    """The whitespace text[start:end] (a whole run) quoted, with the words around it."""
+    run, before, after = text[start:end], _word_before(text, start), _word_after(text, end)
     if before and after:
         return f"{run!r} between {before!r} and {after!r}"
     if before:
