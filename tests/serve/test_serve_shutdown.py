@@ -117,6 +117,7 @@ def test_a_signal_under_load_ends_every_request_cleanly_and_exits_0(model_dir, s
 SHUTDOWN_TIMEOUT, MARGIN_S = 1.0, 3.0
 
 
+@pytest.mark.slow  # a server of its own: ~15 s
 def test_at_the_deadline_every_request_in_flight_gets_the_503_and_the_server_stops(
         model_dir, monkeypatch):
     """--shutdown-timeout after shutdown begins, every request still answering ends at once
