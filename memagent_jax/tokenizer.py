@@ -74,43 +74,82 @@ def unknown_id(tokenizer) -> int | None:
     return backend.token_to_id(token) if token else None
 
 
-def unknown_words(tokenizer, text: str) -> list[str]:
-    """The distinct words of `text` (whitespace-delimited) that `tokenizer` reads as its
-    unknown token (`unknown_id`) or as pieces from `PIECE_IDS` on (a word tokenizer's bytes:
-    data/word_tokenizer.py), in order of first appearance; where every word reads but the
-    whitespace between two does not (a word tokenizer's line break), those two words."""
+def unreadable_parts(tokenizer, text: str) -> list[str]:
+    """The distinct parts of `text` that `tokenizer` reads as its unknown token (`unknown_id`)
+    or as pieces from `PIECE_IDS` on (a word tokenizer's bytes: data/word_tokenizer.py), in
+    order of first appearance, each as a user is shown it: a word it cannot read quoted
+    ('zebra'); whitespace that it cannot read between words it can (a word tokenizer's two
+    spaces, line break, trailing space) quoted with where it is ("'  ' between 'is' and 'the'",
+    "' ' after 'is' at the end")."""
     unk = unknown_id(tokenizer)
 
-    def unreadable(ids) -> list[int]:
-        return [k for k, i in enumerate(ids) if i == unk or i >= PIECE_IDS]
-
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    pieces = [encoded["offset_mapping"][k] for k in unreadable(encoded["input_ids"])]
-    if not pieces:
+    spans = [span for i, span in zip(encoded["input_ids"], encoded["offset_mapping"])
+             if i == unk or i >= PIECE_IDS]
+    if not spans:
         return []
     words = list(dict.fromkeys(text.split()))
-    found = [w for w, ids in zip(words, tokenizer(words, add_special_tokens=False)["input_ids"])
-             if unreadable(ids)]
-    return found or list(dict.fromkeys(_words_around(text, *span) for span in pieces))
+    bad = {w for w, ids in zip(words, tokenizer(words, add_special_tokens=False)["input_ids"]
+                                      if words else [])
+           if any(i == unk or i >= PIECE_IDS for i in ids)}
+    parts, last = [], 0
+    for start, end in spans:
+        if end <= last:  # in the word or whitespace just named
+            continue
+        inside = next((k for k in range(max(start, last), end) if not text[k].isspace()), None)
+        if inside is None:  # whitespace: its own fault unless it is a bad word's
+            first, last = _extend(text, start, end, str.isspace)
+            if not {_word_before(text, first), _word_after(text, last)} & bad:
+                parts.append(_whitespace(text, first, last))
+            continue
+        first, last = _extend(text, inside, inside + 1, _visible)
+        if text[first:last] in bad or first == 0:
+            parts.append(repr(text[first:last]))
+        else:  # a word that reads alone, not after this whitespace
+            parts.append(_whitespace(text, *_extend(text, first - 1, first, str.isspace)))
+    return list(dict.fromkeys(parts))
 
 
-def _words_around(text: str, start: int, end: int) -> str:
-    while end < len(text) and text[end].isspace():
-        end += 1
-    while start > 0 and not text[start - 1].isspace():
+def _visible(c: str) -> bool:
+    return not c.isspace()
+
+
+def _extend(text: str, start: int, end: int, keep) -> tuple[int, int]:
+    """[start, end) grown both ways over the characters `keep` is true of."""
+    while start > 0 and keep(text[start - 1]):
         start -= 1
-    while end < len(text) and not text[end].isspace():
+    while end < len(text) and keep(text[end]):
         end += 1
-    return text[start:end]
+    return start, end
+
+
+def _word_before(text: str, end: int) -> str:
+    """The word ending at `end` (where a run of whitespace starts); "" at the start."""
+    return text[_extend(text, end, end, _visible)[0]:end]
+
+
+def _word_after(text: str, start: int) -> str:
+    """The word starting at `start` (where a run of whitespace ends); "" at the end."""
+    return text[start:_extend(text, start, start, _visible)[1]]
+
+
+def _whitespace(text: str, start: int, end: int) -> str:
+    """The whitespace text[start:end] (a whole run) quoted, with the words around it."""
+    run, before, after = text[start:end], _word_before(text, start), _word_after(text, end)
+    if before and after:
+        return f"{run!r} between {before!r} and {after!r}"
+    if before:
+        return f"{run!r} after {before!r} at the end"
+    return f"{run!r} at the start, before {after!r}" if after else f"{run!r} (all the text)"
 
 
 def check_representable(tokenizer, text: str, what: str) -> None:
-    """UserError naming `what` and the words of `text` the tokenizer cannot represent (the
+    """UserError naming `what` and the parts of `text` the tokenizer cannot represent (the
     model would read its unknown token in their place, or ids it has no rows for)."""
-    words = unknown_words(tokenizer, text)
-    if words:
-        shown = ", ".join(repr(w) for w in words[:5])
-        more = f" and {len(words) - 5} more" if len(words) > 5 else ""
+    parts = unreadable_parts(tokenizer, text)
+    if parts:
+        shown = ", ".join(parts[:5])
+        more = f" and {len(parts) - 5} more" if len(parts) > 5 else ""
         unk = unknown_id(tokenizer)
         reads = (f"the model would read {tokenizer.convert_ids_to_tokens(unk)} in their place"
                  if unk is not None else "it reads them as pieces no model has rows for")

@@ -1,7 +1,7 @@
 """`method: memagent` with `model.url`: the memory agent's turns on an OpenAI-compatible server.
 
 Each of a question's n trajectories is one MemAgent rollout on a `rollout.client.ServerPolicy`
-(what `run --url` runs: the chunks decoded to text, one chat request per turn), and up to
+(what `run --url` runs: each chunk the document's own text, one chat request per turn), and up to
 `data.batch_size` rollouts run at once, the way the original's evaluation keeps many samples in
 flight against its vLLM server. Trajectory k of row r asks the server for seeds derived from
 (sampling.seed, set, r, k), so a rerun against the same server and model is reproducible where

@@ -10,8 +10,9 @@ policy's representation:
   the template's ids with the question's, the memory's (the previous reply's ids, end-of-text
   and padding removed; under `thinking: strip` only what follows its last </think>) and the
   chunk's ids spliced in (`templates.TokenPrompts`), sent as `prompt_ids`;
-- against an OpenAI-compatible server (`run --url`, `eval` with `model.url`), in text: the
-  chunks decoded, one user message per turn, the memory the reply's text.
+- against an OpenAI-compatible server (`run --url`, `eval` with `model.url`), in text: each
+  chunk as the document's own text (`Sample.chunk_texts`), one user message per turn, the
+  memory the reply's text.
 Every turn is an independent conversation (one user message, one reply), not a continuation of
 the previous turn's: the memory is the only thing carried from one turn to the next, and each
 turn is one training row.
@@ -96,12 +97,16 @@ class Sample:
     question's ids, the chunks' ids, and the document's length (before any max_chunks cut).
     initial_memory: the memory's ids before the first chunk (None: the template's "No
     previous memory"; given: a read that starts inside a document, from the memory held
-    there)."""
+    there). chunk_texts: each chunk's span of the document's text, what a server is sent
+    (None: the chunks' ids decoded). Not the ids decoded where there is a text: a tokenizer's
+    decoding need not read back as the same ids (memagent-tiny's role words decode without
+    their space, "mona user" as "monauser"), and a server re-reads the text it is sent."""
     problem: str
     problem_ids: tuple[int, ...]
     chunks: tuple[tuple[int, ...], ...]
     document_tokens: int
     initial_memory: tuple[int, ...] | None = None
+    chunk_texts: tuple[str, ...] | None = None
 
 
 def centre_truncate(ids: list[int], max_tokens: int) -> list[int]:
@@ -155,9 +160,31 @@ def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig,
             raise UserError(f"the question has {len(problem_ids)} tokens, over the prompt "
                             f"budget of {config.max_problem_tokens}")
         problem_ids = problem_ids[:config.max_problem_tokens]
-    ids = tokenizer(document, add_special_tokens=False)["input_ids"]
+    offsets = getattr(tokenizer, "is_fast", False)  # a slow tokenizer has no offsets
+    encoded = tokenizer(document, add_special_tokens=False, return_offsets_mapping=offsets)
+    ids = encoded["input_ids"]
     chunks = chunk_ids(ids, config.chunk_tokens, config.max_chunks)
-    return Sample(problem, tuple(problem_ids), tuple(tuple(c) for c in chunks), len(ids))
+    texts = None
+    if offsets:
+        starts = [start for start, _ in encoded["offset_mapping"]] + [len(document)]
+        texts = tuple(chunk_text(document, starts, c) for c in
+                      chunk_ids(list(range(len(ids))), config.chunk_tokens, config.max_chunks))
+    return Sample(problem, tuple(problem_ids), tuple(tuple(c) for c in chunks), len(ids),
+                  chunk_texts=texts)
+
+
+def chunk_text(document: str, starts: list[int], positions: list[int]) -> str:
+    """The document's text of the tokens at `positions` (ascending; a centre-truncated chunk
+    has a gap): each run of consecutive tokens from its first token's start to the next
+    token's (starts[k]: where token k starts; starts[-1]: the document's end): consecutive
+    chunks' texts join into the document's, and a character read as two tokens is not split
+    (both tokens start where it does)."""
+    runs, first = [], positions[0]
+    for previous, position in zip(positions, positions[1:] + [None]):
+        if position != previous + 1:
+            runs.append(document[starts[first]:starts[previous + 1]])
+            first = position
+    return "".join(runs)
 
 
 def required_length(tokenizer, config: MemAgentConfig) -> int:
@@ -266,8 +293,9 @@ class MemAgent:
             chunks, memory = sample.chunks, (self.prompts.initial_memory
                                              if sample.initial_memory is None
                                              else sample.initial_memory)
-        else:  # a server takes text: the chunks decoded, the memory the reply's text
-            chunks = [self.tokenizer.decode(c) for c in sample.chunks]
+        else:  # a server takes text: the chunks' text, the memory the reply's text
+            chunks = (list(sample.chunk_texts) if sample.chunk_texts is not None
+                      else [self.tokenizer.decode(c) for c in sample.chunks])
             memory = (INITIAL_MEMORY if sample.initial_memory is None
                       else self.tokenizer.decode(sample.initial_memory))
         workflow = memory_turns(chunks, memory)

@@ -5,6 +5,8 @@ through `/v1/chat/completions`, as vLLM serves it; this package serves our engin
 
     protocol.py  request bodies -> `Generation` (every field checked; `APIError` is OpenAI's
                  error JSON with its HTTP status)
+    encoding.py  prompts -> token ids off the event loop, a large prompt on a thread of its
+                 own, one beyond any that fits refused before it is tokenized
     text.py      one choice's tokens -> text deltas, stop strings applied
     worker.py    the engine's thread: one `Scheduler` stepping continuously, requests in and
                  cancellations through a queue, a bound on requests in flight

@@ -15,20 +15,22 @@ failure, 503 shutting down; the server keeps serving after any of them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
+from typing import Callable
 
 from memagent_jax.extras import needs
 from memagent_jax.serve.protocol import APIError, Generation, bad, parse_chat, parse_completion
 from memagent_jax.serve.respond import (Aborted, Exchange, Served, abort_error, collect, prepare,
-                                        stream)
+                                        stream, unless_ended)
 
 with needs("serve", "serve"):
     from starlette.applications import Starlette
     from starlette.background import BackgroundTask
     from starlette.exceptions import HTTPException
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
     from starlette.routing import Route
 
@@ -40,6 +42,7 @@ def build_app(served: Served, api_key: str | None, on_startup=None, on_shutdown=
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        app.state.loop = asyncio.get_running_loop()  # for `end_requests` from other threads
         if on_startup is not None:
             on_startup()
         try:
@@ -77,12 +80,11 @@ def build_app(served: Served, api_key: str | None, on_startup=None, on_shutdown=
     async def chat(request: Request):
         _authorize(request, api_key)
         return await _answer(served, request,
-                             parse_chat(await _body(request), served.max_top_logprobs))
+                             lambda body: parse_chat(body, served.max_top_logprobs))
 
     async def completions(request: Request):
         _authorize(request, api_key)
-        body = await _body(request)
-        return await _answer(served, request, parse_completion(
+        return await _answer(served, request, lambda body: parse_completion(
             body, served.max_top_logprobs, served.vocab_size))
 
     app = Starlette(
@@ -98,11 +100,14 @@ def build_app(served: Served, api_key: str | None, on_startup=None, on_shutdown=
     return app
 
 
-async def _answer(served: Served, request: Request, gen: Generation):
+async def _answer(served: Served, request: Request, parse: Callable[[object], Generation]):
+    """The response to a request whose JSON body `parse` reads. Until its jobs are submitted
+    (its body read, its prompts tokenized) it ends with shutdown's 503 at the deadline."""
+    gen = parse(await unless_ended(served, _body(request)))
     if gen.model not in served.names:
         raise APIError(404, f"The model `{gen.model}` does not exist (served: "
                             f"{', '.join(served.names)})", "model", "model_not_found")
-    prompts = await prepare(served, gen)
+    prompts = await unless_ended(served, prepare(served, gen))
     exchange = Exchange(served, gen, prompts, request.receive)
     if gen.stream:
         return StreamingResponse(stream(exchange, gen.model), media_type="text/event-stream",
@@ -127,7 +132,10 @@ def _authorize(request: Request, api_key: str | None) -> None:
 
 
 async def _body(request: Request):
-    raw = await request.body()
+    try:
+        raw = await request.body()
+    except ClientDisconnect:  # answered to nobody: uvicorn logs the one access line
+        raise bad("the client closed the connection before sending the whole body") from None
     try:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

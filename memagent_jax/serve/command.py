@@ -8,9 +8,10 @@ HTTP stack load when the command runs.
 
 Shutdown, on SIGTERM or SIGINT (or `shutdown()` from another thread): uvicorn stops accepting
 connections and /health answers 503; requests in flight get `shutdown_timeout` seconds to
-finish; any still running then are ended with a 503 error (a stream with an error event, never
-[DONE]), so no client takes a cut-off answer for a whole one; the engine thread stops after its
-current step, and `run()` returns. A second SIGINT forces the exit.
+finish; then every one still answering (decoding, streaming, or not yet submitted: its body
+still arriving, its prompt still tokenizing) ends at once with a 503 error (a stream with an
+error event, never [DONE]), so no client takes a cut-off answer for a whole one; the engine
+thread stops after its current step, and `run()` returns. A second SIGINT forces the exit.
 
 Single host only: a multi-process job (`JAX_NUM_PROCESSES` > 1) is refused with one line. On a
 pod, every process would have to step the engine while process 0 serves HTTP and broadcasts
@@ -87,6 +88,10 @@ def _serve(args) -> None:
             raise UserError(f"{flag} must be at least {low}, got {value}")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
+    blank = [name for name in args.served_model_name or () if not name.strip()]
+    if blank:  # no request could name it ('model' must be a non-empty string)
+        raise UserError(f"--served-model-name: a name must have a character besides "
+                        f"whitespace, got {blank[0]!r}")
     model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                        compute_dtype=args.dtype, attention=args.attention)
     tokenizer = from_flags(model.load_tokenizer, required=True)
@@ -164,14 +169,11 @@ class OpenAIServer:
                  max_len: int, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, max_requests: int = 1024,
                  shutdown_timeout: float = 30.0, log_level: str = "info"):
-        # Here, not at the top: asyncio alone would double the CLI's start-up time.
-        import asyncio
-        import concurrent.futures
-
         with needs("serve", "serve"):
             import uvicorn
 
         from memagent_jax.serve.app import build_app
+        from memagent_jax.serve.encoding import Encoder
         from memagent_jax.serve.respond import Served
         from memagent_jax.serve.worker import EngineWorker
 
@@ -181,11 +183,10 @@ class OpenAIServer:
         params = engine.place(policy.params)  # once: every request decodes with this copy
         engine.warm_up(params, [1])
         self.worker = EngineWorker(engine, params, max_requests)
-        self._encoder = concurrent.futures.ThreadPoolExecutor(1, "tokenizer")
+        self.encoder = Encoder(policy.tokenizer, max_len)
         served = Served(self.worker, policy.tokenizer, names, max_len, policy.stop_ids,
-                        engine.config.top_logprobs, policy.config.vocab_size,
-                        encode=lambda fn: asyncio.get_running_loop().run_in_executor(
-                            self._encoder, fn))
+                        engine.config.top_logprobs, policy.config.vocab_size, self.encoder)
+        self._served = served
         self.app = build_app(served, api_key, on_startup=self.worker.start,
                              on_shutdown=self._stop_worker)
         self.app.state.created = int(time.time())
@@ -198,6 +199,8 @@ class OpenAIServer:
             raise UserError(f"cannot listen on {host}:{port}: {e.strerror}") from None
         self.port = self.socket.getsockname()[1]
         self.url = f"http://{host}:{self.port}/v1"
+        # uvicorn's own limit, a backstop: past it, it cancels the requests left (a plain-text
+        # 500 and a traceback), which the deadline at shutdown_timeout leaves none of.
         config = uvicorn.Config(self.app, log_level=log_level,
                                 timeout_graceful_shutdown=shutdown_timeout + 10)
         self._uvicorn = _uvicorn_server(config, self._begin_shutdown)
@@ -219,7 +222,7 @@ class OpenAIServer:
                 signal.signal(sig, handler)
             if self._abort_timer is not None:
                 self._abort_timer.cancel()
-            self._encoder.shutdown(wait=False)
+            self.encoder.close()
             self.socket.close()
 
     def shutdown(self) -> None:
@@ -231,10 +234,21 @@ class OpenAIServer:
         if self.app.state.draining:
             return
         self.app.state.draining = True
-        self._abort_timer = threading.Timer(self.shutdown_timeout, self.worker.abort_all,
-                                            ["shutdown"])
+        self._abort_timer = threading.Timer(self.shutdown_timeout, self._end_requests)
         self._abort_timer.daemon = True
         self._abort_timer.start()
+
+    def _end_requests(self) -> None:
+        """The deadline: the worker takes no more jobs and aborts its own; every request
+        still answering ends with a 503 on the event loop, not after the engine's step."""
+        from memagent_jax.serve.respond import end_requests
+        self.worker.abort_all("shutdown")
+        loop = getattr(self.app.state, "loop", None)
+        if loop is not None:  # else uvicorn never started: nothing to answer
+            try:
+                loop.call_soon_threadsafe(end_requests, self._served)
+            except RuntimeError:  # the loop has closed: every request was answered
+                pass
 
     def _stop_worker(self) -> None:
         if not self.worker.stop(timeout=60):

@@ -6,20 +6,41 @@ or raise `APIError`, which carries the HTTP status and OpenAI's error object
 follow OpenAI's API reference; `top_k`, `ignore_eos`, `return_tokens_as_token_ids` and
 `chat_template_kwargs` (the chat template's extra variables, e.g. Qwen3's
 `{"enable_thinking": false}`) are vLLM's extensions.
-Sampling features the engine does not have (penalties, logit bias, tools, JSON mode, echo,
-best_of) are refused with a 400 rather than silently ignored; unknown fields are ignored, as
-vLLM does, so clients that send extras keep working.
+Sampling features the engine does not have (penalties, logit bias, tools, JSON mode, audio,
+reasoning effort, echo, best_of) are refused with a 400 rather than silently ignored; OpenAI's
+bookkeeping fields (`user`, `metadata`, `store`, `service_tier`, ...: logging, billing and caching,
+never another answer) are taken and ignored. A field this server does not know is a 400 naming
+it, with the known field closest to it ("Unrecognized request argument supplied: max_token (did
+you mean 'max_tokens'?)"), as OpenAI answers: vLLM ignores one with a warning in its own log,
+which the client never reads, so a misspelt `max_token` would silently answer with another
+length.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from typing import Any, Literal
 
 MAX_STOP_STRINGS = 16
 MAX_N = 128
-_ROLES = ("system", "developer", "user", "assistant", "tool")
+ROLES = ("system", "developer", "user", "assistant", "tool")
+# OpenAI's fields that ask for logging, billing or caching, not for another answer.
+_BOOKKEEPING = ("user", "metadata", "store", "service_tier", "safety_identifier",
+                "prompt_cache_key", "prediction", "parallel_tool_calls")
+_COMMON_FIELDS = ("model", "n", "temperature", "top_p", "top_k", "seed", "stop", "stream",
+                  "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
+                  "ignore_eos", "return_tokens_as_token_ids", "max_tokens", "logprobs",
+                  *_BOOKKEEPING)
+# Chat fields the engine has no use for, and the values that ask for nothing (accepted).
+_UNSUPPORTED_CHAT = {"tools": (None, []), "functions": (None, []),
+                     "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
+                     "audio": (None,), "modalities": (None, ["text"]), "reasoning_effort": (None,),
+                     "verbosity": (None,), "web_search_options": (None,)}
+_CHAT_FIELDS = frozenset((*_COMMON_FIELDS, "messages", "top_logprobs", "max_completion_tokens",
+                          "response_format", "chat_template_kwargs", *_UNSUPPORTED_CHAT))
+_COMPLETION_FIELDS = frozenset((*_COMMON_FIELDS, "prompt", "echo", "suffix", "best_of"))
 
 
 class APIError(Exception):
@@ -69,7 +90,7 @@ def bad(message: str, param: str | None = None, code: str | None = None) -> APIE
 
 def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
     """A /v1/chat/completions body -> Generation (APIError 400 on anything malformed)."""
-    body = _object(body)
+    body = _object(body, _CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad("'messages' must be a non-empty list of messages", "messages")
@@ -81,8 +102,8 @@ def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
     max_tokens = _integer(body, "max_completion_tokens", None, 1, None)
     if max_tokens is None:
         max_tokens = _integer(body, "max_tokens", None, 1, None)
-    for name in ("tools", "functions"):
-        if body.get(name):
+    for name, nothing in _UNSUPPORTED_CHAT.items():
+        if body.get(name) not in nothing:
             raise bad(f"'{name}' is not supported by this server", name)
     response_format = body.get("response_format")
     if response_format not in (None, {"type": "text"}):
@@ -100,7 +121,7 @@ def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
 def parse_completion(body: Any, max_top_logprobs: int, vocab_size: int) -> Generation:
     """A /v1/completions body -> Generation (APIError 400 on anything malformed). A prompt is
     text, token ids (each below vocab_size), or a list of either (one choice group each)."""
-    body = _object(body)
+    body = _object(body, _COMPLETION_FIELDS)
     prompts = _prompts(body.get("prompt"), vocab_size)
     top = _integer(body, "logprobs", None, 0, max_top_logprobs)
     if _boolean(body, "echo"):
@@ -142,9 +163,14 @@ def _common(body: dict) -> dict:
                 ignore_eos=_boolean(body, "ignore_eos"))
 
 
-def _object(body: Any) -> dict:
+def _object(body: Any, fields: frozenset[str]) -> dict:
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
+    for name in body:
+        if name not in fields:
+            close = difflib.get_close_matches(name, sorted(fields), n=1, cutoff=0.6)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise bad(f"Unrecognized request argument supplied: {name}{hint}", name)
     return body
 
 
@@ -156,8 +182,8 @@ def _model(body: dict) -> str:
 
 
 def _message(message: Any, where: str) -> dict:
-    if not isinstance(message, dict) or message.get("role") not in _ROLES:
-        raise bad(f"{where} must be an object with a 'role' of {', '.join(_ROLES)}", where)
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise bad(f"{where} must be an object with a 'role' of {', '.join(ROLES)}", where)
     content = message.get("content")
     if isinstance(content, list):  # content parts: text only
         if not all(isinstance(p, dict) and p.get("type") == "text"

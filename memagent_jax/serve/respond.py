@@ -1,8 +1,10 @@
 """A `Generation` run on the engine worker, answered as OpenAI answers.
 
-`prepare` turns the request's prompts into token ids (chat: through the chat template) and
-checks them: words the tokenizer cannot represent (400 naming them), ids past the model's
-embedding rows, and the engine's length (400 `context_length_exceeded`, as OpenAI words it).
+`prepare` turns the request's prompts into token ids (chat: through the chat template; on the
+`Encoder`'s threads) and checks them: words the tokenizer cannot represent (400 naming them,
+and the message and role where the chat template writes a role it cannot), ids past the
+model's embedding rows, and the engine's length (400 `context_length_exceeded`, as OpenAI
+words it).
 An `Exchange` submits one job per prompt (its n samples prefilled once) and turns the job
 events the engine thread sends into `Update`s, one choice's new text and tokens at a time; it
 cancels a prompt's job once every choice of it has met a stop string, and all of its jobs when
@@ -21,23 +23,26 @@ import json
 import math
 import time
 import uuid
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request
 from memagent_jax.rollout.templates import chat_ids
-from memagent_jax.serve.protocol import APIError, Generation, bad
+from memagent_jax.serve.encoding import Encoder
+from memagent_jax.serve.protocol import ROLES, APIError, Generation, bad
 from memagent_jax.serve.text import TextStream
 from memagent_jax.serve.worker import EngineWorker, Job, Overloaded, ShuttingDown
-from memagent_jax.tokenizer import check_representable
+from memagent_jax.tokenizer import PIECE_IDS, check_representable, unknown_id, unreadable_parts
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
 class Served:
     """What every handler shares. names: the model names requests may give (names[0] is the
-    one reported); max_len: the engine's KV length (prompt + reply); encode: runs a function
-    on the one thread that encodes text (tokenizers are not safe to mutate concurrently)."""
+    one reported); max_len: the engine's KV length (prompt + reply); tokenizer: decodes
+    replies, on the event loop; encoder: tokenizes prompts, on threads of its own."""
     worker: EngineWorker
     tokenizer: object
     names: tuple[str, ...]
@@ -45,11 +50,42 @@ class Served:
     stop_ids: tuple[int, ...]
     max_top_logprobs: int
     vocab_size: int
-    encode: Callable[[Callable], Awaitable]
+    encoder: Encoder
+    # Set (on the event loop) once shutdown's deadline has passed: see `end_requests`.
+    ended: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    exchanges: set[Exchange] = dataclasses.field(default_factory=set)  # answering now
 
 
 class Aborted(Exception):
     """The exchange ended early: "disconnected", "shutdown" or "engine error: ..."."""
+
+
+def end_requests(served: Served) -> None:
+    """Shutdown's deadline, on the event loop: every exchange ends at once as "shutdown" (a
+    503; the worker aborts their jobs too, and takes no more), without waiting for the engine
+    thread's step, and requests not yet submitted end with a 503 (`unless_ended`)."""
+    served.ended.set()
+    for exchange in list(served.exchanges):
+        exchange.abort("shutdown")
+
+
+async def unless_ended(served: Served, awaitable: Awaitable[T]) -> T:
+    """awaitable's result, or, once shutdown's deadline has passed (`end_requests`), the 503
+    APIError of shutdown, the awaitable cancelled (a prompt being tokenized is finished for
+    nobody)."""
+    task = asyncio.ensure_future(awaitable)
+    ended = asyncio.ensure_future(served.ended.wait())
+    try:
+        await asyncio.wait((task, ended), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request's own task is cancelled
+        task.cancel()
+        raise
+    finally:
+        ended.cancel()
+    if not task.done():
+        task.cancel()
+        raise abort_error("shutdown")
+    return task.result()
 
 
 @dataclasses.dataclass
@@ -88,22 +124,25 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
     """Each prompt's token ids, every one fitting the engine with the requested max_tokens
     and read by the model as written: text with words the tokenizer has no token for (which
     would reach the model as its unknown token, or as ids past its embedding rows) is a 400
-    naming them."""
-    tokenizer = served.tokenizer
+    naming them. A request of more prompts than the server takes in flight is a 400: it
+    could never be taken (more than are free is a 429, when the jobs are submitted)."""
+    if len(gen.prompts) > served.worker.max_requests:
+        raise bad(f"'prompt' is a list of {len(gen.prompts)} prompts, more than this server "
+                  f"takes in flight ({served.worker.max_requests}, its --max-requests): send "
+                  "at most that many a request", "prompt")
     if gen.kind == "chat":
-        clash = sorted(set(gen.template_vars) & _renderer_arguments(tokenizer))
+        clash = sorted(set(gen.template_vars) & _renderer_arguments(served.tokenizer))
         if clash:  # vLLM likewise renders them as the template's variables only
             raise bad(f"'chat_template_kwargs' may not set {', '.join(clash)}: the chat "
                       "template renderer's own arguments, not template variables",
                       "chat_template_kwargs")
-
-        def chat_prompt() -> list[int]:
-            for i, message in enumerate(gen.prompts[0]):
-                check_representable(tokenizer, message["content"], f"messages[{i}].content")
-            return chat_ids(tokenizer, list(gen.prompts[0]), **gen.template_vars)
-
+        messages = list(gen.prompts[0])
         try:
-            prompts = [await served.encode(chat_prompt)]
+            prompts = [await served.encoder.run(
+                functools.partial(_chat_prompt, messages, gen.template_vars),
+                [m["content"] for m in messages], "messages")]
+        except APIError:  # the Encoder's length bound
+            raise
         except UserError as e:
             raise bad(str(e), "messages") from None
         except Exception as e:  # a template that rejects the conversation (role order, ...)
@@ -112,17 +151,21 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
                           f"{e}", "messages") from None
             raise bad(f"the chat template rejected the messages: {e}", "messages") from None
     else:
-        def text_prompt(index: int, text: str) -> list[int]:
-            check_representable(tokenizer, text, "'prompt'" if len(gen.prompts) == 1
-                                else f"'prompt'[{index}]")
+        def text_prompt(where: str, text: str, tokenizer) -> list[int]:
+            check_representable(tokenizer, text, where)
             return list(tokenizer(text)["input_ids"])
 
-        try:
-            prompts = [list(p) if isinstance(p, list) else
-                       await served.encode(functools.partial(text_prompt, i, p))
-                       for i, p in enumerate(gen.prompts)]
-        except UserError as e:
-            raise bad(str(e), "prompt") from None
+        prompts = []
+        for i, p in enumerate(gen.prompts):
+            if isinstance(p, list):
+                prompts.append(list(p))
+                continue
+            where = "'prompt'" if len(gen.prompts) == 1 else f"'prompt'[{i}]"
+            try:
+                prompts.append(await served.encoder.run(
+                    functools.partial(text_prompt, where, p), [p], "prompt"))
+            except UserError as e:
+                raise bad(str(e), "prompt") from None
     where = "messages" if gen.kind == "chat" else "prompt"
     for ids in prompts:
         if not ids:
@@ -139,6 +182,28 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
                       f"However, you requested {asked}. Please reduce the length of the "
                       f"{where} or completion.", where, "context_length_exceeded")
     return prompts
+
+
+def _chat_prompt(messages: list[dict], template_vars: dict, tokenizer) -> list[int]:
+    """The conversation through the chat template. UserError naming the message whose
+    content, or whose role as the template writes it, the tokenizer cannot read."""
+    for i, message in enumerate(messages):
+        check_representable(tokenizer, message["content"], f"messages[{i}].content")
+    ids = chat_ids(tokenizer, messages, **template_vars)
+    unk = unknown_id(tokenizer)
+    if any(t == unk or t >= PIECE_IDS for t in ids):  # from the template's own text
+        markup = tokenizer.apply_chat_template(
+            [{**m, "content": ""} for m in messages], tokenize=False,
+            add_generation_prompt=True, **template_vars)
+        readable = [r for r in ROLES if not unreadable_parts(tokenizer, r)]
+        for i, message in enumerate(messages):
+            role = message["role"]
+            if role not in readable and role in markup:
+                raise UserError(
+                    f"messages[{i}].role: the chat template writes the role {role!r}, which "
+                    f"the tokenizer has no token for (the roles this model reads: "
+                    f"{', '.join(readable) or 'none'})")
+    return ids
 
 
 class Exchange:
@@ -160,6 +225,7 @@ class Exchange:
         for index, ids in enumerate(prompts):
             self._submit(index, ids)
         self._watcher = asyncio.ensure_future(self._watch(receive))
+        served.exchanges.add(self)
 
     def _submit(self, index: int, ids: list[int]) -> None:
         gen = self.gen
@@ -204,7 +270,11 @@ class Exchange:
                 pass
         except Exception:  # a server that refuses a second receiver: no early cancel then
             return
-        self._events.put_nowait(("abort", "disconnected"))
+        self.abort("disconnected")
+
+    def abort(self, reason: str) -> None:
+        """Ends `updates` with Aborted(reason), on the event loop."""
+        self._events.put_nowait(("abort", reason))
 
     async def updates(self) -> AsyncIterator[Update]:
         """Updates until every choice has finished; raises Aborted if the exchange ends
@@ -247,6 +317,7 @@ class Exchange:
         for index in self._open:
             self.served.worker.cancel(self._jobs[index])
         self._open.clear()
+        self.served.exchanges.discard(self)
         if self._watcher is not None:
             self._watcher.cancel()
 

@@ -94,7 +94,10 @@ class EngineWorker:
         self._commands.put(("cancel", job))
 
     def abort_all(self, reason: str) -> None:
-        """Ends every job in flight with on_abort(reason); new ones are still taken."""
+        """Takes no more jobs (`submit` raises ShuttingDown) and ends every job in flight
+        with on_abort(reason); the thread runs on until `stop`."""
+        with self._lock:
+            self._accepting = False
         self._commands.put(("abort", reason))
 
     def stop(self, timeout: float) -> bool:

@@ -151,8 +151,11 @@ def test_whitespace_between_words_that_is_not_one_space_is_one_piece(text):
 
 @pytest.mark.parametrize("text,named", [
     ("what is the code of Zürich 42 ?", "'Zürich', '42'"),
-    ("what is the code\nof zakolo ?", "'code\\nof'"),
-    ("what is  the code ?", "'is  the'"),
+    # whitespace between or after words it reads: the whitespace, not the words, and where
+    ("what is the code\nof zakolo ?", "'\\n' between 'code' and 'of'"),
+    ("what is  the code ?", "'  ' between 'is' and 'the'"),
+    ("what is the code of zakolo ", "' ' after 'zakolo' at the end"),
+    ("what is the  zebra ?", "'zebra'"),  # a word it cannot read: the word alone
 ])
 def test_what_the_vocabulary_cannot_read_is_refused_by_name(text, named):
     """(tokenizer.check_representable: `run`'s question and document, `generate`'s prompts)"""

@@ -10,7 +10,8 @@
   temperature it is given: 0 here, as the eval config's greedy decoding.
 - `run --url` takes the budgets the model was trained with (memagent.json beside the
   tokenizer), as local `run` does: the same memories and answers, and --json records with the
-  same keys."""
+  same keys; also on a document of every word the model reads, whose role words ("user",
+  "assistant") its tokenizer decodes without their space."""
 
 import asyncio
 import contextlib
@@ -115,3 +116,29 @@ def test_run_against_serve_reads_as_run_here(server, tmp_path, monkeypatch):
         assert (local["memories"], local["answer"]) == (remote["memories"], remote["answer"])
     assert sum(r["answer"].strip() == synthetic.make_sample(
         "multikey", 1500, FRESH_SEED, 100 + i).answer for i, r in enumerate(records["url"])) >= 1
+
+
+@pytest.mark.slow
+def test_run_against_serve_reads_a_document_of_every_word_as_run_here(server, tmp_path,
+                                                                      monkeypatch, capsys):
+    """Each chunk is sent as the document's own text: the ids decoded would read back as
+    other words ("mona user" decodes as "monauser", which the server refuses)."""
+    monkeypatch.setenv("API_KEY", API_KEY)
+    assert main(["vocab", "--model", "memagent-tiny"]) == 0
+    words = capsys.readouterr().out.split()
+    assert {"user", "assistant", "}.", "\\boxed{"} <= set(words) and len(words) > 3900
+    doc = tmp_path / "doc.txt"
+    doc.write_text(" ".join(words))
+    records = []
+    for args in (["--model", "memagent-tiny"],
+                 ["--url", server.url, "--model", "m", "--tokenizer", "memagent-tiny"]):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):   # the server's logs keep the stderr
+            assert main(["run", *args, "--doc", str(doc), "--question", "what is the code",
+                         "--temperature", "0", "--max-memory-tokens", "8",
+                         "--max-final-tokens", "8", "--json"]) == 0
+        records.append(json.loads(out.getvalue()))
+    local, remote = records
+    assert len(local["turns"]) == len(words) // 256 + 2
+    assert (local["memories"], local["final_reply"]) == (remote["memories"],
+                                                         remote["final_reply"])

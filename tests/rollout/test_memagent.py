@@ -6,6 +6,7 @@ import math
 import pytest
 
 from memagent_jax.errors import UserError
+from memagent_jax.model_dir import resolve
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.factory import build_agent
@@ -143,6 +144,29 @@ def test_chunking_centre_truncates_the_tokens_then_cuts_chunks():
     assert chunk_ids(ids[:25], 10) == [ids[0:10], ids[10:20], ids[20:25]]
     assert chunk_ids(ids[:45], 10, max_chunks=3) == [ids[:10], ids[10:15] + ids[30:35],
                                                        ids[35:45]]  # 30 kept: 15 + 15
+
+
+def test_a_server_is_sent_each_chunk_as_the_documents_text():
+    """What `run --url` sends: each chunk's span of the document, which reads back as the
+    chunk's ids (memagent-tiny decodes "mona user" as "monauser", which reads as other ids);
+    contiguous chunks join into the document, and a centre-truncated chunk is its two spans."""
+    tiny = load_tokenizer(resolve("memagent-tiny"))
+    document = "mona user is assistant } . code}.\nthe mona"
+    config = MemAgentConfig(chunk_tokens=3, max_memory_tokens=8, max_final_tokens=8,
+                            max_problem_tokens=8)
+
+    def reads(text):
+        return tuple(tiny(text, add_special_tokens=False)["input_ids"])
+
+    sample = read_sample(tiny, "q", document, config, strict=False)
+    assert sample.chunk_texts == ("mona user is", " assistant } . ", "code}.\nthe", " mona")
+    assert reads(tiny.decode(sample.chunks[0])) != sample.chunks[0]  # " monauser is"
+    assert "".join(sample.chunk_texts) == document
+    assert [reads(t) for t in sample.chunk_texts] == list(sample.chunks)
+    cut = read_sample(tiny, "q", document, dataclasses.replace(config, max_chunks=2),
+                      strict=False)
+    assert cut.chunk_texts == ("mona user is", "}.\nthe mona")
+    assert [reads(t) for t in cut.chunk_texts] == list(cut.chunks)
 
 
 def test_budget_that_cannot_fit_the_engine_is_rejected_before_any_work(tokenizer):

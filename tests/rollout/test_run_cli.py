@@ -12,7 +12,6 @@ import pytest
 from memagent_jax.cli import main
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.templates import final_prompt, update_prompt
-from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_tiny_model
 
 PREFIX = "memagent-jax: error: "
@@ -103,9 +102,9 @@ def test_url_mode_sends_exactly_the_expected_prompts(model_dir, doc, capsys, mon
         assert _run_url(server, model_dir, doc) == 0
     finally:
         server.close()
-    tokenizer = load_tokenizer(model_dir)
-    ids = tokenizer(open(doc).read(), add_special_tokens=False)["input_ids"]
-    chunks = [tokenizer.decode(ids[i:i + 20]) for i in range(0, 50, 20)]
+    # Each chunk as the document's text: its 20 words, the space after them included.
+    words = open(doc).read().split(" ")
+    chunks = [" ".join(words[i:i + 20]) + (" " if i + 20 < 50 else "") for i in range(0, 50, 20)]
     memory, expected = "No previous memory", []
     for number, chunk in enumerate(chunks, start=1):
         expected.append(update_prompt("what is the answer", memory, chunk))
@@ -141,9 +140,9 @@ def test_url_mode_thinking(model_dir, doc, capsys, thinking):
     assert record["memories"] == memories
     assert [t["reply"] for t in record["turns"]] == replies + [FINAL_THOUGHT]
     assert record["answer"] == "Paris"
-    tokenizer = load_tokenizer(model_dir)
-    ids = tokenizer(open(doc).read(), add_special_tokens=False)["input_ids"]
-    chunks = [tokenizer.decode(ids[i:i + 20]) for i in range(0, 50, 20)]
+    # Each chunk as the document's text: its 20 words, the space after them included.
+    words = open(doc).read().split(" ")
+    chunks = [" ".join(words[i:i + 20]) + (" " if i + 20 < 50 else "") for i in range(0, 50, 20)]
     expected = [update_prompt("what is the answer", m, c)
                 for m, c in zip(["No previous memory"] + memories, chunks)]
     expected.append(final_prompt("what is the answer", memories[-1]))

@@ -7,6 +7,8 @@ batches them."""
 import asyncio
 import http.client
 import json
+import logging
+import socket
 import threading
 import time
 
@@ -77,6 +79,10 @@ CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
     (CHAT, {**GOOD, "presence_penalty": 0.5}, API_KEY, 400, "presence_penalty", None),
     (CHAT, {**GOOD, "stream_options": {"include_usage": True}}, API_KEY, 400,
      "stream_options", None),
+    (CHAT, {**GOOD, "max_token": 5}, API_KEY, 400, "max_token", None),  # a field misspelt
+    (COMPLETIONS, {"model": "m", "prompt": "hello", "messages": []}, API_KEY, 400, "messages",
+     None),  # chat's field
+    (CHAT, {**GOOD, "reasoning_effort": "high"}, API_KEY, 400, "reasoning_effort", None),
     (CHAT, GOOD, "sk-wrong", 401, None, "invalid_api_key"),
     (CHAT, GOOD, None, 401, None, "invalid_api_key"),
     ("/v1/embeddings", GOOD, API_KEY, 404, None, None),
@@ -92,6 +98,27 @@ def test_bad_requests_get_openais_error_and_the_server_keeps_serving(
     assert error["error"]["type"] == "invalid_request_error"
     ok, body = request(server, CHAT, GOOD)
     assert ok == 200 and body["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+@pytest.mark.parametrize("body, message", [
+    ({**GOOD, "max_token": 5},
+     "Unrecognized request argument supplied: max_token (did you mean 'max_tokens'?)"),
+    # every message is read, not the last alone (which here is fine)
+    ({**GOOD, "messages": [{"role": "user", "content": "hello zebra"},
+                           {"role": "assistant", "content": "memory"},
+                           {"role": "user", "content": "the answer"}]},
+     "messages[0].content: the tokenizer has no token for 'zebra'"),
+])
+def test_a_bad_field_or_message_is_named(server, body, message):
+    status, error = request(server, CHAT, body)
+    assert status == 400 and error["error"]["message"].startswith(message), error
+
+
+def test_openais_bookkeeping_fields_are_taken_and_ignored(server):
+    status, body = request(server, CHAT, {**GOOD, "user": "u1", "metadata": {"k": "v"},
+                                          "store": False, "service_tier": "auto",
+                                          "tool_choice": "none", "modalities": ["text"]})
+    assert status == 200 and body["choices"][0]["message"]["content"] is not None
 
 
 def test_the_key_may_come_in_azures_api_key_header(server):
@@ -178,6 +205,81 @@ def test_a_full_queue_answers_429_and_then_serves_again(model_dir, monkeypatch):
             thread.join(30)
         assert [status for status, _ in results] == [200, 200]
         assert request(server, CHAT, GOOD)[0] == 200
+        # more prompts in one request than ever fit: never 429's "retry later"
+        status, error = request(server, COMPLETIONS, {"model": "m", "prompt": ["hello"] * 3,
+                                                      "max_tokens": 1})
+        assert status == 400 and error["error"]["message"] == (
+            "'prompt' is a list of 3 prompts, more than this server takes in flight (2, its "
+            "--max-requests): send at most that many a request"), error
+
+
+def test_a_prompt_longer_than_any_that_fits_is_refused_before_it_is_tokenized(server):
+    """(tokenizing 4 MB takes seconds.) The bound: 512 tokens (the test server's max_len) x
+    11 characters (the tokenizer's longest word) x 4."""
+    began = time.monotonic()
+    status, error = request(server, COMPLETIONS, {"model": "m", "prompt": "hello " * 700_000})
+    assert time.monotonic() - began < 2
+    assert status == 400 and error["error"]["code"] == "context_length_exceeded"
+    assert error["error"]["message"].startswith(
+        "This model's maximum context length is 512 tokens. However, your prompt has 3500000 "
+        "characters besides whitespace, more than 512 tokens hold (at most 22528: 4 x 512 x "
+        "11, the tokenizer's longest token)."), error
+
+
+SMALL_LATENCY_S = 2.0  # a small request's, while a large prompt is tokenized (alone: ~0.05 s)
+
+
+def test_a_large_prompt_being_tokenized_does_not_hold_up_a_small_one(server, monkeypatch):
+    """Prompts are tokenized off the event loop, a large one (4.8 MB: seconds) on a thread of
+    its own: small requests sent while it is tokenized are each answered within
+    SMALL_LATENCY_S, before it is. (The length bound, which would refuse it at once, is lifted
+    here.)"""
+    monkeypatch.setattr(server.encoder, "max_chars", 10 ** 9)
+    done = {}
+
+    def large():
+        status, error = request(server, COMPLETIONS, {"model": "m",
+                                                      "prompt": "hello world " * 400_000})
+        done["large"] = time.monotonic(), status, error["error"]["code"]
+
+    thread = threading.Thread(target=large)
+    thread.start()
+    time.sleep(0.3)  # its body read, its tokenizing begun
+    latencies = []
+    for _ in range(3):
+        began = time.monotonic()
+        status, _ = request(server, COMPLETIONS, {"model": "m", "prompt": "hello world",
+                                                  "max_tokens": 1})
+        latencies.append(time.monotonic() - began)
+        assert status == 200
+    finished = time.monotonic()
+    thread.join(60)
+    assert max(latencies) < SMALL_LATENCY_S, latencies
+    at, status, code = done["large"]
+    assert (status, code) == (400, "context_length_exceeded")  # 800,000 tokens
+    assert at > finished, "the large prompt was tokenized before the small ones"
+
+
+def test_a_client_that_hangs_up_mid_body_leaves_no_traceback(server):
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    keep = Keep(logging.WARNING)
+    logging.getLogger("uvicorn.error").addHandler(keep)
+    try:
+        with socket.create_connection(("127.0.0.1", server.port)) as connection:
+            connection.sendall(f"POST {CHAT} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+                               f"{API_KEY}\r\nContent-Length: 1000\r\n\r\n{{\"model\""
+                               .encode())
+            time.sleep(0.3)
+        time.sleep(0.5)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(keep)
+    assert not records, [r.getMessage() for r in records]
+    assert request(server, CHAT, GOOD)[0] == 200
 
 
 # Requests refused before anything is queued: words the tokenizer has no token for (it would

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from memagent_jax.cli import main
-from tests.serve_helpers import tiny_model_dir, wait_healthy
+from tests.serve_helpers import API_KEY, serving, tiny_model_dir, wait_healthy
 
 LONG = 480  # tokens per long request: 10 of them keep one slot busy for seconds
 
@@ -114,6 +114,71 @@ def test_a_signal_under_load_ends_every_request_cleanly_and_exits_0(model_dir, s
     assert any(kind == "error" for _, n, kind, _ in outcomes if n == LONG), outcomes
 
 
+SHUTDOWN_TIMEOUT, MARGIN_S = 1.0, 3.0
+
+
+@pytest.mark.slow  # a server of its own: ~15 s
+def test_at_the_deadline_every_request_in_flight_gets_the_503_and_the_server_stops(
+        model_dir, monkeypatch):
+    """--shutdown-timeout after shutdown begins, every request still answering ends at once
+    with OpenAI's 503 JSON (a stream with its error event): one decoding, one streaming and
+    one whose prompt is still being tokenized; the server has stopped within the timeout and
+    MARGIN_S."""
+    from memagent_jax.serve import respond
+
+    release = threading.Event()
+    check = respond.check_representable
+
+    def stuck(tokenizer, text, what):  # a prompt that takes minutes to tokenize
+        if text.startswith("memory"):
+            release.wait(60)
+        check(tokenizer, text, what)
+
+    monkeypatch.setattr(respond, "check_representable", stuck)
+    outcomes = {}
+
+    def ask(name, port, prompt, stream=False):
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection.request("POST", "/v1/completions", json.dumps(
+            {"model": "m", "prompt": prompt, "max_tokens": LONG, "ignore_eos": True,
+             "stream": stream}), {"Content-Type": "application/json",
+                                  "Authorization": f"Bearer {API_KEY}"})
+        response = connection.getresponse()
+        outcomes[name] = (response.status, response.getheader("content-type"),
+                          response.read().decode(), time.monotonic())
+
+    try:
+        with serving(model_dir, shutdown_timeout=SHUTDOWN_TIMEOUT) as server:
+            original = server.worker.engine.generate
+            monkeypatch.setattr(server.worker.engine, "generate", lambda p, s, n, f=None: (
+                time.sleep(0.02), original(p, s, n, f))[1])  # a reply takes ~10 s
+            clients = [threading.Thread(target=ask, args=(name, server.port, prompt, stream))
+                       for name, prompt, stream in [("decoding", "hello world", False),
+                                                    ("streaming", "hello world", True),
+                                                    ("tokenizing", "memory " * 10, False)]]
+            for client in clients:
+                client.start()
+            time.sleep(1)
+            began = time.monotonic()
+            server.shutdown()
+        stopped = time.monotonic() - began
+        for client in clients:
+            client.join(30)
+    finally:
+        release.set()
+    assert stopped < SHUTDOWN_TIMEOUT + MARGIN_S
+    shut = {"message": "The server is shutting down; the request was not finished",
+            "type": "server_error", "param": None, "code": "shutting_down"}
+    for name in ("decoding", "tokenizing"):
+        status, kind, body, at = outcomes[name]
+        assert (status, kind, json.loads(body)) == (503, "application/json",
+                                                    {"error": shut}), outcomes[name]
+        assert SHUTDOWN_TIMEOUT <= at - began < SHUTDOWN_TIMEOUT + MARGIN_S
+    status, _, body, _ = outcomes["streaming"]
+    events = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
+    assert status == 200 and json.loads(events[-1]) == {"error": shut}
+
+
 def test_serve_refuses_a_multi_process_job(model_dir, monkeypatch, capsys):
     monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
     assert main(["serve", "--model", model_dir]) == 2
@@ -126,6 +191,12 @@ def test_serve_without_the_http_stack_says_which_extra(model_dir, monkeypatch, c
     assert main(["serve", "--model", model_dir]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "memagent-jax[serve]" in err[0] and "uvicorn" in err[0]
+
+
+def test_serve_refuses_a_blank_served_model_name_before_loading(model_dir, capsys):
+    assert main(["serve", "--model", model_dir, "--served-model-name", "m", ""]) == 2
+    assert capsys.readouterr().err == ("memagent-jax: error: --served-model-name: a name must "
+                                       "have a character besides whitespace, got ''\n")
 
 
 def test_serve_refuses_a_port_beyond_65535_before_loading(model_dir, capsys):

@@ -1,0 +1,85 @@
+"""serve's `prepare` on its own (no engine): what a request's prompts are refused for, and
+the message naming it, on memagent-tiny's tokenizer (a word vocabulary whose chat template
+writes the roles) and on the tests' word-level one (which reads unknown words as [UNK])."""
+
+import asyncio
+import types
+
+import pytest
+
+from memagent_jax.model_dir import resolve
+from memagent_jax.serve.encoding import Encoder
+from memagent_jax.serve.protocol import APIError, Generation
+from memagent_jax.serve.respond import Served, prepare
+from memagent_jax.tokenizer import load_tokenizer
+from tests.hf_reference import write_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_tokenizer(resolve("memagent-tiny"))
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory):
+    path = tmp_path_factory.mktemp("words")
+    write_tiny_tokenizer(path)
+    return load_tokenizer(str(path))
+
+
+def _prepare(tokenizer, gen: Generation, vocab_size: int = 4096, max_requests: int = 8):
+    """prepare(gen) on a Served with no engine: its token ids, or the APIError's message."""
+    encoder = Encoder(tokenizer, 512)
+    served = Served(types.SimpleNamespace(max_requests=max_requests), tokenizer, ("m",), 512,
+                    (), 0, vocab_size, encoder)
+    try:
+        return asyncio.run(prepare(served, gen))
+    except APIError as e:
+        return e.message
+    finally:
+        encoder.close()
+
+
+def _chat(*messages) -> Generation:
+    return Generation("chat", "m", ([{"role": r, "content": c} for r, c in messages],),
+                      max_tokens=4)
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([("system", "the code")],  # the template writes "system", which is no word of the model
+     "messages[0].role: the chat template writes the role 'system', which the tokenizer has "
+     "no token for (the roles this model reads: user, assistant)"),
+    ([("user", "what is the  code")],  # the spaces, not the words around them
+     "messages[0].content: the tokenizer has no token for '  ' between 'the' and 'code'"),
+    ([("user", "what is the code ")],
+     "messages[0].content: the tokenizer has no token for ' ' after 'code' at the end"),
+])
+def test_memagent_tiny_refusals_name_the_message_and_what_is_wrong(tiny, messages, message):
+    assert _prepare(tiny, _chat(*messages)).startswith(message)
+    assert isinstance(_prepare(tiny, _chat(("user", "what is the code"))), list)
+
+
+def test_every_message_is_read_not_the_last_alone(words):
+    """An unknown word reads as [UNK], an id the model has: only the check finds it."""
+    refused = _prepare(words, _chat(("user", "hello zebra"), ("assistant", "memory"),
+                                    ("user", "the answer")))
+    assert str(refused).startswith(
+        "messages[0].content: the tokenizer has no token for 'zebra'"), refused
+
+
+def test_prepares_own_vocabulary_check_refuses_the_first_id_past_the_rows(words):
+    """A tokenizer with more words than the model has rows: a text prompt reading as id
+    vocab_size (one past the last row) is refused; one row more, it is read."""
+    the, memory = words.convert_tokens_to_ids(["the", "memory"])
+    gen = Generation("completion", "m", ("the memory",), max_tokens=4)
+    assert _prepare(words, gen, vocab_size=memory) == (
+        f"the prompt reads as token id {memory}, outside the model's vocabulary of {memory} "
+        "ids")
+    assert _prepare(words, gen, vocab_size=memory + 1) == [[the, memory]]
+
+
+def test_more_prompts_than_the_server_takes_in_flight_can_never_be_taken(words):
+    gen = Generation("completion", "m", ("hello",) * 3, max_tokens=1)
+    assert "more than this server takes in flight (2, its --max-requests)" in _prepare(
+        words, gen, max_requests=2)
+    assert len(_prepare(words, gen, max_requests=3)) == 3
