@@ -13,7 +13,8 @@ Programs: the train step (one micro-batch's gradient plus the AdamW update) and 
 pass at the learner's largest micro-batch (`micro_batch_tokens` rows of the longest bucket), the
 decode step over `engine.slots`, the prefill of each bucket, and `place`'s program for the
 largest weight (the engine's copy is made from the learner's parameters a weight at a time: a
-cast and, for fsdp > 1, a gather; beside the copy a chip holds one such program's temporaries). Two FLOP columns, per chip:
+cast and, for fsdp > 1, a gather; beside the copy a chip holds one such program's temporaries). Two
+FLOP columns, per chip:
 XLA's count, which takes a scanned loop's body once (the learner's programs scan over the
 layers and over the LM head's logit chunks, so it undercounts them by about the layer count),
 and the model's (benchmarks/flops.py: the whole program's model FLOPs over the chips, as if
@@ -63,12 +64,12 @@ def main() -> None:
 
     import jax
 
+    from memagent_jax.models.loading import abstract_params, build_model
     from memagent_jax.models.qwen import split_params
     from memagent_jax.models.sharding import make_mesh
-    from memagent_jax.models.loading import abstract_params, build_model
+    from memagent_jax.rl.batching import default_bucket_lengths
     from memagent_jax.rl.config import load_train_config
     from memagent_jax.rl.learner import Learner
-    from memagent_jax.rl.batching import default_bucket_lengths
     from memagent_jax.rollout.engine import Engine
 
     config = load_train_config(args.config, args.overrides)

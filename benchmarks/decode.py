@@ -134,7 +134,7 @@ def numpy_copy(size_bytes: int, repeats: int) -> float:
     dst = np.empty_like(src)
     np.copyto(dst, src)
     rate = 2 * src.nbytes / best_time(lambda: np.copyto(dst, src), repeats) / GB
-    del src, dst
+    src = dst = None  # freed (a `del` would unbind the names the lambda reads)
     gc.collect()
     return rate
 
@@ -214,7 +214,7 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
 
     probes: list[dict[str, float]] = []
     step_s = best_time(steps, repeats, loads, around=bandwidth, probes=probes) / decode_steps
-    del state, engine
+    state = engine = None  # freed, as above
     gc.collect()
     return {"warm_up_s": warm_up_s, "e2e_s": e2e_s, "step_s": step_s, "tokens": tokens,
             "ours_load": max(loads), "probes": probes}
@@ -224,8 +224,7 @@ def bench_matmul_floor(model, batch: int, repeats: int, steps: int) -> float:
     """Seconds per step of a chain of only the decode step's weight matmuls (q, k, v, o, gate,
     up, down per layer, then the LM head; no attention, norms, rope, cache or sampling) over
     the model's own per-layer arrays: what the step would cost if nothing else took time."""
-    from memagent_jax.models.qwen import split_params
-    from memagent_jax.models.qwen import row_logits
+    from memagent_jax.models.qwen import row_logits, split_params
 
     tied = model.config.tie_word_embeddings
     head = model.embed[...] if tied else model.lm_head[...]
@@ -305,9 +304,9 @@ def main() -> None:
     if args.prompt_len + args.new_tokens > args.max_len:
         parser.error("--prompt-len + --new-tokens must be <= --max-len")
 
+    import flax
     import torch
     import transformers
-    import flax
     from flax import nnx
     cores = os.cpu_count() or 1
     torch.set_num_threads(cores)
@@ -386,9 +385,9 @@ def main() -> None:
         rows.append(row)
 
     print()
-    print(f"| batch | ours e2e tok/s | ours decode tok/s | transformers tok/s (decode) | "
-          f"ours/transformers e2e (decode) | our weight GB/s | copy limit GB/s | / copy | "
-          f"read GB/s | / read | matmuls alone: ms (GB/s) | other load ours / transformers |")
+    print("| batch | ours e2e tok/s | ours decode tok/s | transformers tok/s (decode) | "
+          "ours/transformers e2e (decode) | our weight GB/s | copy limit GB/s | / copy | "
+          "read GB/s | / read | matmuls alone: ms (GB/s) | other load ours / transformers |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         hf_cell = (f"{r['hf_e2e']:.1f} ({r['hf_decode']:.1f})" if "hf_e2e" in r else "-")

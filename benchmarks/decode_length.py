@@ -28,9 +28,9 @@ import platform
 
 import jax
 import numpy as np
-
 from decode import GB, DeviceBandwidth, best_time
 from machine import cpu_model_name  # beside this script
+
 from memagent_jax.models.loading import load_model, random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params

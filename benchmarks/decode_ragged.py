@@ -34,11 +34,11 @@ import platform
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-
 from decode import GB, DeviceBandwidth, best_time
-from machine import cpu_model_name  # beside this script
 from decode_length import model_for
+from flax import nnx
+from machine import cpu_model_name  # beside this script
+
 from memagent_jax.models.qwen import KVCache, split_params
 from memagent_jax.rollout.engine import RAGGED_BELOW, RAGGED_READS
 from memagent_jax.rollout.engine_api import EngineConfig

@@ -47,8 +47,7 @@ def model_shape(model, preset: str | None = None):
     model.preset, or the preset the path's last component spells (~/ckpt/qwen3-4b and
     ~/models/Qwen3-4B-Instruct-2507: qwen3-4b); else Qwen2.5-7B (the first configs' model)."""
     from memagent_jax.models.loading import read_config
-    from memagent_jax.models.presets import preset_config
-    from memagent_jax.models.presets import PRESETS
+    from memagent_jax.models.presets import PRESETS, preset_config
     path = os.path.expanduser(model.path) if model.path else None
     if path and os.path.isdir(path):
         return read_config(path)

@@ -59,7 +59,8 @@ def main() -> None:
         temp = m.temp_size_in_bytes
         whole = whole or temp
         peak = temp + m.argument_size_in_bytes + m.output_size_in_bytes
-        print(f"{str(chunk or 'whole'):8s} {temp / 2**30:9.2f} {m.argument_size_in_bytes / 2**30:9.2f}"
+        print(f"{str(chunk or 'whole'):8s} {temp / 2**30:9.2f} "
+              f"{m.argument_size_in_bytes / 2**30:9.2f}"
               f" {m.output_size_in_bytes / 2**30:8.2f} {temp / whole:11.3f}"
               f" {peak / (args.hbm_gb * 1e9):9.3f} {seconds:10.1f}")
 

@@ -54,11 +54,10 @@ from machine import cpu_model_name  # noqa: E402  beside this script
 
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, read_sample,
-                                           required_length)
+from memagent_jax.rollout.factory import build_agent
+from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, read_sample, required_length
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.tokenizer import load_tokenizer
@@ -200,7 +199,8 @@ def main() -> None:
     atexit.register(shutil.rmtree, path, True)
     words = [w for w in write_tiny_tokenizer(path) if w.isalpha()]
     write_hf_model(path, seed=0, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                   num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                   num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                   num_key_value_heads=args.kv_heads,
                    max_position_embeddings=4 * args.chunk_tokens)
     tokenizer = load_tokenizer(path)
     model, _ = load_model(path, dtype="float32", attention=args.attention)

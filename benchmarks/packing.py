@@ -22,10 +22,14 @@ import argparse
 import time
 
 import numpy as np
-
 from memagent_rows import describe, turn_lengths  # beside this script
-from memagent_jax.rl.batching import (default_bucket_lengths, padded_fraction, plan_sequences,
-                                      response_positions)
+
+from memagent_jax.rl.batching import (
+    default_bucket_lengths,
+    padded_fraction,
+    plan_sequences,
+    response_positions,
+)
 
 CONFIG_BUCKETS = (1024, 2048, 4096, 6144, 8448)
 MICRO_BATCH_TOKENS = 33792

@@ -22,9 +22,11 @@ budgets (benchmarks/memagent_rows.py, its distributions printed).
   whole max_len. The engine's copy is gathered from the learner's fsdp shards once a
   rollout. Prefill and decode take turns on the chips, so their times add.
 - Update (rl/learner.py): the old-log-prob recompute (with `learner.old_logprobs: recompute`)
-  and the KL reference pass (when kl_coef != 0) over every row, then per PPO epoch each mini-batch's forward and backward (the backward
+  and the KL reference pass (when kl_coef != 0) over every row, then per PPO epoch each mini-batch's
+  forward and backward (the backward
   twice the forward; what the config's remat policy recomputes, flops.train; the LM head's,
-  whose logit chunks are rematerialised) over all chips. Token counts, one column each (`TOKEN_COUNTS`): "padded"
+  whose logit chunks are rematerialised) over all chips. Token counts, one column each
+  (`TOKEN_COUNTS`): "padded"
   a row a sequence at its bucket (`learner.pack: false`), "packed" rows packed several to a
   sequence (`learner.pack: true`; both as rl/batching.py plans them per mini-batch), "real" the
   rows' own tokens.
@@ -385,7 +387,8 @@ def _rollout(s: Setup, lines: list[str]) -> float:
         f"{s.chips} chips (held once); the bf16 weights split over tensor ({a['tensor']}) only, "
         f"{copy / 1e9:.2f} GB a chip; max_len {s.max_len}; prefill_rows {rows}")
     say(f"  assumed: slots always full (continuous batching over {len(s.rows.prompt)} turns, "
-        f"prompts prefilled ahead of their slots); a call's rows split over the slot groups their count divides, padded to the "
+        f"prompts prefilled ahead of their slots); a call's rows split over the slot groups "
+        f"their count divides, padded to the "
         f"longest prompt's bucket, each prefix then gathered by every group; insert, sampling "
         f"and host time not counted; the engine's KV cache {s.cache_length} long (the cache "
         f"length holding the longest turn) on every decode step")

@@ -53,8 +53,8 @@ import flops as flop_model  # benchmarks/flops.py, beside this script
 import jax
 import jax.numpy as jnp
 import numpy as np
-
 from memagent_rows import describe, turn_lengths  # beside this script
+
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.rl import batching
@@ -215,7 +215,7 @@ def bench_torch(config, args, rows) -> float:
 
     update()  # warm-up (allocations, oneDNN primitive caches)
     seconds = best_time(update, args.repeats)
-    del model, optimiser
+    model = optimiser = None  # freed (a `del` would unbind the names run() reads)
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return seconds

@@ -10,14 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from memagent_jax.data.needle import write_tokenizer
+from memagent_jax.eval.config import EvalConfig
+from memagent_jax.eval.methods import Answer
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.factory import build_agent
-from memagent_jax.eval.config import EvalConfig
-from memagent_jax.eval.methods import Answer
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.engine_api import DecodeEngine, EngineConfig
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
 from memagent_jax.runconfig import load_config
 from memagent_jax.synthetic import tasks as synthetic

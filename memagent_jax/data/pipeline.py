@@ -8,7 +8,8 @@ The source layout is verl's, as the published MemAgent training set
     extra_info: {...}                     (optional) passed to the reward function
 and the fields an agent reads beyond those (`required_fields`; MemAgent's `context`, the long
 document): an existing verl data set loads unchanged. Every field of the row reaches the agent
-(`Example.fields`). A source is a local parquet / json / jsonl file or a directory of them, an `hf://` path, or a
+(`Example.fields`). A source is a local parquet / json / jsonl file or a directory of them, an
+`hf://` path, or a
 hub id (read through `datasets`; from its cache with HF_HUB_OFFLINE=1, and refused at once
 where the hub is out of reach: `data.io.load_from_hub`). The evaluation
 layout that `memagent-jax data ruler-hqa` writes (context, input, answers) is read as well, so

@@ -40,8 +40,15 @@ def build(words: list[str], roles: tuple[str, ...], chat_template: str):
     """The tokenizer (`PreTrainedTokenizerFast`) whose ids are `words`' indices: words[0:3] are
     the pad, bos and eos tokens; `roles` (the chat template's role words) are added tokens, so
     the template's whitespace around them reads as nothing."""
-    from tokenizers import (AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers,
-                            processors)
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        normalizers,
+        pre_tokenizers,
+        processors,
+    )
     from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX

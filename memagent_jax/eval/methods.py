@@ -30,9 +30,14 @@ import jax
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.models.sharding import job_mesh
-from memagent_jax.rollout.factory import (Policy, build_agent, build_engine, build_runner,
-                                          load_policy)
 from memagent_jax.rollout.answers import final_answer
+from memagent_jax.rollout.factory import (
+    Policy,
+    build_agent,
+    build_engine,
+    build_runner,
+    load_policy,
+)
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete
 from memagent_jax.rollout.templates import chat_prompt_ids

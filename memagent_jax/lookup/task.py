@@ -73,7 +73,8 @@ def vocabulary() -> list[str]:
     vocab = ["<pad>", "<s>", "</s>", *ROLES]
     errors = [tool_calling.INVALID_JSON, tool_calling.NO_NAME, tool_calling.UNKNOWN_TOOL,
               tool_calling.NOT_AN_OBJECT, "error: lookup takes key (required: key)"]
-    text = " ".join([tool_calling.system_prompt([TOOL]), *PHRASINGS, "the code of is . no such key .",
+    text = " ".join([tool_calling.system_prompt([TOOL]), *PHRASINGS,
+                     "the code of is . no such key .",
                      *errors,
                      "<tool_call> </tool_call> <tool_response> </tool_response>",
                      '{"name": "lookup", "arguments": {"key": "k"}}', "\\boxed{ x }",

@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -122,7 +123,8 @@ def write_directory(params: Params, config: ModelConfig, out_dir: str,
     """Writes an HF directory from our parameters, all or nothing. In a multi-process job every
     process calls it: each tensor is gathered from all hosts, and process 0 writes. poll() is
     called before each tensor, on every process (`save_hf`)."""
-    params = mapping.flatten(params)
+    flat: dict[str, Any] = mapping.flatten(params)
+    params = flat
 
     def produce(row, array):
         poll()
@@ -176,7 +178,8 @@ def copy_side_files(src_dir: str, dst_dir: str, skip=()) -> list[str]:
 
 
 def _split_into_shards(tensors: list, max_bytes: int) -> list[list]:
-    shards, size = [[]], 0
+    shards: list[list] = [[]]
+    size = 0
     for t in tensors:
         nbytes = np.dtype(t[1]).itemsize * int(np.prod(t[2]))
         if shards[-1] and size + nbytes > max_bytes:

@@ -116,5 +116,6 @@ def random_model(config: ModelConfig, seed: int = 0, dtype: str = "float32",
 
 def _dtype_name(dtype: str, source: str) -> str:
     if dtype not in _DTYPES:
-        raise UserError(f"{source}: unsupported dtype '{dtype}' (choose from: {', '.join(_DTYPES)})")
+        raise UserError(f"{source}: unsupported dtype '{dtype}' "
+                        f"(choose from: {', '.join(_DTYPES)})")
     return dtype

@@ -46,8 +46,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from memagent_jax.models.attention import (attend, attend_cache, attend_causal, attend_fused,
-                                           segment_starts)
+from memagent_jax.models.attention import (
+    attend,
+    attend_cache,
+    attend_causal,
+    attend_fused,
+    segment_starts,
+)
 from memagent_jax.models.config import ATTENTION_CHOICES, ModelConfig
 from memagent_jax.models.flash_gpu import flash_gpu_causal
 from memagent_jax.models.rope import apply_rope, inverse_frequencies

@@ -87,7 +87,8 @@ def write_file(path: str, tensors: Iterable[tuple[str, np.dtype, tuple[int, ...]
     """Writes tensors (name, dtype, shape, produce) in order; produce() is called when its
     bytes are due, so only one tensor is held at a time."""
     tensors = list(tensors)
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    header: dict[str, dict] = {"__metadata__": {"format": "pt"}}
+    offset = 0
     for name, dtype, shape, _ in tensors:
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         header[name] = {"dtype": _NAMES[np.dtype(dtype)], "shape": list(shape),

@@ -112,7 +112,8 @@ def param_shardings(config: ModelConfig, mesh: Mesh | None, rules: Rules = RULES
     if mesh is None:
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         return jax.tree.map(lambda _: device, param_specs(config), is_leaf=_is_spec)
-    return jax.tree.map(lambda spec: NamedSharding(mesh, partition_spec(*spec, mesh, rules)),
+    return jax.tree.map(lambda spec: NamedSharding(mesh, partition_spec(spec[0], spec[1], mesh,
+                                                                        rules)),
                         param_specs(config), is_leaf=_is_spec)
 
 

@@ -82,8 +82,8 @@ def _segment_ids_type():
 def _kernel(length: int, q_heads: int, head_shards: int, interpret: bool):
     """The causal kernel for `length` positions and `q_heads` heads, its tables built for
     `head_shards` shards of the heads (numpy work at trace time, hence cached)."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import (
-        splash_attention_kernel as splash, splash_attention_mask as masks)
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 
     block = next(b for b in _BLOCKS if length % b == 0)
     mask = masks.MultiHeadMask([masks.CausalMask((length, length))] * q_heads)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -71,8 +71,14 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
     draw from `iterator` only."""
     rollout, wanted = config.rollout, config.prompts_per_step
     dynamic = config.dynamic_sampling.enabled
-    kept_examples, kept_groups, kept_rewards, drawn = [], [], [], []
-    all_groups, all_raw, all_shaped, started = [], [], [], []
+    kept_examples: list = []
+    kept_groups: list = []
+    kept_rewards: list = []
+    drawn: list = []
+    all_groups: list = []
+    all_raw: list = []
+    all_shaped: list = []
+    started: Any = []
     tries, start, reward_time = 0, time.perf_counter(), 0.0
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):

@@ -40,14 +40,14 @@ from typing import Any, ClassVar, Literal
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen import Remat
 from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
-from memagent_jax.rl.plugin import Plugin, load as load_plugin
+from memagent_jax.rl.plugin import Plugin
+from memagent_jax.rl.plugin import load as load_plugin
 from memagent_jax.rl.scoring import RewardSection
 from memagent_jax.rollout.agent_api import load_agent
-from memagent_jax.rollout.factory import ModelSection
 from memagent_jax.rollout.engine_api import EngineConfig
+from memagent_jax.rollout.factory import ModelSection
 from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig
 from memagent_jax.runconfig import at_least, load_config, probability, to_dict
-
 
 CONFIG_FILE = "config.yaml"  # the run's resolved config, in its output_dir
 

@@ -161,7 +161,9 @@ class Learner:
         """Takes parameters, optimiser state and step from a `state()`-shaped tree (e.g. an
         Orbax restore), placed on this learner's shardings; `params` are then the restored
         ones."""
-        if jax.tree.structure(state["params"]) != jax.tree.structure(self._params):
+        # (jax's stubs type no comparison of tree structures)
+        if jax.tree.structure(state["params"]) != jax.tree.structure(  # type: ignore[operator]
+                self._params):
             raise ValueError("restore: the parameter tree does not match the model's")
         put = functools.partial(jax.tree.map, lambda x, s: jax.device_put(x, s))
         self._params = put(state["params"], self._param_shardings)
@@ -224,7 +226,8 @@ class Learner:
 
         A DAPO update also returns rollout_logprob_abs_diff, rollout_kl_k3 and
         rollout_outside_clip (`dapo.rollout_mismatch`: the learner's log-probabilities of the
-        sampled tokens, before this update, against the rollout's): the token mean over every response token from the
+        sampled tokens, before this update, against the rollout's): the token mean over every
+        response token from the
         recomputed old log-probabilities, or with old_logprobs "rollout" over the first
         mini-batch's tokens as the loss weighs them (NaN if that forward was not finite). With
         rollout_correction: rollout_is_weight and rollout_is_capped_fraction, the mean

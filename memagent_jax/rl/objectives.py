@@ -65,7 +65,8 @@ class SupervisedObjective:
         return sft_loss(logp, batch["loss_mask"], batch["row_weights"], entropy)
 
 
-OBJECTIVES = {"dapo": PolicyObjective, "sft": SupervisedObjective}
+OBJECTIVES: dict[str, type[PolicyObjective] | type[SupervisedObjective]] = {
+    "dapo": PolicyObjective, "sft": SupervisedObjective}
 
 
 def objective(config: LearnerConfig) -> PolicyObjective | SupervisedObjective:

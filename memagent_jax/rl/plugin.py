@@ -28,7 +28,7 @@ from memagent_jax.data.pipeline import Example
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rows import TrainingRows
 from memagent_jax.rollout.agent_api import Trajectory
-from memagent_jax.rollout.memagent import MemAgent, Sample
+from memagent_jax.rollout.memagent import Sample
 
 SECTION = "plugin"
 

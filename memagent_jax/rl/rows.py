@@ -5,7 +5,8 @@ or the final answer), trained as an independent row: its prompt followed by its 
 every generated token carrying the advantage of the trajectory the turn belongs to
 (docs/algorithm.md section 3; multi-conversation DAPO); tokens the agent added between replies
 (tool results, user turns) are in the row and carry no loss. A trajectory with more
-conversations (MemAgent: more chunks) therefore contributes more rows and more tokens. Two options give the slime port's
+conversations (MemAgent: more chunks) therefore contributes more rows and more tokens. Two options
+give the slime port's
 recipe instead: `credit="amortise"` divides a trajectory's advantage evenly over its trained
 turns, and `train_final_turn=False` leaves the final-answer turns out.
 
@@ -19,7 +20,6 @@ import dataclasses
 from typing import Sequence
 
 import numpy as np
-
 
 
 @dataclasses.dataclass

@@ -23,6 +23,7 @@ import dataclasses
 import importlib
 import math
 import multiprocessing
+import multiprocessing.pool
 import time
 from typing import Callable, ClassVar
 
@@ -81,7 +82,7 @@ class Rewarder:
 
     def __init__(self, section: RewardSection):
         self.section = section
-        self._pool = None
+        self._pool: multiprocessing.pool.Pool | None = None
 
     def score(self, examples: list, groups: list[list]) -> tuple[np.ndarray, float]:
         """([G, n] float32 rewards of each trajectory's final reply, seconds taken)."""

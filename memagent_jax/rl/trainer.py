@@ -52,8 +52,8 @@ import numpy as np
 from tqdm import tqdm
 
 from memagent_jax import distributed, model_dir
-from memagent_jax.data import pipeline
 from memagent_jax.console import announce, progress_bar
+from memagent_jax.data import pipeline
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
@@ -63,8 +63,13 @@ from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl import plugin
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.checkpointing import Checkpointer, committed_steps
-from memagent_jax.rl.config import (CONFIG_FILE, RESUMABLE, TrainConfig, check_devices,
-                                    load_train_config)
+from memagent_jax.rl.config import (
+    CONFIG_FILE,
+    RESUMABLE,
+    TrainConfig,
+    check_devices,
+    load_train_config,
+)
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.scoring import Rewarder

@@ -73,8 +73,8 @@ def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | N
     if server.api_key:
         headers["Authorization"] = f"Bearer {server.api_key}"
         headers["api-key"] = server.api_key  # Azure OpenAI reads this header instead
-    request = urllib.request.Request(server.url.rstrip("/") + "/chat/completions", body, headers)
-    with urllib.request.urlopen(request, timeout=server.timeout) as response:
+    call = urllib.request.Request(server.url.rstrip("/") + "/chat/completions", body, headers)
+    with urllib.request.urlopen(call, timeout=server.timeout) as response:
         payload = json.loads(response.read())
     return {**payload["choices"][0], "usage": payload.get("usage")}
 

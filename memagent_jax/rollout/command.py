@@ -12,8 +12,14 @@ import os
 import sys
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import (add_command, add_model_flags, from_flags, print_once, start,
-                                      tokens)
+from memagent_jax.commandline import (
+    add_command,
+    add_model_flags,
+    from_flags,
+    print_once,
+    start,
+    tokens,
+)
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.fileutil import check_input_file, check_new_files, check_output_file
 from memagent_jax.rollout.thinking import THINKING_CHOICES  # stdlib-only
@@ -86,11 +92,10 @@ def add_parsers(sub) -> None:
 
 def _generate(args) -> None:
     from memagent_jax.console import progress_bar
-
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
-    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine_api import EngineConfig
+    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.rollout.scheduler import Request, complete
@@ -301,8 +306,8 @@ def _local_agent(model, config, tokenizer, sample):
     import dataclasses
 
     from memagent_jax.models.sharding import job_mesh
-    from memagent_jax.rollout.factory import build_agent, load_policy
     from memagent_jax.rollout.engine_api import EngineConfig
+    from memagent_jax.rollout.factory import build_agent, load_policy
 
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)

@@ -40,7 +40,6 @@ from memagent_jax.models.sharding import ROLLOUT_RULES, param_shardings, partiti
 from memagent_jax.rollout.engine_api import DecodeState, EngineConfig, Prefix, StepLogprobs
 from memagent_jax.rollout.sampling import SamplingParams, request_key, sample, top_logprobs
 
-
 # The share of the cache the busy slots fill together below which a decode step reads each
 # slot to its own length: on CPU the ragged read's loops cost a tenth more than the dense read
 # where the slots fill half of it (Qwen2.5-0.5B shapes; several times more for memagent-tiny's),
@@ -77,7 +76,8 @@ class Engine:
         self.abstract_params = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, self.dtype, sharding=s), params, shardings)
         self._slot_axes = self._slot_mesh_axes()
-        self._state_sharding = self._decode_state_sharding()
+        # A DecodeState whose leaves are shardings (typed as arrays there).
+        self._state_sharding: Any = self._decode_state_sharding()
         self._placers: dict[jax.sharding.Sharding, Any] = {}  # `place`'s, one a target
         self._prefill = jax.jit(self._prefill_fn, in_shardings=(shardings, None, None))
         # Sampled tokens and log-probs replicated: the host reads them, and on a pod no
@@ -104,7 +104,9 @@ class Engine:
         """Raises ValueError unless `params` has the model's tree and shapes, holds device
         arrays, and none of them was donated away (a learner's update takes the parameters it
         is given: use its current ones). Any dtype and layout: `place` makes the engine's."""
-        if jax.tree.structure(params) != jax.tree.structure(self.abstract_params):
+        # (jax's stubs type no comparison of tree structures)
+        if jax.tree.structure(params) != jax.tree.structure(  # type: ignore[operator]
+                self.abstract_params):
             raise ValueError("engine: the parameters' tree differs from the model's")
         for (path, given), want in zip(jax.tree.leaves_with_path(params),
                                        jax.tree.leaves(self.abstract_params)):
@@ -195,7 +197,8 @@ class Engine:
         return (self._generate_ragged if sparse else self._generate)(params, state)
 
     def compiled(self, source: Params | None = None) -> dict[str, jax.stages.Compiled]:
-        """The decode step (with each read the engine has) and the prefill of each bucket (at `prefill_rows` prompts),
+        """The decode step (with each read the engine has) and the prefill of each bucket (at
+           `prefill_rows` prompts),
         compiled from shapes on this engine's shardings, and with `source` (parameters'
         shapes, dtypes and shardings, e.g. the learner's) `place`'s program for its largest
         weight, for their `memory_analysis()` and `cost_analysis()` (nothing is run or
@@ -313,7 +316,7 @@ class Engine:
     def _slot_mesh_axes(self) -> tuple[str, ...]:
         """The mesh axes slots split over: ROLLOUT_RULES' batch axes, and tensor where it
         cannot split the KV heads (attention data-parallel)."""
-        axes = ROLLOUT_RULES["batch"]
+        axes = tuple(ROLLOUT_RULES["batch"])
         tensor = 1 if self.mesh is None else self.mesh.shape.get("tensor", 1)
         return axes + ("tensor",) if self.model_config.num_kv_heads % tensor else axes
 

@@ -21,12 +21,10 @@ import jax
 
 from memagent_jax import model_dir
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.loading import load_model, random_model
+from memagent_jax.models.config import ATTENTION_CHOICES, ModelConfig
+from memagent_jax.models.loading import is_model_directory, load_model, random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Params, Qwen, split_params
-from memagent_jax.models.config import ATTENTION_CHOICES
-from memagent_jax.models.loading import is_model_directory
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
 from memagent_jax.rollout.runner import AgentRunner

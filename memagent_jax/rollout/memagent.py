@@ -29,16 +29,26 @@ from typing import Callable, ClassVar, Generator, Literal, NamedTuple
 
 from memagent_jax import model_dir
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.rollout.agent_api import (Conversation, Rollout, Trajectory, Turn,  # noqa: F401
-                                            run_record)
+from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory, Turn, run_record  # noqa: F401
 from memagent_jax.rollout.conversation import conversation_turns
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import (GATE_SENTENCES, GATE_WORDS, INITIAL_MEMORY,
-                                            TokenPrompts, final_prompt, update_prompt)
-from memagent_jax.rollout.thinking import (THINK_END, THINKING_CHOICES, strip_thinking_ids,
-                                           strip_thinking_text, template_kwargs)
+from memagent_jax.rollout.templates import (
+    GATE_SENTENCES,
+    GATE_WORDS,
+    INITIAL_MEMORY,
+    TokenPrompts,
+    final_prompt,
+    update_prompt,
+)
+from memagent_jax.rollout.thinking import (
+    THINK_END,
+    THINKING_CHOICES,
+    strip_thinking_ids,
+    strip_thinking_text,
+    template_kwargs,
+)
 from memagent_jax.runconfig import at_least, config_key
 from memagent_jax.tokenizer import check_representable, unknown_id
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import secrets
 from typing import Callable
@@ -339,6 +340,6 @@ def complete(engine: DecodeEngine, params, requests: list[Request],
             on_done(index, completions)
 
     for i, request in enumerate(requests):
-        scheduler.submit(request, lambda c, i=i: finish(i, c))
+        scheduler.submit(request, functools.partial(finish, i))
     scheduler.run(params)
     return results

@@ -23,8 +23,16 @@ from typing import Callable
 
 from memagent_jax.extras import needs
 from memagent_jax.serve.protocol import APIError, Generation, bad, parse_chat, parse_completion
-from memagent_jax.serve.respond import (Aborted, Exchange, Served, abort_error, collect, prepare,
-                                        stream, unless_ended)
+from memagent_jax.serve.respond import (
+    Aborted,
+    Exchange,
+    Served,
+    abort_error,
+    collect,
+    prepare,
+    stream,
+    unless_ended,
+)
 
 with needs("serve", "serve"):
     from starlette.applications import Starlette

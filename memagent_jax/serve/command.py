@@ -33,8 +33,8 @@ from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
 if TYPE_CHECKING:  # annotations only: importing them imports JAX
-    from memagent_jax.rollout.factory import Policy
     from memagent_jax.rollout.engine import Engine
+    from memagent_jax.rollout.factory import Policy
 
 
 def add_parsers(sub) -> None:
@@ -76,8 +76,8 @@ def add_parsers(sub) -> None:
 def _serve(args) -> None:
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
-    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
     from memagent_jax.rollout.engine_api import EngineConfig
+    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
 
     check_single_host()
     require_http_stack()

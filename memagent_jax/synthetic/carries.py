@@ -108,7 +108,6 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
     document (carries, rewrites, the first one and what it would write) and a summary
     (progress on stderr)."""
     from memagent_jax.console import progress_bar
-
     from memagent_jax.errors import UserError
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.synthetic.demo import load_agent

@@ -128,7 +128,6 @@ def _trace(args) -> None:
 
 def _synthetic(args) -> None:
     from memagent_jax.console import progress_bar
-
     from memagent_jax.data.io import write_parquet, write_set
     from memagent_jax.data.needle import write_tokenizer
     from memagent_jax.fileutil import check_new_files, check_output_dir

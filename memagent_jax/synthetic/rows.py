@@ -17,8 +17,13 @@ import numpy as np
 
 from memagent_jax.rl.rows import TrainingRows, rows_from_trajectories
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn
-from memagent_jax.synthetic.oracle import (document_state, end_token, first_facts, memory_ids,
-                                           update_turn)
+from memagent_jax.synthetic.oracle import (
+    document_state,
+    end_token,
+    first_facts,
+    memory_ids,
+    update_turn,
+)
 from memagent_jax.synthetic.tasks import CITY_FACT, CODE_FACT, filler_text, words
 from memagent_jax.tokenizer import word_ids
 

@@ -167,7 +167,8 @@ def test_a_new_edge_or_circle_is_caught(tmp_path):
 
 def test_architecture_quotes_the_graph():
     with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
-        assert render() in f.read(), "docs/architecture.md: paste tests/core/test_imports.py render()"
+        assert render() in f.read(), ("docs/architecture.md: paste "
+                                      "tests/core/test_imports.py render()")
 
 
 def test_the_training_eval_and_serve_paths_load_no_experiment_module():

@@ -322,7 +322,8 @@ def test_bad_starts_end_every_process_with_one_line(task, tmp_path):
     (distributed.Launch("h:1", 2, 2), {}, "--process-id 2 is not in 0..1 (--num-processes 2)"),
     (distributed.Launch("h:1", 2), {}, "--process-id missing"),
     (distributed.Launch(), {"JAX_COORDINATOR_ADDRESS": "h", "JAX_NUM_PROCESSES": "2",
-                            "JAX_PROCESS_ID": "0"}, "JAX_COORDINATOR_ADDRESS 'h': expected HOST:PORT"),
+                            "JAX_PROCESS_ID": "0"},
+     "JAX_COORDINATOR_ADDRESS 'h': expected HOST:PORT"),
 ])
 def test_start_up_coordinates_are_checked_before_anything_starts(monkeypatch, launch, env,
                                                                  message):

@@ -2,8 +2,14 @@
 
 import pytest
 
-from memagent_jax.eval.metrics import (exact_match, f1, normalize_answer, qa_scores,
-                                       string_match_all, sub_exact_match)
+from memagent_jax.eval.metrics import (
+    exact_match,
+    f1,
+    normalize_answer,
+    qa_scores,
+    string_match_all,
+    sub_exact_match,
+)
 
 
 @pytest.mark.parametrize("text,expected", [

@@ -8,7 +8,8 @@ import re
 
 import pytest
 
-from memagent_jax.agents.tool_calling import build as build_tool_agent, parse_tool_call
+from memagent_jax.agents.tool_calling import build as build_tool_agent
+from memagent_jax.agents.tool_calling import parse_tool_call
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.eval.compare import compare, read_run, wilson_interval
 from memagent_jax.lookup import task

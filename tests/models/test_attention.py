@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memagent_jax.models.attention import (attend, attend_cache, attend_cache_ragged,
-                                            attend_causal)
+from memagent_jax.models.attention import attend, attend_cache, attend_cache_ragged, attend_causal
 from tests.builders import decode_cache, length_mask
 
 
@@ -67,7 +66,8 @@ def test_bfloat16_gradient_keeps_dtypes_and_tracks_float32():
 
 def test_no_square_score_tensor_is_built():
     """At T = 1024 with the default blocks the compiled program holds no [.., 1024, 1024]
-    buffer, nor does its gradient (which saves only q, k, v, the output and a log-sum-exp per row)."""
+    buffer, nor does its gradient (which saves only q, k, v, the output and a log-sum-exp per
+    row)."""
     t = 1024
     q = jax.ShapeDtypeStruct((1, t, 4, 16), jnp.float32)
     kv = jax.ShapeDtypeStruct((1, t, 2, 16), jnp.float32)

@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 
 from memagent_jax.models import qwen
-from memagent_jax.models.loading import random_model
 from memagent_jax.models.attention import attend, attend_causal, segment_starts
+from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import _segment_positions
 from tests.builders import LEARNER_MODEL
 

@@ -8,11 +8,9 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-from memagent_jax.models.presets import preset_config
-from memagent_jax.models.qwen import Qwen
-from memagent_jax.models.presets import preset_hf_dict
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.qwen import KVCache, param_specs
+from memagent_jax.models.presets import preset_config, preset_hf_dict
+from memagent_jax.models.qwen import KVCache, Qwen, param_specs
 
 PUBLISHED_PARAMS = {  # billions, docs/algorithm.md section 6
     "qwen2.5-0.5b": 0.49, "qwen2.5-1.5b": 1.54, "qwen2.5-3b": 3.09, "qwen2.5-7b": 7.62,

@@ -13,8 +13,7 @@ from jax.sharding import PartitionSpec as P
 from memagent_jax.cli import main
 from memagent_jax.errors import UserError
 from memagent_jax.models.loading import load_model
-from memagent_jax.models.sharding import make_mesh
-from memagent_jax.models.sharding import batch_sharding
+from memagent_jax.models.sharding import batch_sharding, make_mesh
 from tests.hf_reference import hf_logits, hf_model, write_hf_model
 
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=8,

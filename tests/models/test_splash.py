@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
+from memagent_jax.models.attention import attend
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.sharding import make_mesh
-from memagent_jax.models.attention import attend
 from memagent_jax.models.splash import splash_causal
 
 pytestmark = pytest.mark.filterwarnings("ignore:attention 'splash' off TPU")

@@ -12,10 +12,16 @@ import pytest
 from memagent_jax.errors import UserError
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.sharding import make_mesh
+from memagent_jax.rl.batching import (
+    abstract_batch,
+    batch_fields,
+    gather,
+    padded_fraction,
+    plan_sequences,
+    scatter,
+)
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
-from memagent_jax.rl.batching import (abstract_batch, batch_fields, gather, padded_fraction,
-                                      plan_sequences, scatter)
 from memagent_jax.rl.rows import TrainingRows
 from tests.builders import LEARNER_MODEL, random_rows
 
@@ -55,7 +61,8 @@ def _rows(tokens, lengths):
     mask = (np.arange(tokens.shape[1])[None] < lengths[:, None]).astype(np.float32)
     mask[:, 0] = 0
     return TrainingRows(tokens, mask, np.zeros(r, np.float32), np.zeros(tokens.shape, np.float32),
-                        np.ones(r, np.int32), lengths.astype(np.int32), np.arange(r, dtype=np.int32),
+                        np.ones(r, np.int32), lengths.astype(np.int32),
+                        np.arange(r, dtype=np.int32),
                         np.zeros(r, np.int32), np.zeros(r, bool))
 
 

@@ -13,8 +13,8 @@ from memagent_jax.models.loading import build_model, random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh, param_shardings
 from memagent_jax.rl.advantages import group_advantages
-from memagent_jax.rl.dapo import informative_groups
 from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.dapo import informative_groups
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.engine import Engine

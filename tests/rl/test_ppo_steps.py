@@ -13,8 +13,7 @@ import optax
 import pytest
 
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.loading import build_model
-from memagent_jax.models.loading import abstract_params
+from memagent_jax.models.loading import abstract_params, build_model
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories

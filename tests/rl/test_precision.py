@@ -19,8 +19,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.sharding import make_mesh
-from memagent_jax.rl.config import load_train_config
-from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.config import LearnerConfig, load_train_config
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.trainer import Trainer

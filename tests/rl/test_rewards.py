@@ -6,10 +6,16 @@ lenient, exact-match and F1 rewards on hand-computed cases."""
 import pytest
 
 from memagent_jax.rl import rewards
+from memagent_jax.rl.rewards import (
+    exact_match_reward,
+    f1_reward,
+    lenient_boxed_reward,
+    math_strip_string,
+    reward_function,
+    strict_reward,
+    strip_string,
+)
 from memagent_jax.rl.scoring import BUILT_IN, contains_reward, verifier
-from memagent_jax.rl.rewards import (exact_match_reward, f1_reward, lenient_boxed_reward,
-                                     math_strip_string, reward_function, strict_reward,
-                                     strip_string)
 from tests import original_hotpotqa_reward as original
 from tests.builders import random_replies
 

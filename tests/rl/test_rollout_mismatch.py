@@ -19,8 +19,8 @@ import pytest
 
 from memagent_jax.errors import UserError
 from memagent_jax.models.loading import random_model
-from memagent_jax.rl.dapo import policy_loss, truncated_is_weights
 from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.dapo import policy_loss, truncated_is_weights
 from memagent_jax.rl.learner import Learner
 from tests.builders import LEARNER_MODEL, random_rows
 

@@ -10,7 +10,7 @@ import pytest
 
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.rl.scoring import RewardSection, Rewarder
+from memagent_jax.rl.scoring import Rewarder, RewardSection
 from memagent_jax.rollout.agent_api import Trajectory, Turn
 
 

@@ -136,7 +136,8 @@ def three_steps(task, tmp_path_factory) -> _Run:
 @pytest.mark.slow
 def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(three_steps):
     """Every trajectory runs the multi-conversation loop, the engine decodes with its copy of
-    the learner's current parameters, logs and TensorBoard carry every scalar, checkpoints 2 and 3 hold the parameters
+    the learner's current parameters, logs and TensorBoard carry every scalar, checkpoints 2 and 3
+    hold the parameters
     of those steps."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -362,7 +363,8 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
     assert run.returncode == 0, err[-2000:]
     assert "step 3/4" in err and "step 1/4" not in err  # it resumed, it did not start over
 
-    a, b = _saved_state(str(straight / "checkpoints"), 4), _saved_state(str(killed / "checkpoints"), 4)
+    a = _saved_state(str(straight / "checkpoints"), 4)
+    b = _saved_state(str(killed / "checkpoints"), 4)
     _assert_trees_equal(a, b)
     first, second = _records(straight), _records(killed)
     assert [r["step"] for r in second] == [1, 2, 3, 4]

@@ -10,7 +10,8 @@ import types
 import numpy as np
 import pytest
 
-from memagent_jax.agents.tool_calling import build as build_tool_agent, parse_tool_call
+from memagent_jax.agents.tool_calling import build as build_tool_agent
+from memagent_jax.agents.tool_calling import parse_tool_call
 from memagent_jax.data.needle import needle_rows, write_tokenizer
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.errors import ConfigError
@@ -21,10 +22,10 @@ from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Conversation, Rollout, load_agent
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.factory import build_agent
+from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import PromptTooLong, Scheduler
-from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ReplyEngine
 from tests.reference_memory_loop import reference_run

@@ -12,7 +12,8 @@ import os
 import numpy as np
 import pytest
 
-from memagent_jax.agents.tool_calling import build as build_tool_agent, system_prompt
+from memagent_jax.agents.tool_calling import build as build_tool_agent
+from memagent_jax.agents.tool_calling import system_prompt
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.runner import AgentRunner

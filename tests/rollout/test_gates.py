@@ -19,8 +19,12 @@ from memagent_jax.rollout.agent_api import Reply
 from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import (GATE_WORDS, INITIAL_MEMORY, UPDATE_TEMPLATE,
-                                            update_prompt)
+from memagent_jax.rollout.templates import (
+    GATE_WORDS,
+    INITIAL_MEMORY,
+    UPDATE_TEMPLATE,
+    update_prompt,
+)
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import summarize, trace_document
 from memagent_jax.tokenizer import load_tokenizer

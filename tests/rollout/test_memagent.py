@@ -9,14 +9,25 @@ from memagent_jax.errors import UserError
 from memagent_jax.model_dir import resolve
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.memagent import (MemAgentConfig, MemoryAgent, chunk_ids, read_sample,
-                                           required_length)
+from memagent_jax.rollout.factory import build_agent
+from memagent_jax.rollout.memagent import (
+    MemAgentConfig,
+    MemoryAgent,
+    chunk_ids,
+    read_sample,
+    required_length,
+)
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import (FINAL_TEMPLATE, UPDATE_TEMPLATE, TokenPrompts,
-                                            chat_prompt_ids, final_prompt, update_prompt)
+from memagent_jax.rollout.templates import (
+    FINAL_TEMPLATE,
+    UPDATE_TEMPLATE,
+    TokenPrompts,
+    chat_prompt_ids,
+    final_prompt,
+    update_prompt,
+)
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ScriptedEngine
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
@@ -86,7 +97,8 @@ def test_conversations_are_exactly_the_originals(tokenizer, length):
 
 
 def test_a_sample_can_start_from_a_memory_of_its_own(tokenizer):
-    """A rollout that starts inside a document (a carry start, synthetic/carry_starts.py): the first prompt is the
+    """A rollout that starts inside a document (a carry start, synthetic/carry_starts.py): the first
+       prompt is the
     original's update prompt with the given memory in place of "No previous memory"."""
     agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), tokenizer,
                         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,

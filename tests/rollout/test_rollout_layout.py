@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
-from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout import engine as engine_module
 from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, complete

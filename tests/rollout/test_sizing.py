@@ -14,9 +14,9 @@ from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rollout import engine as engine_module
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_model, write_tiny_tokenizer

@@ -16,11 +16,10 @@ from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, turn_part
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.templates import chat_prompt_ids, final_prompt, update_prompt
-from memagent_jax.rollout.thinking import (THINKING_CHOICES, strip_thinking_ids,
-                                           strip_thinking_text)
+from memagent_jax.rollout.thinking import THINKING_CHOICES, strip_thinking_ids, strip_thinking_text
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import write_tiny_model, write_tiny_tokenizer
 from tests.builders import EOS, ScriptedEngine
+from tests.hf_reference import write_tiny_model, write_tiny_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 THOUGHT = "<think> the answer is hello </think> memory hello"  # every update reply
@@ -157,8 +156,8 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     """A tiny random Qwen with the Qwen3-like tokenizer through `build_agent`: under off every
     prompt holds the empty think block (the first is keep's plus the block), the memories are
     the replies, and the loop answers from its final reply."""
-    from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
     from memagent_jax.rollout.engine_api import EngineConfig
+    from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))
     tokenizer = section.load_tokenizer(required=True)

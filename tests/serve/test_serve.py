@@ -14,8 +14,19 @@ import torch
 from memagent_jax.cli import main
 from memagent_jax.tokenizer import load_tokenizer
 from tests.original_memory_prompts import TEMPLATE, TEMPLATE_FINAL_BOXED
-from tests.serve_helpers import (API_KEY, MESSAGES, SLOTS, chat_prompt, client_of, forward_logprobs,
-                                 generate, get, ids_of, serving, tiny_model_dir)
+from tests.serve_helpers import (
+    API_KEY,
+    MESSAGES,
+    SLOTS,
+    chat_prompt,
+    client_of,
+    forward_logprobs,
+    generate,
+    get,
+    ids_of,
+    serving,
+    tiny_model_dir,
+)
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml"
 

@@ -15,8 +15,17 @@ import time
 import openai
 import pytest
 
-from tests.serve_helpers import (API_KEY, MAX_LEN, SLOTS, client_of, generate, get, ids_of, serving,
-                                 tiny_model_dir)
+from tests.serve_helpers import (
+    API_KEY,
+    MAX_LEN,
+    SLOTS,
+    client_of,
+    generate,
+    get,
+    ids_of,
+    serving,
+    tiny_model_dir,
+)
 
 GOOD = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
 

@@ -10,8 +10,15 @@ import pytest
 from memagent_jax.rollout.templates import chat_ids
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_tiny_model
-from tests.serve_helpers import (MESSAGES, SEED, chat_prompt, client_of, forward_logprobs,
-                                 ids_of, serving)
+from tests.serve_helpers import (
+    MESSAGES,
+    SEED,
+    chat_prompt,
+    client_of,
+    forward_logprobs,
+    ids_of,
+    serving,
+)
 
 
 @pytest.fixture(scope="module")

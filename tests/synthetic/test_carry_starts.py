@@ -11,8 +11,8 @@ from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rewards import strict_reward
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.engine_api import EngineConfig
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.templates import TokenPrompts

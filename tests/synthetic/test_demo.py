@@ -19,8 +19,7 @@ from memagent_jax.models.loading import random_model, save_hf
 from memagent_jax.models.presets import preset_config
 from memagent_jax.synthetic import demo
 from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.synthetic.trace import (OUTCOMES, follow, made_up, trace_document,
-                                         turn_losses)
+from memagent_jax.synthetic.trace import OUTCOMES, follow, made_up, trace_document, turn_losses
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 from tests.synthetic.signals import ctrl_c_in_a_gc_callback
 

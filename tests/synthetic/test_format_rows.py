@@ -10,7 +10,7 @@ from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.format_rows import drawn_memory, format_trajectory, whole_sentences
 from memagent_jax.synthetic.oracle import oracle_trajectory
-from memagent_jax.synthetic.plugin import SyntheticPlugin, PluginSection
+from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin
 from tests.builders import SFT_BUDGETS, sft_agent
 
 

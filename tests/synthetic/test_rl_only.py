@@ -22,7 +22,8 @@ RESULTS = os.path.join(ROOT, "results", "rl_only_test")
 def test_the_exports_load_in_transformers_with_our_logits_and_the_test_budgets(name):
     path = os.path.join(ROOT, "checkpoints", "rl_only", name)
     assert_trained_export_matches_transformers(path)
-    test_config = load_config(EvalConfig, os.path.join(ROOT, "configs", "eval", "rl_only_test.yaml"))
+    test_config = load_config(EvalConfig,
+                              os.path.join(ROOT, "configs", "eval", "rl_only_test.yaml"))
     budgets = dataclasses.asdict(test_config.memagent)
     assert {k: budgets[k] for k in model_dir.budgets(path)} == model_dir.budgets(path)
 

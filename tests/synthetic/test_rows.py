@@ -4,12 +4,17 @@ recall, carry and fact rows."""
 import numpy as np
 import pytest
 
-from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.plugin import StepContext
+from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.synthetic.rows import (carry_candidates, carry_trajectories, copy_trajectories,
-                                         fact_trajectories, recall_trajectories)
-from memagent_jax.synthetic.plugin import SyntheticPlugin, PluginSection
+from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin
+from memagent_jax.synthetic.rows import (
+    carry_candidates,
+    carry_trajectories,
+    copy_trajectories,
+    fact_trajectories,
+    recall_trajectories,
+)
 from memagent_jax.tokenizer import word_ids
 from tests.builders import SFT_BUDGETS, sft_agent
 

@@ -3,6 +3,7 @@ import re
 import string
 from collections import Counter
 
+
 def get_client():
     import openai
     # client = openai.OpenAI(

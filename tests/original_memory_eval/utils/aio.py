@@ -1,8 +1,9 @@
-from operator import length_hint
-import time
 import asyncio
+import time
+from operator import length_hint
 
 import aiohttp
+
 SESSION: aiohttp.ClientSession | None = None
 # unfortunately, aiohttp cannot reuse connection for some reason, I'm not sure if this is a bug
 # 'Cannot write to closing transport' will be triggered....

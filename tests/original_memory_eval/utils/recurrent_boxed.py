@@ -1,6 +1,7 @@
-from .aio import get_async_client
 from utils import extract_solution
-from .envs import URL, API_KEY, RECURRENT_CHUNK_SIZE, RECURRENT_MAX_NEW, RECURRENT_MAX_CONTEXT_LEN
+
+from .aio import get_async_client
+from .envs import API_KEY, RECURRENT_CHUNK_SIZE, RECURRENT_MAX_CONTEXT_LEN, RECURRENT_MAX_NEW, URL
 
 TEMPLATE = """You are presented with a problem, a section of an article that may contain the answer to the problem, and a previous memory. Please read the provided section carefully and update the memory with the new information that helps to answer the problem. Be sure to retain all relevant details from the previous memory while adding any new, useful information.
 
@@ -82,7 +83,7 @@ async def async_query_llm(item, model, tokenizer, temperature=0.7, top_p=0.95, s
                     print(clip_long_string(memory))
         except KeyboardInterrupt as e:
             raise e
-        except Exception as e:
+        except Exception:
             import traceback
             traceback.print_exc()
             return ''
@@ -112,7 +113,7 @@ async def async_query_llm(item, model, tokenizer, temperature=0.7, top_p=0.95, s
             return data['choices'][0]['message']['content']
     except KeyboardInterrupt as e:
         raise e
-    except Exception as e:
+    except Exception:
         import traceback
         traceback.print_exc()
         return ''
