@@ -237,7 +237,7 @@ class Qwen(nnx.Module):
         if segment_ids is not None:
             if attention_mask is not None:
                 raise ValueError("give an attention_mask or segment_ids, not both")
-            positions = _segment_positions(segment_ids)
+            positions = segment_positions(segment_ids)
             visible = causal & (segment_ids[:, :, None] == segment_ids[:, None, :])
         elif attention_mask is None:
             return self.logits(self.hidden(input_ids, remat=remat))
@@ -263,7 +263,7 @@ class Qwen(nnx.Module):
         if segment_ids is None:
             positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
         else:
-            positions = _segment_positions(segment_ids)
+            positions = segment_positions(segment_ids)
         return self._scan(input_ids, positions, self._causal_attention(segment_ids), remat)
 
     def prefill(self, input_ids: jnp.ndarray, logits_index: jnp.ndarray):
@@ -415,7 +415,7 @@ def rms_norm(x: jnp.ndarray, weight: jnp.ndarray, eps: float) -> jnp.ndarray:
     return weight * normed.astype(x.dtype)
 
 
-def _segment_positions(segment_ids: jnp.ndarray) -> jnp.ndarray:
+def segment_positions(segment_ids: jnp.ndarray) -> jnp.ndarray:
     """[B, T] -> [B, T] int32: each token's position within its segment (rope restarts at 0)."""
     return jnp.arange(segment_ids.shape[1], dtype=jnp.int32) - segment_starts(segment_ids)
 

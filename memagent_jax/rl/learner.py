@@ -262,7 +262,7 @@ class Learner:
         lr = jax.device_put(jnp.float32(config.learning_rate(self.train_steps)), self._scalar)
         results = []
         for _ in range(config.ppo_epochs):
-            for indices, weights in self._mini_batches(rows, rng):
+            for indices, weights in self.mini_batches_of(rows, rng):
                 results.append(self._update_mini_batch(arrays, rows, indices, weights, lr))
         self._train_steps += 1
         return {**self._summarise(jax.device_get(results), rows), **extra}
@@ -272,7 +272,9 @@ class Learner:
     def _plan(self, rows: TrainingRows, indices) -> list[batching.MicroBatchPlan]:
         return batching.plan(self.config, rows.lengths, indices, self._row_multiple)
 
-    def _mini_batches(self, rows: TrainingRows, rng):
+    def mini_batches_of(self, rows: TrainingRows, rng):
+        """An epoch's mini-batches of `rows` (rl/batching.py `mini_batches`): (row indices,
+        row weights) each, in the order `update` applies them."""
         return batching.mini_batches(self.config, rows.loss_mask.sum(axis=1), rows.trajectory,
                                      rows.turn, rows.final, rng, self._row_multiple)
 

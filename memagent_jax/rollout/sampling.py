@@ -56,7 +56,7 @@ def sample(logits: jnp.ndarray, temperature: jnp.ndarray, top_p: jnp.ndarray,
         # than this exp(where(...)).)
         needs_truncation = jnp.any(~greedy & ((top_k > 0) | (top_p < 1)))
         threshold = jax.lax.cond(
-            needs_truncation, lambda: _truncation_threshold(logits, divisor, top_p, top_k),
+            needs_truncation, lambda: truncation_threshold(logits, divisor, top_p, top_k),
             lambda: jnp.full(logits.shape[:1], -jnp.inf))
         weights = jnp.exp(jnp.where(logits >= threshold[:, None], (logits - top) / divisor,
                                     -jnp.inf))
@@ -130,7 +130,7 @@ def _divisor_near_sqrt(n: int) -> int:
     return max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
 
 
-def _truncation_threshold(logits: jnp.ndarray, divisor: jnp.ndarray, top_p: jnp.ndarray,
+def truncation_threshold(logits: jnp.ndarray, divisor: jnp.ndarray, top_p: jnp.ndarray,
                           top_k: jnp.ndarray) -> jnp.ndarray:
     """[S]: the smallest logit each row keeps after its top-k (every tie of the k-th largest
     kept), then the top-p nucleus of those at its temperature (logits / divisor [S, 1]),

@@ -172,7 +172,7 @@ def make_sample(task: str, length: int, seed: int, index: int,
         depths[asked], depths[n + asked] = early, late
         question = f"what is the code of the city of {people[asked]} ?"
         answer = values[asked]
-    return _document(rng, w, facts, depths, length, question, answer, poll)
+    return document(rng, w, facts, depths, length, question, answer, poll)
 
 
 def fact_at_chunk_end(sample: Sample, chunk_tokens: int, window: int, seed: int,
@@ -235,12 +235,15 @@ def _find(tokens: list[str], words_: list[str]) -> int:
 def filler_text(length: int, seed: int, index: int) -> str:
     """Text `index` of (length, seed): `length` tokens of the documents' filler sentences and
     no fact."""
-    return _document(random.Random(f"filler:{length}:{seed}:{index}"), words(), [], [], length,
+    return document(random.Random(f"filler:{length}:{seed}:{index}"), words(), [], [], length,
                      "", "").context
 
 
-def _document(rng, w: Words, facts: list[Fact], depths: list[float], length: int,
-              question: str, answer: str, poll: Callable[[], None] | None = None) -> Sample:
+def document(rng, w: Words, facts: list[Fact], depths: list[float], length: int,
+             question: str, answer: str, poll: Callable[[], None] | None = None) -> Sample:
+    """A document of `length` words: filler sentences drawn with `rng`, each fact between
+    them at its depth (0 opens the document, 1 closes it); the sample asks `question`,
+    answered `answer`. poll() every POLL_TOKENS filler words (a job's Ctrl-C check)."""
     fact_tokens = sum(len(f.text.split()) for f in facts)
     if length < fact_tokens + 1:
         from memagent_jax.errors import UserError

@@ -13,7 +13,7 @@ from flax import nnx
 from memagent_jax.models import qwen
 from memagent_jax.models.attention import attend, attend_causal, segment_starts
 from memagent_jax.models.loading import random_model
-from memagent_jax.models.qwen import _segment_positions
+from memagent_jax.models.qwen import segment_positions
 from tests.builders import LEARNER_MODEL
 
 pytestmark = [pytest.mark.filterwarnings("ignore:attention 'splash' off TPU"),
@@ -172,7 +172,7 @@ def test_positions_restart_at_each_segment():
     ids = jnp.asarray([[1, 1, 2, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 2]])
     np.testing.assert_array_equal(segment_starts(ids), [[0, 0, 2, 2, 2, 5, 6, 6],
                                                         [0] * 7 + [7]])
-    np.testing.assert_array_equal(_segment_positions(ids), [[0, 1, 0, 1, 2, 0, 0, 1],
+    np.testing.assert_array_equal(segment_positions(ids), [[0, 1, 0, 1, 2, 0, 0, 1],
                                                             list(range(7)) + [0]])
 
 

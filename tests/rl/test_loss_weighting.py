@@ -86,7 +86,7 @@ def test_per_rank_mini_batches_take_each_ranks_contiguous_sub_piece():
     learner = Learner(random_model(CONFIG, seed=0), LearnerConfig(
         micro_batch_rows=4, loss_agg="per_rank_token_mean", loss_agg_ranks=2, mini_batches=2))
     for epoch in range(2):
-        mini_batches = learner._mini_batches(rows, np.random.default_rng(epoch))
+        mini_batches = learner.mini_batches_of(rows, np.random.default_rng(epoch))
         assert len(mini_batches) == 2
         for m, (indices, weights) in enumerate(mini_batches):
             halves = [order[3 * m:3 * m + 3], order[6 + 3 * m:9 + 3 * m]]

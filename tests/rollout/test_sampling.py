@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memagent_jax.rollout.sampling import _truncation_threshold, first_argmax, inverse_cdf, sample
+from memagent_jax.rollout.sampling import first_argmax, inverse_cdf, sample, truncation_threshold
 
 DRAWS = 20_000
 LOGITS = np.random.RandomState(0).normal(0, 1.5, 16).astype(np.float32)
@@ -110,7 +110,7 @@ def test_truncation_threshold_matches_sorting(temperature, top_k, top_p):
     """The bisection's cut-off equals the sorted-cumulative-mass definition (the test's
     `exact_distribution`) on a 152K vocabulary."""
     logits = np.random.RandomState(3).normal(0, 3, (2, VOCAB)).astype(np.float32)
-    threshold = np.asarray(jax.jit(_truncation_threshold)(
+    threshold = np.asarray(jax.jit(truncation_threshold)(
         jnp.asarray(logits), jnp.full((2, 1), temperature), jnp.full(2, top_p),
         jnp.full(2, top_k, jnp.int32)))
     for row in range(2):

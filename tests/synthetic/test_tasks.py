@@ -68,7 +68,7 @@ def test_facts_can_open_and_close_a_document():
     w = synthetic.words()
     facts = [synthetic.Fact(synthetic.CODE_FACT.format(w.keys[i], w.values[i]), "code", i == 0)
              for i in range(2)]
-    sample = synthetic._document(random.Random(0), w, facts, [0.0, 1.0], 500, "q ?", "a")
+    sample = synthetic.document(random.Random(0), w, facts, [0.0, 1.0], 500, "q ?", "a")
     assert sample.context.startswith(facts[0].text) and sample.context.endswith(facts[1].text)
     assert len(sample.context.split()) == 500
 

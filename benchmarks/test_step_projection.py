@@ -1,20 +1,18 @@
-"""benchmarks/step_projection.py: the RL step's time on paper for the 7B and Qwen3-4B configs,
+"""step_projection.py (tested beside it, with the benchmarks it shares helpers with): the RL
+step's time on paper for the 7B and Qwen3-4B configs,
 its update FLOPs against a hand count, and a config it cannot read refused in one line naming
 the key."""
 
 import dataclasses
 import os
-import sys
 
 import numpy as np
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
-
-import step_projection
+import step_projection  # beside this file: pytest puts its directory on the path
 
 from memagent_jax.rl.config import load_train_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 GPU8 = os.path.join(ROOT, "configs/train/qwen2.5-7b_gpu8.yaml")
 TPU = os.path.join(ROOT, "configs/train/qwen2.5-7b_tpu_v5p.yaml")
