@@ -25,15 +25,9 @@ from tests.serve_helpers import (
     get,
     ids_of,
     serving,
-    tiny_model_dir,
 )
 
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

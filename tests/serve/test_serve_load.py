@@ -24,15 +24,9 @@ from tests.serve_helpers import (
     get,
     ids_of,
     serving,
-    tiny_model_dir,
 )
 
 GOOD = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -16,14 +16,9 @@ import time
 import pytest
 
 from memagent_jax.cli import main
-from tests.serve_helpers import API_KEY, serving, tiny_model_dir, wait_healthy
+from tests.serve_helpers import API_KEY, serving, wait_healthy
 
 LONG = 480  # tokens per long request: 10 of them keep one slot busy for seconds
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return tiny_model_dir(tmp_path_factory)
 
 
 def _start(model_dir) -> tuple[subprocess.Popen, int]:
