@@ -33,8 +33,8 @@ at start-up that they all see the same checkpoint directory. SIGTERM (a preempti
 and Ctrl-C (SIGINT) stop the run the same way, at the next turn or step boundary, on every
 process at once: the step in flight is finished (its rollouts were done) or abandoned (in the
 middle of its rollouts), the state of the last completed step, whose line was printed, is
-checkpointed with its data position, and the command exits 0 for SIGTERM, 130 for Ctrl-C
-(`Interrupted`); rerunning it resumes.
+checkpointed with its data position, and the command exits 143 for SIGTERM, 130 for Ctrl-C
+(`Interrupted`; never 0, which says the run finished); rerunning it resumes.
 """
 
 from __future__ import annotations
@@ -226,6 +226,8 @@ class Trainer:
     # ---- the loop -----------------------------------------------------------------------
 
     def run(self) -> dict:
+        """Trains to `config.steps`; returns the last step's record ({} where no step ran).
+        Raises Interrupted (after the checkpoint, `stop`) where a signal stopped it first."""
         config = self.config
         record: dict = {}
         if self.step >= config.steps:
@@ -246,10 +248,8 @@ class Trainer:
                         self.stop(self.step)
             self.close()
         if self.stopped:
-            if self.preemption.interrupted:
-                raise Interrupted(self._stop_line)
-            self._say(self._stop_line)
-        elif record:
+            raise Interrupted(self._stop_line, self.preemption.signal_number)
+        if record:
             summary = [f"reward {record['reward/mean']:.3f}"] + (
                 [f"val accuracy {record['val/accuracy']:.1f}"] if "val/accuracy" in record
                 else [])
