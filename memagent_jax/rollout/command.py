@@ -125,14 +125,22 @@ def _generate(args) -> None:
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
         args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
         for i, p in enumerate(prompts)]
-    try:
-        with progress_bar(total=len(requests), desc="generate", unit="prompt",
-                          disable=not distributed.is_main()) as bar:
-            results = complete(engine, policy.params, requests,
-                               on_done=lambda i, c: bar.update(1))
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written ({args.out} is written once "
-                          "every prompt has finished)") from None
+    # Ctrl-C and SIGTERM only set the notice's flag while the engine runs; the next step
+    # stops. A KeyboardInterrupt could land in an XLA compile, which goes on in XLA's threads
+    # while the interpreter exits (a SIGSEGV at exit, 1 try in 3), or in a garbage-collection
+    # callback, where Python drops it (the run went on to its end).
+    with distributed.PreemptionNotice() as notice, progress_bar(
+            total=len(requests), desc="generate", unit="prompt",
+            disable=not distributed.is_main()) as bar:
+
+        def stop_if_signalled() -> None:
+            if notice.reached():
+                cause = "interrupted" if notice.interrupted else "stopped (SIGTERM)"
+                raise Interrupted(f"{cause}; nothing was written ({args.out} is written once "
+                                  "every prompt has finished)", notice.signal_number)
+
+        results = complete(engine, policy.params, requests, on_done=lambda i, c: bar.update(1),
+                           poll=stop_if_signalled)
     rows = []
     for (completion,) in results:
         text = (tokenizer.decode(completion.token_ids, skip_special_tokens=True)
