@@ -54,7 +54,7 @@ from tqdm import tqdm
 from memagent_jax import distributed, model_dir
 from memagent_jax.data import pipeline
 from memagent_jax.console import announce, progress_bar
-from memagent_jax.errors import Interrupted, UserError
+from memagent_jax.errors import ConfigError, Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
 from memagent_jax.fileutil import check_output_dir
@@ -112,6 +112,13 @@ class Trainer:
         sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]",
                                         required=fields) for i, s in enumerate(data.train)]
         self.train_data = pipeline.concatenate(sources)
+        if self.config.prompts_per_step > len(self.train_data):
+            # A step would draw rows again and again (10^6 of 64 rows: minutes of building
+            # examples before the first line, and of rollouts no signal stops soon).
+            raise ConfigError("prompts_per_step", f"{self.config.prompts_per_step} is more "
+                                                  f"than the {len(self.train_data)} rows of "
+                                                  f"data.train ({', '.join(data.train)}): a "
+                                                  "step's prompts would repeat rows")
         self.val_examples = []
         if data.val:
             val = pipeline.load_source(data.val, data.val_split, key="data.val", required=fields)

@@ -7,6 +7,7 @@ and the tokenizer load inside each command, after its flags and files are checke
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -33,7 +34,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i")
-    p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
+    p.add_argument("--slots", type=int, default=8,
+                   help="sequences decoded together (at most the number of prompts)")
     p.add_argument("--prefill-rows", type=int, default=1,
                    help="prompts prefilled together in one call (compiled for 1, 2, 4, ... up "
                         "to it)")
@@ -115,6 +117,9 @@ def _generate(args) -> None:
             raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
                             f"{what} {limit} with --max-new-tokens {args.max_new_tokens} "
                             "(prompt + new tokens)")
+    # A slot beyond the prompts would only decode an empty row, and hold its cache and its
+    # sampling arrays (100,000 slots for 2 prompts took 6 GB and minutes).
+    engine_config = dataclasses.replace(engine_config, slots=min(args.slots, len(prompts)))
     start(args)
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)

@@ -141,6 +141,8 @@ def test_overrides_reach_nested_sections(config_file):
      "plugin.copy_span_min: 5 is above copy_span 4"),
     (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=9", "prompts_per_step=8"],
      "plugin.carry_starts: 9 is more than prompts_per_step 8"),
+    (["prompts_per_step=1000000"], "prompts_per_step: 1000000 is more than the 8 rows of "
+                                   "data.train ("),
     (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=1", "learner.loss=sft"],
      "plugin.carry_starts: carry starts are rollouts"),
     (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=-1"], "plugin.carry_starts: must be at least 0"),
