@@ -250,6 +250,7 @@ def _run_agent(args) -> None:
     from memagent_jax.errors import ConfigError
     from memagent_jax.rollout.agent_api import load_agent
     from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.runconfig import load_yaml
 
     _check_sampling(args.temperature, args.top_p)
     for flag in ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "thinking"):
@@ -257,7 +258,7 @@ def _run_agent(args) -> None:
             raise UserError(f"--{flag.replace('_', '-')} is MemAgent's; --agent takes its "
                             "settings in its section")
     try:
-        section = yaml.safe_load(args.agent)
+        section = load_yaml(args.agent)
     except yaml.YAMLError as e:
         raise UserError(f"--agent: not a module name nor a YAML mapping ({e})") from None
     section = {"module": section} if isinstance(section, str) else section

@@ -143,6 +143,8 @@ def test_overrides_reach_nested_sections(config_file):
      "plugin.carry_starts: 9 is more than prompts_per_step 8"),
     (["prompts_per_step=1000000"], "prompts_per_step: 1000000 is more than the 8 rows of "
                                    "data.train ("),
+    (["learner.learning_rate=1e-5"], "unknown key 'learner.learning_rate' (did you mean "
+                                     "'learner.lr'?)"),
     (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=1", "learner.loss=sft"],
      "plugin.carry_starts: carry starts are rollouts"),
     (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=-1"], "plugin.carry_starts: must be at least 0"),
