@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one command line; returns its exit status: 0, 2 (a UserError or a refused file
-    operation, one line on stderr), 130 (interrupted) or 141 (stdout closed early)."""
+    operation, one line on stderr), 130 (Ctrl-C), 143 (stopped by SIGTERM: a preemption) or
+    141 (stdout closed early)."""
     args = build_parser().parse_args(argv)
     distributed.cpu_where_no_accelerator()
     try:
@@ -86,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Interrupted as e:
         print(f"memagent-jax: {e}", file=sys.stderr)
-        return 130
+        return e.status
     except KeyboardInterrupt:  # Ctrl-C where no command catches it to say what it kept
         print("memagent-jax: interrupted (Ctrl-C)", file=sys.stderr)
         return 130

@@ -86,12 +86,13 @@ def stop_when_signalled(notice: distributed.PreemptionNotice, kept=None):
     is lost, as a KeyboardInterrupt is when it lands in a garbage-collection callback, nor
     cuts a file's write short, nor leaves Orbax's background reads and writes to fail
     against a closed event loop): raises Interrupted once a signal came, saying what `kept()`
-    returns (what was written, if anything). The CLI exits with status 130."""
+    returns (what was written, if anything). The CLI exits with status 130 (Ctrl-C) or 143
+    (SIGTERM)."""
     def poll() -> None:
         if notice.reached():
             cause = "interrupted (Ctrl-C)" if notice.interrupted else "stopped (SIGTERM)"
             said = kept() if kept else ""
-            raise Interrupted(f"{cause}; {said}" if said else cause)
+            raise Interrupted(f"{cause}; {said}" if said else cause, notice.signal_number)
     return poll
 
 

@@ -392,6 +392,13 @@ class PreemptionNotice:
             # sys.stderr (the progress bar's), which print would then refuse as reentrant.
             os.write(2, f"\n{self.on_interrupt}\n".encode())
 
+    @property
+    def signal_number(self) -> int:
+        """The signal the job stops for, once `reached()`: SIGINT where `interrupted`, else
+        SIGTERM (`errors.Interrupted`'s exit status is 128 + it)."""
+        import signal
+        return signal.SIGINT if self.interrupted else signal.SIGTERM
+
     def reached(self) -> bool:
         if not self._agreed:
             flag = self._flag

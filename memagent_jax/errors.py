@@ -4,10 +4,13 @@ Anything raised as `UserError` is a problem with the user's input (a file, a key
 a bug: the CLI prints its message as one line and exits non-zero, without a traceback.
 `ConfigError` is what a config section's own check raises: it names the key as the YAML configs
 spell it (`learner.lr`), and a command that fills the section from flags names the flag instead.
-`Interrupted` is Ctrl-C where long work runs: one line saying what was kept, exit status 130.
+`Interrupted` is Ctrl-C or SIGTERM where long work runs: one line saying what was kept, exit
+status 128 + the signal's number (130, 143), as a shell reports a process the signal ended.
 """
 
 from __future__ import annotations
+
+import signal
 
 
 class UserError(Exception):
@@ -15,7 +18,14 @@ class UserError(Exception):
 
 
 class Interrupted(Exception):
-    """Ctrl-C, caught where the work is: the message says what was kept and how to go on."""
+    """Ctrl-C (SIGINT) or SIGTERM, caught where the work is: the message says what was kept
+    and how to go on; `status` is the exit status, 128 + `signal_number`: 130 for Ctrl-C, 143
+    for SIGTERM (a scheduler's preemption notice), so that a job stopped before its end never
+    exits 0, the status of one that finished (README, Pods and clusters)."""
+
+    def __init__(self, message: str, signal_number: int = signal.SIGINT):
+        super().__init__(message)
+        self.status = 128 + signal_number
 
 
 class ConfigError(UserError):

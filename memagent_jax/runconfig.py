@@ -41,7 +41,7 @@ def load_config(schema: type[T], path: str | None = None, overrides: list[str] =
         if not sep or not key:
             raise UserError(f"override '{item}': expected key=value")
         try:
-            value = yaml.safe_load(text)
+            value = load_yaml(text)
         except yaml.YAMLError:
             value = text
         _check_override(schema, key.strip(), value, item)
@@ -61,7 +61,7 @@ def _read(path: str, chain: tuple[str, ...]) -> tuple[dict, list[str]]:
         raise UserError(f"{path}: is a directory, expected a YAML config file")
     try:
         with open(path, encoding="utf-8") as f:
-            values = yaml.safe_load(f) or {}
+            values = load_yaml(f) or {}
     except FileNotFoundError:
         named = f" (the base of {chain[-1]})" if chain else ""
         raise UserError(f"{path}: config file not found{named}") from None
@@ -82,6 +82,33 @@ def _read(path: str, chain: tuple[str, ...]) -> tuple[dict, list[str]]:
                         f"({' -> '.join([*chain, path, base_path])})")
     base_values, files = _read(base_path, (*chain, os.path.normpath(path)))
     return _merged(base_values, values), [path, *files]
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, refusing a key given twice in one mapping (PyYAML keeps the
+    last one silently: the first would be a setting that looks set and is not)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                # "<<" merges another mapping, whose keys a mapping may override.
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                    continue
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key '{key}' given twice, first on line {seen[key]}",
+                        key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
+def load_yaml(text):
+    """yaml.safe_load of `text` (a string or a file), a key given twice in a mapping refused
+    (yaml.YAMLError): every config file, override and section given as YAML is read so."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
 
 
 def _merged(base: dict, values: dict) -> dict:
@@ -212,7 +239,8 @@ def _unknown_key(at: str, key: str, schema: type) -> UserError:
     """"unknown key 'learner.lrr' (did you mean 'learner.lr'?)": the section's keys close to
     the one given; where none is, the section's keys when they are few, else the schema that
     holds them (a section of 30 keys listed in full hides the one the user meant). A key the
-    schema lists in `MOVED` names its new place."""
+    schema lists in `MOVED` names its new place; one in `SYNONYMS` (another framework's name,
+    learning_rate for lr, which no spelling is close to) comes first among the close ones."""
     *parents, name = key.split(".")
     section = "".join(f"{part}." for part in parents)
     known = sorted(f.name for f in dataclasses.fields(schema))
@@ -220,6 +248,9 @@ def _unknown_key(at: str, key: str, schema: type) -> UserError:
     if moved:
         return UserError(f"{at}unknown key '{key}': it is '{moved}' now")
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+    synonym = getattr(schema, "SYNONYMS", {}).get(name)
+    if synonym:
+        close = [synonym] + [c for c in close if c != synonym][:2]
     if close:
         hint = "did you mean " + " or ".join(f"'{section}{c}'" for c in close) + "?"
     elif len(known) <= 10:

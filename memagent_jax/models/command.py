@@ -107,6 +107,7 @@ def _random_model(args) -> None:
     max_shard_bytes = _parse_size(args.max_shard_size)
     check_new_output(args.out, "--out")
     config = preset_config(args.preset, dtype=args.dtype)
+    _check_weights_fit(config, args, max_shard_bytes)
     with tempfile.TemporaryDirectory() as tokenizer_dir:
         # A word-level tokenizer with a chat template, so that `run` and text prompts work on
         # the model as they would on a real one (its few hundred ids fit every preset).
@@ -115,6 +116,26 @@ def _random_model(args) -> None:
                 tokenizer_dir=tokenizer_dir, max_shard_bytes=max_shard_bytes)
     print(f"wrote a random-weight {args.preset} model ({args.dtype}) with a word-level "
           f"tokenizer to {args.out}")
+
+
+def _check_weights_fit(config, args, max_shard_bytes: int) -> None:
+    """Refuses a preset whose random weights, and the file being written (a shard's copy on
+    the host), cannot fit the device they are drawn on (`sizing.device_memory`), before any
+    is drawn: Qwen2.5-72B's float32 weights took 290 GB until the system stopped the
+    process, leaving a partial output behind."""
+    import math
+
+    import jax
+
+    from memagent_jax.models.loading import abstract_params
+    from memagent_jax.rollout.sizing import check_fits
+    weights = [math.prod(a.shape) for a in jax.tree.leaves(abstract_params(config))]
+    size = sum(weights) * jax.numpy.dtype(config.dtype).itemsize
+    count = sum(weights)
+    count = f"{count / 1e9:.2f}B" if count >= 1e9 else f"{count / 1e6:.2f}M"
+    check_fits(size + min(max_shard_bytes, size), [jax.devices()[0]],
+               f"--preset {args.preset} --dtype {args.dtype}: {count} random weights and the "
+               "file being written take")
 
 
 def _vocab(args) -> None:

@@ -68,6 +68,11 @@ class LearnerConfig:
     """The `learner` section of the train config. Defaults are the original's
     (docs/algorithm.md section 3) except mini_batches and loss_agg."""
     SECTION: ClassVar[str] = "learner"
+    # The names transformers' TrainingArguments and verl's actor give keys of this section,
+    # unlike ours (an unknown key's hint: `runconfig._unknown_key`).
+    SYNONYMS: ClassVar[dict[str, str]] = {
+        "learning_rate": "lr", "grad_clip": "max_grad_norm", "clip_ratio_low": "eps_low",
+        "clip_ratio_high": "eps_high", "gradient_checkpointing": "remat"}
     lr: float = 1e-6                    # peak learning rate (AdamW)
     warmup_steps: int = 20              # linear warm-up in training steps; step 0 runs at lr 0
     lr_schedule: str = "constant"       # after the warm-up: "constant" or "cosine"

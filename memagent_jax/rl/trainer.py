@@ -33,8 +33,8 @@ at start-up that they all see the same checkpoint directory. SIGTERM (a preempti
 and Ctrl-C (SIGINT) stop the run the same way, at the next turn or step boundary, on every
 process at once: the step in flight is finished (its rollouts were done) or abandoned (in the
 middle of its rollouts), the state of the last completed step, whose line was printed, is
-checkpointed with its data position, and the command exits 0 for SIGTERM, 130 for Ctrl-C
-(`Interrupted`); rerunning it resumes.
+checkpointed with its data position, and the command exits 143 for SIGTERM, 130 for Ctrl-C
+(`Interrupted`; never 0, which says the run finished); rerunning it resumes.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from tqdm import tqdm
 from memagent_jax import distributed, model_dir
 from memagent_jax.console import announce, progress_bar
 from memagent_jax.data import pipeline
-from memagent_jax.errors import Interrupted, UserError
+from memagent_jax.errors import ConfigError, Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
 from memagent_jax.fileutil import check_output_dir, disk_full_error, is_disk_full
@@ -117,6 +117,13 @@ class Trainer:
         sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]",
                                         required=fields) for i, s in enumerate(data.train)]
         self.train_data = pipeline.concatenate(sources)
+        if self.config.prompts_per_step > len(self.train_data):
+            # A step would draw rows again and again (10^6 of 64 rows: minutes of building
+            # examples before the first line, and of rollouts no signal stops soon).
+            raise ConfigError("prompts_per_step", f"{self.config.prompts_per_step} is more "
+                                                  f"than the {len(self.train_data)} rows of "
+                                                  f"data.train ({', '.join(data.train)}): a "
+                                                  "step's prompts would repeat rows")
         self.val_examples = []
         if data.val:
             val = pipeline.load_source(data.val, data.val_split, key="data.val", required=fields)
@@ -231,6 +238,8 @@ class Trainer:
     # ---- the loop -----------------------------------------------------------------------
 
     def run(self) -> dict:
+        """Trains to `config.steps`; returns the last step's record ({} where no step ran).
+        Raises Interrupted (after the checkpoint, `stop`) where a signal stopped it first."""
         config = self.config
         record: dict = {}
         if self.step >= config.steps:
@@ -251,10 +260,8 @@ class Trainer:
                         self.stop(self.step)
             self.close()
         if self.stopped:
-            if self.preemption.interrupted:
-                raise Interrupted(self._stop_line)
-            self._say(self._stop_line)
-        elif record:
+            raise Interrupted(self._stop_line, self.preemption.signal_number)
+        if record:
             summary = [f"reward {record['reward/mean']:.3f}"] + (
                 [f"val accuracy {record['val/accuracy']:.1f}"] if "val/accuracy" in record
                 else [])

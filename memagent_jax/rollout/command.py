@@ -7,6 +7,7 @@ and the tokenizer load inside each command, after its flags and files are checke
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import sys
@@ -39,7 +40,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
     p.add_argument("--top-k", type=int, default=0, help="0: off")
     p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i")
-    p.add_argument("--slots", type=int, default=8, help="sequences decoded together")
+    p.add_argument("--slots", type=int, default=8,
+                   help="sequences decoded together (at most the number of prompts)")
     p.add_argument("--prefill-rows", type=int, default=1,
                    help="prompts prefilled together in one call (compiled for 1, 2, 4, ... up "
                         "to it)")
@@ -120,6 +122,9 @@ def _generate(args) -> None:
             raise UserError(f"{args.input} prompt {number}: {len(prompt)} tokens do not fit "
                             f"{what} {limit} with --max-new-tokens {args.max_new_tokens} "
                             "(prompt + new tokens)")
+    # A slot beyond the prompts would only decode an empty row, and hold its cache and its
+    # sampling arrays (100,000 slots for 2 prompts took 6 GB and minutes).
+    engine_config = dataclasses.replace(engine_config, slots=min(args.slots, len(prompts)))
     start(args)
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
@@ -130,14 +135,22 @@ def _generate(args) -> None:
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
         args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
         for i, p in enumerate(prompts)]
-    try:
-        with progress_bar(total=len(requests), desc="generate", unit="prompt",
-                          disable=not distributed.is_main()) as bar:
-            results = complete(engine, policy.params, requests,
-                               on_done=lambda i, c: bar.update(1))
-    except KeyboardInterrupt:
-        raise Interrupted(f"interrupted; nothing was written ({args.out} is written once "
-                          "every prompt has finished)") from None
+    # Ctrl-C and SIGTERM only set the notice's flag while the engine runs; the next step
+    # stops. A KeyboardInterrupt could land in an XLA compile, which goes on in XLA's threads
+    # while the interpreter exits (a SIGSEGV at exit, 1 try in 3), or in a garbage-collection
+    # callback, where Python drops it (the run went on to its end).
+    with distributed.PreemptionNotice() as notice, progress_bar(
+            total=len(requests), desc="generate", unit="prompt",
+            disable=not distributed.is_main()) as bar:
+
+        def stop_if_signalled() -> None:
+            if notice.reached():
+                cause = "interrupted" if notice.interrupted else "stopped (SIGTERM)"
+                raise Interrupted(f"{cause}; nothing was written ({args.out} is written once "
+                                  "every prompt has finished)", notice.signal_number)
+
+        results = complete(engine, policy.params, requests, on_done=lambda i, c: bar.update(1),
+                           poll=stop_if_signalled)
     rows = []
     for (completion,) in results:
         text = (tokenizer.decode(completion.token_ids, skip_special_tokens=True)
@@ -242,6 +255,7 @@ def _run_agent(args) -> None:
     from memagent_jax.errors import ConfigError
     from memagent_jax.rollout.agent_api import load_agent
     from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.runconfig import load_yaml
 
     _check_sampling(args.temperature, args.top_p)
     for flag in ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "thinking"):
@@ -249,7 +263,7 @@ def _run_agent(args) -> None:
             raise UserError(f"--{flag.replace('_', '-')} is MemAgent's; --agent takes its "
                             "settings in its section")
     try:
-        section = yaml.safe_load(args.agent)
+        section = load_yaml(args.agent)
     except yaml.YAMLError as e:
         raise UserError(f"--agent: not a module name nor a YAML mapping ({e})") from None
     section = {"module": section} if isinstance(section, str) else section

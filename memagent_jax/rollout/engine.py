@@ -47,6 +47,12 @@ from memagent_jax.rollout.sampling import SamplingParams, request_key, sample, t
 # TPU kernels take the same rule until that benchmark has run on them.
 RAGGED_BELOW = 0.25
 
+# The decode step's temporaries that grow with its slots: the logits and the sampler's arrays
+# over them, this many float32 [slots, vocabulary] arrays at once in XLA's buffer assignment
+# (`compiled()`'s memory_analysis: 4.2 of them for memagent-tiny's shapes, 5.0 for Qwen2.5-0.5B's
+# and Qwen3-0.6B's, in float32). 100,000 slots of memagent-tiny hold 7.6 GiB of them.
+SAMPLING_ARRAYS = 5
+
 # The ragged read by platform: XLA loops on CPU, a Pallas kernel on TPU and GPU.
 RAGGED_READS: dict[str, ReadCacheFn] = {"cpu": attend_cache_ragged,
                                         "tpu": attend_cache_ragged_tpu,
@@ -229,6 +235,15 @@ class Engine:
         layer = (state.cache.k[0], state.cache.v[0])
         return sum(math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
                    for a in jax.tree.leaves((self.abstract_params, state, layer)))
+
+    def step_bytes(self) -> int:
+        """Bytes of temporaries one device's decode step takes beside the decode state: the
+        logits and the sampler's arrays over them, SAMPLING_ARRAYS float32 [slots, vocabulary]
+        arrays for the slots the device decodes (rollout.sizing adds them to
+        `device_bytes`)."""
+        tokens = self._abstract_state().tokens
+        slots = tokens.sharding.shard_shape(tokens.shape)[0]
+        return SAMPLING_ARRAYS * 4 * slots * self.model_config.vocab_size
 
     # ---- helpers --------------------------------------------------------------------------
 

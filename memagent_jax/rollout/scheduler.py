@@ -324,11 +324,12 @@ class Scheduler:
 
 
 def complete(engine: DecodeEngine, params, requests: list[Request],
-             on_done: Callable[[int, list[Completion]], None] | None = None
-             ) -> list[list[Completion]]:
+             on_done: Callable[[int, list[Completion]], None] | None = None,
+             poll: Callable[[], None] | None = None) -> list[list[Completion]]:
     """Runs requests to completion with `params`; returns each request's n completions, in
     input order. on_done(index, completions) is called as each request finishes (for progress
-    bars)."""
+    bars); poll() before every engine step (`Scheduler.run`: a command's check for a stop,
+    which raises)."""
     scheduler = Scheduler(engine)
     for request in requests:
         scheduler.check(request)
@@ -341,5 +342,5 @@ def complete(engine: DecodeEngine, params, requests: list[Request],
 
     for i, request in enumerate(requests):
         scheduler.submit(request, functools.partial(finish, i))
-    scheduler.run(params)
+    scheduler.run(params, poll)
     return results

@@ -31,6 +31,8 @@ import itertools
 import random
 from typing import Callable
 
+from memagent_jax.hostmemory import available_memory  # check_memory's (tests replace it here)
+
 TASKS = ("multikey", "twohop")
 # `make_sample`'s poll comes after every POLL_TOKENS tokens built: about 20 ms at the 3M
 # tokens a second a 2-core CPU builds.
@@ -112,19 +114,6 @@ def check_task(task: str) -> None:
 def min_length(task: str) -> int:
     """The fewest tokens a document of `task` holds: its facts and one filler sentence."""
     return {"multikey": 4 * 6, "twohop": 3 * 6 + 3 * 6}[task] + 8
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still take without the system running out: Linux's
-    MemAvailable (what `free` calls available). None where there is no /proc/meminfo."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def check_memory(what: str, needed: int) -> None:

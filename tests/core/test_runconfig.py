@@ -13,6 +13,7 @@ from memagent_jax.runconfig import differences, load_config, to_dict, write_conf
 
 @dataclasses.dataclass(frozen=True)
 class Optim:
+    SYNONYMS: ClassVar[dict[str, str]] = {"learning_rate": "lr"}
     lr: float = 1e-6
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = 20
@@ -72,6 +73,11 @@ def test_errors_name_the_key(tmp_path, text, overrides, words):
     ("optim:\n  lr: 1e-5\n", ["optim.lrr=3"], ["override 'optim.lrr=3'", "unknown key"]),
     ("name: a\n", ["optim.warmup_steps=x"], ["override 'optim.warmup_steps=x'", "int"]),
     ("optim:\n  lr: 1e-5\n lengths: [1]\n", [], ["c.yaml", "line 3, column"]),
+    # PyYAML keeps a key's last value silently
+    ("name: a\noptim:\n  lr: 1e-5\nname: b\n", [],
+     ["c.yaml: not valid YAML (line 4, column 1: key 'name' given twice, first on line 1)"]),
+    ("optim:\n  lr: 1e-5\n  warmup_steps: 3\n  lr: 2e-5\n", [],
+     ["c.yaml: not valid YAML (line 4, column 3: key 'lr' given twice, first on line 2)"]),
 ])
 def test_errors_point_at_what_is_wrong(tmp_path, text, overrides, words):
     """A bad override is blamed on the override, not the file; bad YAML says where."""
@@ -80,6 +86,12 @@ def test_errors_point_at_what_is_wrong(tmp_path, text, overrides, words):
     assert all(word in str(e.value) for word in words), str(e.value)
     if overrides:
         assert "c.yaml" not in str(e.value)
+
+
+def test_a_merged_mapping_s_keys_may_be_given_again(tmp_path):
+    """YAML's `<<` merge: the mapping's own keys override the merged ones (not a key twice)."""
+    path = write(tmp_path, "optim:\n  <<: {lr: 1.0e-5, warmup_steps: 3}\n  lr: 2.0e-5\n")
+    assert load_config(Run, path).optim == Optim(lr=2e-5, warmup_steps=3)
 
 
 def test_a_directory_given_as_the_config(tmp_path):
@@ -166,6 +178,9 @@ class Wider:
                             "'wide.eta' or 'wide.zeta'?)"),  # the closest first
     ("", ["optim.speed=1"], "unknown key 'optim.speed' (known keys here: lr, schedule, "
                             "warmup_steps)"),
+    # another framework's name (transformers, verl), which no spelling is close to
+    ("", ["optim.learning_rate=1"], "unknown key 'optim.learning_rate' (did you mean "
+                                    "'optim.lr'?)"),
     # a section of many keys, none close: where they are, not all of them
     ("", ["wide.omega=1"], "unknown key 'wide.omega' (none of the 11 keys here is close; they "
                            "are the fields of tests.core.test_runconfig.Wide)"),

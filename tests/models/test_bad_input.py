@@ -12,6 +12,7 @@ import errno
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -370,6 +371,20 @@ def test_bad_max_shard_size_random_model(capsys, tmp_path):
     out = str(tmp_path / "random")
     fails_cleanly(capsys, ["random-model", "--out", out, "--max-shard-size", "lots"], out,
                   "--max-shard-size", "'lots'")
+
+
+def test_random_weights_the_memory_cannot_hold_are_refused_before_any_is_drawn(
+        capsys, tmp_path, monkeypatch):
+    """(Qwen2.5-72B's float32 weights, 291 GB, were drawn until the system stopped the
+    process and left a hidden temporary directory behind.) Here: the tiny preset, given 1 MiB
+    of memory to use."""
+    from memagent_jax.rollout import sizing
+    monkeypatch.setattr(sizing, "usable_memory", lambda: 2 ** 20)
+    out = str(tmp_path / "random")
+    line = fails_cleanly(capsys, ["random-model", "--preset", "tiny", "--out", out], out)
+    assert re.fullmatch(PREFIX + r"--preset tiny --dtype float32: 0\.14M random weights and "
+                        r"the file being written take \d+\.\d MiB, over the 1\.0 MiB of host "
+                        r"memory this process can use", line), line
 
 
 # ------------------------------------------------------------------- failures while writing

@@ -96,6 +96,8 @@ def test_overrides_reach_nested_sections(config_file):
     assert config.checkpoint_dir.endswith(os.path.join("run", "checkpoints"))
 
 
+SYNTHETIC = "plugin.module=memagent_jax.synthetic.plugin"  # the experiment's plugin
+
 @pytest.mark.parametrize("overrides, message", [
     (["learner.lrr=1e-6"], "unknown key 'learner.lrr'"),
     (["data.reward=contains"], "unknown key 'data.reward': it is 'reward.function' now"),
@@ -125,26 +127,31 @@ def test_overrides_reach_nested_sections(config_file):
     (["plugin.copy_rows=8"], "plugin.module: must name a module with build(settings, config)"),
     (["plugin.module=no_such_module_xyz"], "plugin.module: cannot import 'no_such_module_xyz'"),
     (["plugin.module=json"], "plugin.module: module 'json' has no build(settings, config)"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.copy_rowz=8"], "unknown key 'plugin.copy_rowz'"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.copy_rows=8"], "plugin.copy_rows: these rows are a supervised step's"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.recall_rows=8"], "plugin.recall_rows: these rows are a supervised step's"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.fact_rows=8"], "plugin.fact_rows: these rows are a supervised step's"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.fact_rows=-1"], "plugin.fact_rows: must be at least 0"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_rows=8"], "plugin.carry_rows: these rows are a supervised step's"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_pool=0"], "plugin.carry_pool: must be at least 1"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_cut=true"], "plugin.carry_cut: cuts the carry rows' chunks"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_cut=sometimes"], "key 'plugin.carry_cut' must be bool"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.copy_draw=normal"], "key 'plugin.copy_draw' must be one of"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.target=oracles", "learner.loss=sft"], "key 'plugin.target' must be one of"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.target=format"], "plugin.target: names what a supervised step trains on"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "learner.loss=sft", "plugin.copy_span=4", "plugin.copy_span_min=5"],
+    ([SYNTHETIC, "plugin.copy_rowz=8"], "unknown key 'plugin.copy_rowz'"),
+    ([SYNTHETIC, "plugin.copy_rows=8"], "plugin.copy_rows: these rows are a supervised step's"),
+    ([SYNTHETIC, "plugin.recall_rows=8"], "plugin.recall_rows: these rows are a supervised step's"),
+    ([SYNTHETIC, "plugin.fact_rows=8"], "plugin.fact_rows: these rows are a supervised step's"),
+    ([SYNTHETIC, "plugin.fact_rows=-1"], "plugin.fact_rows: must be at least 0"),
+    ([SYNTHETIC, "plugin.carry_rows=8"], "plugin.carry_rows: these rows are a supervised step's"),
+    ([SYNTHETIC, "plugin.carry_pool=0"], "plugin.carry_pool: must be at least 1"),
+    ([SYNTHETIC, "plugin.carry_cut=true"], "plugin.carry_cut: cuts the carry rows' chunks"),
+    ([SYNTHETIC, "plugin.carry_cut=sometimes"], "key 'plugin.carry_cut' must be bool"),
+    ([SYNTHETIC, "plugin.copy_draw=normal"], "key 'plugin.copy_draw' must be one of"),
+    ([SYNTHETIC, "plugin.target=oracles", "learner.loss=sft"],
+     "key 'plugin.target' must be one of"),
+    ([SYNTHETIC, "plugin.target=format"], "plugin.target: names what a supervised step trains on"),
+    ([SYNTHETIC, "learner.loss=sft", "plugin.copy_span=4", "plugin.copy_span_min=5"],
      "plugin.copy_span_min: 5 is above copy_span 4"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=9", "prompts_per_step=8"],
+    ([SYNTHETIC, "plugin.carry_starts=9", "prompts_per_step=8"],
      "plugin.carry_starts: 9 is more than prompts_per_step 8"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=1", "learner.loss=sft"],
+    (["prompts_per_step=1000000"], "prompts_per_step: 1000000 is more than the 8 rows of "
+                                   "data.train ("),
+    (["learner.learning_rate=1e-5"], "unknown key 'learner.learning_rate' (did you mean "
+                                     "'learner.lr'?)"),
+    ([SYNTHETIC, "plugin.carry_starts=1", "learner.loss=sft"],
      "plugin.carry_starts: carry starts are rollouts"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.carry_starts=-1"], "plugin.carry_starts: must be at least 0"),
-    (["plugin.module=memagent_jax.synthetic.plugin", "plugin.start_chunks=0"], "plugin.start_chunks: must be at least 1"),
+    ([SYNTHETIC, "plugin.carry_starts=-1"], "plugin.carry_starts: must be at least 0"),
+    ([SYNTHETIC, "plugin.start_chunks=0"], "plugin.start_chunks: must be at least 1"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):
@@ -341,7 +348,7 @@ def test_a_stop_notice_takes_either_signal_and_a_second_changes_nothing(capfd):
 
 def test_a_sigterm_after_a_sigint_still_stops_for_the_ctrl_c(capfd):
     """Ctrl-C outranks a preemption notice whatever their order: SIGINT then SIGTERM stops the
-    job as interrupted (what makes `train` exit 130), not as preempted (exit 0)."""
+    job as interrupted (what makes `train` exit 130), not as preempted (exit 143)."""
     from memagent_jax.distributed import PreemptionNotice
 
     with PreemptionNotice(on_interrupt="stopping soon") as notice:
@@ -383,8 +390,9 @@ def test_sigterm_mid_step_checkpoints_the_previous_step_and_the_rerun_draws_the_
         config_file, uninterrupted, tmp_path, capsys, monkeypatch):
     """SIGTERM (a preemption notice) at the start of step 2's rollouts: step 1 is checkpointed
     (though checkpoint.every=0) with the data position step 2 started from, the command
-    exits 0 with one line, and SIGTERM's handler is given back; the same command resumes and
-    draws the examples of a run never stopped."""
+    exits 143 (128 + SIGTERM: a scheduler requeues it, never taking it for a finished run)
+    with one line, and SIGTERM's handler is given back; the same command resumes and draws
+    the examples of a run never stopped."""
     out = tmp_path / "run"
     args = ["train", "--config", config_file, *_FOUR_STEPS, f"output_dir={out}"]
     step = Trainer.train_step
@@ -396,11 +404,11 @@ def test_sigterm_mid_step_checkpoints_the_previous_step_and_the_rerun_draws_the_
 
     monkeypatch.setattr(Trainer, "train_step", signal_in_step_2)
     handler = signal.getsignal(signal.SIGTERM)
-    assert main(args) == 0
+    assert main(args) == 143
     assert signal.getsignal(signal.SIGTERM) is handler
-    assert (f"stopped by a preemption notice (SIGTERM) after step 1: step 1 is "
-            f"checkpointed in {out / 'checkpoints'}; run the same command to "
-            "resume") in capsys.readouterr().err
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"memagent-jax: stopped by a preemption notice (SIGTERM) after step 1: step 1 is "
+        f"checkpointed in {out / 'checkpoints'}; run the same command to resume")
     assert _checkpoints(out) == [1]
 
     monkeypatch.setattr(Trainer, "train_step", step)

@@ -1,7 +1,16 @@
 """`memagent-jax generate`: the JSONL contract end to end, and its bad-input errors."""
 
+import fcntl
 import json
 import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
 
 import pytest
 import torch
@@ -181,14 +190,94 @@ def test_non_finite_logprobs_are_written_as_null(tmp_path):
     assert json.loads(line, parse_constant=lambda c: pytest.fail(c))["logprobs"] == [None]
 
 
-def test_ctrl_c_is_one_line_and_writes_nothing(model_dir, tmp_path, capsys, monkeypatch):
-    def interrupted(*args, **kwargs):
-        raise KeyboardInterrupt
-    monkeypatch.setattr("memagent_jax.rollout.scheduler.complete", interrupted)
-    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}])
-    out = tmp_path / "out.jsonl"
-    assert main(["generate", "--model", model_dir, "--input", src, "--out", str(out)]) == 130
+@pytest.mark.parametrize("signum, status, cause", [(signal.SIGINT, 130, "interrupted"),
+                                                   (signal.SIGTERM, 143, "stopped (SIGTERM)")])
+def test_a_signal_finishes_the_engine_step_it_lands_in_then_stops_writing_nothing(
+        model_dir, tmp_path, capsys, monkeypatch, signum, status, cause):
+    """Ctrl-C (or SIGTERM) during an engine step: the step runs to its end (a
+    KeyboardInterrupt raised inside it could leave an XLA compile running while the process
+    exits, which crashed it, exit 139), the command stops before the next one, writes
+    nothing, and says so in one line: exit 130 (143)."""
+    from memagent_jax.rollout.scheduler import Scheduler
+    step, steps = Scheduler.step, []
+
+    def signalled_in_step_3(self, placed):
+        steps.append("started")
+        if len(steps) == 3:
+            os.kill(os.getpid(), signum)
+        busy = step(self, placed)
+        steps[-1] = "finished"
+        return busy
+
+    def raised_in_the_step(signum, frame):  # where the command's own handling is missing
+        raise AssertionError(f"signal {signum} raised in the middle of an engine step")
+
+    monkeypatch.setattr(Scheduler, "step", signalled_in_step_3)
+    handlers = {s: signal.signal(s, raised_in_the_step) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2]}] * 2)
+        out = tmp_path / "out.jsonl"
+        assert main(["generate", "--model", model_dir, "--input", src, "--out", str(out),
+                     "--max-new-tokens", "50"]) == status
+        assert steps == ["finished"] * 3  # the signal's step ended, and no other began
+        for s in handlers:  # given back
+            assert signal.getsignal(s) is raised_in_the_step
+    finally:
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
     err = capsys.readouterr().err
     assert "Traceback" not in err and not out.exists()
-    assert err.strip().splitlines()[-1].startswith("memagent-jax: interrupted; nothing was "
-                                                   "written")
+    assert err.strip().splitlines()[-1] == (
+        f"memagent-jax: {cause}; nothing was written ({out} is written once every prompt has "
+        "finished)")
+
+
+def test_ctrl_c_pressed_again_and_again_exits_130_every_time(model_dir, tmp_path):
+    """`generate` as a process, Ctrl-C'd three times at once as its engine starts (the first
+    steps compile) or a little later, 3 runs: exit 130 and the one line each time, within
+    seconds (1 Ctrl-C in 3 crashed the process at exit, status 139, where it landed in an XLA
+    compile). stderr is a terminal, where the progress bar shows as the engine starts."""
+    src = _write_lines(tmp_path / "in.jsonl", [{"prompt_ids": [1, 2, 3]}] * 64)
+    for run in range(3):
+        out = tmp_path / f"out{run}.jsonl"
+        terminal, stderr = pty.openpty()
+        fcntl.ioctl(stderr, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # 0 wide
+        # draws no bar
+        command = subprocess.Popen(
+            [sys.executable, "-m", "memagent_jax.cli", "generate", "--model", model_dir,
+             "--input", src, "--out", str(out), "--max-new-tokens", "400", "--slots", "4"],
+            stdout=subprocess.DEVNULL, stderr=stderr)
+        os.close(stderr)
+        try:
+            err = _read_until(terminal, b"generate:", deadline=time.monotonic() + 60)
+            time.sleep(0.1 * run)  # the Ctrl-Cs land at other points of its work
+            for _ in range(3):
+                command.send_signal(signal.SIGINT)
+            command.wait(timeout=60)
+            err = (err + _read_until(terminal, None, time.monotonic() + 5)).decode()
+        finally:
+            command.kill()
+            os.close(terminal)
+        assert command.returncode == 130, err
+        assert err.replace("\r", "\n").strip().splitlines()[-1].startswith(
+            "memagent-jax: interrupted; nothing was written"), err
+        assert not out.exists()
+
+
+def _read_until(terminal: int, marker: bytes | None, deadline: float) -> bytes:
+    """What the pseudo-terminal `terminal` gives until `marker` (None: until it closes)."""
+    read = b""
+    while marker is None or marker not in read:
+        if time.monotonic() > deadline:
+            pytest.fail(f"no {marker!r} in time: {read!r}")
+        if select.select([terminal], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(terminal, 4096)
+            except OSError:  # the process closed its end (EIO)
+                chunk = b""
+            if not chunk:
+                if marker is None:
+                    return read
+                pytest.fail(f"ended before {marker!r}: {read!r}")
+            read += chunk
+    return read

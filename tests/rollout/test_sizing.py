@@ -14,6 +14,7 @@ from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rollout import engine as engine_module
+from memagent_jax.rollout import factory
 from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.factory import build_agent
@@ -90,15 +91,15 @@ def test_run_sizes_the_cache_from_the_document_not_the_flag(model_dir, doc, caps
 
 def test_a_cache_beyond_the_devices_memory_is_refused_before_it_is_allocated(tmp_path, prompts,
                                                                             capsys):
-    # A window nothing refuses, and 8 slots x 10^12 tokens: petabytes of KV cache.
+    # A window nothing refuses, and a slot of 10^12 tokens (one prompt): terabytes of KV cache.
     model = write_hf_model(tmp_path / "long", seed=3, max_position_embeddings=10 ** 12)
     capsys.readouterr()
     assert main(["generate", "--model", model, "--input", prompts, "--out",
                  str(tmp_path / "o.jsonl"), "--max-len", str(10 ** 12)]) == 2
     line = _one_line(capsys)
     assert line.startswith(f"--max-len {10 ** 12}: "), line
-    assert (" PiB per device (the KV cache of 8 slots x 1000000000000 tokens, and the weights) "
-            "is over the ") in line, line
+    assert (" TiB per device (the KV cache of 1 slot x 1000000000000 tokens, the decode "
+            "step's sampling arrays and the weights) is over the ") in line, line
 
 
 def test_a_config_budget_beyond_the_window_names_its_key(tmp_path):
@@ -123,3 +124,51 @@ def test_device_bytes_are_what_one_device_holds_once_allocated(axes):
     state = engine.init_decode_state(64)  # the longest cache, and one layer twice (a resize)
     held = jax.tree.leaves((split_params(model)[1], state, state.cache.k[0], state.cache.v[0]))
     assert estimate == sum(a.addressable_shards[0].data.nbytes for a in held)
+
+
+def test_the_decode_steps_sampling_arrays_are_estimated_from_xlas_own_count():
+    """`Engine.step_bytes` (the [slots, vocabulary] arrays the memory check adds to the state)
+    against XLA's temporaries for a decode step whose vocabulary dominates them: 0.81 of the
+    estimate, which the check must not exceed, nor fall far below (margin: 0.6 to 1)."""
+    config = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=1,
+                         num_heads=4, num_kv_heads=2, head_dim=8)
+    engine = Engine(random_model(config), EngineConfig(slots=256, max_len=64))
+    temporaries = engine.compiled()["decode step"].memory_analysis().temp_size_in_bytes
+    assert 0.6 * engine.step_bytes() < temporaries <= engine.step_bytes()
+
+
+def test_a_step_whose_sampling_arrays_do_not_fit_is_refused(monkeypatch):
+    """The state fits, the state and the decode step's sampling arrays do not: refused (the
+    check counted the state alone, and 100,000 slots of memagent-tiny passed it, then took
+    7.6 GiB more); on CPU, against the memory this process can use, not the machine's."""
+    from memagent_jax.rollout import sizing
+    model = random_model(SMALL)
+    engine = Engine(model, EngineConfig(slots=4096, max_len=16))
+    state, step = engine.device_bytes(), engine.step_bytes()
+    monkeypatch.setattr(sizing, "usable_memory", lambda: state + step // 2)
+    with pytest.raises(ConfigError) as error:
+        factory.build_engine(model, EngineConfig(slots=4096), None, 16)
+    assert "the KV cache of 4096 slots x 16 tokens, the decode step's sampling arrays and the " \
+           "weights) is over the " in str(error.value)
+    assert str(error.value).endswith("of host memory this process can use; lower it or the "
+                                     "number of slots, or split the weights over mesh.tensor "
+                                     "(the engine splits them over tensor only)")
+    monkeypatch.setattr(sizing, "usable_memory", lambda: state + step)
+    factory.build_engine(model, EngineConfig(slots=4096), None, 16)
+
+
+def test_generate_decodes_no_more_slots_than_it_has_prompts(model_dir, prompts, tmp_path,
+                                                            monkeypatch):
+    """--slots 100000 for one prompt: an engine of one slot (100,000 took 6 GB and minutes
+    for 2 prompts)."""
+    slots = []
+
+    def engine(model, config, mesh=None):
+        slots.append(config.slots)
+        assert config.slots <= 8, "an engine of more slots than prompts"
+        return Engine(model, config, mesh)
+
+    monkeypatch.setattr(engine_module, "Engine", engine)
+    assert main(["generate", "--model", model_dir, "--input", prompts, "--out",
+                 str(tmp_path / "o.jsonl"), "--slots", "100000", "--max-new-tokens", "4"]) == 0
+    assert slots == [1]
