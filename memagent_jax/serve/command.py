@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 from memagent_jax.commandline import add_command, add_model_flags, from_flags, tokens
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
+from memagent_jax.rollout.command import model_section  # stdlib-only at import
 
 if TYPE_CHECKING:  # annotations only: importing them imports JAX
     from memagent_jax.rollout.factory import Policy
@@ -75,7 +76,7 @@ def add_parsers(sub) -> None:
 def _serve(args) -> None:
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
-    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
+    from memagent_jax.rollout.factory import build_engine, load_policy
     from memagent_jax.rollout.engine import EngineConfig
 
     check_single_host()
@@ -87,8 +88,7 @@ def _serve(args) -> None:
             raise UserError(f"{flag} must be at least {low}, got {value}")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535 (0: any free port), got {args.port}")
-    model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
-                       compute_dtype=args.dtype, attention=args.attention)
+    model = model_section(args)
     tokenizer = from_flags(model.load_tokenizer, required=True)
     model_config = read_config(model.path)
     max_len = args.max_len or model_config.context_window
