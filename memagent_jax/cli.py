@@ -16,7 +16,6 @@ import os
 import sys
 
 import memagent_jax
-from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.data import command as data_command
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval import command as eval_command
@@ -47,9 +46,43 @@ class _Version(argparse.Action):
         parser.exit()
 
 
+class _StoreOnce(argparse._StoreAction):
+    """argparse's "store", refusing an option given again with another value: argparse keeps
+    the last one silently (`generate --out a --output b` wrote b, a flag's alias hiding the
+    first). The same value twice is one setting and passes."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = vars(namespace).setdefault(_GIVEN, {})
+        if self.dest in given and given[self.dest][1] != values:
+            first, value = given[self.dest]
+            raise argparse.ArgumentError(self, f"given twice with two values ({first} "
+                                               f"{value}, then {option_string} {values}): "
+                                               "give it once")
+        given[self.dest] = option_string, values
+        super().__call__(parser, namespace, values, option_string)
+
+
+_GIVEN = "_options_given"  # _StoreOnce's record in the namespace while it is parsed
+
+
+class _Parser(argparse.ArgumentParser):
+    """The command line's parser, and its subcommands' (argparse makes them of the parser's
+    class): options stored with `_StoreOnce`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", "store", _StoreOnce)
+        self.register("action", None, _StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        vars(namespace).pop(_GIVEN, None)
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line: every package's subcommands, in the order --help lists them."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="memagent-jax",
         description="MemAgent on JAX: Qwen2.5 and Qwen3 models, the chunk-memory loop, DAPO "
                     "training.")
@@ -72,7 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     operation, one line on stderr), 130 (Ctrl-C), 143 (stopped by SIGTERM: a preemption) or
     141 (stdout closed early)."""
     args = build_parser().parse_args(argv)
-    distributed.cpu_where_no_accelerator()
     try:
         args.func(args)
     except UserError as e:

@@ -33,13 +33,16 @@ def add_command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
 
 def add_model_flags(p: argparse.ArgumentParser,
                     tokenizer_help: str = "tokenizer directory (default: the model's)") -> None:
-    """The `model` section's flags besides --model (see rollout.factory.ModelSection)."""
+    """The `model` section's flags besides --model (see rollout.factory.ModelSection; a
+    command builds the section with rollout.command.model_section)."""
     p.add_argument("--tokenizer", metavar="DIR", help=tokenizer_help)
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="the weights' and compute dtype (default: float32 on CPU, bfloat16 "
                         "on GPU/TPU)")
-    p.add_argument("--attention", default="xla",
-                   help="how prompts attend: xla, dot_product, cudnn (GPU), splash (TPU)")
+    p.add_argument("--attention",
+                   help="how prompts attend: xla (the default), dot_product, cudnn (GPU), "
+                        "splash (TPU)")
+
 
 
 _TOKEN_SUFFIXES = {"K": 1024, "M": 1024 ** 2}
@@ -61,6 +64,18 @@ def tokens(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a number of tokens such as 8192, 8K or 1M "
                                          f"(K = 1024), got {text!r}")
     return int(count)
+
+
+def seed(text: str) -> int:
+    """argparse type of every --seed flag: an integer >= 0 (NumPy's generators refuse a
+    negative seed, where JAX's keys and Python's would take it silently)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a seed, an integer >= 0, got {text!r}")
+    return value
 
 
 def add_config_flags(p: argparse.ArgumentParser, example: str, overrides: str) -> None:

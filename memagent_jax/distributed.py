@@ -152,8 +152,10 @@ def cpu_where_no_accelerator() -> None:
     """Sets JAX_PLATFORMS=cpu, unless it is set, on a machine with no accelerator attached:
     no Google TPU on the PCI bus (the test JAX itself makes), no NVIDIA or AMD GPU device
     node. Otherwise JAX would still start the TPU runtime wherever libtpu is installed (the
-    test extra installs it), which prints its failure to find a TPU on every command. Only
-    effective before JAX is imported."""
+    test extra installs it), which prints its failure to find a TPU (five lines) on every
+    command and in every program that uses the package. Run at the package's import
+    (`memagent_jax/__init__.py`); where JAX was imported first, its platforms setting is set
+    too (JAX reads the variable at its import), effective until its first device use."""
     if "JAX_PLATFORMS" in os.environ:
         return
     for vendor in glob.glob("/sys/bus/pci/devices/*/vendor"):
@@ -166,6 +168,8 @@ def cpu_where_no_accelerator() -> None:
     if glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd"):
         return
     os.environ["JAX_PLATFORMS"] = "cpu"
+    if "jax" in sys.modules:
+        sys.modules["jax"].config.update("jax_platforms", "cpu")
 
 
 def _coordinates(launch: Launch) -> tuple[str | None, int | None, int | None]:

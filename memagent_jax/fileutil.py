@@ -12,9 +12,14 @@ from memagent_jax.errors import UserError
 
 
 def check_input_file(path: str) -> None:
-    """Raises unless path is an existing file (a directory given as a file says so)."""
+    """Raises unless path is an existing regular file: a directory, or something else that is
+    there (a FIFO, a device such as /dev/urandom, which a read would wait on or never end),
+    says what it is."""
     if os.path.isdir(path):
         raise UserError(f"{path}: is a directory, expected a file")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise UserError(f"{path}: not a regular file (a pipe, a device or a socket), expected "
+                        "a file")
     if not os.path.isfile(path):
         raise UserError(f"{path}: not found")
 

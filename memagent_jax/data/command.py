@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from memagent_jax.commandline import tokens  # stdlib-only at import
+from memagent_jax.commandline import seed, tokens  # stdlib-only at import
 from memagent_jax.console import progress_bar  # stdlib-only at import
 
 
@@ -55,7 +55,7 @@ def add_parsers(sub):
     p.add_argument("--num-samples", type=int, default=128)
     p.add_argument("--haystack", metavar="FILE",
                    help="essay text for the essay-haystack tasks (RULER: Paul Graham's essays)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--out", required=True, metavar="DIR")
     p.set_defaults(func=_ruler)
 
@@ -66,7 +66,7 @@ def add_parsers(sub):
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--train-size", type=int, default=64, help="training questions")
     p.add_argument("--val-size", type=int, default=16, help="validation questions")
-    p.add_argument("--seed", type=int, default=0, help="the documents' random seed")
+    p.add_argument("--seed", type=seed, default=0, help="the documents' random seed")
     p.set_defaults(func=_needle)
 
     return kinds
@@ -86,7 +86,7 @@ def _source_arguments(p: argparse.ArgumentParser, default_split: str) -> None:
                         "files (comma-separated), e.g. hotpot_dev_distractor_v1.json")
     p.add_argument("--split", default=None, help=f"hub split (default {default_split})")
     p.add_argument("--name", default=None, help="hub configuration (default distractor)")
-    p.add_argument("--seed", type=int, default=None,
+    p.add_argument("--seed", type=seed, default=None,
                    help="draws of the other documents (default 42, as the original)")
     p.add_argument("--shuffle-seed", type=int, default=None,
                    help="document order (default 4, as the original)")

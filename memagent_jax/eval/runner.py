@@ -22,6 +22,8 @@ logs and writes the report, and tells the others which questions are left.
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import os
 
 from memagent_jax import distributed
 from memagent_jax.console import announce, progress_bar
@@ -226,8 +228,23 @@ def main(config_path: str, overrides: list[str]) -> None:
     """The CLI entry: load the config, run, print the table."""
     from memagent_jax.runconfig import load_config
     config = load_config(EvalConfig, config_path, overrides)
+    _check_sets_are_made(config, config_path)
     summary = run_eval(config)
     if summary is None:
         return
     print(markdown(summary["table"]), end="")
     print(f"results in {config.output_dir} ({', '.join(summary['written'])}, samples/)")
+
+
+def _check_sets_are_made(config: EvalConfig, config_path: str) -> None:
+    """Where a set of data.sets is not there and the config's header (its leading comments)
+    gives the `memagent-jax data` commands that make its sets, as the shipped configs' do,
+    the error says to run them: a set not made yet is the usual case, not a wrong path."""
+    missing = [path for path in config.data.sets if not os.path.exists(path)]
+    if not missing:
+        return
+    with open(config_path, encoding="utf-8") as f:
+        header = "".join(itertools.takewhile(lambda line: line.startswith("#"), f))
+    if "memagent-jax data" in header:
+        raise UserError(f"{missing[0]}: evaluation set not found; make it with the commands "
+                        f"in the header of {config_path}")

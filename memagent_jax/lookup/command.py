@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from memagent_jax.commandline import seed
 from memagent_jax.errors import UserError
 
 
@@ -14,7 +15,7 @@ def add_data_parsers(kinds) -> None:
                                         "tool-calling experiment), and their tokenizer",
                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--num-samples", type=int, default=64, help="rows")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--layout", choices=("eval", "train"), default="eval",
                    help="eval: eval_lookup.json (what `eval` reads); train: train.parquet "
                         "(what `train` reads)")

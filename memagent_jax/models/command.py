@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, print_once, start, stop_when_signalled
+from memagent_jax.commandline import add_command, print_once, seed, start, stop_when_signalled
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import check_new_output
 
@@ -44,7 +44,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", required=True, metavar="HF_DIR")
     p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
                    help="the stored weights' dtype")
-    p.add_argument("--seed", type=int, default=0, help="the weights' random seed")
+    p.add_argument("--seed", type=seed, default=0, help="the weights' random seed")
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index")
     p.set_defaults(func=_random_model)

@@ -18,6 +18,7 @@ from memagent_jax.commandline import (
     add_model_flags,
     from_flags,
     print_once,
+    seed,
     start,
     tokens,
 )
@@ -39,7 +40,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling; 1: off")
     p.add_argument("--top-k", type=int, default=0, help="0: off")
-    p.add_argument("--seed", type=int, default=0, help="prompt i is sampled with seed + i")
+    p.add_argument("--seed", type=seed, default=0, help="prompt i is sampled with seed + i")
     p.add_argument("--slots", type=int, default=8,
                    help="sequences decoded together (at most the number of prompts)")
     p.add_argument("--prefill-rows", type=int, default=1,
@@ -79,7 +80,7 @@ def add_parsers(sub) -> None:
                         "(default: the model's memagent.json, else keep)")
     p.add_argument("--temperature", type=float, default=0.7, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=0.95, help="nucleus sampling; 1: off")
-    p.add_argument("--seed", type=int, default=0, help="the sampling seed")
+    p.add_argument("--seed", type=seed, default=0, help="the sampling seed")
     p.add_argument("--json", action="store_true",
                    help="print the whole record (every turn) as one JSON document")
     p.add_argument("--verbose", action="store_true", help="print every turn's memory")
@@ -97,7 +98,7 @@ def _generate(args) -> None:
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
     from memagent_jax.rollout.engine_api import EngineConfig
-    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
+    from memagent_jax.rollout.factory import build_engine, load_policy
     from memagent_jax.rollout.jsonl import read_prompts, write_completions
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.rollout.scheduler import Request, complete
@@ -109,8 +110,7 @@ def _generate(args) -> None:
                                prefill_rows=args.prefill_rows)
     check_output_file(args.out)
     check_new_files([args.out], "--out")  # as every command: outputs are never overwritten
-    model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
-                       compute_dtype=args.dtype, attention=args.attention)
+    model = model_section(args)
     # Optional (prompt_ids need none) unless --tokenizer names a directory to read it from.
     tokenizer = from_flags(model.load_tokenizer, required=args.tokenizer is not None)
     model_config = read_config(model.path)
@@ -162,6 +162,16 @@ def _generate(args) -> None:
     print_once(f"wrote {len(rows)} completions to {args.out}")
 
 
+def model_section(args):
+    """The `model` section (rollout.factory.ModelSection) from --model and `add_model_flags`'
+    flags (generate, run, serve), those not given left to the section's defaults; its errors
+    name the flags."""
+    from memagent_jax.rollout.factory import ModelSection
+    given = {"compute_dtype": args.dtype, "attention": args.attention}
+    return from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
+                      **{key: value for key, value in given.items() if value is not None})
+
+
 def _check_sampling(temperature: float, top_p: float, top_k: int = 0) -> None:
     """UserError naming the first sampling flag out of its range (NaN and infinity too)."""
     if not 0 <= temperature < math.inf:
@@ -177,6 +187,11 @@ def _run(args) -> None:
 
     from tqdm import tqdm
 
+    given = [flag for flag, value in (("--dtype", args.dtype), ("--attention", args.attention))
+             if value is not None]
+    if args.url and given:
+        raise UserError(f"{' and '.join(given)}: the --url server runs the model; the "
+                        "local engine's settings do not apply to it")
     if args.agent is not None:
         return _run_agent(args)
     if args.doc is None:
@@ -207,9 +222,7 @@ def _run(args) -> None:
             raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk "
                             "the document with; pass --tokenizer DIR")
     else:
-        from memagent_jax.rollout.factory import ModelSection
-        model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
-                           compute_dtype=args.dtype, attention=args.attention)
+        model = model_section(args)
         tokenizer = from_flags(model.load_tokenizer, required=True)
     sample = _interruptible(_checked_sample, tokenizer, args.question, document, args.doc,
                             config)
@@ -289,10 +302,9 @@ def _run_agent(args) -> None:
     else:
         from memagent_jax.models.sharding import job_mesh
         from memagent_jax.rollout.engine_api import EngineConfig
-        from memagent_jax.rollout.factory import ModelSection, build_runner, load_policy
+        from memagent_jax.rollout.factory import build_runner, load_policy
 
-        model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
-                           compute_dtype=args.dtype, attention=args.attention)
+        model = model_section(args)
         tokenizer = from_flags(model.load_tokenizer, required=True)
         start(args)
         mesh = job_mesh(None)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from memagent_jax.commandline import add_command, add_model_flags, from_flags, tokens
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
+from memagent_jax.rollout.command import model_section  # stdlib-only at import
 
 if TYPE_CHECKING:  # annotations only: importing them imports JAX
     from memagent_jax.rollout.engine import Engine
@@ -77,7 +78,7 @@ def _serve(args) -> None:
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
     from memagent_jax.rollout.engine_api import EngineConfig
-    from memagent_jax.rollout.factory import ModelSection, build_engine, load_policy
+    from memagent_jax.rollout.factory import build_engine, load_policy
 
     check_single_host()
     require_http_stack()
@@ -92,8 +93,7 @@ def _serve(args) -> None:
     if blank:  # no request could name it ('model' must be a non-empty string)
         raise UserError(f"--served-model-name: a name must have a character besides "
                         f"whitespace, got {blank[0]!r}")
-    model = from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
-                       compute_dtype=args.dtype, attention=args.attention)
+    model = model_section(args)
     tokenizer = from_flags(model.load_tokenizer, required=True)
     model_config = read_config(model.path)
     max_len = args.max_len or model_config.context_window

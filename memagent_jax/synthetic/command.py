@@ -11,7 +11,7 @@ import argparse
 import os
 
 from memagent_jax import distributed  # stdlib-only at import
-from memagent_jax.commandline import add_command, start, stop_when_signalled, tokens
+from memagent_jax.commandline import add_command, seed, start, stop_when_signalled, tokens
 from memagent_jax.errors import UserError
 
 # Bytes of memory a token of the longest document takes at the peak of `data synthetic`
@@ -33,7 +33,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--length", type=tokens, default=300_000,
                    help="document tokens: 300000, 8K, 1M, ... (K = 1024; at least one chunk)")
     p.add_argument("--task", default="multikey", help="multikey or twohop")
-    p.add_argument("--seed", type=int, help="the document's seed (default: a random one)")
+    p.add_argument("--seed", type=seed, help="the document's seed (default: a random one)")
     p.add_argument("--show", type=int, default=6, help="memory changes to print")
     _add_budget_flags(p)
     p.set_defaults(func=_demo)
@@ -49,7 +49,7 @@ def add_parsers(sub) -> None:
                    help="document tokens: 8192, 8K, 1M, ... (K = 1024)")
     p.add_argument("--task", default="multikey", help="multikey or twohop")
     p.add_argument("--num-samples", type=int, default=32, help="documents read")
-    p.add_argument("--seed", type=int, default=777,
+    p.add_argument("--seed", type=seed, default=777,
                    help="the documents' seed (the recipe's data: seeds 1-5; its evaluation: 9)")
     p.add_argument("--slots", type=int, default=16, help="documents read together")
     p.add_argument("--out", metavar="FILE.jsonl",
@@ -74,7 +74,7 @@ def add_data_parsers(kinds) -> None:
     p.add_argument("--lengths", type=tokens, nargs="+", required=True, metavar="TOKENS",
                    help="document lengths in tokens, e.g. 1024 8K 1M (K = 1024)")
     p.add_argument("--num-samples", type=int, default=64, help="samples per length")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--layout", choices=("eval", "train"), default="eval",
                    help="eval: eval_TASK_LENGTH.json per length (what `memagent-jax eval` "
                         "reads); train: train_TASK.parquet with every length (what `train` "

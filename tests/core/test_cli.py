@@ -41,6 +41,19 @@ def test_ctrl_c_where_no_command_catches_it_is_one_line_and_exit_130(monkeypatch
     assert capsys.readouterr().err == "memagent-jax: interrupted (Ctrl-C)\n"
 
 
+@pytest.mark.parametrize("first", ["memagent_jax", "jax"])
+def test_a_program_using_the_package_starts_jax_without_tpu_runtime_noise(first):
+    """The Python API, as the CLI: importing memagent_jax selects the CPU where no accelerator
+    is attached, also after JAX itself was imported (the TPU runtime's five lines came)."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    program = (f"import {first}\nimport jax\nimport memagent_jax\n"
+               "print(jax.numpy.ones(2).sum())")
+    run = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                         env=env, timeout=120, cwd=ROOT)
+    assert run.returncode == 0 and run.stdout == "2.0\n", run.stderr
+    assert "TPU" not in run.stderr, run.stderr
+
+
 def test_a_machine_without_an_accelerator_runs_commands_without_tpu_runtime_noise(tmp_path):
     """The test install has libtpu, which JAX starts wherever it is installed, and which then
     prints its failure to find a TPU (once the tokenizer has loaded torch: `generate` does).

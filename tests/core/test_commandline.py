@@ -8,7 +8,7 @@ import re
 import pytest
 
 from memagent_jax.cli import build_parser, main
-from memagent_jax.commandline import tokens
+from memagent_jax.commandline import seed, tokens
 
 GENERATE = ["generate", "--model", "m", "--input", "i", "--out", "o"]
 RUN = ["run", "--model", "m", "--doc", "d", "--question", "q"]
@@ -42,6 +42,39 @@ def test_a_length_that_is_no_number_is_refused_by_the_parser(capsys):
     assert exit_.value.code == 2
     assert ("argument --length: expected a number of tokens such as 8192, 8K or 1M "
             "(K = 1024), got 'many'") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["demo"], RUN, GENERATE, ["random-model", "--out", "o"],
+                                  ["trace"], ["data", "lookup", "--out", "o"]])
+def test_a_negative_seed_is_refused_by_the_parser(argv, capsys):
+    """(`demo --seed -1` and `run --seed -5` ran.) Every --seed flag."""
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--seed", "-1"])
+    assert exit_.value.code == 2
+    assert "argument --seed: expected a seed, an integer >= 0, got '-1'" in (
+        capsys.readouterr().err)
+
+
+def test_every_seed_flag_takes_seeds_only():
+    flags = [(names, action.type) for names, sub in _commands(build_parser())
+             for action in sub._actions if "--seed" in action.option_strings]
+    assert len(flags) == 11 and all(kind is seed for _, kind in flags), flags
+
+
+@pytest.mark.parametrize("argv", [
+    [*GENERATE[:-2], "--out", "a.jsonl", "--output", "b.jsonl"],  # an alias hid the first
+    [*GENERATE, "--max-new-tokens", "8", "--max-new-tokens", "9"]])
+def test_a_flag_given_twice_with_two_values_is_refused(argv, capsys):
+    """argparse keeps the last value silently: `generate --out a --output b` wrote b only."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert "given twice with two values (" in capsys.readouterr().err
+
+
+def test_a_flag_given_twice_with_one_value_is_one_setting():
+    args = build_parser().parse_args([*GENERATE, "--slots", "4", "--slots", "4"])
+    assert args.slots == 4 and "_options_given" not in vars(args)
 
 
 def _commands(parser, names=()):

@@ -21,6 +21,7 @@ PACKAGE = os.path.join(ROOT, "memagent_jax")
 # lookup) above the core, and the command line on top.
 ALLOWED = {
     "errors": set(),
+    "hostmemory": set(),
     "distributed": {"errors"},
     "extras": {"errors"},
     "runconfig": {"errors"},
@@ -28,11 +29,11 @@ ALLOWED = {
     "fileutil": {"distributed", "errors"},
     "console": {"distributed"},
     "commandline": {"distributed", "errors"},
-    "memagent_jax": {"extras"},
+    "memagent_jax": {"distributed", "extras"},
     "tokenizer": {"errors", "model_dir"},
     "models": {"distributed", "errors", "fileutil", "model_dir"},
-    "rollout": {"distributed", "errors", "fileutil", "model_dir", "models", "runconfig",
-                "tokenizer"},
+    "rollout": {"distributed", "errors", "fileutil", "hostmemory", "model_dir", "models",
+                "runconfig", "tokenizer"},
     "data": {"errors", "extras", "fileutil", "rollout", "tokenizer"},
     "eval": {"console", "data", "distributed", "errors", "extras", "fileutil", "models",
              "rollout", "runconfig"},
@@ -42,10 +43,10 @@ ALLOWED = {
     "agents": {"errors", "rollout", "runconfig"},
     "lookup": {"agents", "data", "errors", "fileutil", "rollout", "runconfig"},
     "synthetic": {"commandline", "console", "data", "distributed", "errors", "fileutil",
-                  "model_dir", "rl", "rollout", "runconfig", "tokenizer"},
+                  "hostmemory", "model_dir", "rl", "rollout", "runconfig", "tokenizer"},
     "cli": {"commandline", "console", "data", "distributed", "errors", "eval", "extras",
             "fileutil", "lookup", "memagent_jax", "model_dir", "models", "rl", "rollout",
-            "serve", "synthetic", "tokenizer"},
+            "runconfig", "serve", "synthetic", "tokenizer"},
 }
 CORE = ("models", "rollout", "rl", "eval", "serve", "data", "agents")
 EXPERIMENTS = ("synthetic", "lookup")

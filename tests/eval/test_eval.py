@@ -384,3 +384,19 @@ def test_sets_without_a_context_plot_by_name_without_warnings(tmp_path):
         warnings.simplefilter("error")
         plot(str(tmp_path / "accuracy.png"), [summary], published=False)
     _png_ok(tmp_path / "accuracy.png")
+
+
+def test_a_set_not_made_yet_points_at_the_commands_in_the_configs_header(tmp_path, capsys):
+    """The shipped configs' headers give the `memagent-jax data` commands that make their sets
+    (the error said only "not found"); a config without them gets the plain line."""
+    shipped = str(Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml")
+    missing = tmp_path / "sets" / "eval_12.json"
+    assert main(["eval", "--config", shipped, f"data.sets=[{missing}]"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"memagent-jax: error: {missing}: evaluation set not found; make it with the commands "
+        f"in the header of {shipped}"]
+    own = tmp_path / "own.yaml"
+    own.write_text("# my eval\nmodel:" + Path(shipped).read_text().split("\nmodel:", 1)[1])
+    assert main(["eval", "--config", str(own), f"data.sets=[{missing}]"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"memagent-jax: error: {missing}: evaluation set not found"]

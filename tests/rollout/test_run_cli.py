@@ -253,6 +253,12 @@ def test_the_answer_prints_stripped(model_dir, doc, capsys):
      "--timeout must be a positive number of seconds, got -1.0"),
     (["--url", "http://127.0.0.1:9/v1", "--timeout", "0"],
      "--timeout must be a positive number of seconds, got 0.0"),
+    # the local engine's flags were ignored under --url
+    (["--url", "http://127.0.0.1:9/v1", "--dtype", "bfloat16"],
+     "--dtype: the --url server runs the model; the local engine's settings do not apply to it"),
+    (["--url", "http://127.0.0.1:9/v1", "--dtype", "float32", "--attention", "xla"],
+     "--dtype and --attention: the --url server runs the model; the local engine's settings "
+     "do not apply to it"),
 ])
 def test_bad_flags_are_one_line_naming_the_flag(model_dir, doc, capsys, flags, message):
     code = main(["run", "--model", model_dir, "--doc", doc, "--question", "what", *flags])
@@ -406,3 +412,14 @@ def test_another_agent_runs_against_a_server_and_locally(model_dir, capsys):
                  "--question", "q", "--chunk-tokens", "8"]) == 2
     assert capsys.readouterr().err.strip().endswith(
         "--chunk-tokens is MemAgent's; --agent takes its settings in its section")
+
+
+@pytest.mark.parametrize("make, what", [(os.mkfifo, "a FIFO"), (None, "a device")])
+def test_a_doc_that_is_no_regular_file_says_so(model_dir, tmp_path, capsys, make, what):
+    """(A FIFO, or /dev/urandom, was "not found"; a read would wait, or never end.)"""
+    doc = "/dev/urandom" if make is None else str(tmp_path / "fifo")
+    if make is not None:
+        make(doc)
+    assert main(["run", "--model", model_dir, "--doc", doc, "--question", "what"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"{PREFIX}{doc}: not a regular file (a pipe, a device or a socket), expected a file"]
