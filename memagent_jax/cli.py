@@ -46,33 +46,36 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-class _StoreOnce(argparse._StoreAction):
-    """argparse's "store", refusing an option given again with another value: argparse keeps
-    the last one silently (`generate --out a --output b` wrote b, a flag's alias hiding the
-    first). The same value twice is one setting and passes."""
+class _AliasChecked(argparse._StoreAction):
+    """argparse's "store", refusing an option given again under another of its names with
+    another value: argparse keeps the last one silently, and `generate --out a --output b`
+    wrote b alone, the alias hiding that both name one setting. The same name again keeps
+    argparse's rule, the last one wins (a script's defaults, then the user's), as does the
+    same value under two names."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         given = vars(namespace).setdefault(_GIVEN, {})
-        if self.dest in given and given[self.dest][1] != values:
-            first, value = given[self.dest]
-            raise argparse.ArgumentError(self, f"given twice with two values ({first} "
+        names, value = given.get(self.dest, (set(), values))  # the names used, the value
+        others = sorted(names - {option_string})
+        if others and value != values:
+            raise argparse.ArgumentError(self, f"given twice with two values ({others[0]} "
                                                f"{value}, then {option_string} {values}): "
                                                "give it once")
-        given[self.dest] = option_string, values
+        given[self.dest] = names | {option_string}, values
         super().__call__(parser, namespace, values, option_string)
 
 
-_GIVEN = "_options_given"  # _StoreOnce's record in the namespace while it is parsed
+_GIVEN = "_options_given"  # _AliasChecked's record in the namespace while it is parsed
 
 
 class _Parser(argparse.ArgumentParser):
     """The command line's parser, and its subcommands' (argparse makes them of the parser's
-    class): options stored with `_StoreOnce`."""
+    class): options stored with `_AliasChecked`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.register("action", "store", _StoreOnce)
-        self.register("action", None, _StoreOnce)
+        self.register("action", "store", _AliasChecked)
+        self.register("action", None, _AliasChecked)
 
     def parse_known_args(self, args=None, namespace=None):
         namespace, extras = super().parse_known_args(args, namespace)

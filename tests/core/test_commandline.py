@@ -44,12 +44,13 @@ def test_a_length_that_is_no_number_is_refused_by_the_parser(capsys):
             "(K = 1024), got 'many'") in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["demo"], RUN, GENERATE, ["random-model", "--out", "o"],
-                                  ["trace"], ["data", "lookup", "--out", "o"]])
-def test_a_negative_seed_is_refused_by_the_parser(argv, capsys):
+@pytest.mark.parametrize("argv", [["demo"], RUN, GENERATE, ["random-model", "--out"],
+                                  ["trace"], ["data", "lookup", "--out"]])
+def test_a_negative_seed_is_refused_by_the_parser(argv, capsys, tmp_path):
     """(`demo --seed -1` and `run --seed -5` ran.) Every --seed flag."""
+    out = [str(tmp_path / "out")] if argv[-1] == "--out" else []  # where, run, it writes
     with pytest.raises(SystemExit) as exit_:
-        main([*argv, "--seed", "-1"])
+        main([*argv, *out, "--seed", "-1"])
     assert exit_.value.code == 2
     assert "argument --seed: expected a seed, an integer >= 0, got '-1'" in (
         capsys.readouterr().err)
@@ -61,20 +62,25 @@ def test_every_seed_flag_takes_seeds_only():
     assert len(flags) == 11 and all(kind is seed for _, kind in flags), flags
 
 
-@pytest.mark.parametrize("argv", [
-    [*GENERATE[:-2], "--out", "a.jsonl", "--output", "b.jsonl"],  # an alias hid the first
-    [*GENERATE, "--max-new-tokens", "8", "--max-new-tokens", "9"]])
-def test_a_flag_given_twice_with_two_values_is_refused(argv, capsys):
+@pytest.mark.parametrize("argv, named", [
+    ([*GENERATE[:-2], "--out", "a.jsonl", "--output", "b.jsonl"], "--out a.jsonl, then --output "
+                                                                  "b.jsonl"),
+    ([*GENERATE[:-2], "--output", "a.jsonl", "--out", "a.jsonl", "--out", "b.jsonl"],
+     "--output a.jsonl, then --out b.jsonl"),
+    (["convert", "--hf", "a", "--model", "b", "--out", "o"], "--hf a, then --model b")])
+def test_one_flag_given_under_two_names_with_two_values_is_refused(argv, named, capsys):
     """argparse keeps the last value silently: `generate --out a --output b` wrote b only."""
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2
-    assert "given twice with two values (" in capsys.readouterr().err
+    assert f"given twice with two values ({named}): give it once" in capsys.readouterr().err
 
 
-def test_a_flag_given_twice_with_one_value_is_one_setting():
-    args = build_parser().parse_args([*GENERATE, "--slots", "4", "--slots", "4"])
-    assert args.slots == 4 and "_options_given" not in vars(args)
+def test_a_flag_given_again_under_its_name_keeps_argparses_last_one_wins():
+    """(A script's defaults, then the user's.) And one value under two names is one."""
+    args = build_parser().parse_args([*GENERATE, "--output", "o", "--slots", "4", "--slots",
+                                      "2"])
+    assert (args.out, args.slots) == ("o", 2) and "_options_given" not in vars(args)
 
 
 def _commands(parser, names=()):
