@@ -277,7 +277,9 @@ def pressing_reached(self):
     return reached(self)
 
 def pressing_wait(self):
-    ctrl_c()
+    if not getattr(self, "pressed", False):  # while the stop's checkpoint commits (not at close)
+        self.pressed = True
+        ctrl_c()
     wait(self)
 
 Trainer.train_step = pressing_train_step
