@@ -144,16 +144,23 @@ def test_at_the_deadline_every_request_in_flight_gets_the_503_and_the_server_sto
 
     try:
         with serving(model_dir, shutdown_timeout=SHUTDOWN_TIMEOUT) as server:
-            original = server.worker.engine.generate
+            original, steps = server.worker.engine.generate, []
             monkeypatch.setattr(server.worker.engine, "generate", lambda p, s, n, f=None: (
-                time.sleep(0.02), original(p, s, n, f))[1])  # a reply takes ~10 s
+                steps.append(1), time.sleep(0.02), original(p, s, n, f))[2])  # a reply: ~10 s
             clients = [threading.Thread(target=ask, args=(name, server.port, prompt, stream))
                        for name, prompt, stream in [("decoding", "hello world", False),
                                                     ("streaming", "hello world", True),
                                                     ("tokenizing", "memory " * 10, False)]]
-            for client in clients:
+            # The stuck prompt last: it holds the tokenizing thread the small prompts share,
+            # so sent first it would keep the others from ever starting (a loaded machine
+            # reorders threads started together).
+            for client in clients[:2]:
                 client.start()
-            time.sleep(1)
+            deadline = time.monotonic() + 60
+            while len(steps) < 20 and time.monotonic() < deadline:  # both replies decoding
+                time.sleep(0.05)
+            clients[2].start()
+            time.sleep(0.5)
             began = time.monotonic()
             server.shutdown()
         stopped = time.monotonic() - began
