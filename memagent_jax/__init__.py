@@ -1,7 +1,7 @@
 """memagent-jax: MemAgent (chunk-by-chunk memory agent for long documents) on JAX."""
 
-from memagent_jax import distributed as _distributed
 from memagent_jax import extras as _extras
+from memagent_jax.distributed import startup as _startup
 
 __version__ = "0.1.0"
 
@@ -9,4 +9,4 @@ __version__ = "0.1.0"
 _extras.quiet_torch_notice()
 # Here, so that the CLI and every program using the package (the Python API) select the CPU
 # before JAX starts where no accelerator is attached (no TPU runtime noise).
-_distributed.cpu_where_no_accelerator()
+_startup.cpu_where_no_accelerator()

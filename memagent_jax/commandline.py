@@ -12,7 +12,8 @@ import argparse
 import dataclasses
 import math
 
-from memagent_jax import distributed  # stdlib-only at import
+from memagent_jax.distributed import collectives, startup  # stdlib-only at import
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.errors import ConfigError, Interrupted, UserError
 
 
@@ -87,16 +88,16 @@ def add_config_flags(p: argparse.ArgumentParser, example: str, overrides: str) -
 
 
 def start(args, auto: bool = False) -> None:
-    """Joins this process to its multi-process job, if it is one (memagent_jax.distributed);
+    """Joins this process to its multi-process job, if it is one (`distributed.startup`);
     every process must run the same command line, bar the start-up flags."""
-    launch = distributed.launch_from_flags(args, auto)
+    launch = startup.launch_from_flags(args, auto)
     skip = {"func", *(f.name for f in dataclasses.fields(launch)), "local_device_ids",
             "start_timeout", "distributed"}
     fingerprint = repr(sorted((k, v) for k, v in vars(args).items() if k not in skip))
-    distributed.start(launch, fingerprint)
+    startup.start(launch, fingerprint)
 
 
-def stop_when_signalled(notice: distributed.PreemptionNotice, kept=None):
+def stop_when_signalled(notice: PreemptionNotice, kept=None):
     """A poll for long work under `notice` (SIGINT and SIGTERM only set its flag, so neither
     is lost, as a KeyboardInterrupt is when it lands in a garbage-collection callback, nor
     cuts a file's write short, nor leaves Orbax's background reads and writes to fail
@@ -124,5 +125,5 @@ def from_flags(build, **flags):
 
 def print_once(line: str) -> None:
     """A result line on stdout, from process 0 only (every process of a job computes it)."""
-    if distributed.is_main():
+    if collectives.is_main():
         print(line)

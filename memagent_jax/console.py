@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import sys
 
-from memagent_jax import distributed  # stdlib-only at import
+from memagent_jax.distributed import collectives  # stdlib-only at import
 
 LINE_EVERY_S = 30.0  # seconds between a bar's lines off a terminal
 
@@ -33,7 +33,7 @@ def progress_bar(iterable=None, **kwargs):
 def announce(title: str, items: dict[str, str]) -> None:
     """What a command is about to do, before its work starts: `title`, then one line per item
     (name, value), on stderr, from process 0 of a job only."""
-    if not distributed.is_main():
+    if not collectives.is_main():
         return
     width = max(map(len, items))
     lines = [title, *(f"  {name:<{width}}  {value}" for name, value in items.items())]

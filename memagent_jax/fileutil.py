@@ -119,14 +119,14 @@ def atomic_directory(out_dir: str):
     caller's choice (Orbax writes from all of them, plain files come from process 0), and a
     failure on one process is raised on every process.
     """
-    from memagent_jax import distributed
+    from memagent_jax.distributed import collectives
 
     out_dir = os.path.abspath(out_dir)
     check_new_output(out_dir)
     parent = os.path.dirname(out_dir)
-    name = distributed.broadcast(uuid.uuid4().hex[:8])
+    name = collectives.broadcast(uuid.uuid4().hex[:8])
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{name}")
-    distributed.on_main(os.makedirs, tmp)
+    collectives.on_main(os.makedirs, tmp)
     try:
         failure = None
         try:
@@ -134,16 +134,16 @@ def atomic_directory(out_dir: str):
         except Exception as e:  # noqa: BLE001 - every process must learn of it (below)
             failure = e
         # Process 0 often writes alone here: had it failed, the others would wait for it.
-        failed = [p for p, f in enumerate(distributed.gather(failure is not None)) if f]
+        failed = [p for p, f in enumerate(collectives.gather(failure is not None)) if f]
         if failed:
-            distributed.on_main(shutil.rmtree, tmp, True)
+            collectives.on_main(shutil.rmtree, tmp, True)
             if failure is not None and is_disk_full(failure):
                 raise disk_full_error(out_dir, "nothing of it was kept (free some space and "
                                                "run the command again)") from None
             raise failure or RuntimeError(f"{out_dir}: process(es) {failed} failed writing it")
-        distributed.on_main(_replace, tmp, out_dir)  # returns once it is renamed
+        collectives.on_main(_replace, tmp, out_dir)  # returns once it is renamed
     except BaseException:
-        if distributed.is_main():
+        if collectives.is_main():
             shutil.rmtree(tmp, ignore_errors=True)
         raise
 

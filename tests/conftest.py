@@ -23,7 +23,7 @@ os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), cp
                                                 "--xla_force_host_platform_device_count=8"]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-from memagent_jax.distributed import reserve_cpu_threads  # noqa: E402
+from memagent_jax.distributed.startup import reserve_cpu_threads  # noqa: E402
 
 reserve_cpu_threads()  # the 8 devices' thread pool; before JAX starts its CPU backend
 

@@ -2,8 +2,9 @@
 
 Each process is `python -m memagent_jax.cli ARGS` (or `python -c CODE`) with 4 CPU devices,
 JAX_COORDINATOR_ADDRESS on a free loopback port, JAX_NUM_PROCESSES and JAX_PROCESS_ID, gloo
-collectives (chosen by `memagent_jax.distributed.start`), all started together and bounded in
-time: processes still running at the deadline are killed and the test fails with their output.
+collectives (chosen by `memagent_jax.distributed.startup.start`), all started together and
+bounded in time: processes still running at the deadline are killed and the test fails with
+their output.
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ runner load inside the command.
 
 from __future__ import annotations
 
-from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import add_command, add_config_flags, start
+from memagent_jax.distributed import startup  # stdlib-only at import
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import check_new_files, check_output_file
 
@@ -21,7 +21,7 @@ def add_parsers(sub) -> None:
     add_config_flags(p, "configs/eval/ruler_hqa_memagent_14b.yaml",
                      "sampling.n=4 data.max_samples=16")
     p.set_defaults(func=_eval)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
     p = add_command(sub, "eval-compare", help="two evals of the same documents, paired: each "
                                               "model's count right with its Wilson 95 %% "

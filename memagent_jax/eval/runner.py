@@ -25,8 +25,8 @@ import dataclasses
 import itertools
 import os
 
-from memagent_jax import distributed
 from memagent_jax.console import announce, progress_bar
+from memagent_jax.distributed import collectives
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import AgentMethod, FullContextMethod, MemAgentMethod
@@ -53,7 +53,7 @@ class Progress:
     and answers, an agent's "calls", full context's "answers")."""
 
     def __init__(self, samples: int, calls: str):
-        quiet = not distributed.is_main()
+        quiet = not collectives.is_main()
         self.samples = progress_bar(total=samples, desc="samples", unit="sample", position=0,
                                     disable=quiet)
         self.turns = progress_bar(total=0, desc=calls, unit="call", position=1,
@@ -172,7 +172,7 @@ def _claim(config: EvalConfig, sets: list[EvalSet]) -> tuple[OutputDir | None, d
             raise
         return {name: list(log.records) for name, log in logs.items()}
 
-    done = distributed.on_main(claim)
+    done = collectives.on_main(claim)
     if "out" not in opened:
         return None, {name: _Replica(rows) for name, rows in done.items()}
     return opened["out"], opened["logs"]

@@ -25,7 +25,7 @@ import sys
 import orbax.checkpoint as ocp
 from etils import epath
 
-from memagent_jax import distributed
+from memagent_jax.distributed import collectives
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory, is_disk_full
 from memagent_jax.model_dir import CONFIG_FILE, PARAMS_DIR, SIDE_DIR, locate
@@ -80,7 +80,7 @@ def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str],
     replacing copies), written all or nothing, by process 0 of a multi-process job (every
     process calls it)."""
     with atomic_directory(out_dir) as tmp:
-        if not distributed.is_main():
+        if not collectives.is_main():
             return
         os.makedirs(os.path.join(tmp, SIDE_DIR))
         copied: set[str] = set()
@@ -103,7 +103,7 @@ def write_checkpoint(params: Params, config: ModelConfig, out_dir: str,
         checkpointer = ocp.StandardCheckpointer()
         checkpointer.save(os.path.join(tmp, PARAMS_DIR), params)
         checkpointer.wait_until_finished()
-        if distributed.is_main():
+        if collectives.is_main():
             with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
                 json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
             os.makedirs(os.path.join(tmp, SIDE_DIR))

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 
-from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import add_command, print_once, seed, start, stop_when_signalled
+from memagent_jax.distributed import startup  # stdlib-only at import
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import check_new_output
 
@@ -22,7 +23,7 @@ def add_parsers(sub) -> None:
                    help="config.json + *.safetensors")
     p.add_argument("--out", required=True, metavar="CKPT_DIR", help="new checkpoint directory")
     p.set_defaults(func=_convert)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
     p = add_command(sub, "export", help="memagent-jax checkpoint -> HF safetensors directory")
     p.add_argument("--model", "--ckpt", required=True, metavar="CKPT_DIR",
@@ -34,7 +35,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index")
     p.set_defaults(func=_export)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
     p = add_command(sub, "random-model", help="write an HF directory with random weights in a "
                                               "Qwen2.5 or Qwen3 shape, and a word-level tokenizer")
@@ -91,7 +92,7 @@ def _stop_before_writing(out: str):
     JAX loads (a Ctrl-C then would land in one of its garbage-collection callbacks and be
     lost): Ctrl-C or SIGTERM while the model loads, or while it is written, stops at the next
     poll with nothing left at `out`; one after the last poll lets the write finish."""
-    with distributed.PreemptionNotice(
+    with PreemptionNotice(
             on_interrupt=f"Ctrl-C: stopping when the model has loaded or the tensor being "
                          f"written is done; {out} is kept only if it is complete by "
                          "then") as notice:

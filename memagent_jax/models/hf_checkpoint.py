@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from memagent_jax import distributed
+from memagent_jax.distributed import collectives
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import mapping
@@ -128,14 +128,14 @@ def write_directory(params: Params, config: ModelConfig, out_dir: str,
 
     def produce(row, array):
         poll()
-        return mapping.to_hf(row, distributed.to_host(array))
+        return mapping.to_hf(row, collectives.to_host(array))
 
     tensors = [(name, params[ours].dtype, mapping.hf_shape(row, params[ours].shape),
                 functools.partial(produce, row, params[ours]))
                for row, ours, name in mapping.tensors(config)]
     shards = _split_into_shards(tensors, max_shard_bytes)
     with atomic_directory(out_dir) as tmp:
-        if not distributed.is_main():
+        if not collectives.is_main():
             for tensor in tensors:  # the gathers are collective: the same ones, in order
                 tensor[3]()
             return

@@ -27,7 +27,7 @@ from typing import Any
 
 import jax
 
-from memagent_jax import distributed
+from memagent_jax.distributed import collectives
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import disk_full_error, is_disk_full
 
@@ -119,7 +119,7 @@ class Checkpointer:
             if not is_disk_full(e) or "://" in self.directory:
                 raise
             import orbax.checkpoint as ocp
-            if distributed.is_main():  # no collective: the other processes may not fail here
+            if collectives.is_main():  # no collective: the other processes may not fail here
                 for name in ocp.path.step.tmp_checkpoints(self.directory):
                     shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
             steps = committed_steps(self.directory)

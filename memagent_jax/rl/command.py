@@ -6,8 +6,8 @@ trainer load inside `train`, after its config has been checked.
 
 from __future__ import annotations
 
-from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import add_command, add_config_flags, start
+from memagent_jax.distributed import startup  # stdlib-only at import
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import check_new_files, check_output_file
 from memagent_jax.rl.curves import DEFAULT_TAGS  # stdlib-only at import
@@ -20,7 +20,7 @@ def add_parsers(sub) -> None:
                                        "output)")
     add_config_flags(p, "configs/train/tiny_cpu.yaml", "learner.lr=1e-6 steps=10")
     p.set_defaults(func=_train)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
     p = add_command(sub, "curves", help="training curves of runs (their TensorBoard scalars), "
                                         "one after another or overlaid, as a PNG")

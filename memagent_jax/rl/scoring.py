@@ -29,7 +29,7 @@ from typing import Callable, ClassVar
 
 import numpy as np
 
-from memagent_jax import distributed
+from memagent_jax.distributed import collectives
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.rl import rewards
 from memagent_jax.runconfig import at_least
@@ -88,7 +88,7 @@ class Rewarder:
         """([G, n] float32 rewards of each trajectory's final reply, seconds taken)."""
         start = time.perf_counter()
         jobs = [(e, t.final_reply) for e, group in zip(examples, groups) for t in group]
-        flat = distributed.on_main(self._score_all, jobs)
+        flat = collectives.on_main(self._score_all, jobs)
         shape = (len(groups), len(groups[0]) if groups else 0)
         return np.asarray(flat, np.float32).reshape(shape), time.perf_counter() - start
 

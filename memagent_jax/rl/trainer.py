@@ -51,9 +51,11 @@ import jax.numpy as jnp
 import numpy as np
 from tqdm import tqdm
 
-from memagent_jax import distributed, model_dir
+from memagent_jax import model_dir
 from memagent_jax.console import announce, progress_bar
 from memagent_jax.data import pipeline
+from memagent_jax.distributed import collectives, startup
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.errors import ConfigError, Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
@@ -87,7 +89,7 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         check(config)
         self.config = config
-        distributed.start(distributed.Launch(auto=config.distributed))
+        startup.start(startup.Launch(auto=config.distributed))
         if config.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
             # Cache everything: the many small programs (prefill buckets, micro-batch shapes)
@@ -162,7 +164,7 @@ class Trainer:
                                        "`memagent-jax train` at its start.\n`memagent-jax "
                                        f"train --config {path}` resumes it.")
 
-        distributed.on_main(keep)
+        collectives.on_main(keep)
 
     def _announce(self) -> None:
         """What the run is about to do, before the model loads (process 0)."""
@@ -187,7 +189,7 @@ class Trainer:
     def _build(self) -> None:
         config = self.config
         self.mesh = make_mesh(self.mesh_axes, source="mesh")
-        distributed.check_shared_directory(config.checkpoint_dir, "checkpoint directory")
+        collectives.check_shared_directory(config.checkpoint_dir, "checkpoint directory")
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
@@ -201,7 +203,7 @@ class Trainer:
                                          async_save=config.checkpoint.async_save)
         self.writer = ScalarWriter(os.path.join(config.logs_dir, "tensorboard"),
                                    self.process_index)
-        self.preemption = distributed.PreemptionNotice(
+        self.preemption = PreemptionNotice(
             on_interrupt="Ctrl-C: stopping at the next turn or step boundary, then "
                          "checkpointing the last finished step (Ctrl-C again changes nothing; "
                          "kill -9 stops at once and keeps only the newest checkpoint)")
@@ -214,7 +216,7 @@ class Trainer:
         files (`model_files()`; MemAgent's memagent.json: the budgets and `thinking` setting
         it trains with, which `run` and `demo` default to). Written once."""
         directory = os.path.join(self.config.checkpoint_dir, model_dir.TRAINING_MODEL_DIR)
-        if "://" in directory or distributed.broadcast(os.path.isdir(directory)):
+        if "://" in directory or collectives.broadcast(os.path.isdir(directory)):
             return
         m = self.config.model
         sources = [m.tokenizer, m.path, m.path and model_dir.side_files_dir(m.path)]
@@ -303,7 +305,7 @@ class Trainer:
             self.iterator.set_state(at_start[1])
             self.stop(step - 1)
             return {}
-        distributed.check_same(f"step {step}'s drawn examples, sampling seeds and kept examples",
+        collectives.check_same(f"step {step}'s drawn examples, sampling seeds and kept examples",
                                (batch.drawn, seeds, [e.index for e in batch.examples]))
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}

@@ -12,7 +12,6 @@ import math
 import os
 import sys
 
-from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import (
     add_command,
     add_model_flags,
@@ -22,6 +21,8 @@ from memagent_jax.commandline import (
     start,
     tokens,
 )
+from memagent_jax.distributed import collectives, startup  # stdlib-only at import
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.fileutil import check_input_file, check_new_files, check_output_file
 from memagent_jax.rollout.thinking import THINKING_CHOICES  # stdlib-only
@@ -51,7 +52,7 @@ def add_parsers(sub) -> None:
                         "rounded up: powers of two to 256, then multiples of 256)")
     add_model_flags(p)
     p.set_defaults(func=_generate)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
     p = add_command(sub, "run", help="answer a question about a long document with the memory "
                                      "agent (the quickstart)")
@@ -90,7 +91,7 @@ def add_parsers(sub) -> None:
     add_model_flags(p, "tokenizer directory (default: the model's; with --url, the one that "
                        "chunks the document)")
     p.set_defaults(func=_run)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
 
 def _generate(args) -> None:
@@ -139,9 +140,9 @@ def _generate(args) -> None:
     # stops. A KeyboardInterrupt could land in an XLA compile, which goes on in XLA's threads
     # while the interpreter exits (a SIGSEGV at exit, 1 try in 3), or in a garbage-collection
     # callback, where Python drops it (the run went on to its end).
-    with distributed.PreemptionNotice() as notice, progress_bar(
+    with PreemptionNotice() as notice, progress_bar(
             total=len(requests), desc="generate", unit="prompt",
-            disable=not distributed.is_main()) as bar:
+            disable=not collectives.is_main()) as bar:
 
         def stop_if_signalled() -> None:
             if notice.reached():
@@ -158,7 +159,7 @@ def _generate(args) -> None:
         rows.append({"completion_ids": completion.token_ids, "text": text,
                      "logprobs": completion.logprobs,
                      "finish_reason": completion.finish_reason})
-    distributed.on_main(write_completions, args.out, rows)
+    collectives.on_main(write_completions, args.out, rows)
     print_once(f"wrote {len(rows)} completions to {args.out}")
 
 
@@ -230,7 +231,7 @@ def _run(args) -> None:
         start(args)
         agent, params = _local_agent(model, config, tokenizer, sample)
     with progress_bar(total=len(sample.chunks) + 1, desc="chunks", unit="turn",
-                      disable=not distributed.is_main()) as bar:
+                      disable=not collectives.is_main()) as bar:
 
         def show(kind: str, reply: str) -> None:
             bar.update(1)

@@ -31,7 +31,7 @@ import threading
 import zlib
 from typing import Any, Callable
 
-from memagent_jax import distributed
+from memagent_jax.distributed import collectives, startup
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Rollout, Trajectory
 from memagent_jax.rollout.answers import final_answer
@@ -236,7 +236,7 @@ class _Run:
         same ones)."""
         if self.once:
             waiting, self.once = self.once, []
-            values = distributed.on_main(lambda: [fn() for fn, _ in waiting])
+            values = collectives.on_main(lambda: [fn() for fn, _ in waiting])
             for (_, future), value in zip(waiting, values):
                 future.set_result(value)
         if not self.queue:
@@ -271,11 +271,11 @@ class _Run:
                 self.on_call(q.row)
 
     def _check_same_calls(self, queued: list[_Queued]) -> None:
-        if not distributed.joined():
+        if not startup.joined():
             return
         digest = zlib.crc32(repr([(q.row, q.sampling, q.first_index, q.call.max_tokens,
                                    q.call.prompt_ids) for q in queued]).encode())
-        digests = distributed.gather((len(queued), digest))
+        digests = collectives.gather((len(queued), digest))
         if any(d != digests[0] for d in digests):
             raise UserError(f"agent {self.name}: the processes asked the engine for different "
                             f"calls ({digests}, calls and digest per process): an agent or tool "

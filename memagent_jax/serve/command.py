@@ -119,7 +119,7 @@ def _serve(args) -> None:
 
 def check_single_host() -> None:
     """Raises UserError when the environment starts this process as one of a multi-process
-    job (memagent_jax.distributed reads the same variable)."""
+    job (memagent_jax.distributed.startup reads the same variable)."""
     count = os.environ.get("JAX_NUM_PROCESSES", "1")
     if count.strip() not in ("", "1"):
         raise UserError(f"serve runs on one host for now (JAX_NUM_PROCESSES={count}): start "

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from memagent_jax import distributed  # stdlib-only at import
 from memagent_jax.commandline import add_command, seed, start, stop_when_signalled, tokens
+from memagent_jax.distributed import startup  # stdlib-only at import
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.errors import UserError
 
 # Bytes of memory a token of the longest document takes at the peak of `data synthetic`
@@ -37,7 +38,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--show", type=int, default=6, help="memory changes to print")
     _add_budget_flags(p)
     p.set_defaults(func=_demo)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
     p = add_command(sub, "trace", help="where the memory goes wrong: a memory agent reads "
                                        "fresh synthetic documents, and each needed fact is "
@@ -60,7 +61,7 @@ def add_parsers(sub) -> None:
                         "(one process)")
     _add_budget_flags(p)
     p.set_defaults(func=_trace)
-    distributed.add_flags(p)
+    startup.add_flags(p)
 
 
 def add_data_parsers(kinds) -> None:
@@ -107,7 +108,7 @@ def _demo(args) -> None:
     if args.show < 0:
         raise UserError(f"--show must be 0 or more (memory changes to print), got {args.show}")
     start(args)
-    with distributed.PreemptionNotice() as notice:
+    with PreemptionNotice() as notice:
         run_demo(args.model, args.task, args.length, args.seed, args.show, _budgets(args),
                  stop_when_signalled(notice))
 
@@ -168,7 +169,7 @@ def _synthetic(args) -> None:
 
     # Ctrl-C and SIGTERM stop the work at the next poll (every sample, and every
     # POLL_TOKENS of a document), where the file being written is removed unwritten.
-    with distributed.PreemptionNotice() as notice:
+    with PreemptionNotice() as notice:
         poll = stop_when_signalled(notice, kept)
         if not os.path.isdir(tokenizer):
             write_tokenizer(tokenizer, synthetic.vocabulary())

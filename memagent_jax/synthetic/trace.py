@@ -173,8 +173,8 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
               budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
     """Reads the documents, prints a line each and the summary (progress on stderr); writes
     the traces as JSON lines to `out` when given (process 0 of a multi-process job)."""
-    from memagent_jax import distributed
     from memagent_jax.console import progress_bar
+    from memagent_jax.distributed import collectives
     from memagent_jax.errors import UserError
     from memagent_jax.fileutil import atomic_file, check_new_files, check_output_file
     from memagent_jax.rollout.sampling import SamplingParams
@@ -204,7 +204,7 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
         print(describe(traces[-1]))
     for line in summarize(traces, config.chunk_tokens):
         print(line)
-    if out and distributed.is_main():  # every process of a job reads the same documents
+    if out and collectives.is_main():  # every process of a job reads the same documents
         with atomic_file(out) as tmp, open(tmp, "w") as f:
             f.writelines(json.dumps(dataclasses.asdict(t)) + "\n" for t in traces)
     return traces

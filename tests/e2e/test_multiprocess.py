@@ -16,8 +16,8 @@ import orbax.checkpoint as ocp
 import pytest
 import yaml
 
-from memagent_jax import distributed
 from memagent_jax.data.needle import needle_rows, vocabulary, write_rows, write_tokenizer
+from memagent_jax.distributed import startup
 from memagent_jax.errors import UserError
 from memagent_jax.lookup.task import write_task
 from tests import multiprocess
@@ -130,12 +130,12 @@ def test_two_processes_train_as_one(task, reference, tmp_path):
 _SIGTERM_IN_STEP_2 = """
 import os, signal, sys, time
 import jax
-from memagent_jax import distributed
 from memagent_jax.cli import main
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.rl.trainer import Trainer
 
 running = [0]
-train_step, reached = Trainer.train_step, distributed.PreemptionNotice.reached
+train_step, reached = Trainer.train_step, PreemptionNotice.reached
 
 def recording_train_step(self, step):
     running[0] = step
@@ -150,7 +150,7 @@ def reached_after_a_signal_in_step_2(self):
     return reached(self)
 
 Trainer.train_step = recording_train_step
-distributed.PreemptionNotice.reached = reached_after_a_signal_in_step_2
+PreemptionNotice.reached = reached_after_a_signal_in_step_2
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -316,12 +316,12 @@ def test_bad_starts_end_every_process_with_one_line(task, tmp_path):
 
 
 @pytest.mark.parametrize("launch, env, message", [
-    (distributed.Launch(), {"JAX_NUM_PROCESSES": "2"},
+    (startup.Launch(), {"JAX_NUM_PROCESSES": "2"},
      "JAX_COORDINATOR_ADDRESS, JAX_PROCESS_ID not set"),
-    (distributed.Launch("h:1", 2, 2), {}, "--process-id 2 is not in 0..1 (--num-processes 2)"),
-    (distributed.Launch("h:1", 2), {}, "--process-id missing"),
-    (distributed.Launch(), {"JAX_COORDINATOR_ADDRESS": "h", "JAX_NUM_PROCESSES": "2",
-                            "JAX_PROCESS_ID": "0"},
+    (startup.Launch("h:1", 2, 2), {}, "--process-id 2 is not in 0..1 (--num-processes 2)"),
+    (startup.Launch("h:1", 2), {}, "--process-id missing"),
+    (startup.Launch(), {"JAX_COORDINATOR_ADDRESS": "h", "JAX_NUM_PROCESSES": "2",
+                        "JAX_PROCESS_ID": "0"},
      "JAX_COORDINATOR_ADDRESS 'h': expected HOST:PORT"),
 ])
 def test_start_up_coordinates_are_checked_before_anything_starts(monkeypatch, launch, env,
@@ -331,8 +331,8 @@ def test_start_up_coordinates_are_checked_before_anything_starts(monkeypatch, la
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     with pytest.raises(UserError, match=re.escape(message)):
-        distributed.start(launch)
-    assert not distributed.joined()
+        startup.start(launch)
+    assert not startup.joined()
 
 
 class _Unpublished(Exception):
@@ -373,8 +373,8 @@ def test_processes_started_with_different_command_lines_are_refused(monkeypatch,
 
     monkeypatch.setattr(jax_distributed.global_state, "client", _KeyValueStore())
     monkeypatch.setattr(jax, "process_count", lambda: 2)
-    monkeypatch.setattr(distributed, "start", lambda launch, fingerprint="": (
-        distributed._check_agreement(launch.num_processes, fingerprint, 1)))
+    monkeypatch.setattr(startup, "start", lambda launch, fingerprint="": (
+        startup._check_agreement(launch.num_processes, fingerprint, 1)))
 
     def join(process, argv):
         monkeypatch.setattr(jax, "process_index", lambda: process)
@@ -397,20 +397,21 @@ _COLLECTIVES = """
 import os, signal, sys, time
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
-from memagent_jax import distributed
+from memagent_jax.distributed import collectives, startup
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models.sharding import make_mesh
-distributed.start()
+startup.start()
 me = jax.process_index()
 mesh = make_mesh({"fsdp": -1})
 split = jax.device_put(jnp.arange(16.0), NamedSharding(mesh, PartitionSpec("fsdp")))
-assert (distributed.to_host(split) == np.arange(16.0)).all()
-assert distributed.gather({"p": me}) == [{"p": 0}, {"p": 1}]
-assert distributed.broadcast(f"from {me}") == "from 0"
-distributed.check_same("the same value", 7)
-assert distributed.on_main(lambda: f"made by {me}") == "made by 0"
+assert (collectives.to_host(split) == np.arange(16.0)).all()
+assert collectives.gather({"p": me}) == [{"p": 0}, {"p": 1}]
+assert collectives.broadcast(f"from {me}") == "from 0"
+collectives.check_same("the same value", 7)
+assert collectives.on_main(lambda: f"made by {me}") == "made by 0"
 try:
-    distributed.on_main(lambda: 1 / 0)
+    collectives.on_main(lambda: 1 / 0)
 except (ZeroDivisionError, RuntimeError) as e:
     print("on_main:", type(e).__name__, e, flush=True)
 
@@ -430,19 +431,19 @@ with atomic_directory(out) as tmp:
 assert open(out + "/file").read() == "by 0"  # renamed before any process returns
 
 # SIGTERM to process 1: both processes see it at the same call.
-with distributed.PreemptionNotice() as notice:
+with PreemptionNotice() as notice:
     assert not notice.reached()
     if me == 1:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.2)
     assert notice.reached() and not notice.interrupted
 # Ctrl-C on process 1 as process 0 gets SIGTERM: both stop for the Ctrl-C.
-with distributed.PreemptionNotice() as notice:
+with PreemptionNotice() as notice:
     os.kill(os.getpid(), signal.SIGINT if me == 1 else signal.SIGTERM)
     time.sleep(0.2)
     assert notice.reached() and notice.interrupted
 print("collectives ok", flush=True)
-distributed.check_same("the drawn examples", [1, 2, me])
+collectives.check_same("the drawn examples", [1, 2, me])
 """
 
 
@@ -462,8 +463,8 @@ def test_host_collectives_and_the_lockstep_check(tmp_path):
 _INDEPENDENT_COLLECTIVES = """
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from memagent_jax import distributed
-distributed.start()
+from memagent_jax.distributed import startup
+startup.start()
 mesh = jax.make_mesh((jax.device_count(),), ("d",))
 count = 8
 def sums(*xs):  # none waits for another, so XLA may start a device's sums together
@@ -483,7 +484,7 @@ print("sums ok", flush=True)
 @pytest.mark.parametrize("processes, devices", [(1, 8), (2, 4)])
 def test_independent_collectives_on_simulated_devices_finish(processes, devices):
     """XLA's CPU client runs all simulated devices on one thread pool, as many threads as
-    devices on this 2-core machine; without `distributed.reserve_cpu_threads` a device that
+    devices on this 2-core machine; without `startup.reserve_cpu_threads` a device that
     starts two collectives at once leaves another without a thread, and all of them wait."""
     def unreserved(i, env):
         env.pop("NPROC", None)  # conftest's reservation: the job must make its own
@@ -508,5 +509,5 @@ def test_the_thread_reservation_follows_the_simulated_device_count(monkeypatch, 
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     monkeypatch.setattr(os, "cpu_count", lambda: cores)
-    distributed.reserve_cpu_threads()
+    startup.reserve_cpu_threads()
     assert os.environ.get("NPROC") == nproc

@@ -249,14 +249,14 @@ _FOUR_STEPS = ["steps=4", "data.shuffle=true", "checkpoint.every=0"]
 # and again while the stop's checkpoint commits.
 _CTRL_C = """
 import os, signal, sys, time
-from memagent_jax import distributed
+from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.cli import main
 from memagent_jax.rl.checkpointing import Checkpointer
 from memagent_jax.rl.trainer import Trainer
 
 where, at = os.environ["CTRL_C_AT"].split()
 running = [0]
-train_step, reached = Trainer.train_step, distributed.PreemptionNotice.reached
+train_step, reached = Trainer.train_step, PreemptionNotice.reached
 wait = Checkpointer.wait
 
 def ctrl_c():
@@ -283,7 +283,7 @@ def pressing_wait(self):
     wait(self)
 
 Trainer.train_step = pressing_train_step
-distributed.PreemptionNotice.reached = pressing_reached
+PreemptionNotice.reached = pressing_reached
 Checkpointer.wait = pressing_wait
 sys.exit(main(sys.argv[1:]))
 """
@@ -324,7 +324,7 @@ def test_a_stop_notice_takes_either_signal_and_a_second_changes_nothing(capfd):
     """SIGINT and SIGTERM only set the notice's flag while it listens (Ctrl-C says so on
     stderr, each time); SIGINT is what the job stops for once any process got one; the
     handlers found are given back."""
-    from memagent_jax.distributed import PreemptionNotice
+    from memagent_jax.distributed.preemption import PreemptionNotice
 
     def not_the_notice(signum, frame):
         raise AssertionError(f"signal {signum} reached the handler the notice replaces")
@@ -351,7 +351,7 @@ def test_a_stop_notice_takes_either_signal_and_a_second_changes_nothing(capfd):
 def test_a_sigterm_after_a_sigint_still_stops_for_the_ctrl_c(capfd):
     """Ctrl-C outranks a preemption notice whatever their order: SIGINT then SIGTERM stops the
     job as interrupted (what makes `train` exit 130), not as preempted (exit 143)."""
-    from memagent_jax.distributed import PreemptionNotice
+    from memagent_jax.distributed.preemption import PreemptionNotice
 
     with PreemptionNotice(on_interrupt="stopping soon") as notice:
         os.kill(os.getpid(), signal.SIGINT)

@@ -10,9 +10,9 @@ import os
 import pytest
 import yaml
 
-from memagent_jax import distributed
 from memagent_jax.cli import main
 from memagent_jax.data.needle import write_task
+from memagent_jax.distributed import startup
 from memagent_jax.rl.config import RESUMABLE, load_train_config
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.runconfig import differences, to_dict
@@ -106,7 +106,7 @@ RESUMED = {"steps": "steps=10", "checkpoint.every": "checkpoint.every=1",
 @pytest.mark.parametrize("key", RESUMED)
 def test_a_resume_may_run_longer_checkpoint_validate_and_sit_on_the_machine_otherwise(
         config_file, tmp_path, monkeypatch, key):
-    monkeypatch.setattr(distributed, "start", lambda *args: None)  # distributed=true: no job
+    monkeypatch.setattr(startup, "start", lambda *args: None)  # distributed=true: no job
     change = RESUMED[key].format(tmp=tmp_path)
     assert load_train_config(config_file, [change]) != load_train_config(config_file)
     assert _train(config_file) == "built"

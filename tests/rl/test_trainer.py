@@ -18,9 +18,9 @@ import orbax.checkpoint as ocp
 import pytest
 import yaml
 
-from memagent_jax import distributed
 from memagent_jax.data.needle import write_task
 from memagent_jax.data.pipeline import Example
+from memagent_jax.distributed import collectives
 from memagent_jax.rl import steps as steps_module
 from memagent_jax.rl.collect import RolloutBatch
 from memagent_jax.rl.config import load_train_config
@@ -403,7 +403,7 @@ def test_the_lockstep_check_stops_a_process_that_drew_sampled_or_kept_differentl
         return [values[0], value]
 
     monkeypatch.setattr(steps_module, "collect_batch", collect_batch)
-    monkeypatch.setattr(distributed, "gather", gather)
+    monkeypatch.setattr(collectives, "gather", gather)
 
     def step_1(drawn, kept, rng_seed):
         canned.update(drawn=drawn, kept=kept)

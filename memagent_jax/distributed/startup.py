@@ -1,5 +1,4 @@
-"""One job over many processes (a TPU pod's hosts, a GPU cluster's nodes): start-up, and the
-few host-side collectives the commands need.
+"""Joining this process to its job, and setting up JAX's CPU backend before JAX starts.
 
 Every command that touches devices calls `start()` before anything else uses JAX. Where its
 coordinates come from, first match wins:
@@ -12,14 +11,16 @@ coordinates come from, first match wins:
 Start-up is bounded by `timeout_s`: a coordinator that never answers, or a process that never
 joins, ends every process with one line (`UserError`) instead of JAX's abort after its own
 deadline. Once up, the processes compare what each was told (process count, and a fingerprint
-of the command line), so a job started with mismatched flags stops at once, on every process.
-On CPU the collectives go through gloo, and simulated CPU devices get twice their number of
-threads (`reserve_cpu_threads`).
+of the command line), so a job started with mismatched flags stops at once, on every
+process. On CPU the collectives go through gloo, and simulated CPU devices get twice their
+number of threads (`reserve_cpu_threads`). `cpu_where_no_accelerator` runs earlier still, at
+the package's import.
 
-After `start()`, `jax.process_index()`/`process_count()` say who is who. The helpers below are
-what keeps hosts in agreement: `to_host` (a global array, whole, on every host), `gather` and
-`broadcast` (Python values), `on_main` (work only process 0 does, its failure raised on
-every process) and `check_same` (a lockstep check that fails loudly).
+After `start()`, `jax.process_index()`/`process_count()` say who is who, `joined()` whether
+this process is part of a multi-process job.
+
+Standard library only at import (JAX loads inside the functions): the command modules and
+`memagent_jax/__init__.py` import this module.
 """
 
 from __future__ import annotations
@@ -28,12 +29,9 @@ import dataclasses
 import glob
 import hashlib
 import os
-import pickle
 import re
 import sys
 import threading
-import time
-from typing import Any
 
 from memagent_jax.errors import UserError
 
@@ -97,7 +95,7 @@ def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
     if coordinator is None and not launch.auto:
         return
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.config.update("jax_enable_preemption_service", False)  # see PreemptionNotice
+    jax.config.update("jax_enable_preemption_service", False)  # see preemption.py
     where = (f"process {index} of {count}, coordinator {coordinator}" if coordinator
              else "cluster auto-detection")
     done = threading.Event()
@@ -227,189 +225,8 @@ def _check_agreement(count: int | None, fingerprint: str, timeout_s: int) -> Non
                         "same command line")
 
 
-# ---- host-side collectives (identity on one process) -------------------------------------
-
 def joined() -> bool:
     """Whether this process is part of a started multi-process job (without loading JAX, or
     starting its backend, where it is not)."""
     state = sys.modules.get("jax._src.distributed")
     return state is not None and state.global_state.client is not None
-
-
-def is_main() -> bool:
-    """Process 0: the one that writes logs and outputs."""
-    import jax
-    return not joined() or jax.process_index() == 0
-
-
-def to_host(tree: Any) -> Any:
-    """Every array of `tree`, whole, as NumPy on every process (a global array split across
-    hosts cannot be read directly)."""
-    import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    if not joined():
-        return jax.device_get(tree)
-
-    def fetch(x):
-        if isinstance(x, jax.Array) and not x.is_fully_addressable:
-            if x.is_fully_replicated:
-                return np.asarray(x.addressable_data(0))
-            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
-        return jax.device_get(x)
-
-    return jax.tree.map(fetch, tree)
-
-
-def gather(value: Any) -> list:
-    """[process 0's value, process 1's, ...] on every process (any picklable value)."""
-    if not joined():
-        return [value]
-    import jax
-    import numpy as np
-    from jax.experimental import multihost_utils
-
-    data = np.frombuffer(pickle.dumps(value), np.uint8)
-    sizes = multihost_utils.process_allgather(np.array([data.size]))
-    padded = np.zeros(int(sizes.max()), np.uint8)
-    padded[:data.size] = data
-    everything = multihost_utils.process_allgather(padded)
-    return [pickle.loads(everything[p, :int(sizes[p, 0])].tobytes())
-            for p in range(jax.process_count())]
-
-
-def broadcast(value: Any) -> Any:
-    """Process 0's value, on every process."""
-    return gather(value)[0]
-
-
-def check_same(what: str, value: Any) -> None:
-    """Raises RuntimeError on every process when the processes' values differ: hosts that
-    drifted apart would otherwise feed different data to one SPMD program."""
-    values = gather(value)
-    if any(v != values[0] for v in values[1:]):
-        import jax
-        differing = [p for p, v in enumerate(values) if v != values[0]]
-        raise RuntimeError(f"the processes are out of step: {what} differs on process(es) "
-                           f"{differing} from process 0 (process {jax.process_index()} has "
-                           f"{value!r:.200})")
-
-
-def on_main(fn, *args) -> Any:
-    """fn(*args) on process 0 only, its (picklable) result on every process. When it raises,
-    process 0 raises that and every other process raises its message (UserError for a
-    UserError, else RuntimeError), so none waits forever for a process that failed."""
-    if not joined():
-        return fn(*args)
-    result, failure = None, None
-    if is_main():
-        try:
-            result = fn(*args)
-        except Exception as e:  # noqa: BLE001 - reported to every process, then re-raised
-            failure = e
-    ok, user_error, payload = broadcast(
-        (True, False, result) if failure is None else
-        (False, isinstance(failure, UserError), str(failure) or type(failure).__name__))
-    if failure is not None:
-        raise failure
-    if not ok:
-        raise (UserError(payload) if user_error
-               else RuntimeError(f"process 0 failed: {payload}"))
-    return payload
-
-
-def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
-    """Raises UserError on every process unless all of them see what process 0 writes under
-    `path` (a local path or a gs:// URL): training checkpoints written by one host must be
-    restorable by all. A no-op on one process."""
-    if not joined():
-        return
-    from etils import epath
-
-    directory = epath.Path(path)
-    marker = directory / f".memagent_jax_job_{broadcast(os.urandom(8).hex())}"
-
-    def write_marker():
-        directory.mkdir(parents=True, exist_ok=True)
-        marker.write_text("written by process 0 at start-up; deleted once every process has "
-                          "looked for it\n")
-
-    on_main(write_marker)
-    deadline = time.monotonic() + timeout_s
-    while not (seen := marker.exists()) and time.monotonic() < deadline:
-        time.sleep(0.5)  # shared file systems may show a new file late
-    seen_by = gather(seen)
-    if is_main():
-        marker.unlink(missing_ok=True)
-    blind = [p for p, ok in enumerate(seen_by) if not ok]
-    if blind:
-        raise UserError(f"{what} {path}: process(es) {blind} do not see what process 0 writes "
-                        "there; every process of a job must see the same directory (a gs:// "
-                        "bucket or a shared file system; README, Pods and clusters)")
-
-
-class PreemptionNotice:
-    """Whether the job has been told to stop: SIGTERM (how TPU VMs and most schedulers announce
-    a preemption) or SIGINT (Ctrl-C). While it listens (`with notice:`), either signal sets a
-    flag on the process that gets it, and SIGINT also writes `on_interrupt` to that process's
-    stderr: the stop comes at the next agreed point, not at once, and a person should know. A
-    later signal changes nothing, so that a second Ctrl-C cannot cut short what the first one
-    started (a checkpoint being written). `reached()` is called by every process at the same
-    points (after each turn and each step) and returns True on all of them at the same call
-    once any of them got a signal (an all-gather of the flags); from then on `interrupted`
-    says, the same on every process, whether the job stops for a Ctrl-C (any process got
-    SIGINT) or a preemption.
-
-    JAX's own preemption sync point is switched off (`start`): Orbax's CheckpointManager asks
-    it on every save with its own step numbers, so a second caller counting its own calls
-    could miss the point the processes agreed on."""
-
-    _NONE, _SIGTERM, _SIGINT = 0, 1, 2  # a process's flag; the job takes the highest
-
-    def __init__(self, on_interrupt: str = ""):
-        self.on_interrupt = on_interrupt
-        self.interrupted = False
-        self._flag = self._NONE
-        self._agreed = self._NONE
-        self._previous: dict = {}
-
-    def __enter__(self) -> "PreemptionNotice":
-        import signal
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._on_signal)
-                              for s in (signal.SIGTERM, signal.SIGINT)}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        import signal
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-        self._previous = {}
-
-    def _on_signal(self, signum, frame) -> None:
-        import signal
-        interrupt = signum == signal.SIGINT
-        self._flag = max(self._flag, self._SIGINT if interrupt else self._SIGTERM)
-        if interrupt and self.on_interrupt:
-            # os.write, not print: the handler may run in the middle of another write to
-            # sys.stderr (the progress bar's), which print would then refuse as reentrant.
-            os.write(2, f"\n{self.on_interrupt}\n".encode())
-
-    @property
-    def signal_number(self) -> int:
-        """The signal the job stops for, once `reached()`: SIGINT where `interrupted`, else
-        SIGTERM (`errors.Interrupted`'s exit status is 128 + it)."""
-        import signal
-        return signal.SIGINT if self.interrupted else signal.SIGTERM
-
-    def reached(self) -> bool:
-        if not self._agreed:
-            flag = self._flag
-            if joined():
-                import numpy as np
-                from jax.experimental import multihost_utils
-                flag = int(multihost_utils.process_allgather(np.array([flag])).max())
-            self._agreed = flag
-            self.interrupted = flag == self._SIGINT
-        return bool(self._agreed)
