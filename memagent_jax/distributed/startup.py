@@ -11,13 +11,14 @@ coordinates come from, first match wins:
 Start-up is bounded by `timeout_s`: a coordinator that never answers, or a process that never
 joins, ends every process with one line (`UserError`) instead of JAX's abort after its own
 deadline. Once up, the processes compare what each was told (process count, and a fingerprint
-of the command line), so a job started with mismatched flags stops at once, on every
-process. On CPU the collectives go through gloo, and simulated CPU devices get twice their
-number of threads (`reserve_cpu_threads`). `cpu_where_no_accelerator` runs earlier still, at
-the package's import.
+of the command line; `check_agreement`), so a job started with mismatched flags stops at once,
+on every process. On CPU the collectives go through gloo, and simulated CPU devices get twice
+their number of threads (`reserve_cpu_threads`). `cpu_where_no_accelerator` runs earlier
+still, at the package's import.
 
 After `start()`, `jax.process_index()`/`process_count()` say who is who, `joined()` whether
-this process is part of a multi-process job.
+this process is part of a multi-process job. JAX's private distributed state is read in one
+place, `coordination_client()`.
 
 Standard library only at import (JAX loads inside the functions): the command modules and
 `memagent_jax/__init__.py` import this module.
@@ -32,6 +33,7 @@ import os
 import re
 import sys
 import threading
+from typing import Any
 
 from memagent_jax.errors import UserError
 
@@ -87,9 +89,8 @@ def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
     already joined. fingerprint: what every process must agree on (the command line)."""
     reserve_cpu_threads()
     import jax
-    from jax._src import distributed as jax_distributed
 
-    if jax_distributed.global_state.client is not None:
+    if joined():
         return
     coordinator, count, index = _coordinates(launch)
     if coordinator is None and not launch.auto:
@@ -112,7 +113,7 @@ def start(launch: Launch = Launch(), fingerprint: str = "") -> None:
     try:
         jax.distributed.initialize(coordinator, count, index, launch.local_device_ids,
                                    initialization_timeout=launch.timeout_s + 60)
-        _check_agreement(count, fingerprint, launch.timeout_s)
+        check_agreement(count, fingerprint, launch.timeout_s)
     except (ValueError, RuntimeError) as e:
         if coordinator is None:
             raise UserError("--distributed (distributed: true) found no cluster to join "
@@ -201,13 +202,17 @@ def _coordinates(launch: Launch) -> tuple[str | None, int | None, int | None]:
     return address, count, index
 
 
-def _check_agreement(count: int | None, fingerprint: str, timeout_s: int) -> None:
-    """Every process publishes what it was told (process count, command line); every process
-    reads them all, so a mismatch stops each of them."""
+def check_agreement(count: int | None, fingerprint: str, timeout_s: int) -> None:
+    """Returns once every process of the job was told the same process count and the same
+    `fingerprint`, else raises UserError on every process (the first mismatch named: the
+    count, else which processes differ from process 0). count: what this process was told
+    (None: auto-detection, whose count is the job's own). Each process publishes its count and
+    a hash of its fingerprint in the coordination service's key-value store, then reads every
+    process's, waiting up to `timeout_s` for each (a read that times out raises JAX's error).
+    Called by `start` once JAX has joined the processes; needs `coordination_client()`."""
     import jax
-    from jax._src import distributed as jax_distributed
 
-    client = jax_distributed.global_state.client
+    client = coordination_client()
     told = count or jax.process_count()
     mine = f"{told}|{hashlib.sha256(fingerprint.encode()).hexdigest()[:16]}"
     client.key_value_set(f"memagent_jax/start/{jax.process_index()}", mine)
@@ -228,5 +233,20 @@ def _check_agreement(count: int | None, fingerprint: str, timeout_s: int) -> Non
 def joined() -> bool:
     """Whether this process is part of a started multi-process job (without loading JAX, or
     starting its backend, where it is not)."""
+    return coordination_client() is not None
+
+
+def coordination_client() -> Any:
+    """JAX's client of the job's coordination service once `jax.distributed.initialize` has
+    joined this process to a job (and until `jax.distributed.shutdown`), else None. Imports
+    nothing: where JAX's distributed module was never loaded no job was joined, so the answer
+    is None without loading JAX.
+
+    The one read of JAX's private state (`jax._src.distributed.global_state.client`), for what
+    public JAX lacks: `jax.distributed` (initialize, is_initialized, shutdown) gives no handle
+    on the coordination service's key-value store (`key_value_set`, `blocking_key_value_get`),
+    through which `check_agreement` compares what the processes were told, each read bounded
+    by a timeout, before any device collective runs; and `jax.distributed.is_initialized`
+    needs JAX imported, which `joined` must not do where the process never loaded it."""
     state = sys.modules.get("jax._src.distributed")
-    return state is not None and state.global_state.client is not None
+    return None if state is None else state.global_state.client

@@ -365,16 +365,16 @@ def test_processes_started_with_different_command_lines_are_refused(monkeypatch,
                                                                     refused):
     """What `start` does once JAX has joined the processes, for a job of 2 whose process 1 is
     told `argv_1`: each publishes its process count and command line, process 1 first, and
-    process 0 then compares them all (the start-up flags aside)."""
-    from jax._src import distributed as jax_distributed
-
+    process 0 then compares them all (the start-up flags aside): `startup.check_agreement`,
+    its coordination service a stand-in store."""
     from memagent_jax import commandline
     from memagent_jax.cli import build_parser
 
-    monkeypatch.setattr(jax_distributed.global_state, "client", _KeyValueStore())
+    store = _KeyValueStore()
+    monkeypatch.setattr(startup, "coordination_client", lambda: store)
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(startup, "start", lambda launch, fingerprint="": (
-        startup._check_agreement(launch.num_processes, fingerprint, 1)))
+        startup.check_agreement(launch.num_processes, fingerprint, 1)))
 
     def join(process, argv):
         monkeypatch.setattr(jax, "process_index", lambda: process)
