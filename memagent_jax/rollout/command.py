@@ -328,21 +328,17 @@ def _run_agent(args) -> None:
 
 
 def _local_agent(model, config, tokenizer, sample):
-    """(the memory agent, its parameters) for one sample, on this job's devices."""
-    import dataclasses
-
+    """(the memory agent, its parameters) for one sample, on this job's devices: the cache
+    sized for this sample's turns (`build_agent`'s sample), not the longest the budgets allow."""
     from memagent_jax.models.sharding import job_mesh
     from memagent_jax.rollout.engine_api import EngineConfig
     from memagent_jax.rollout.factory import build_agent, load_policy
 
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-    # The cache holds this question and this document's longest chunk, not the longest the
-    # budgets allow: a short document under a large --chunk-tokens needs no more.
-    config = dataclasses.replace(config, chunk_tokens=max(map(len, sample.chunks)),
-                                 max_problem_tokens=len(sample.problem_ids))
     agent = from_flags(build_agent, model=policy.model, tokenizer=tokenizer, memagent=config,
-                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=policy.stop_ids)
+                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=policy.stop_ids,
+                       sample=sample)
     return agent, policy.params
 
 
