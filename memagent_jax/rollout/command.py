@@ -238,13 +238,11 @@ def _run(args) -> None:
                 tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
 
         if args.url:
-            from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+            from memagent_jax.rollout.client import run_on_server
             from memagent_jax.rollout.memagent import MemAgent
 
-            server = Server(args.url, args.model, api_key_from_env(), args.timeout,
-                            args.temperature, args.top_p)
             agent = _Shown(MemAgent(config, tokenizer), show)
-            (trajectory,), = run_on_server(server, agent, [sample], [[None]])
+            (trajectory,), = run_on_server(_server(args), agent, [sample], [[None]])
         else:
             trajectory = _run_locally(args, agent, params, sample, show)
         record = trajectory.record()
@@ -294,11 +292,9 @@ def _run_agent(args) -> None:
     row = Example(0, "", args.question, context, (), prompt=prompt,
                   fields={"prompt": list(prompt), "context": context})
     if args.url:
-        from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+        from memagent_jax.rollout.client import run_on_server
 
-        server = Server(args.url, args.model, api_key_from_env(), args.timeout,
-                        args.temperature, args.top_p)
-        (trajectory,), = run_on_server(server, agent, [row], [[None]])
+        (trajectory,), = run_on_server(_server(args), agent, [row], [[None]])
     else:
         from memagent_jax.models.sharding import job_mesh
         from memagent_jax.rollout.engine_api import EngineConfig
@@ -325,6 +321,15 @@ def _run_agent(args) -> None:
     else:
         answer = record["answer"]
         print_once((answer if answer is not None else record["final_reply"]).strip())
+
+
+def _server(args):
+    """`run --url`'s server: --model the served model's name, the key in the environment,
+    --timeout, and the sampling flags."""
+    from memagent_jax.rollout.client import Server, api_key_from_env
+
+    return Server(args.url, args.model, api_key_from_env(), args.timeout, args.temperature,
+                  args.top_p)
 
 
 def _local_agent(model, config, tokenizer, sample):
