@@ -104,7 +104,7 @@ class Policy(NamedTuple):
 
 def default_dtype() -> str:
     """float32 on CPU (XLA:CPU's bf16 matmuls at decode shapes are several times slower than
-    its f32 ones; docs/log/benchmarks.md), bfloat16 on GPU/TPU."""
+    its f32 ones; BENCHMARKS.md, "Kernel choices on XLA:CPU"), bfloat16 on GPU/TPU."""
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
