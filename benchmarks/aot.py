@@ -100,8 +100,7 @@ def main() -> None:
     learner = Learner(model, config.learner, mesh)
     length = max(config.learner.bucket_lengths or default_bucket_lengths(tokens))
     multiple = mesh.shape["data"] * mesh.shape["fsdp"]
-    rows = (config.learner.micro_batch_rows
-            or max(multiple, config.learner.micro_batch_tokens // length // multiple * multiple))
+    rows = max(multiple, config.learner.micro_batch_tokens // length // multiple * multiple)
 
     print(f"# {args.config} {' '.join(args.overrides)}")
     print(f"# {platform.machine()}, jax {jax.__version__}; devices: "

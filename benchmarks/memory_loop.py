@@ -57,7 +57,7 @@ from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, read_sample, required_length
+from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent, read_sample
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.tokenizer import load_tokenizer
@@ -209,14 +209,15 @@ def main() -> None:
     # Warm-up compiles only the buckets the loop's prompts use (all of them, unrolled over the
     # layers, take minutes on a GPU at 0.5B widths): the shortest and longest update prompt and
     # the longest final prompt.
-    prompts = TokenPrompts(tokenizer)
+    sizer = MemAgent(config, tokenizer)
+    prompts = sizer.prompts
     question = read_sample(tokenizer, QUESTION, "hello", config).problem_ids
     longest_memory, chunk = [EOS + 1] * args.memory_tokens, [EOS + 1] * args.chunk_tokens
     prompt_lengths = [len(prompts.update(question, memory, chunk))
                       for memory in (prompts.initial_memory, longest_memory)]
     prompt_lengths.append(len(prompts.final(question, longest_memory)))
     print(machine())
-    sized = EngineConfig().sized_for(required_length(tokenizer, config))
+    sized = EngineConfig().sized_for(sizer.engine_need(tokenizer)[0])
     max_len, buckets = sized.max_len, sized.buckets()
     print(f"model: Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads}/"
           f"{args.kv_heads} heads, vocab "

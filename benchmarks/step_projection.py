@@ -428,8 +428,7 @@ def _update(s: Setup, lines: list[str]) -> dict[str, dict[str, float]]:
     say(f"update: all {s.chips} chips at the update rate (rows over data x fsdp, weights over "
         f"fsdp x tensor; assumed: FSDP's gathers hidden behind the matmuls); remat "
         f"{learner.remat}, {learner.mini_batches} mini-batches x {learner.ppo_epochs} epoch(s), "
-        f"micro-batches of {learner.micro_batch_rows or learner.micro_batch_tokens} "
-        f"{'rows' if learner.micro_batch_rows else 'tokens'}, buckets "
+        f"micro-batches of {learner.micro_batch_tokens} tokens, buckets "
         f"{list(learner.bucket_lengths or [])}, kl_coef {learner.kl_coef}")
     if learner.old_logprobs == "rollout":
         say("  old log-probs: the engine's (learner.old_logprobs: rollout), no forward pass")

@@ -119,8 +119,8 @@ def learner_plan(args) -> dict:
     if args.memagent:
         return {"micro_batch_tokens": GPU8_MICRO_BATCH_TOKENS // args.scale,
                 "bucket_lengths": tuple(b // args.scale for b in GPU8_BUCKETS)}
-    return {"micro_batch_rows": args.micro_batch_rows,
-            "bucket_lengths": (args.prompt_len + args.response_len,)}
+    length = args.prompt_len + args.response_len  # every row exactly one bucket long
+    return {"micro_batch_tokens": args.micro_batch_rows * length, "bucket_lengths": (length,)}
 
 
 def bench_ours(config, args, rows, pack: bool = True) -> dict[str, float]:

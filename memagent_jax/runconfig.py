@@ -9,7 +9,9 @@ value. A section's own checks (its `__post_init__`, raising `ConfigError` throug
 section's, in `check` (after a config was changed in code). A section class names itself in
 `SECTION` (its key in the YAML files). A command's top-level schema names its command in
 `COMMAND` and, in `OTHER_CONFIGS`, the top-level keys only another command's configs have,
-so that a file given to the wrong command is named as what it is.
+so that a file given to the wrong command is named as what it is. A key a section no longer
+has is named as such: in `MOVED` (its new place) or `REMOVED` (the value it now always has,
+and why; a file giving that value, as an older run's saved config does for every key, loads).
 
 `write_config` keeps a resolved config as YAML that loads back to the same config, and
 `differences` names what changed between two configs (a resumed run's checks: `train`,
@@ -217,6 +219,9 @@ def _build(schema: type, values: dict, source: str, prefix: str, base=None):
     config's default for this section, e.g. training's 64 decode slots), else the schema's."""
     fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
+    removed = getattr(schema, "REMOVED", {})
+    values = {key: value for key, value in values.items()
+              if not (key in removed and value == removed[key][0])}
     unknown = [key for key in values if key not in fields]
     if unknown and not prefix:
         _check_command(schema, unknown, source)
@@ -240,13 +245,17 @@ def _unknown_key(at: str, key: str, schema: type) -> UserError:
     the one given; where none is, the section's keys when they are few, else the schema that
     holds them (a section of 30 keys listed in full hides the one the user meant). A key the
     schema lists in `MOVED` names its new place; one in `SYNONYMS` (another framework's name,
-    learning_rate for lr, which no spelling is close to) comes first among the close ones."""
+    learning_rate for lr, which no spelling is close to) comes first among the close ones; one
+    in `REMOVED` (given another value than the one it now always has) says what is left."""
     *parents, name = key.split(".")
     section = "".join(f"{part}." for part in parents)
     known = sorted(f.name for f in dataclasses.fields(schema))
     moved = getattr(schema, "MOVED", {}).get(name)
     if moved:
         return UserError(f"{at}unknown key '{key}': it is '{moved}' now")
+    removed = getattr(schema, "REMOVED", {}).get(name)
+    if removed:
+        return UserError(f"{at}key '{key}' was removed: {removed[1]}; delete it")
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
     synonym = getattr(schema, "SYNONYMS", {}).get(name)
     if synonym:

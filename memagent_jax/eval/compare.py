@@ -3,7 +3,8 @@
 For every set (one context length) of two finished eval output directories: the documents
 each model answers right, with Wilson 95 % score intervals, the discordant pairs (right for one
 model, wrong for the other) and the exact two-sided sign test on them (the exact McNemar test).
-Exact match is the headline, sub-EM beside it (docs/synthetic.md, "Evaluation protocol").
+Exact match is the headline (or sub-EM: `--metric`), the other beside it (docs/algorithm.md
+section 2, "Comparing two models").
 Given one directory, each set's counts and intervals alone.
 
 Samples are paired by their row in the set file; the two runs must have read the same

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import os
 import zlib
 from typing import Callable
 
@@ -245,14 +244,10 @@ class AgentMethod:
         self.row(where, row, record)
 
     def start(self) -> None:
-        model = self.config.model
-        if model.url:  # the server holds the model
-            from memagent_jax.rollout.client import Server, api_key_from_env
+        if self.config.model.url:  # the server holds the model
+            from memagent_jax.eval.remote import server_of
 
-            s = self.config.sampling
-            name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
-            self.server = Server(model.url, name, api_key_from_env(), temperature=s.temperature,
-                                 top_p=s.top_p)
+            self.server = server_of(self.config)
             if hasattr(self.agent, "setup"):
                 self.agent.setup(self.tokenizer, ())
             return
@@ -284,11 +279,10 @@ class AgentMethod:
 
         seed = zlib.crc32(f"{s.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
         if self.config.model.url:
+            from memagent_jax.eval.remote import server_seeds
             from memagent_jax.rollout.client import run_on_server
 
-            seeds = [[zlib.crc32(f"{s.seed}/{set_name}/{row}/{k}".encode()) & 0x7FFFFFFF
-                      for k in range(s.n)] for row, _ in batch]
-            run_on_server(self.server, self.agent, rows, seeds,
+            run_on_server(self.server, self.agent, rows, server_seeds(s, set_name, batch),
                           max(1, self.config.data.batch_size), call, done)
             return
         self.runner.run(self.params, self.agent, rows,

@@ -6,7 +6,7 @@ Each of a question's n trajectories is one MemAgent rollout on a `rollout.client
 flight against its vLLM server. Trajectory k of row r asks the server for seeds derived from
 (sampling.seed, set, r, k), so a rerun against the same server and model is reproducible where
 the server honours `seed` (ours does). Scores, logs and resume are the runner's, as for the
-local engine.
+local engine. `server_of` and `server_seeds` are also `method: agent`'s (eval/methods.py).
 """
 
 from __future__ import annotations
@@ -15,28 +15,42 @@ import os
 import zlib
 from typing import Callable
 
+from memagent_jax.eval.config import EvalConfig, SamplingSection
 from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone
 from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
 from memagent_jax.rollout.memagent import MemAgent
+
+
+def server_of(config: EvalConfig) -> Server:
+    """The server at `model.url`, asked for `model.served_name` (default: the last part of
+    model.path) with the key in the environment, every call sampled as the `sampling` section
+    says (temperature, top_p, top_k)."""
+    model, s = config.model, config.sampling
+    name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
+    return Server(model.url, name, api_key_from_env(), temperature=s.temperature,
+                  top_p=s.top_p, top_k=s.top_k)
+
+
+def server_seeds(sampling: SamplingSection, set_name: str, batch: list[tuple[int, dict]]
+                 ) -> list[list[int]]:
+    """seeds[i][k]: the seed of trajectory k of the batch's row i, from (sampling.seed, set,
+    row, k): a rerun asks the server for the same ones."""
+    return [[zlib.crc32(f"{sampling.seed}/{set_name}/{row}/{k}".encode()) & 0x7FFFFFFF
+             for k in range(sampling.n)] for row, _ in batch]
 
 
 class ServerMemAgentMethod(MemAgentMethod):
     """MemAgentMethod's checks, its turns sent to `config.model.url`."""
 
     def start(self) -> None:  # nothing to load: the server holds the model
-        model, s = self.config.model, self.config.sampling
-        name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
-        self.server = Server(model.url, name, api_key_from_env(), temperature=s.temperature,
-                             top_p=s.top_p)
+        self.server = server_of(self.config)
         self.agent = MemAgent(self.config.memagent, self.tokenizer)
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
-        s, n = self.config.sampling, self.config.sampling.n
+        n = self.config.sampling.n
         samples = [self.agent.read(record["input"], record["context"]) for _, record in batch]
         add_turns(n * sum(len(sample.chunks) + 1 for sample in samples))
-        seeds = [[zlib.crc32(f"{s.seed}/{set_name}/{row}/{k}".encode()) & 0x7FFFFFFF
-                  for k in range(n)] for row, _ in batch]
 
         def done(i: int, trajectories) -> None:
             answers = []
@@ -56,5 +70,6 @@ class ServerMemAgentMethod(MemAgentMethod):
                 info["turns"] = info["agent"]["chunks_read"] + 1
             on_done(batch[i][0], answers, info)
 
-        run_on_server(self.server, self.agent, samples, seeds,
+        run_on_server(self.server, self.agent, samples, server_seeds(self.config.sampling,
+                                                                      set_name, batch),
                       max(1, self.config.data.batch_size), lambda i: on_turn(), done)

@@ -106,7 +106,7 @@ def _block_bounds(ids: jnp.ndarray, block: int) -> tuple[jnp.ndarray, jnp.ndarra
 def default_block(group: int) -> int:
     """Rows and keys per tile for `group` query heads per KV head: a tile's product has group x
     block query rows, and below about 512 of them the per-tile overhead of the loop dominates
-    (docs/log/benchmarks.md, "Prefill attention block size"). Qwen2.5 models have 5 to 8
+    (BENCHMARKS.md, "Kernel choices on XLA:CPU"). Qwen2.5 models have 5 to 8
     query heads per KV head (128-blocks); Qwen3 0.6B-8B 2 to 4 (256), 14B-32B 5 and 8."""
     return 256 if group <= 4 else 128
 
@@ -237,7 +237,7 @@ def attend_cache(q: jnp.ndarray, k_cache: jnp.ndarray, v_cache: jnp.ndarray,
     Each (row, KV head) holds its keys as one contiguous [D, S] block and its values as one
     [S, D] block, and its G x T queries form one [G * T, D] block, so both products are plain
     batched matmuls over the cache as it lies, neither with a transposed right operand (which
-    XLA:CPU runs with a slower kernel; docs/log/benchmarks.md, "decode attention layout"). Returns
+    XLA:CPU runs with a slower kernel; BENCHMARKS.md, "Kernel choices on XLA:CPU"). Returns
     [B, T, Hq, D]."""
     b, t, hq, d = q.shape
     hkv = k_cache.shape[1]

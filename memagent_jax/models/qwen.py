@@ -400,8 +400,8 @@ def row_logits(hidden: jnp.ndarray, head: jnp.ndarray, tied: bool) -> jnp.ndarra
 
     The tied head is computed as embed @ hidden.T -> [V, B], then the small result transposed:
     XLA:CPU streams the table at its read rate in that form, but not hidden @ embed.T, which
-    is what its simplifier makes of the plain product (docs/log/benchmarks.md); the barrier keeps it
-    from folding the transpose back into the dot."""
+    is what its simplifier makes of the plain product (BENCHMARKS.md, "Kernel choices on
+    XLA:CPU"); the barrier keeps it from folding the transpose back into the dot."""
     if not tied:
         return jnp.einsum("bd,dv->bv", hidden, head, preferred_element_type=jnp.float32)
     by_vocab = jnp.einsum("vd,bd->vb", head, hidden, preferred_element_type=jnp.float32)

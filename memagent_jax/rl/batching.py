@@ -99,61 +99,50 @@ class MicroBatchPlan:
 def plan(config: LearnerConfig, lengths: np.ndarray, indices, row_multiple: int
          ) -> list[MicroBatchPlan]:
     """The micro-batches the learner runs rows `indices` (lengths[i] tokens each) in, as
-    `config` asks (bucket_lengths, pack, micro_batch_rows or micro_batch_tokens) on a mesh of
-    `row_multiple` data-parallel shards."""
+    `config` asks (bucket_lengths, pack, micro_batch_tokens) on a mesh of `row_multiple`
+    data-parallel shards."""
     indices = list(indices)
     buckets = config.bucket_lengths or default_bucket_lengths(
         int(max(lengths[i] for i in indices)))
-    by_rows = config.micro_batch_rows is not None
     return plan_sequences(lengths, indices, buckets, pack=config.pack,
-                          rows=config.micro_batch_rows,
-                          tokens=None if by_rows else config.micro_batch_tokens,
-                          row_multiple=row_multiple)
+                          tokens=config.micro_batch_tokens, row_multiple=row_multiple)
 
 
 def plan_sequences(lengths: np.ndarray, indices, buckets: Sequence[int], *, pack: bool,
-                   rows: int | None = None, tokens: int | None = None,
-                   row_multiple: int = 1) -> list[MicroBatchPlan]:
-    """Rows `indices` as micro-batches of sequences: each of `rows` sequences, or of
-    tokens // bucket, in multiples of `row_multiple` (`_groups`). pack: first-fit-decreasing
-    into sequences of the longest bucket of which `row_multiple` fit the token budget (with
-    `rows`: the longest bucket; never shorter than the bucket of the longest row, whose too
-    long rows get `bucket_length`'s error), each then padded to the bucket of its filled
-    length; else one row per sequence."""
+                   tokens: int, row_multiple: int = 1) -> list[MicroBatchPlan]:
+    """Rows `indices` as micro-batches of sequences, each of tokens // bucket sequences in
+    multiples of `row_multiple` (`_groups`). pack: first-fit-decreasing into sequences of the
+    longest bucket of which `row_multiple` fit the token budget (never shorter than the bucket
+    of the longest row, whose too long rows get `bucket_length`'s error), each then padded to
+    the bucket of its filled length; else one row per sequence."""
     indices = list(indices)
     if not pack:
         return [_layout([[r] for r in index if r >= 0], lengths, len(index), length, False)
-                for index, length in _groups(lengths, indices, buckets, rows, tokens,
-                                             row_multiple)]
+                for index, length in _groups(lengths, indices, buckets, tokens, row_multiple)]
     longest = bucket_length(int(max(lengths[i] for i in indices)), buckets)
-    # A row count (no token budget) packs into the longest row's bucket: the micro-batches'
-    # shape stays what unpacked rows would give.
-    within = [b for b in buckets if tokens is not None and b * row_multiple <= tokens]
+    within = [b for b in buckets if b * row_multiple <= tokens]
     bins = first_fit_decreasing(lengths, indices, max([longest] + within))
     filled = np.array([sum(int(lengths[r]) for r in members) for members in bins])
     return [_layout([bins[b] for b in index if b >= 0], lengths, len(index), length, True)
-            for index, length in _groups(filled, range(len(bins)), buckets, rows, tokens,
+            for index, length in _groups(filled, range(len(bins)), buckets, tokens,
                                          row_multiple)]
 
 
-def _groups(lengths: np.ndarray, indices: Iterable[int], buckets: Sequence[int],
-            rows: int | None, tokens: int | None, row_multiple: int
-            ) -> list[tuple[np.ndarray, int]]:
+def _groups(lengths: np.ndarray, indices: Iterable[int], buckets: Sequence[int], tokens: int,
+            row_multiple: int) -> list[tuple[np.ndarray, int]]:
     """Items `indices` (lengths[i] tokens each: rows or packed sequences) cut into groups of
     static shapes: [(index [B], -1 for padding; the bucket length every item is padded to)].
 
-    Each group is padded to the bucket of its longest item and holds `rows` items or, with a
-    token budget, tokens // bucket; counts are multiples of `row_multiple` (the data-parallel
+    Each group is padded to the bucket of its longest item and holds tokens // bucket items;
+    counts are multiples of `row_multiple` (the data-parallel
     width, so the batch splits evenly over devices). Items are taken longest first, so each
     group spans a narrow range of lengths; the final group of a bucket is shrunk to the next
     power of two (times row_multiple) that holds it rather than padded with empty items."""
-    if (rows is None) == (tokens is None):
-        raise ValueError("give exactly one of rows or tokens per micro-batch")
     order = sorted(indices, key=lambda i: -int(lengths[i]))
     groups, start = [], 0
     while start < len(order):
         bucket = bucket_length(int(lengths[order[start]]), buckets)
-        capacity = rows if rows is not None else max(1, tokens // bucket)
+        capacity = max(1, tokens // bucket)
         capacity = max(row_multiple, capacity // row_multiple * row_multiple)
         left = len(order) - start
         if left < capacity:

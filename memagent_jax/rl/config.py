@@ -59,8 +59,8 @@ CONFIG_FILE = "config.yaml"  # the run's resolved config, in its output_dir
 # micro-batches over data x fsdp), which change how a step is computed, not what.
 RESUMABLE = ("steps", "checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
              "validation.every", "validation.at_start", "output_dir", "mesh", "distributed",
-             "compilation_cache_dir", "engine.slots", "learner.micro_batch_rows",
-             "learner.micro_batch_tokens", "learner.remat")
+             "compilation_cache_dir", "engine.slots", "learner.micro_batch_tokens",
+             "learner.remat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +73,16 @@ class LearnerConfig:
     SYNONYMS: ClassVar[dict[str, str]] = {
         "learning_rate": "lr", "grad_clip": "max_grad_norm", "clip_ratio_low": "eps_low",
         "clip_ratio_high": "eps_high", "gradient_checkpointing": "remat"}
+    # Keys this section had, each with the value it now always has (an older run's saved
+    # config.yaml, which lists every key with that value, still loads; another is an error).
+    REMOVED: ClassVar[dict[str, tuple[Any, str]]] = {
+        "micro_batch_rows": (None, "micro-batches are sized by learner.micro_batch_tokens "
+                                   "(rows x their bucket length)"),
+        "credit": ("broadcast", "every trained turn carries its trajectory's whole "
+                                "advantage (credit: broadcast, the original's)"),
+        "train_final_turn": (True, "the final-answer turns are always trained (the "
+                                   "original's)"),
+        "seed": (0, "the mini-batch shuffle is seeded by the top-level seed")}
     lr: float = 1e-6                    # peak learning rate (AdamW)
     warmup_steps: int = 20              # linear warm-up in training steps; step 0 runs at lr 0
     lr_schedule: str = "constant"       # after the warm-up: "constant" or "cosine"
@@ -90,9 +100,7 @@ class LearnerConfig:
     entropy_coef: float = 0.0           # entropy bonus (0: entropy is a metric only)
     temperature: float = 1.0            # log-probs of logits / temperature: the rollout's
     mini_batches: int = 1               # optimiser updates per rollout batch and epoch
-    micro_batch_rows: int | None = None     # sequences per micro-batch (set: overrides tokens;
-                                            # packed into the longest row's bucket)
-    micro_batch_tokens: int | None = 8192   # padded tokens per micro-batch
+    micro_batch_tokens: int = 8192      # padded tokens per micro-batch
     pack: bool = True                   # several rows per sequence, segment ids (2)
     ppo_epochs: int = 1                 # passes over the rollout batch
     remat: Remat = "none"               # what the backward keeps: none/matmuls/full (3)
@@ -102,10 +110,7 @@ class LearnerConfig:
     normalize_std: bool = False         # divide advantages by the group's std (the trainer)
     loss_agg: Literal["global_token_mean", "per_rank_token_mean"] = "global_token_mean"  # (1)
     loss_agg_ranks: int | None = None   # ranks for per_rank_token_mean (null: data x fsdp)
-    credit: Literal["broadcast", "amortise"] = "broadcast"  # advantage to turns (rows.py)
-    train_final_turn: bool = True       # train on the final-answer turn's row (rows.py)
     bucket_lengths: tuple[int, ...] | None = None  # padded row lengths (null: powers of two)
-    seed: int = 0                       # seeds the mini-batch shuffle with the optimiser step
     loss: Literal["dapo", "sft"] = "dapo"   # clipped policy loss, or supervised NLL (rl/plugin.py)
     # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
     # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
@@ -123,8 +128,8 @@ class LearnerConfig:
             raise ConfigError(f"learner.{name}", f"{message}, got {getattr(self, name)!r}")
 
         at_least(self, 0, "warmup_steps")
-        at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_rows",
-                 "micro_batch_tokens", "loss_agg_ranks", "logit_chunk_tokens")
+        at_least(self, 1, "mini_batches", "ppo_epochs", "micro_batch_tokens", "loss_agg_ranks",
+                 "logit_chunk_tokens")
         for key in ("lr", "max_grad_norm", "temperature"):
             if not getattr(self, key) > 0:
                 fail(key, "must be positive")
@@ -137,8 +142,6 @@ class LearnerConfig:
             fail("eps_low" if not 0 < self.eps_low < 1 else "eps_high", "out of range")
         if self.dual_clip is not None and self.dual_clip <= 1:
             fail("dual_clip", "must be > 1 (or null to switch it off)")
-        if self.micro_batch_rows is None and self.micro_batch_tokens is None:
-            fail("micro_batch_tokens", "set micro_batch_rows or micro_batch_tokens")
         if self.old_logprobs not in ("recompute", "rollout"):
             fail("old_logprobs", "must be 'recompute' or 'rollout'")
         if self.rollout_correction is not None:
@@ -284,7 +287,8 @@ class TrainConfig:
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
     steps: int = 200            # training steps
     prompts_per_step: int = 128  # groups trained on per step
-    seed: int = 0               # data order, rollout seeds, the plugin's rows
+    seed: int = 0               # data order, rollout seeds, the plugin's rows, the learner's
+                                # mini-batch shuffle
     output_dir: str = "runs/memagent"
     log_dir: str | None = None  # None: {output_dir}/logs (TensorBoard events, steps.jsonl)
     distributed: bool = False   # jax.distributed.initialize() (multi-host) before anything
@@ -354,16 +358,10 @@ def load_train_config(path: str | None, overrides: list[str] = ()) -> TrainConfi
 
 
 def check_devices(config: TrainConfig, device_count: int) -> dict:
-    """The mesh's axis sizes over the job's devices; raises UserError when the config's batches
-    do not split over it: the learner's micro-batch rows over the data-parallel axes
-    (data x fsdp), decode slots over data."""
+    """The mesh's axis sizes over the job's devices; raises UserError when the decode slots
+    do not split over mesh.data. (The learner's micro-batches always split over the
+    data-parallel axes: batching.py rounds their rows to a multiple of data x fsdp.)"""
     axes = resolve_axes(config.mesh, device_count, "mesh")
-    data_parallel = axes["data"] * axes["fsdp"]
-    rows = config.learner.micro_batch_rows
-    if rows is not None and rows % data_parallel:
-        raise ConfigError("learner", f"a micro-batch of {rows} rows does not split over the "
-                                     f"mesh's data-parallel axes (data x fsdp = {data_parallel}); "
-                                     f"use a multiple of {data_parallel}")
     if config.engine.slots % axes["data"]:
         raise ConfigError("engine.slots", f"{config.engine.slots} decode slots do not split "
                                           f"over mesh.data = {axes['data']}")

@@ -64,15 +64,17 @@ class Learner:
     ones. The model's parameter dtype is what the learner stores and updates (float32 for
     training; bfloat16 master weights would round most lr-1e-6 updates away), its compute
     dtype what the forward and backward run in. mesh: the mesh they are sharded on (the
-    engine's), or None for a model on one device. With kl_coef != 0 the frozen KL reference is
+    engine's), or None for a model on one device. seed: the run's (`seed`), which with the
+    optimiser step seeds the mini-batch shuffle. With kl_coef != 0 the frozen KL reference is
     a device copy of the initial parameters in the compute dtype (what every forward uses).
     A model whose parameters are `jax.ShapeDtypeStruct`s with shardings (`nnx.eval_shape`,
     `models.loading.abstract_params`; devices this machine may not have, such as a TPU
     topology's) gives a learner that holds no arrays: only `compiled()` works on it.
     """
 
-    def __init__(self, model: Qwen, config: LearnerConfig = LearnerConfig(), mesh=None):
-        self.config, self.mesh = config, mesh
+    def __init__(self, model: Qwen, config: LearnerConfig = LearnerConfig(), mesh=None,
+                 seed: int = 0):
+        self.config, self.mesh, self.seed = config, mesh, seed
         self.objective = objective(config)  # what `update` minimises (rl/objectives.py)
         self.vocab_size = model.config.vocab_size
         self.graphdef, params = split_params(model)
@@ -258,7 +260,7 @@ class Learner:
             arrays["ref_logprobs"] = computed[-1]
         if self._accumulator is None:
             self._accumulator = self._zero_accumulator()
-        rng = np.random.default_rng((config.seed, self.step))
+        rng = np.random.default_rng((self.seed, self.step))
         lr = jax.device_put(jnp.float32(config.learning_rate(self.train_steps)), self._scalar)
         results = []
         for _ in range(config.ppo_epochs):

@@ -5,10 +5,7 @@ or the final answer), trained as an independent row: its prompt followed by its 
 every generated token carrying the advantage of the trajectory the turn belongs to
 (docs/algorithm.md section 3; multi-conversation DAPO); tokens the agent added between replies
 (tool results, user turns) are in the row and carry no loss. A trajectory with more
-conversations (MemAgent: more chunks) therefore contributes more rows and more tokens. Two options
-give the slime port's
-recipe instead: `credit="amortise"` divides a trajectory's advantage evenly over its trained
-turns, and `train_final_turn=False` leaves the final-answer turns out.
+conversations (MemAgent: more chunks) therefore contributes more rows and more tokens.
 
 Rows live on the host as numpy arrays; batching.py cuts them into the learner's
 static-shape micro-batches.
@@ -58,29 +55,21 @@ class TrainingRows:
         return self.advantages[:, None] * self.loss_mask
 
 
-CREDIT_CHOICES = ("broadcast", "amortise")
-
-
-def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "broadcast",
-                           train_final_turn: bool = True) -> TrainingRows:
+def rows_from_trajectories(trajectories: Sequence, advantages) -> TrainingRows:
     """One row per trained turn of every trajectory.
 
     trajectories: a flat list of `rollout.agent_api.Trajectory`, or a list of groups (lists) of
     them, as `MemoryAgent.run` returns; advantages: one per trajectory, flat [N] or [G, n]
-    matching the grouping. Turns without response tokens have nothing to train and are left
-    out, as are final turns when not `train_final_turn`. credit: "broadcast" puts the
-    trajectory's advantage on every trained turn (the original); "amortise" puts advantage / K
-    on each of its K trained turns.
+    matching the grouping. Every row carries its trajectory's whole advantage (the original).
+    Turns without response tokens have nothing to train and are left out.
     """
-    if credit not in CREDIT_CHOICES:
-        raise ValueError(f"credit must be one of {CREDIT_CHOICES}, got {credit!r}")
     flat = [t for group in trajectories for t in group] if (
         trajectories and isinstance(trajectories[0], (list, tuple))) else list(trajectories)
     advantages = np.asarray(advantages, np.float32).reshape(-1)
     if len(advantages) != len(flat):
         raise ValueError(f"{len(advantages)} advantages for {len(flat)} trajectories")
     turns = [(i, k, turn) for i, t in enumerate(flat) for k, turn in enumerate(t.turns)
-             if len(turn.response_ids) and (train_final_turn or turn.kind != "final")]
+             if len(turn.response_ids)]
     if not turns:
         raise ValueError("no turn with response tokens to train on")
     for _, _, c in turns:
@@ -102,10 +91,7 @@ def rows_from_trajectories(trajectories: Sequence, advantages, credit: str = "br
         logprobs[r, p:p + n] = c.response_logprobs
         prompt_lengths[r] = p
     index = np.array([i for i, _, _ in turns], np.int32)
-    row_advantages = advantages[index]
-    if credit == "amortise":
-        row_advantages = row_advantages / np.bincount(index, minlength=len(flat))[index]
-    return TrainingRows(tokens, loss_mask, row_advantages.astype(np.float32), logprobs,
+    return TrainingRows(tokens, loss_mask, advantages[index], logprobs,
                         prompt_lengths, lengths, index,
                         np.array([k for _, k, _ in turns], np.int32),
                         np.array([c.kind == "final" for _, _, c in turns]))

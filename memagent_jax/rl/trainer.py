@@ -192,7 +192,7 @@ class Trainer:
         collectives.check_shared_directory(config.checkpoint_dir, "checkpoint directory")
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
-        self.learner = Learner(policy.model, config.learner, mesh=self.mesh)
+        self.learner = Learner(policy.model, config.learner, mesh=self.mesh, seed=config.seed)
         self.agent = config.loaded_agent
         self.runner = build_runner(self.agent, policy.model, self.tokenizer, config.engine,
                                    self.mesh, policy.stop_ids)
@@ -312,8 +312,7 @@ class Trainer:
         if batch.groups:
             groups, advantages = self.step_kind.groups(
                 batch, context, functools.partial(self.compute_advantages, step))
-            rows = rows_from_trajectories(groups, advantages, config.learner.credit,
-                                          config.learner.train_final_turn)
+            rows = rows_from_trajectories(groups, advantages)
             update_start = time.perf_counter()
             metrics = self.learner.update(rows)
             update_time = time.perf_counter() - update_start

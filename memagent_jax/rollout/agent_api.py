@@ -17,7 +17,8 @@ A module names an agent in a config's `agent` section (`agent: {module: my_packa
 ...its settings}`, `load_agent`). It defines either `rollout(row, policy)` (an agent without
 settings) or `build(settings, config)`, which checks the section's other keys (errors naming
 `agent.KEY`, as every config key's) and returns an object with `rollout`, and optionally:
-- `setup(tokenizer, stop_ids)`: once, before any rollout, with the policy's tokenizer;
+- `setup(tokenizer, stop_ids)`: once, before any rollout (and before `max_len` or
+  `engine_need`), with the policy's tokenizer;
 - `max_len(tokenizer) -> int`: the most tokens one of its conversations can reach (sizes the
   engine; without it `engine.max_len` must be set), or `engine_need(tokenizer) -> (tokens,
   the setting that asks for them, how)` where errors should name a setting;

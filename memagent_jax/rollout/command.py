@@ -239,13 +239,11 @@ def _run(args) -> None:
                 tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
 
         if args.url:
-            from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+            from memagent_jax.rollout.client import run_on_server
             from memagent_jax.rollout.memagent import MemAgent
 
-            server = Server(args.url, args.model, api_key_from_env(), args.timeout,
-                            args.temperature, args.top_p)
             agent = _Shown(MemAgent(config, tokenizer), show)
-            (trajectory,), = run_on_server(server, agent, [sample], [[None]])
+            (trajectory,), = run_on_server(_server(args), agent, [sample], [[None]])
         else:
             trajectory = _run_locally(args, agent, params, sample, show)
         record = trajectory.record()
@@ -295,11 +293,9 @@ def _run_agent(args) -> None:
     row = Example(0, "", args.question, context, (), prompt=prompt,
                   fields={"prompt": list(prompt), "context": context})
     if args.url:
-        from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+        from memagent_jax.rollout.client import run_on_server
 
-        server = Server(args.url, args.model, api_key_from_env(), args.timeout,
-                        args.temperature, args.top_p)
-        (trajectory,), = run_on_server(server, agent, [row], [[None]])
+        (trajectory,), = run_on_server(_server(args), agent, [row], [[None]])
     else:
         from memagent_jax.models.sharding import job_mesh
         from memagent_jax.rollout.engine_api import EngineConfig
@@ -328,22 +324,27 @@ def _run_agent(args) -> None:
         print_once((answer if answer is not None else record["final_reply"]).strip())
 
 
-def _local_agent(model, config, tokenizer, sample):
-    """(the memory agent, its parameters) for one sample, on this job's devices."""
-    import dataclasses
+def _server(args):
+    """`run --url`'s server: --model the served model's name, the key in the environment,
+    --timeout, and the sampling flags."""
+    from memagent_jax.rollout.client import Server, api_key_from_env
 
+    return Server(args.url, args.model, api_key_from_env(), args.timeout, args.temperature,
+                  args.top_p)
+
+
+def _local_agent(model, config, tokenizer, sample):
+    """(the memory agent, its parameters) for one sample, on this job's devices: the cache
+    sized for this sample's turns (`build_agent`'s sample), not the longest the budgets allow."""
     from memagent_jax.models.sharding import job_mesh
     from memagent_jax.rollout.engine_api import EngineConfig
     from memagent_jax.rollout.factory import build_agent, load_policy
 
     mesh = job_mesh(None)
     policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-    # The cache holds this question and this document's longest chunk, not the longest the
-    # budgets allow: a short document under a large --chunk-tokens needs no more.
-    config = dataclasses.replace(config, chunk_tokens=max(map(len, sample.chunks)),
-                                 max_problem_tokens=len(sample.problem_ids))
     agent = from_flags(build_agent, model=policy.model, tokenizer=tokenizer, memagent=config,
-                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=policy.stop_ids)
+                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=policy.stop_ids,
+                       sample=sample)
     return agent, policy.params
 
 

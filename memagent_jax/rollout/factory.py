@@ -26,7 +26,7 @@ from memagent_jax.models.loading import is_model_directory, load_model, random_m
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
+from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent, Sample
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.sizing import check_memory, check_window
@@ -104,7 +104,7 @@ class Policy(NamedTuple):
 
 def default_dtype() -> str:
     """float32 on CPU (XLA:CPU's bf16 matmuls at decode shapes are several times slower than
-    its f32 ones; docs/log/benchmarks.md), bfloat16 on GPU/TPU."""
+    its f32 ones; BENCHMARKS.md, "Kernel choices on XLA:CPU"), bfloat16 on GPU/TPU."""
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
@@ -180,10 +180,19 @@ def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
 
 
 def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
-                mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> MemoryAgent:
+                mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...],
+                sample: Sample | None = None) -> MemoryAgent:
     """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
-    `memagent`'s budgets allow (`MemAgent.engine_need`) unless `engine.max_len` is set; a turn too
-    long for the model or the devices is a ConfigError naming the largest budget."""
-    decoder = build_engine(model, engine, mesh, *engine_need(MemAgent(memagent), tokenizer,
-                                                             engine))
-    return MemoryAgent(Scheduler(decoder), tokenizer, memagent, stop_ids)
+    `memagent`'s budgets allow, or given `sample` for that sample's turns alone (`run`: a short
+    document under a large chunk budget needs no larger cache), by `MemAgent.engine_need`,
+    unless `engine.max_len` is set. A turn too long for the model or the devices is a
+    ConfigError naming the largest budget; an `engine.max_len` below the turns a UserError."""
+    agent = MemAgent(memagent, tokenizer, stop_ids)
+    tokens, key, why = agent.engine_need(tokenizer, sample)
+    decoder = build_engine(model, engine, mesh, tokens, key, why)
+    if tokens > decoder.config.max_len:
+        raise UserError(
+            f"chunk size {memagent.chunk_tokens} + memory cap {memagent.max_memory_tokens} + "
+            f"question budget {memagent.max_problem_tokens} + template need {tokens} tokens "
+            f"per turn; the engine holds {decoder.config.max_len}")
+    return MemoryAgent(Scheduler(decoder), agent)

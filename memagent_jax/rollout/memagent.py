@@ -197,23 +197,6 @@ def chunk_text(document: str, starts: list[int], positions: list[int]) -> str:
     return "".join(runs)
 
 
-def required_length(tokenizer, config: MemAgentConfig) -> int:
-    """KV entries a turn can need: the sum of `turn_parts`."""
-    return sum(turn_parts(tokenizer, config).values())
-
-
-def turn_parts(tokenizer, config: MemAgentConfig) -> dict[str, int]:
-    """The longest turn's tokens by part: the update template's own tokens ("template")
-    around the longest "question", "memory" and "chunk", plus the longest "reply". (A memory
-    is at most a reply's ids, or the initial memory's; the final prompt is the update prompt
-    without its chunk.)"""
-    prompts = TokenPrompts(tokenizer, config.thinking, config.gates)
-    return {"template": prompts.update_overhead, "question": config.max_problem_tokens,
-            "memory": max(config.max_memory_tokens, len(prompts.initial_memory)),
-            "chunk": config.chunk_tokens,
-            "reply": max(config.max_memory_tokens, config.max_final_tokens)}
-
-
 class MemAgent:
     """MemAgent as an agent (module docstring): `rollout(row, policy)` for a `Sample` or a
     data row with `question` and `context` (read as training reads them: `read_sample` not
@@ -249,13 +232,40 @@ class MemAgent:
                 f"document), memory {b.max_memory_tokens}, final answer {b.max_final_tokens}"
                 + "".join(f", {g} gate" for g in b.gates))
 
-    def engine_need(self, tokenizer) -> tuple[int, str, str]:
-        """(KV entries the longest turn its budgets allow needs (`turn_parts`), the largest
-        budget's key, how it makes them): `rollout.factory.engine_need`."""
-        parts = turn_parts(tokenizer, self.config)
-        budget = max(("chunk_tokens", "max_memory_tokens", "max_final_tokens",
-                      "max_problem_tokens"), key=lambda name: getattr(self.config, name))
-        why = (f"{getattr(self.config, budget)} makes turns of up to {sum(parts.values())} "
+    def turn_parts(self, sample: Sample | None = None) -> dict[str, int]:
+        """The longest turn's tokens by part (after `setup`): the update template's own tokens
+        ("template") around the longest "question", "memory" and "chunk", plus the longest
+        "reply". (A memory is at most a reply's ids, or the initial memory's; the final prompt
+        is the update prompt without its chunk.) With a sample, its question and its longest
+        chunk instead of the budgets' (`_turn_budgets`)."""
+        budgets = self._turn_budgets(sample)
+        return {"template": self.prompts.update_overhead,
+                "question": budgets["max_problem_tokens"],
+                "memory": max(budgets["max_memory_tokens"], len(self.prompts.initial_memory)),
+                "chunk": budgets["chunk_tokens"],
+                "reply": max(budgets["max_memory_tokens"], budgets["max_final_tokens"])}
+
+    def _turn_budgets(self, sample: Sample | None = None) -> dict[str, int]:
+        """The budgets a turn is sized by, by key: the config's, or with a sample the tokens of
+        its question and of its longest chunk in place of max_problem_tokens and chunk_tokens
+        (what that sample's turns can reach)."""
+        c = self.config
+        budgets = {"chunk_tokens": c.chunk_tokens, "max_memory_tokens": c.max_memory_tokens,
+                   "max_final_tokens": c.max_final_tokens,
+                   "max_problem_tokens": c.max_problem_tokens}
+        if sample is not None:
+            budgets.update(chunk_tokens=max(map(len, sample.chunks), default=0),
+                           max_problem_tokens=len(sample.problem_ids))
+        return budgets
+
+    def engine_need(self, tokenizer, sample: Sample | None = None) -> tuple[int, str, str]:
+        """(KV entries the longest turn needs (`turn_parts`: of any turn the budgets allow, or
+        with a sample of that sample's), the largest budget's key, how it makes them):
+        `rollout.factory.engine_need`. After `setup`, whose tokenizer this is (the agent
+        interface passes it; the prompts built there are the ones sized)."""
+        parts, budgets = self.turn_parts(sample), self._turn_budgets(sample)
+        budget = max(budgets, key=budgets.__getitem__)
+        why = (f"{budgets[budget]} makes turns of up to {sum(parts.values())} "
                "tokens (" + " + ".join(f"{part} {n}" for part, n in parts.items()) + ")")
         return sum(parts.values()), f"memagent.{budget}", why
 
@@ -354,19 +364,13 @@ class MemAgent:
 
 class MemoryAgent(MemAgent):
     """MemAgent on a scheduler: `run` reads many samples at once through an `AgentRunner`.
-    Built by `rollout.factory.build_agent`, which sizes the engine for `config`."""
+    `agent`: the MemAgent, set up (its tokenizer, stop ids and token prompts are this one's).
+    Built by `rollout.factory.build_agent`, which sizes the engine for it."""
 
-    def __init__(self, scheduler: Scheduler, tokenizer, config: MemAgentConfig,
-                 stop_ids: tuple[int, ...]):
-        needed = required_length(tokenizer, config)
-        if needed > scheduler.engine.config.max_len:
-            raise UserError(
-                f"chunk size {config.chunk_tokens} + memory cap {config.max_memory_tokens} + "
-                f"question budget {config.max_problem_tokens} + template need {needed} tokens "
-                f"per turn; the engine holds {scheduler.engine.config.max_len}")
-        super().__init__(config, tokenizer, stop_ids)
+    def __init__(self, scheduler: Scheduler, agent: MemAgent):
+        vars(self).update(vars(agent))  # what its setup made: the prompts are not built again
         self.scheduler = scheduler
-        self.runner = AgentRunner(scheduler, tokenizer, stop_ids)
+        self.runner = AgentRunner(scheduler, self.tokenizer, self.stop_ids)
 
     def run(self, params, samples: list[Sample], sampling: SamplingParams, n: int = 1,
             on_turn: Callable[[int, Turn], None] | None = None) -> list[list[Trajectory]]:

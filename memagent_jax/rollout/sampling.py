@@ -95,7 +95,7 @@ def first_argmax(x: jnp.ndarray) -> jnp.ndarray:
     """jnp.argmax over the last axis of x [S, V] (the first index of the maximum), in two
     levels: the maxima of chunks of the row (a plain, vectorised reduction), then argmax over
     those and within the winning chunk only: XLA:CPU runs argmax's (value, index) reduction
-    unvectorised over a whole row (docs/log/benchmarks.md, sampling)."""
+    unvectorised over a whole row (BENCHMARKS.md, "Kernel choices on XLA:CPU")."""
     rows, size = x.shape
     chunk = _divisor_near_sqrt(size)
     chunks = x.reshape(rows, size // chunk, chunk)
@@ -139,7 +139,7 @@ def truncation_threshold(logits: jnp.ndarray, divisor: jnp.ndarray, top_p: jnp.n
     Both cut-offs are found by bisection over the bit patterns of the weights
     exp((logit - max) / T) in [0, 1] (non-negative floats order as their int32 bits): 31
     masked sums each, exact to the bit, where sorting the vocabulary of every row every step
-    would cost more than the step (docs/log/benchmarks.md, sampling)."""
+    would cost more than the step (BENCHMARKS.md, "Kernel choices on XLA:CPU")."""
     vocab = logits.shape[-1]
     weights = jnp.exp((logits - jnp.max(logits, axis=-1, keepdims=True)) / divisor)
     bits = jax.lax.bitcast_convert_type(weights, jnp.int32)

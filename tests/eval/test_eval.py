@@ -400,3 +400,18 @@ def test_a_set_not_made_yet_points_at_the_commands_in_the_configs_header(tmp_pat
     assert main(["eval", "--config", str(own), f"data.sets=[{missing}]"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         f"memagent-jax: error: {missing}: evaluation set not found"]
+
+
+@pytest.mark.parametrize("method", [[], ["method=agent",
+                                         "agent={module: memagent_jax.agents.single_turn}"]])
+def test_a_server_is_asked_as_the_sampling_section_says(model_dir, sets, tmp_path, method):
+    """Both methods a server runs (model.url) sample every call with the config's
+    temperature, top_p and top_k, under its served name."""
+    config = eval_config(model_dir, sets, tmp_path / "out", "model.url=http://127.0.0.1:9/v1",
+                         "model.served_name=m", "sampling.temperature=0.5",
+                         "sampling.top_p=0.9", "sampling.top_k=7", *method)
+    chosen = runner.make_method(config, load_tokenizer(model_dir))
+    chosen.start()
+    server = chosen.server
+    assert (server.url, server.model) == ("http://127.0.0.1:9/v1", "m")
+    assert (server.temperature, server.top_p, server.top_k) == (0.5, 0.9, 7)

@@ -12,7 +12,7 @@ from memagent_jax.rl.learner import Learner
 from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
 
-CONFIG = LearnerConfig(micro_batch_rows=8, bucket_lengths=(64,), kl_coef=0.001)
+CONFIG = LearnerConfig(micro_batch_tokens=512, bucket_lengths=(64,), kl_coef=0.001)
 
 
 def _memory(program):

@@ -47,10 +47,6 @@ def test_packed_plan_holds_every_row_once_within_the_budget():
     counts = np.bincount(np.concatenate([p.row[(p.row >= 0)] for p in packed]), minlength=200)
     np.testing.assert_array_equal(counts, lengths)
     assert padded_fraction(packed) < 0.1 < padded_fraction(plain)
-    # A row count (no token budget) packs into the longest row's bucket, not the largest one.
-    by_rows = plan_sequences(lengths[lengths <= 120], range(int((lengths <= 120).sum())),
-                             buckets, pack=True, rows=4)
-    assert max(plan.length for plan in by_rows) == 128
     with pytest.raises(UserError, match="exceeds the largest bucket"):
         plan_sequences(np.array([600]), [0], buckets, pack=True, tokens=2048)
 
@@ -89,7 +85,7 @@ def test_a_gathered_batch_has_the_declared_shapes(pack):
     config = dataclasses.replace(CONFIG, pack=pack, rollout_correction=2.0)
     names = batch_fields(config, reference=True)
     assert ("segment_ids" in names) == pack and {"ref_logprobs", "is_weights"} <= set(names)
-    plan = plan_sequences(rows.lengths, range(len(rows)), (32,), pack=pack, rows=8)[0]
+    plan = plan_sequences(rows.lengths, range(len(rows)), (32,), pack=pack, tokens=256)[0]
     given = {"old_logprobs": rows.rollout_logprobs, "ref_logprobs": rows.rollout_logprobs,
              "is_weights": np.ones_like(rows.rollout_logprobs),
              "row_weights": np.ones(len(rows), np.float32)}
@@ -114,7 +110,7 @@ def rows():
                                         for f in dataclasses.fields(rows)})
 
 
-CONFIG = LearnerConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-3, micro_batch_rows=8,
+CONFIG = LearnerConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-3, micro_batch_tokens=256,
                        bucket_lengths=(32,), mini_batches=2, kl_coef=0.1)
 
 

@@ -56,7 +56,7 @@ def test_learns_a_rewarded_task_from_engine_rollouts():
     target, vocab = 7, 32
     model = random_model(LEARNER_MODEL.replace(vocab_size=vocab), seed=0)
     engine = Engine(model, EngineConfig(slots=16, max_len=16, prefill_buckets=(8,)))
-    learner = Learner(model, LearnerConfig(lr=2e-2, warmup_steps=0, micro_batch_rows=8,
+    learner = Learner(model, LearnerConfig(lr=2e-2, warmup_steps=0, micro_batch_tokens=128,
                                            bucket_lengths=(16,), ppo_epochs=2))
     rng = np.random.RandomState(0)
     curve = []
@@ -87,7 +87,7 @@ def test_engine_decodes_with_its_copy_of_the_updated_arrays_compiled_once(compil
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
     model = _sharded_copy(random_model(LEARNER_MODEL, seed=1), mesh)
     engine = Engine(model, EngineConfig(slots=8, max_len=32, prefill_buckets=(16,)), mesh=mesh)
-    learner = Learner(model, LearnerConfig(lr=5e-2, warmup_steps=0, micro_batch_rows=8,
+    learner = Learner(model, LearnerConfig(lr=5e-2, warmup_steps=0, micro_batch_tokens=256,
                                            bucket_lengths=(32,)), mesh=mesh)
     before = {jax.tree_util.keystr(p): a.sharding
               for p, a in jax.tree.leaves_with_path(learner.params)}
@@ -129,11 +129,11 @@ def test_engine_decodes_with_its_copy_of_the_updated_arrays_compiled_once(compil
 
 
 def test_sharded_micro_batched_update_equals_unsharded_single_batch():
-    """One update with 4-row micro-batches on fsdp=4 x tensor=2 equals it on one device as a
-    single 32-row micro-batch: sharding and gradient accumulation change nothing (the loss is
-    the token-mean over the whole mini-batch either way)."""
+    """One update in micro-batches of 128 tokens (4 rows of 32) on fsdp=4 x tensor=2 equals
+    it on one device as a single 32-row micro-batch: sharding and gradient accumulation change
+    nothing (the loss is the token-mean over the whole mini-batch either way)."""
     rows = random_rows()
-    config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=4, adam_eps=1e-3,
+    config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_tokens=128, adam_eps=1e-3,
                            bucket_lengths=(16, 32))
     base = random_model(LEARNER_MODEL, seed=2)
     start = _host(split_params(base)[1])
@@ -142,7 +142,8 @@ def test_sharded_micro_batched_update_equals_unsharded_single_batch():
     shardings = jax.tree.map(lambda x: x.sharding, sharded.state()["params"])
     assert any(s.spec != jax.sharding.PartitionSpec(*[None] * len(s.spec))
                for s in jax.tree.leaves(shardings))
-    single = Learner(base, dataclasses.replace(config, micro_batch_rows=32))
+    single = Learner(base, dataclasses.replace(config, micro_batch_tokens=32 * 32,
+                                               bucket_lengths=(32,)))
     assert len(rows) <= 32
     sharded_metrics = sharded.update(rows)
     single_metrics = single.update(rows)
@@ -161,7 +162,7 @@ def test_sharded_micro_batched_update_equals_unsharded_single_batch():
 def test_non_finite_loss_skips_the_update():
     rows = random_rows(seed=3)
     learner = Learner(random_model(LEARNER_MODEL, seed=4),
-                      LearnerConfig(lr=1e-2, warmup_steps=0, micro_batch_rows=8,
+                      LearnerConfig(lr=1e-2, warmup_steps=0, micro_batch_tokens=256,
                                     bucket_lengths=(32,), mini_batches=1))
     learner.update(rows)  # one real update, so the optimiser state is not all zeros
     params, opt_state, step = _host(learner.state()["params"]), \
@@ -190,7 +191,7 @@ def test_rows_with_ids_outside_the_vocabulary_are_refused():
     """(the embedding lookup would read NaN for them and the update would be skipped as
     non-finite, saying nothing of why)"""
     learner = Learner(random_model(LEARNER_MODEL, seed=4),
-                      LearnerConfig(micro_batch_rows=8, bucket_lengths=(32,)))
+                      LearnerConfig(micro_batch_tokens=256, bucket_lengths=(32,)))
     rows = random_rows(seed=3)
     rows.tokens[2, 1] = LEARNER_MODEL.vocab_size + 5
     with pytest.raises(ValueError, match=f"token id {LEARNER_MODEL.vocab_size + 5}, outside "
@@ -201,7 +202,7 @@ def test_rows_with_ids_outside_the_vocabulary_are_refused():
 def test_state_restore_round_trip_and_no_recompilation(compilations):
     rows = random_rows(seed=5)
     learner = Learner(random_model(LEARNER_MODEL, seed=6),
-                      LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
+                      LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_tokens=256,
                                     bucket_lengths=(32,), mini_batches=2))
     learner.update(rows)
     first = learner.update(rows)
@@ -228,7 +229,7 @@ def test_recomputed_old_logprobs_match_the_rollout():
     rng = np.random.RandomState(8)
     prompts = [tuple(int(t) for t in rng.randint(3, 64, 5 + 6 * i)) for i in range(4)]
     for temperature, chunk in ((1.0, None), (0.7, 10)):
-        learner = Learner(model, LearnerConfig(temperature=temperature, micro_batch_rows=8,
+        learner = Learner(model, LearnerConfig(temperature=temperature, micro_batch_tokens=512,
                                                bucket_lengths=(64,), logit_chunk_tokens=chunk))
         groups, _ = _rollouts(engine, learner.params, prompts, n=3, max_new_tokens=12, seed=1,
                               temperature=temperature)
@@ -244,7 +245,7 @@ def test_recomputed_old_logprobs_match_the_rollout():
 
 def test_kl_reference_is_only_built_when_used():
     rows = random_rows(seed=9)
-    config = dict(lr=1e-2, warmup_steps=0, micro_batch_rows=8, bucket_lengths=(32,))
+    config = dict(lr=1e-2, warmup_steps=0, micro_batch_tokens=256, bucket_lengths=(32,))
     plain = Learner(random_model(LEARNER_MODEL, seed=10), LearnerConfig(kl_coef=0.0, **config))
     assert plain._ref_params is None
     learner = Learner(random_model(LEARNER_MODEL, seed=10), LearnerConfig(kl_coef=0.5, **config))
@@ -260,7 +261,7 @@ def test_train_step_builds_no_square_score_tensor():
     [.., 1024, 1024] buffer."""
     length = 1024
     learner = Learner(random_model(LEARNER_MODEL, seed=11),
-                      LearnerConfig(micro_batch_rows=1, bucket_lengths=(length,)))
+                      LearnerConfig(micro_batch_tokens=length, bucket_lengths=(length,)))
     hlo = learner.compiled(1, length)["train step"].as_text()
     assert f"{length},{length}]" not in hlo
 
@@ -271,7 +272,7 @@ def test_train_step_builds_no_square_score_tensor():
     ({"lr_schedule": "cosine"}, "learner.total_steps"),
     ({"old_logprobs": "cached"}, "learner.old_logprobs"),
     ({"dual_clip": 1.0}, "learner.dual_clip"),
-    ({"micro_batch_tokens": None}, "learner.micro_batch_tokens"),
+    ({"micro_batch_tokens": 0}, "learner.micro_batch_tokens"),
 ])
 def test_bad_config_names_the_key(overrides, key):
     with pytest.raises(UserError, match=key):
@@ -298,7 +299,7 @@ def test_every_update_of_a_training_step_uses_its_learning_rate():
     per update_actor call); with warm-up the first step changes nothing."""
     rows = random_rows(seed=12, trajectories=16)
     learner = Learner(random_model(LEARNER_MODEL, seed=13),
-                      LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_rows=8,
+                      LearnerConfig(lr=1e-2, warmup_steps=2, micro_batch_tokens=256,
                                     bucket_lengths=(32,), mini_batches=4))
     before = _host(learner.params)
     first = learner.update(rows)

@@ -1,6 +1,6 @@
 """How a trajectory's reward reaches its tokens: the loss aggregation across ranks
-(`learner.loss_agg`) and the slime port's credit options (`credit`, `train_final_turn`),
-each pinned against a hand computation."""
+(`learner.loss_agg`) and the advantage on every trained turn, each pinned against a hand
+computation."""
 
 import numpy as np
 import pytest
@@ -36,7 +36,7 @@ def _first_update_pg_loss(rows, **config):
     """pg_loss of one update from the initial parameters: old log-probs are recomputed from
     them, so every ratio is 1 and each token's loss is -A (clipping never acts)."""
     learner = Learner(random_model(CONFIG, seed=0),
-                      LearnerConfig(lr=1e-9, warmup_steps=0, micro_batch_rows=4,
+                      LearnerConfig(lr=1e-9, warmup_steps=0, micro_batch_tokens=64,
                                     bucket_lengths=(16,), **config))
     return learner.update(rows)["pg_loss"]
 
@@ -84,7 +84,7 @@ def test_per_rank_mini_batches_take_each_ranks_contiguous_sub_piece():
     order = _verl_order(rows)
     tokens = rows.loss_mask.sum(axis=1)
     learner = Learner(random_model(CONFIG, seed=0), LearnerConfig(
-        micro_batch_rows=4, loss_agg="per_rank_token_mean", loss_agg_ranks=2, mini_batches=2))
+        loss_agg="per_rank_token_mean", loss_agg_ranks=2, mini_batches=2))
     for epoch in range(2):
         mini_batches = learner.mini_batches_of(rows, np.random.default_rng(epoch))
         assert len(mini_batches) == 2
@@ -100,19 +100,14 @@ def test_loss_agg_is_checked():
         LearnerConfig(loss_agg_ranks=0)
 
 
-@pytest.mark.parametrize("credit, train_final_turn, expected", [
-    # trajectory advantages 1.0 (3 updates + final) and -0.5 (2 updates + final)
-    ("broadcast", True, [1.0] * 4 + [-0.5] * 3),
-    ("broadcast", False, [1.0] * 3 + [-0.5] * 2),
-    ("amortise", True, [0.25] * 4 + [-0.5 / 3] * 3),
-    ("amortise", False, [1 / 3] * 3 + [-0.25] * 2),
-])
-def test_credit_options(credit, train_final_turn, expected):
+def test_every_turn_carries_its_trajectorys_whole_advantage():
+    """The original's credit: each memory update and the final answer is a row with the
+    trajectory's advantage (1.0: 3 updates + final; -0.5: 2 updates + final)."""
     flat, advantages = _batch()
-    rows = rows_from_trajectories(flat[:2], advantages[:2], credit, train_final_turn)
-    np.testing.assert_allclose(rows.advantages, expected, rtol=1e-6)
+    rows = rows_from_trajectories(flat[:2], advantages[:2])
+    np.testing.assert_allclose(rows.advantages, [1.0] * 4 + [-0.5] * 3, rtol=1e-6)
     kinds = [flat[t].turns[k].kind for t, k in zip(rows.trajectory, rows.turn)]
-    assert ("final" in kinds) == train_final_turn
+    assert kinds == ["update"] * 3 + ["final"] + ["update"] * 2 + ["final"]
     for r, (t, k) in enumerate(zip(rows.trajectory, rows.turn)):
         turn = flat[t].turns[k]
         assert list(rows.tokens[r, :rows.lengths[r]]) == turn.prompt_ids + turn.response_ids

@@ -44,7 +44,7 @@ def _rows(seed=0, trajectories=8):
 
 def _learner(compute_dtype, mesh=None, **overrides):
     model = random_model(CONFIG, seed=1, dtype=compute_dtype, mesh=mesh)
-    config = dict(lr=1e-3, warmup_steps=0, micro_batch_rows=8, bucket_lengths=(16,))
+    config = dict(lr=1e-3, warmup_steps=0, micro_batch_tokens=128, bucket_lengths=(16,))
     return Learner(model, LearnerConfig(**{**config, **overrides}), mesh=mesh)
 
 
@@ -89,7 +89,7 @@ def test_parameters_change_under_a_small_learning_rate():
 def test_the_engine_copy_is_the_cast_of_the_learners_params_in_its_layout():
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     model = random_model(CONFIG, seed=1, dtype="bfloat16", mesh=mesh)
-    learner = Learner(model, LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=8,
+    learner = Learner(model, LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_tokens=128,
                                            bucket_lengths=(16,)), mesh=mesh)
     engine = Engine(model, EngineConfig(slots=4, max_len=32), mesh=mesh)
     learner.update(_rows(seed=3))

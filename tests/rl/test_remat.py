@@ -93,7 +93,7 @@ def test_learner_update_is_the_same_with_remat(monkeypatch):
     learner hands its policy to the model for the loss it differentiates: each policy's
     gradient and memory are then the model tests'."""
     rows = random_rows()
-    config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_rows=8, adam_eps=1e-3,
+    config = LearnerConfig(lr=1e-3, warmup_steps=0, micro_batch_tokens=256, adam_eps=1e-3,
                            bucket_lengths=(32,), mini_batches=2)
     learners = {remat: Learner(random_model(LEARNER_MODEL, seed=1),
                                dataclasses.replace(config, remat=remat))

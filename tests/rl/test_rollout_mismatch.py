@@ -71,7 +71,7 @@ def test_truncated_is_loss_equals_a_hand_computed_one():
 
 
 # One micro-batch of 32 rows: one shape to compile per learner.
-_CONFIG = {"lr": 1e-2, "warmup_steps": 0, "micro_batch_rows": 32, "bucket_lengths": (32,),
+_CONFIG = {"lr": 1e-2, "warmup_steps": 0, "micro_batch_tokens": 1024, "bucket_lengths": (32,),
            "kl_coef": 0.0}
 
 

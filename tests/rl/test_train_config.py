@@ -108,10 +108,8 @@ SYNTHETIC = "plugin.module=memagent_jax.synthetic.plugin"  # the experiment's pl
     (["data.train=[/nonexistent/train.parquet]"],
      "data.train[0]: '/nonexistent/train.parquet' not found"),
     (["data.train=[no_such_dir]"], "data.train[0]: 'no_such_dir' not found"),
-    (["mesh={data: 1, fsdp: 8, tensor: 1}", "learner.micro_batch_tokens=null",
-      "learner.micro_batch_rows=6"],
-     "learner: a micro-batch of 6 rows does not split over the mesh's data-parallel axes "
-     "(data x fsdp = 8)"),
+    (["learner.micro_batch_rows=6"], "key 'learner.micro_batch_rows' was removed: "
+                                     "micro-batches are sized by learner.micro_batch_tokens"),
     (["mesh={data: 4, fsdp: 2, tensor: 1}", "engine.slots=6"],
      "engine.slots: 6 decode slots do not split over mesh.data = 4"),
     (["mesh={data: 3, fsdp: 1, tensor: 1}"], "mesh: axis sizes"),
@@ -206,6 +204,26 @@ def test_the_command_exits_non_zero_without_touching_a_device(config_file):
     assert run.stderr.strip().splitlines() == [
         PREFIX + "override 'learner.lrr=1': unknown key 'learner.lrr' (did you mean "
         "'learner.lr'?)"]
+
+
+@pytest.mark.parametrize("key, value", [("micro_batch_rows", 8), ("credit", "amortise"),
+                                        ("train_final_turn", False), ("seed", 3)])
+def test_a_removed_learner_key_loads_at_its_one_value_and_is_named_at_another(
+        config_file, tmp_path, key, value):
+    """An older run's saved config.yaml lists every key, the removed ones at the value that
+    is now the only behaviour: it loads (the run resumes). Another value is one line saying
+    what is left."""
+    config = yaml.safe_load(open(config_file))
+    old = tmp_path / "config.yaml"
+    config["learner"].update(micro_batch_rows=None, credit="broadcast", train_final_turn=True,
+                             seed=0)
+    old.write_text(yaml.safe_dump(config))
+    assert load_train_config(str(old)) == load_train_config(config_file)
+    config["learner"][key] = value
+    old.write_text(yaml.safe_dump(config))
+    with pytest.raises(UserError, match=f"^{old}: key 'learner.{key}' was removed: .*; "
+                                        "delete it$"):
+        load_train_config(str(old))
 
 
 def test_device_checks():
@@ -436,7 +454,6 @@ def test_training_defaults_are_the_published_scripts():
     v = config.validation
     assert (v.n, v.temperature, v.top_p) == (4, 1.0, 0.7)
     assert config.model.param_dtype == "float32"
-    assert (config.learner.credit, config.learner.train_final_turn) == ("broadcast", True)
     assert (config.learner.eps_high, config.learner.kl_coef) == (0.2, 0.001)
 
 

@@ -98,7 +98,6 @@ RESUMED = {"steps": "steps=10", "checkpoint.every": "checkpoint.every=1",
            "distributed": "distributed=true",
            "compilation_cache_dir": "compilation_cache_dir={tmp}/cache",
            "engine.slots": "engine.slots=16",
-           "learner.micro_batch_rows": "learner.micro_batch_rows=8",
            "learner.micro_batch_tokens": "learner.micro_batch_tokens=1024",
            "learner.remat": "learner.remat=full"}
 

@@ -89,8 +89,8 @@ def _bare(text):
 
 def test_keep_carries_the_memory_and_exit_answers_from_it_on_the_engine(tokenizer):
     reply, prompts = _scripted(tokenizer)
-    agent = MemoryAgent(Scheduler(ReplyEngine(tokenizer, reply, slots=1)), tokenizer, GATED,
-                        (EOS,))
+    agent = MemoryAgent(Scheduler(ReplyEngine(tokenizer, reply, slots=1)),
+                        MemAgent(GATED, tokenizer, (EOS,)))
     sample = agent.read(QUESTION, DOCUMENT)
     assert len(sample.chunks) == 6
     ((trajectory,),) = agent.run(None, [sample], SamplingParams(0.0))
@@ -135,8 +135,8 @@ def test_an_eval_records_the_chunks_read_and_the_gates(tokenizer):
     config = types.SimpleNamespace(memagent=GATED, sampling=types.SimpleNamespace(
         n=1, seed=0, temperature=0.0, top_p=1.0, top_k=0))
     method = MemAgentMethod(config, tokenizer)
-    method.agent = MemoryAgent(Scheduler(ReplyEngine(tokenizer, reply, slots=1)), tokenizer,
-                               GATED, (EOS,))
+    method.agent = MemoryAgent(Scheduler(ReplyEngine(tokenizer, reply, slots=1)),
+                               MemAgent(GATED, tokenizer, (EOS,)))
     method.params = None
     done = {}
     method.run("set", [(0, {"input": QUESTION, "context": DOCUMENT})],

@@ -12,11 +12,12 @@ from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.memagent import (
+    MemAgent,
     MemAgentConfig,
     MemoryAgent,
+    Sample,
     chunk_ids,
     read_sample,
-    required_length,
 )
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
@@ -75,9 +76,9 @@ def _document(tokenizer, n):
 @pytest.mark.parametrize("length", [1, C - 1, C, C + 1, 10 * C])
 def test_conversations_are_exactly_the_originals(tokenizer, length):
     engine = ScriptedEngine(tokenizer)
-    agent = MemoryAgent(Scheduler(engine), tokenizer,
-                        MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
-                                       max_problem_tokens=16), stop_ids=(EOS,))
+    agent = MemoryAgent(Scheduler(engine), MemAgent(
+        MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
+                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
     document = _document(tokenizer, length)
     (trajectory,), = agent.run(None, [agent.read("what is it", document)], SamplingParams(0.0))
     turns = trajectory.turns
@@ -100,9 +101,9 @@ def test_a_sample_can_start_from_a_memory_of_its_own(tokenizer):
     """A rollout that starts inside a document (a carry start, synthetic/carry_starts.py): the first
        prompt is the
     original's update prompt with the given memory in place of "No previous memory"."""
-    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), tokenizer,
-                        MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
-                                       max_problem_tokens=16), stop_ids=(EOS,))
+    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), MemAgent(
+        MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
+                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
     sample = agent.read("what is it", _document(tokenizer, 2 * C))
     memory = tuple(tokenizer("the answer is memory", add_special_tokens=False)["input_ids"])
     started = dataclasses.replace(sample, initial_memory=memory)
@@ -118,9 +119,9 @@ def test_a_sample_can_start_from_a_memory_of_its_own(tokenizer):
 
 def test_a_reply_cut_at_the_cap_is_kept_as_is(tokenizer):
     engine = ScriptedEngine(tokenizer, repeat=10)  # 20 words, cap 5
-    agent = MemoryAgent(Scheduler(engine), tokenizer,
-                        MemAgentConfig(chunk_tokens=C, max_memory_tokens=5, max_final_tokens=5,
-                                       max_problem_tokens=16), stop_ids=(EOS,))
+    agent = MemoryAgent(Scheduler(engine), MemAgent(
+        MemAgentConfig(chunk_tokens=C, max_memory_tokens=5, max_final_tokens=5,
+                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
     (trajectory,), = agent.run(None, [agent.read("q", _document(tokenizer, 2 * C))],
                                SamplingParams(0.0))
     first, second = trajectory.turns[:2]
@@ -133,9 +134,9 @@ def test_a_reply_cut_at_the_cap_is_kept_as_is(tokenizer):
 
 def test_group_mode_prefills_the_shared_first_turn_once(tokenizer):
     engine = ScriptedEngine(tokenizer, slots=3)
-    agent = MemoryAgent(Scheduler(engine), tokenizer,
-                        MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
-                                       max_problem_tokens=16), stop_ids=(EOS,))
+    agent = MemoryAgent(Scheduler(engine), MemAgent(
+        MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
+                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
     documents = [agent.read("q", _document(tokenizer, 3 * C)),
                  agent.read("q", _document(tokenizer, C))]
     results = agent.run(None, documents, SamplingParams(1.0), n=4)
@@ -179,12 +180,6 @@ def test_a_server_is_sent_each_chunk_as_the_documents_text():
                       strict=False)
     assert cut.chunk_texts == ("mona user is", "}.\nthe mona")
     assert [reads(t) for t in cut.chunk_texts] == list(cut.chunks)
-
-
-def test_budget_that_cannot_fit_the_engine_is_rejected_before_any_work(tokenizer):
-    with pytest.raises(UserError, match="chunk size 5000 .* the engine holds 1024"):
-        MemoryAgent(Scheduler(ScriptedEngine(tokenizer, max_len=1024)), tokenizer,
-                    MemAgentConfig(), stop_ids=(EOS,))
 
 
 @pytest.mark.slow
@@ -268,10 +263,9 @@ def test_prompts_splice_ids_as_the_original_trainer(bpe_tokenizer):
     # Characters the tokenizer never saw are single bytes: chunks cut through them.
     document = MULTILINGUAL + "北京大学の図書館 𝔘𝔫𝔦 ✓ Ærøskøbing " * 2
     reply = tok.encode("Zoë: 東京 🙂", add_special_tokens=False)
-    agent = MemoryAgent(Scheduler(FixedReplyEngine(tok, reply)), tok,
-                        MemAgentConfig(chunk_tokens=7, max_memory_tokens=16,
-                                       max_final_tokens=16, max_problem_tokens=32),
-                        stop_ids=(tok.eos_token_id,))
+    agent = MemoryAgent(Scheduler(FixedReplyEngine(tok, reply)), MemAgent(
+        MemAgentConfig(chunk_tokens=7, max_memory_tokens=16, max_final_tokens=16,
+                       max_problem_tokens=32), tok, stop_ids=(tok.eos_token_id,)))
     (trajectory,), = agent.run(None, [agent.read(question, document)], SamplingParams(0.0))
 
     chat = original.chat_template(tok)
@@ -303,15 +297,53 @@ def test_prompts_splice_ids_as_the_original_trainer(bpe_tokenizer):
     assert mangled > len(chunks) // 2
 
 
-def test_the_longest_turn_fits_the_required_length(bpe_tokenizer):
-    """required_length is exactly a full update prompt (longest question, memory and chunk)
-    plus the longest reply; the final prompt is shorter."""
+def test_the_longest_turn_fits_the_engine_need(bpe_tokenizer):
+    """The engine's need is exactly a full update prompt (longest question, memory and chunk)
+    plus the longest reply; the final prompt is shorter. For one sample, its question and its
+    longest chunk stand for the budgets', and the largest budget left is the one named."""
     config = MemAgentConfig(chunk_tokens=50, max_memory_tokens=20, max_final_tokens=30,
                             max_problem_tokens=10)
     prompts = TokenPrompts(bpe_tokenizer)
     longest = prompts.update([5] * 10, [6] * 20, [7] * 50)
-    assert required_length(bpe_tokenizer, config) == len(longest) + 30
+    agent = MemAgent(config, bpe_tokenizer)
+    tokens, key, why = agent.engine_need(bpe_tokenizer)
+    assert (tokens, key) == (len(longest) + 30, "memagent.chunk_tokens")
+    assert why.startswith(f"50 makes turns of up to {tokens} tokens (template ")
     assert len(prompts.final([5] * 10, [6] * 20)) < len(longest)
+    sample = Sample("q", (5,) * 4, ((7,) * 12, (7,) * 3), 15)
+    tokens, key, why = agent.engine_need(bpe_tokenizer, sample)
+    assert tokens == len(prompts.update([5] * 4, [6] * 20, [7] * 12)) + 30
+    assert key == "memagent.max_final_tokens" and why.startswith("30 makes turns")
+    assert why.endswith("question 4 + memory 20 + chunk 12 + reply 30)")
+
+
+@pytest.mark.parametrize("build", ["build_agent", "build_runner"])
+def test_an_agent_builds_its_token_prompts_once(tokenizer, monkeypatch, build):
+    """The chat-wrapped templates are tokenized once an agent (`setup`): the engine is sized
+    from the same prompts the turns are spliced into, whichever factory builds it."""
+    from memagent_jax.models.config import ModelConfig
+    from memagent_jax.models.loading import random_model
+    from memagent_jax.rollout import factory, memagent
+
+    built = []
+
+    class Counted(memagent.TokenPrompts):
+        def __init__(self, *args, **kwargs):
+            built.append(args)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(memagent, "TokenPrompts", Counted)
+    model = random_model(ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48,
+                                     num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8,
+                                     max_position_embeddings=4096))
+    config = MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
+                            max_problem_tokens=16)
+    if build == "build_agent":
+        factory.build_agent(model, tokenizer, config, EngineConfig(slots=1), None, (EOS,))
+    else:
+        factory.build_runner(MemAgent(config), model, tokenizer, EngineConfig(slots=1), None,
+                             (EOS,))
+    assert len(built) == 1
 
 
 def test_training_reads_carry_on_where_a_users_read_stops(tokenizer):
@@ -330,7 +362,8 @@ def test_training_reads_carry_on_where_a_users_read_stops(tokenizer):
                                                         add_special_tokens=False)["input_ids"])
     empty = read_sample(tokenizer, "q", "", config, strict=False)
     assert empty.chunks == ()
-    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), tokenizer, config, (EOS,))
+    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), MemAgent(config, tokenizer,
+                                                                        (EOS,)))
     (trajectory,), = agent.run(None, [empty], SamplingParams(0.0))
     assert [t.kind for t in trajectory.turns] == ["final"]
     assert "< memory > No previous memory </ memory >" in tokenizer.decode(

@@ -8,7 +8,7 @@ import jax
 import pytest
 
 from memagent_jax.cli import main
-from memagent_jax.errors import ConfigError
+from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
@@ -114,6 +114,14 @@ def test_a_config_budget_beyond_the_window_names_its_key(tmp_path):
     assert str(error.value).startswith("memagent.chunk_tokens: 5000 makes turns of up to ")
     assert "over the model's context window of 4096 tokens" in str(error.value)
 
+
+
+def test_an_engine_max_len_below_the_budgets_turns_is_refused_before_any_turn(tmp_path):
+    tokenizer_dir = tmp_path / "tok"
+    write_tiny_tokenizer(tokenizer_dir)
+    with pytest.raises(UserError, match="chunk size 5000 .* the engine holds 1024$"):
+        build_agent(random_model(SMALL), load_tokenizer(str(tokenizer_dir)), MemAgentConfig(),
+                    EngineConfig(slots=1, max_len=1024), None, (2,))
 
 @pytest.mark.parametrize("axes", [None, {"data": 2, "fsdp": 1, "tensor": 4}])
 def test_device_bytes_are_what_one_device_holds_once_allocated(axes):

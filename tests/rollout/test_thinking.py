@@ -12,7 +12,7 @@ import pytest
 from memagent_jax.cli import main
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.memagent import MemAgentConfig, MemoryAgent, turn_parts
+from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Scheduler
 from memagent_jax.rollout.templates import chat_prompt_ids, final_prompt, update_prompt
@@ -72,7 +72,8 @@ def test_each_setting_carries_its_memory_and_renders_its_prompts(qwen3, thinking
     last </think>; off: as keep, and every prompt ends in the empty think block. A turn's reply
     and response ids are the whole reply in all three; the answer is the final reply's after
     its last </think> in all three."""
-    agent = MemoryAgent(Scheduler(ThinkingEngine(qwen3)), qwen3, _config(thinking), (EOS,))
+    agent = MemoryAgent(Scheduler(ThinkingEngine(qwen3)),
+                        MemAgent(_config(thinking), qwen3, (EOS,)))
     sample = agent.read(QUESTION, _document(2 * C))
     (trajectory,), = agent.run(None, [sample], SamplingParams(0.0))
     turns = trajectory.turns
@@ -100,7 +101,8 @@ def test_each_setting_carries_its_memory_and_renders_its_prompts(qwen3, thinking
 
 def test_off_budgets_the_longer_template(qwen3):
     """The engine is sized for the prompt `off` renders: its empty think block's two tokens."""
-    template = {t: turn_parts(qwen3, _config(t))["template"] for t in THINKING_CHOICES}
+    template = {t: MemAgent(_config(t), qwen3).turn_parts()["template"]
+                for t in THINKING_CHOICES}
     assert template["off"] == template["keep"] + 2 == template["strip"] + 2
 
 
@@ -108,7 +110,8 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(plain):
     """Qwen2.5's case: no enable_thinking in the template and no </think> in a reply."""
     read = {}
     for thinking in THINKING_CHOICES:
-        agent = MemoryAgent(Scheduler(ScriptedEngine(plain)), plain, _config(thinking), (EOS,))
+        agent = MemoryAgent(Scheduler(ScriptedEngine(plain)),
+                            MemAgent(_config(thinking), plain, (EOS,)))
         (trajectory,), = agent.run(None, [agent.read(QUESTION, _document(3 * C))],
                                    SamplingParams(0.0))
         read[thinking] = ([(t.prompt_ids, t.response_ids, t.reply) for t in trajectory.turns],
@@ -120,7 +123,8 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(plain):
 def test_strip_leaves_a_reply_whole_where_the_tokenizer_has_no_think_end(plain):
     """Without a `</think>` token the tokenizer reads it with its unknown id (here `<`, unknown,
     `>`): a reply with an unknown word between those two is not the end of a thought."""
-    agent = MemoryAgent(Scheduler(ScriptedEngine(plain)), plain, _config("strip"), (EOS,))
+    agent = MemoryAgent(Scheduler(ScriptedEngine(plain)),
+                        MemAgent(_config("strip"), plain, (EOS,)))
     think_end = _ids(plain, "</think>")
     assert plain.convert_tokens_to_ids("[UNK]") in think_end
     reply = _ids(plain, "hello world") + think_end + _ids(plain, "memory hello")
@@ -178,8 +182,8 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     assert trajectory.memories == [t.reply for t in turns[:-1]]
     assert trajectory.answer == final_answer(turns[-1].reply)
 
-    keep = MemoryAgent(agent.scheduler, tokenizer, MemAgentConfig(**{
-        **off.__dict__, "thinking": "keep"}), policy.stop_ids)
+    keep = MemoryAgent(agent.scheduler, MemAgent(MemAgentConfig(**{
+        **off.__dict__, "thinking": "keep"}), tokenizer, policy.stop_ids))
     (kept,), = keep.run(policy.params, [sample], SamplingParams(0.0))
     assert turns[0].prompt_ids == kept.turns[0].prompt_ids + think_block
     assert all(think_block[0] not in t.prompt_ids for t in kept.turns)
