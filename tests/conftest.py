@@ -30,6 +30,7 @@ reserve_cpu_threads()  # the 8 devices' thread pool; before JAX starts its CPU b
 
 import pytest  # noqa: E402
 
+from memagent_jax.tokenizer import load_tokenizer  # noqa: E402
 from tests.hf_reference import write_tiny_tokenizer  # noqa: E402
 
 
@@ -37,7 +38,6 @@ from tests.hf_reference import write_tiny_tokenizer  # noqa: E402
 def word_tokenizer(tmp_path_factory):
     """hf_reference.write_tiny_tokenizer's word-level tokenizer (no thinking), loaded: unknown
     words read as [UNK] (rollout, serve)."""
-    from memagent_jax.tokenizer import load_tokenizer
     path = tmp_path_factory.mktemp("words")
     write_tiny_tokenizer(path)
     return load_tokenizer(str(path))
