@@ -9,19 +9,14 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
-from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import Answer
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.loading import random_model
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.engine_api import DecodeEngine, EngineConfig
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
 from memagent_jax.runconfig import load_config
-from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.tokenizer import load_tokenizer
 
 # ---- HotpotQA: data, eval and serve tests
 
@@ -101,21 +96,12 @@ def random_rows(seed=0, trajectories=12):
     return rows_from_trajectories(flat, rng.randn(trajectories))
 
 
-# ---- The supervised warm-up's agent (synthetic oracle and rows)
+# ---- The supervised warm-up's model and budgets (synthetic: its conftest's `agent`)
 
 SFT_MODEL = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=2,
                         num_heads=4, num_kv_heads=2, head_dim=8)
 SFT_BUDGETS = MemAgentConfig(chunk_tokens=64, max_memory_tokens=40, max_final_tokens=8,
                              max_problem_tokens=16)
-
-
-def sft_agent(tmp_path_factory):
-    """A random SFT_MODEL agent with SFT_BUDGETS and the synthetic tasks' word tokenizer."""
-    tokenizer = load_tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok")),
-                                               synthetic.vocabulary()))
-    model = random_model(SFT_MODEL, seed=0)
-    return build_agent(model, tokenizer, SFT_BUDGETS, EngineConfig(slots=4), None,
-                       (tokenizer.eos_token_id,))
 
 
 # ---- The decode step's cache (models: the XLA ragged read and the Pallas kernels)

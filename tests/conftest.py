@@ -1,4 +1,5 @@
-"""Test set-up: 8 simulated CPU devices (set before JAX is imported) and small shared fixtures."""
+"""Test set-up: 8 simulated CPU devices (set before JAX is imported) and the small fixtures
+that tests in more than one folder use (a folder's own are in its conftest.py)."""
 
 import atexit
 import contextlib
@@ -29,13 +30,17 @@ reserve_cpu_threads()  # the 8 devices' thread pool; before JAX starts its CPU b
 
 import pytest  # noqa: E402
 
-from tests.hf_reference import write_hf_model  # noqa: E402
+from memagent_jax.tokenizer import load_tokenizer  # noqa: E402
+from tests.hf_reference import write_tiny_tokenizer  # noqa: E402
 
 
-@pytest.fixture
-def tiny_hf_dir(tmp_path):
-    """An HF directory holding a tiny random Qwen2 (float32, untied); returns its path."""
-    return write_hf_model(tmp_path / "hf", seed=0)
+@pytest.fixture(scope="module")
+def word_tokenizer(tmp_path_factory):
+    """hf_reference.write_tiny_tokenizer's word-level tokenizer (no thinking), loaded: unknown
+    words read as [UNK] (rollout, serve)."""
+    path = tmp_path_factory.mktemp("words")
+    write_tiny_tokenizer(path)
+    return load_tokenizer(str(path))
 
 
 class _CompileCounter:

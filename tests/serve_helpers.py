@@ -26,9 +26,10 @@ MESSAGES = [{"role": "user", "content": "hello world the answer is"},
             {"role": "user", "content": "the answer"}]
 
 
-def tiny_model_dir(tmp_path_factory) -> str:
-    """A tiny random Qwen2 (weights seeded SEED) with the word-level tokenizer."""
-    return write_tiny_model(tmp_path_factory.mktemp("serve") / "m", seed=SEED)
+def tiny_model_dir(tmp_path_factory, thinking: bool = False) -> str:
+    """A tiny random Qwen2 (weights seeded SEED) with the word-level tokenizer (thinking: the
+    Qwen3-like one, `write_tiny_tokenizer`)."""
+    return write_tiny_model(tmp_path_factory.mktemp("serve") / "m", seed=SEED, thinking=thinking)
 
 
 @contextlib.contextmanager

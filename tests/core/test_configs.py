@@ -1,21 +1,48 @@
 """Every file under configs/ loads against its schema (no device, no data read): train/,
 synthetic/ and lookup/ as training configs, with the experiments' plugins and agents built;
-eval/ as evaluation configs. A file added to configs/ is loaded here without being listed."""
+eval/ as evaluation configs. A file added to configs/ is loaded here without being listed.
+A file that names a `base` gives only keys that change what its base resolves to."""
 
 import glob
 import os
 
 import pytest
+import yaml
 
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.plugin import load as load_plugin
-from memagent_jax.runconfig import load_config
+from memagent_jax.runconfig import load_config, to_dict
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
 FILES = sorted(os.path.relpath(p, CONFIGS)
                for p in glob.glob(os.path.join(CONFIGS, "**", "*.yaml"), recursive=True))
+
+
+def _raw(name) -> dict:
+    with open(os.path.join(CONFIGS, name), encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def _resolved(name) -> dict:
+    """The file's config as the command that runs it loads it (`eval` or `train`)."""
+    path = os.path.join(CONFIGS, name)
+    if name.startswith("eval"):
+        return to_dict(load_config(EvalConfig, path))
+    return to_dict(load_train_config(path))
+
+
+def _flat(value, prefix="") -> dict:
+    """Dotted keys to leaf values, into every mapping (a plugin's keys too) but `mesh`, one
+    shape given whole (configs/train/'s targets); a list is a leaf."""
+    if isinstance(value, dict) and prefix != "mesh.":
+        return {k: v for key, item in value.items()
+                for k, v in _flat(item, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: value}
+
+
+OVERLAYS = [name for name in FILES if "base" in _raw(name)]
 
 
 def test_every_config_is_in_a_purpose_folder():
@@ -46,10 +73,21 @@ def test_the_config_loads(name):
         assert plugin is None and not config.plugin
 
 
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_each_key_an_overlay_gives_changes_its_base(name):
+    """An overlay repeats none of its base's values: each fact of a chain of configs is
+    stated once, where it starts to hold (a key given again with the base's value would
+    silently stop following a later change of the base)."""
+    base = os.path.normpath(os.path.join(os.path.dirname(name), _raw(name)["base"]))
+    given = set(_flat(_raw(name))) - {"base"}
+    before, after = _flat(_resolved(base)), _flat(_resolved(name))
+    assert given and given <= set(after), given - set(after)
+    assert not [key for key in given if before.get(key) == after[key]]
+
+
 def test_the_recipe_is_a_chain_of_numbered_steps():
     """Each step starts from the previous step's last checkpoint, and names at most the
     previous step as its base."""
-    import yaml
     steps = sorted(f for f in FILES if os.path.dirname(f) == "synthetic")
     assert [os.path.basename(f)[:2] for f in steps] == [f"{i:02d}" for i in range(len(steps))]
     for previous, step in zip(steps, steps[1:]):
@@ -67,7 +105,6 @@ def test_an_arm_branches_off_the_step_it_names(name):
     """A run beside the chain (synthetic/arms/) either continues the step it names as its
     base, from that step's last checkpoint, or is a variant of it, from the same start; and
     writes to a directory of its own."""
-    import yaml
     with open(os.path.join(CONFIGS, name)) as f:
         base = yaml.safe_load(f)["base"]
     step = load_train_config(os.path.normpath(os.path.join(CONFIGS, os.path.dirname(name),

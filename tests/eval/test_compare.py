@@ -15,7 +15,6 @@ from memagent_jax.data.io import write_set
 from memagent_jax.eval.compare import Z95, sign_test, wilson_interval
 from memagent_jax.eval.runner import run_eval
 from tests.builders import Scripted, eval_config
-from tests.hf_reference import write_tiny_model
 
 PREFIX = "memagent-jax: error: "
 N_GRID = [1, 2, 3, 5, 8, 12, 16, 32, 63, 64, 100, 128, 257, 1000]
@@ -102,19 +101,18 @@ def _write_sets(root, question="what is the code of KEY{i} ?"):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(model_dir, tmp_path_factory):
     """Output dirs of two scripted models on the same 2 x 12 documents, and of runs that must
     not be paired with them."""
     root = tmp_path_factory.mktemp("compare")
-    model = write_tiny_model(root / "m", seed=3)
     sets = _write_sets(root / "sets")
     other_sets = _write_sets(root / "other", question="which code has KEY{i} ?")
     greedy = ("sampling.n=1", "sampling.temperature=0")
 
     def run(name, model_name, paths, *overrides, reply=_reply("A"), n=1):
         out = root / name
-        run_eval(eval_config(model, paths, out, f"model.name={model_name}", *greedy, *overrides),
-                 method=Scripted(reply, n=n))
+        run_eval(eval_config(model_dir, paths, out, f"model.name={model_name}", *greedy,
+                             *overrides), method=Scripted(reply, n=n))
         return str(out)
 
     return {"A": run("a", "dapo", sets), "B": run("b", "sft", sets, reply=_reply("B")),

@@ -29,11 +29,6 @@ PREFIX = "memagent-jax: error: "
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("eval") / "m", seed=3)
-
-
-@pytest.fixture(scope="module")
 def sets(tmp_path_factory):
     """RULER-HQA sets with 12 and 20 documents per sample, 4 questions each."""
     root = tmp_path_factory.mktemp("sets")

@@ -11,30 +11,9 @@ from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, Scheduler, complete
-from tests.hf_reference import hf_model, write_hf_model
 
 EOS = 2
 GREEDY = SamplingParams(temperature=0.0, seed=0)
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return write_hf_model(tmp_path_factory.mktemp("engine") / "m", seed=10)
-
-
-@pytest.fixture(scope="module")
-def reference():
-    return hf_model(seed=10)
-
-
-@pytest.fixture(scope="module")
-def model(hf_dir):
-    return load_model(hf_dir)[0]
-
-
-@pytest.fixture(scope="module")
-def params(model):
-    return split_params(model)[1]
 
 
 @pytest.fixture(scope="module")
@@ -275,8 +254,8 @@ def test_group_sampling_prefills_once(engine, params, monkeypatch):
     assert single.token_ids == samples[0].token_ids
 
 
-def test_fused_attention_path_matches_reference(hf_dir, engine, params):
-    model, _ = load_model(hf_dir, attention="dot_product")
+def test_fused_attention_path_matches_reference(model_dir, engine, params):
+    model, _ = load_model(model_dir, attention="dot_product")
     fused = Engine(model, EngineConfig(slots=4, max_len=256))
     requests = [Request(p, 8, GREEDY) for p in _prompts(5, 1, 120, seed=5)]
     for a, b in zip(complete(fused, split_params(model)[1], requests),

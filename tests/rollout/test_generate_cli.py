@@ -16,14 +16,9 @@ import pytest
 import torch
 
 from memagent_jax.cli import main
-from tests.hf_reference import hf_model, write_hf_model, write_tiny_model
+from tests.hf_reference import write_hf_model
 
 PREFIX = "memagent-jax: error: "
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("gen") / "m", seed=12)
 
 
 def _write_lines(path, lines):
@@ -33,8 +28,8 @@ def _write_lines(path, lines):
 
 
 @pytest.mark.parametrize("prefill_rows", ["1", "3"])  # 3: padded to row counts 1, 2, 3
-def test_generate_keeps_input_order_and_matches_transformers(model_dir, tmp_path, capsys,
-                                                             prefill_rows):
+def test_generate_keeps_input_order_and_matches_transformers(model_dir, reference, tmp_path,
+                                                             capsys, prefill_rows):
     prompts = [{"prompt": "hello world the answer is"}, {"prompt_ids": [7, 8, 9]},
                {"prompt_ids": list(range(3, 60))}, {"prompt": "memory"}]
     src = _write_lines(tmp_path / "in.jsonl", prompts)
@@ -44,7 +39,6 @@ def test_generate_keeps_input_order_and_matches_transformers(model_dir, tmp_path
                  "--prefill-rows", prefill_rows]) == 0
     rows = [json.loads(line) for line in open(out)]
     assert len(rows) == 4
-    reference = hf_model(seed=12)
     ids = [[3, 4, 6, 7, 8], [7, 8, 9], list(range(3, 60)), [9]]
     for row, prompt in zip(rows, ids):
         expected = reference.generate(torch.tensor([prompt]), max_new_tokens=9, do_sample=False,

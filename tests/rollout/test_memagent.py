@@ -31,7 +31,7 @@ from memagent_jax.rollout.templates import (
 )
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ScriptedEngine
-from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.hf_reference import write_hf_model
 
 # docs/algorithm.md section 1, verbatim.
 UPDATE_TEXT = (
@@ -61,84 +61,78 @@ def test_templates_are_byte_exact():
         "{{}}", "{}")
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tok")
-    write_tiny_tokenizer(path)
-    return load_tokenizer(str(path))
-
-
 def _document(tokenizer, n):
     words = ["hello", "world", "the", "answer", "is", "memory"]
     return " ".join(words[i % len(words)] for i in range(n))
 
 
 @pytest.mark.parametrize("length", [1, C - 1, C, C + 1, 10 * C])
-def test_conversations_are_exactly_the_originals(tokenizer, length):
-    engine = ScriptedEngine(tokenizer)
+def test_conversations_are_exactly_the_originals(word_tokenizer, length):
+    engine = ScriptedEngine(word_tokenizer)
     agent = MemoryAgent(Scheduler(engine), MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
-                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
-    document = _document(tokenizer, length)
+                       max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
+    document = _document(word_tokenizer, length)
     (trajectory,), = agent.run(None, [agent.read("what is it", document)], SamplingParams(0.0))
     turns = trajectory.turns
     assert len(turns) == math.ceil(length / C) + 1
-    ids = tokenizer(document, add_special_tokens=False)["input_ids"]
+    ids = word_tokenizer(document, add_special_tokens=False)["input_ids"]
     memory = "No previous memory"
     for k, turn in enumerate(turns[:-1]):
-        chunk = tokenizer.decode(ids[k * C:(k + 1) * C])
+        chunk = word_tokenizer.decode(ids[k * C:(k + 1) * C])
         assert turn.kind == "update"
-        assert turn.prompt_ids == chat_prompt_ids(tokenizer, update_prompt("what is it", memory,
-                                                                           chunk))
+        assert turn.prompt_ids == chat_prompt_ids(
+            word_tokenizer, update_prompt("what is it", memory, chunk))
         memory = " ".join(chunk.split()[:2])
         assert turn.reply == memory and turn.finish_reason == "stop"
     assert turns[-1].kind == "final"
-    assert turns[-1].prompt_ids == chat_prompt_ids(tokenizer, final_prompt("what is it", memory))
+    assert turns[-1].prompt_ids == chat_prompt_ids(word_tokenizer,
+                                                   final_prompt("what is it", memory))
     assert trajectory.memories == [t.reply for t in turns[:-1]]
 
 
-def test_a_sample_can_start_from_a_memory_of_its_own(tokenizer):
+def test_a_sample_can_start_from_a_memory_of_its_own(word_tokenizer):
     """A rollout that starts inside a document (a carry start, synthetic/carry_starts.py): the first
        prompt is the
     original's update prompt with the given memory in place of "No previous memory"."""
-    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), MemAgent(
+    agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)), MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
-                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
-    sample = agent.read("what is it", _document(tokenizer, 2 * C))
-    memory = tuple(tokenizer("the answer is memory", add_special_tokens=False)["input_ids"])
+                       max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
+    sample = agent.read("what is it", _document(word_tokenizer, 2 * C))
+    memory = tuple(word_tokenizer("the answer is memory", add_special_tokens=False)["input_ids"])
     started = dataclasses.replace(sample, initial_memory=memory)
     (trajectory,), = agent.run(None, [started], SamplingParams(0.0))
-    chunk = tokenizer.decode(list(sample.chunks[0]))
+    chunk = word_tokenizer.decode(list(sample.chunks[0]))
     assert trajectory.turns[0].prompt_ids == chat_prompt_ids(
-        tokenizer, update_prompt("what is it", "the answer is memory", chunk))
+        word_tokenizer, update_prompt("what is it", "the answer is memory", chunk))
     (plain,), = agent.run(None, [sample], SamplingParams(0.0))
     assert plain.turns[0].prompt_ids == chat_prompt_ids(
-        tokenizer, update_prompt("what is it", "No previous memory", chunk))
+        word_tokenizer, update_prompt("what is it", "No previous memory", chunk))
     assert [t.prompt_ids for t in trajectory.turns[1:]] == [t.prompt_ids for t in plain.turns[1:]]
 
 
-def test_a_reply_cut_at_the_cap_is_kept_as_is(tokenizer):
-    engine = ScriptedEngine(tokenizer, repeat=10)  # 20 words, cap 5
+def test_a_reply_cut_at_the_cap_is_kept_as_is(word_tokenizer):
+    engine = ScriptedEngine(word_tokenizer, repeat=10)  # 20 words, cap 5
     agent = MemoryAgent(Scheduler(engine), MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=5, max_final_tokens=5,
-                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
-    (trajectory,), = agent.run(None, [agent.read("q", _document(tokenizer, 2 * C))],
+                       max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
+    (trajectory,), = agent.run(None, [agent.read("q", _document(word_tokenizer, 2 * C))],
                                SamplingParams(0.0))
     first, second = trajectory.turns[:2]
     assert first.finish_reason == "length" and len(first.response_ids) == 5
     assert first.reply == "hello world hello world hello"
     # word-level decoding puts spaces between the template's pieces
-    assert "< memory > hello world hello world hello </ memory >" in tokenizer.decode(
+    assert "< memory > hello world hello world hello </ memory >" in word_tokenizer.decode(
         second.prompt_ids)
 
 
-def test_group_mode_prefills_the_shared_first_turn_once(tokenizer):
-    engine = ScriptedEngine(tokenizer, slots=3)
+def test_group_mode_prefills_the_shared_first_turn_once(word_tokenizer):
+    engine = ScriptedEngine(word_tokenizer, slots=3)
     agent = MemoryAgent(Scheduler(engine), MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
-                       max_problem_tokens=16), tokenizer, stop_ids=(EOS,)))
-    documents = [agent.read("q", _document(tokenizer, 3 * C)),
-                 agent.read("q", _document(tokenizer, C))]
+                       max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
+    documents = [agent.read("q", _document(word_tokenizer, 3 * C)),
+                 agent.read("q", _document(word_tokenizer, C))]
     results = agent.run(None, documents, SamplingParams(1.0), n=4)
     assert [len(group) for group in results] == [4, 4]
     assert [len(t.turns) for t in results[0]] == [4] * 4
@@ -183,7 +177,8 @@ def test_a_server_is_sent_each_chunk_as_the_documents_text():
 
 
 @pytest.mark.slow
-def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_path, tokenizer,
+def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_path,
+                                                                          word_tokenizer,
                                                                           compilations):
     # A window that holds the turns (build_engine refuses a cache beyond it)
     path = write_hf_model(tmp_path / "m", seed=13, max_position_embeddings=4096)
@@ -191,12 +186,12 @@ def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_pat
     params = split_params(model)[1]
     config = MemAgentConfig(chunk_tokens=2000, max_memory_tokens=6, max_final_tokens=6,
                             max_problem_tokens=8)
-    agent = build_agent(model, tokenizer, config,
+    agent = build_agent(model, word_tokenizer, config,
                         EngineConfig(slots=4, max_len=2048 + 192, prefill_buckets=(64,)),
                         None, stop_ids=(EOS,))
     agent.scheduler.engine.warm_up(params)
     lengths = [200_000, 9_000, 100, 30_000, 2_000]
-    samples = [agent.read("what is the answer", _document(tokenizer, n)) for n in lengths]
+    samples = [agent.read("what is the answer", _document(word_tokenizer, n)) for n in lengths]
     with compilations() as counter:
         results = agent.run(params, samples, SamplingParams(1.0, top_p=0.9))
     assert counter.count == 0
@@ -318,7 +313,7 @@ def test_the_longest_turn_fits_the_engine_need(bpe_tokenizer):
 
 
 @pytest.mark.parametrize("build", ["build_agent", "build_runner"])
-def test_an_agent_builds_its_token_prompts_once(tokenizer, monkeypatch, build):
+def test_an_agent_builds_its_token_prompts_once(word_tokenizer, monkeypatch, build):
     """The chat-wrapped templates are tokenized once an agent (`setup`): the engine is sized
     from the same prompts the turns are spliced into, whichever factory builds it."""
     from memagent_jax.models.config import ModelConfig
@@ -339,32 +334,32 @@ def test_an_agent_builds_its_token_prompts_once(tokenizer, monkeypatch, build):
     config = MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                             max_problem_tokens=16)
     if build == "build_agent":
-        factory.build_agent(model, tokenizer, config, EngineConfig(slots=1), None, (EOS,))
+        factory.build_agent(model, word_tokenizer, config, EngineConfig(slots=1), None, (EOS,))
     else:
-        factory.build_runner(MemAgent(config), model, tokenizer, EngineConfig(slots=1), None,
+        factory.build_runner(MemAgent(config), model, word_tokenizer, EngineConfig(slots=1), None,
                              (EOS,))
     assert len(built) == 1
 
 
-def test_training_reads_carry_on_where_a_users_read_stops(tokenizer):
+def test_training_reads_carry_on_where_a_users_read_stops(word_tokenizer):
     """strict (run, eval): one clear error for an empty document or an over-long question.
     Training (strict=False), as the original: an empty document is answered from the initial
     memory in one final turn; an over-long question keeps its first max_problem_tokens."""
     config = MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                             max_problem_tokens=3)
     with pytest.raises(UserError, match="the document is empty"):
-        read_sample(tokenizer, "q", "  ", config)
+        read_sample(word_tokenizer, "q", "  ", config)
     with pytest.raises(UserError, match="the question has 4 tokens, over the prompt budget of 3"):
-        read_sample(tokenizer, "what is the answer", "hello world", config)
-    long_question = read_sample(tokenizer, "what is the answer", "hello world", config,
+        read_sample(word_tokenizer, "what is the answer", "hello world", config)
+    long_question = read_sample(word_tokenizer, "what is the answer", "hello world", config,
                                 strict=False)
-    assert long_question.problem_ids == tuple(tokenizer("what is the",
-                                                        add_special_tokens=False)["input_ids"])
-    empty = read_sample(tokenizer, "q", "", config, strict=False)
+    assert long_question.problem_ids == tuple(word_tokenizer(
+        "what is the", add_special_tokens=False)["input_ids"])
+    empty = read_sample(word_tokenizer, "q", "", config, strict=False)
     assert empty.chunks == ()
-    agent = MemoryAgent(Scheduler(ScriptedEngine(tokenizer)), MemAgent(config, tokenizer,
+    agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)), MemAgent(config, word_tokenizer,
                                                                         (EOS,)))
     (trajectory,), = agent.run(None, [empty], SamplingParams(0.0))
     assert [t.kind for t in trajectory.turns] == ["final"]
-    assert "< memory > No previous memory </ memory >" in tokenizer.decode(
+    assert "< memory > No previous memory </ memory >" in word_tokenizer.decode(
         trajectory.turns[0].prompt_ids)

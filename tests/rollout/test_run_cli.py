@@ -18,11 +18,6 @@ PREFIX = "memagent-jax: error: "
 WORDS = ["hello", "world", "the", "answer", "is", "memory"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("run") / "m", seed=14)
-
-
 @pytest.fixture
 def doc(tmp_path):
     path = tmp_path / "doc.txt"

@@ -6,30 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-from memagent_jax.models.loading import load_model
-from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.engine import Engine
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.scheduler import Request, Scheduler, complete
-from tests.hf_reference import hf_model, write_hf_model
 
 GREEDY = SamplingParams(temperature=0.0, seed=0)
-
-
-@pytest.fixture(scope="module")
-def hf_dir(tmp_path_factory):
-    return write_hf_model(tmp_path_factory.mktemp("serve_sched") / "m", seed=21)
-
-
-@pytest.fixture(scope="module")
-def model(hf_dir):
-    return load_model(hf_dir)[0]
-
-
-@pytest.fixture(scope="module")
-def params(model):
-    return split_params(model)[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +21,14 @@ def engine(model):
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.3])
-def test_top_logprobs_are_transformers_log_softmax_at_the_temperature(engine, params,
+def test_top_logprobs_are_transformers_log_softmax_at_the_temperature(engine, params, reference,
                                                                       temperature):
     prompt = (5, 9, 17, 33, 60, 7)
     sampling = SamplingParams(temperature, seed=3, top_logprobs=True)
     (completion,) = complete(engine, params, [Request(prompt, 6, sampling)])[0]
     sequence = torch.tensor([prompt + tuple(completion.token_ids)])
     with torch.no_grad():
-        logits = hf_model(seed=21)(sequence).logits[0].float()
+        logits = reference(sequence).logits[0].float()
     expected = torch.log_softmax(logits / (temperature or 1.0), -1)
     assert len(completion.top_logprobs) == 6
     for i, (token, logprob, (ids, values)) in enumerate(zip(

@@ -20,18 +20,12 @@ from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import write_hf_model, write_tiny_model, write_tiny_tokenizer
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
 PREFIX = "memagent-jax: error: "
 SMALL = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_layers=1,
                     num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=4096)
 WINDOW = "over the model's context window of 512 tokens (config.json max_position_embeddings)"
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """tests/hf_reference.TINY: a context window of 512 tokens."""
-    return write_tiny_model(tmp_path_factory.mktemp("sizing") / "m", seed=3)
 
 
 @pytest.fixture

@@ -35,13 +35,6 @@ def qwen3(tmp_path_factory):
     return load_tokenizer(str(path))
 
 
-@pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    path = tmp_path_factory.mktemp("plain")
-    write_tiny_tokenizer(path)
-    return load_tokenizer(str(path))
-
-
 def _ids(tokenizer, text):
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
@@ -106,12 +99,12 @@ def test_off_budgets_the_longer_template(qwen3):
     assert template["off"] == template["keep"] + 2 == template["strip"] + 2
 
 
-def test_a_model_that_never_thinks_reads_the_same_under_every_setting(plain):
+def test_a_model_that_never_thinks_reads_the_same_under_every_setting(word_tokenizer):
     """Qwen2.5's case: no enable_thinking in the template and no </think> in a reply."""
     read = {}
     for thinking in THINKING_CHOICES:
-        agent = MemoryAgent(Scheduler(ScriptedEngine(plain)),
-                            MemAgent(_config(thinking), plain, (EOS,)))
+        agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)),
+                            MemAgent(_config(thinking), word_tokenizer, (EOS,)))
         (trajectory,), = agent.run(None, [agent.read(QUESTION, _document(3 * C))],
                                    SamplingParams(0.0))
         read[thinking] = ([(t.prompt_ids, t.response_ids, t.reply) for t in trajectory.turns],
@@ -120,14 +113,14 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(plain):
     assert read["keep"][1] == ["hello world", "world the", "the answer"]
 
 
-def test_strip_leaves_a_reply_whole_where_the_tokenizer_has_no_think_end(plain):
+def test_strip_leaves_a_reply_whole_where_the_tokenizer_has_no_think_end(word_tokenizer):
     """Without a `</think>` token the tokenizer reads it with its unknown id (here `<`, unknown,
     `>`): a reply with an unknown word between those two is not the end of a thought."""
-    agent = MemoryAgent(Scheduler(ScriptedEngine(plain)),
-                        MemAgent(_config("strip"), plain, (EOS,)))
-    think_end = _ids(plain, "</think>")
-    assert plain.convert_tokens_to_ids("[UNK]") in think_end
-    reply = _ids(plain, "hello world") + think_end + _ids(plain, "memory hello")
+    agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)),
+                        MemAgent(_config("strip"), word_tokenizer, (EOS,)))
+    think_end = _ids(word_tokenizer, "</think>")
+    assert word_tokenizer.convert_tokens_to_ids("[UNK]") in think_end
+    reply = _ids(word_tokenizer, "hello world") + think_end + _ids(word_tokenizer, "memory hello")
     assert agent.memory_ids(reply) == reply
 
 

@@ -12,19 +12,11 @@ from memagent_jax.serve.encoding import Encoder
 from memagent_jax.serve.protocol import APIError, Generation
 from memagent_jax.serve.respond import Served, prepare
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import write_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
 def tiny():
     return load_tokenizer(resolve("memagent-tiny"))
-
-
-@pytest.fixture(scope="module")
-def words(tmp_path_factory):
-    path = tmp_path_factory.mktemp("words")
-    write_tiny_tokenizer(path)
-    return load_tokenizer(str(path))
 
 
 def _prepare(tokenizer, gen: Generation, vocab_size: int = 4096, max_requests: int = 8):
@@ -59,27 +51,27 @@ def test_memagent_tiny_refusals_name_the_message_and_what_is_wrong(tiny, message
     assert isinstance(_prepare(tiny, _chat(("user", "what is the code"))), list)
 
 
-def test_every_message_is_read_not_the_last_alone(words):
+def test_every_message_is_read_not_the_last_alone(word_tokenizer):
     """An unknown word reads as [UNK], an id the model has: only the check finds it."""
-    refused = _prepare(words, _chat(("user", "hello zebra"), ("assistant", "memory"),
-                                    ("user", "the answer")))
+    refused = _prepare(word_tokenizer, _chat(("user", "hello zebra"), ("assistant", "memory"),
+                                             ("user", "the answer")))
     assert str(refused).startswith(
         "messages[0].content: the tokenizer has no token for 'zebra'"), refused
 
 
-def test_prepares_own_vocabulary_check_refuses_the_first_id_past_the_rows(words):
+def test_prepares_own_vocabulary_check_refuses_the_first_id_past_the_rows(word_tokenizer):
     """A tokenizer with more words than the model has rows: a text prompt reading as id
     vocab_size (one past the last row) is refused; one row more, it is read."""
-    the, memory = words.convert_tokens_to_ids(["the", "memory"])
+    the, memory = word_tokenizer.convert_tokens_to_ids(["the", "memory"])
     gen = Generation("completion", "m", ("the memory",), max_tokens=4)
-    assert _prepare(words, gen, vocab_size=memory) == (
+    assert _prepare(word_tokenizer, gen, vocab_size=memory) == (
         f"the prompt reads as token id {memory}, outside the model's vocabulary of {memory} "
         "ids")
-    assert _prepare(words, gen, vocab_size=memory + 1) == [[the, memory]]
+    assert _prepare(word_tokenizer, gen, vocab_size=memory + 1) == [[the, memory]]
 
 
-def test_more_prompts_than_the_server_takes_in_flight_can_never_be_taken(words):
+def test_more_prompts_than_the_server_takes_in_flight_can_never_be_taken(word_tokenizer):
     gen = Generation("completion", "m", ("hello",) * 3, max_tokens=1)
     assert "more than this server takes in flight (2, its --max-requests)" in _prepare(
-        words, gen, max_requests=2)
-    assert len(_prepare(words, gen, max_requests=3)) == 3
+        word_tokenizer, gen, max_requests=2)
+    assert len(_prepare(word_tokenizer, gen, max_requests=3)) == 3

@@ -9,10 +9,8 @@ import pytest
 
 from memagent_jax.rollout.templates import chat_ids
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import write_tiny_model
 from tests.serve_helpers import (
     MESSAGES,
-    SEED,
     chat_prompt,
     client_of,
     forward_logprobs,
@@ -22,13 +20,8 @@ from tests.serve_helpers import (
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("qwen3") / "m", seed=SEED, thinking=True)
-
-
-@pytest.fixture(scope="module")
-def client(model_dir):
-    with serving(model_dir) as server:
+def client(thinking_model_dir):
+    with serving(thinking_model_dir) as server:
         yield client_of(server)
 
 
@@ -38,11 +31,11 @@ def _chat(client, **extra):
         extra_body={"return_tokens_as_token_ids": True, **extra})
 
 
-def test_chat_template_kwargs_render_the_prompt(client, model_dir):
+def test_chat_template_kwargs_render_the_prompt(client, thinking_model_dir):
     """enable_thinking false: the prompt is the template's with the empty think block (two
     tokens more), and the reply's log-probs are transformers' forward on that prompt."""
-    tokenizer = load_tokenizer(model_dir)
-    plain = chat_prompt(model_dir)
+    tokenizer = load_tokenizer(thinking_model_dir)
+    plain = chat_prompt(thinking_model_dir)
     off = chat_ids(tokenizer, MESSAGES, enable_thinking=False)
     assert off == plain + tokenizer.encode("<think> </think>", add_special_tokens=False)
     for kwargs, prompt in [({}, plain), ({"enable_thinking": True}, plain),

@@ -4,40 +4,16 @@ it through; checked against the synthetic documents' own facts and the original'
 run through the agent."""
 
 import numpy as np
-import pytest
 
-from memagent_jax.data.needle import write_tokenizer
-from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rewards import strict_reward
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.carry_starts import carry_starts
-from memagent_jax.tokenizer import load_tokenizer, word_ids
+from memagent_jax.tokenizer import word_ids
 
-MODEL = ModelConfig(vocab_size=4096, hidden_size=32, intermediate_size=48, num_layers=2,
-                    num_heads=4, num_kv_heads=2, head_dim=8)
-BUDGETS = MemAgentConfig(chunk_tokens=64, max_memory_tokens=40, max_final_tokens=8,
-                         max_problem_tokens=16)
 FACT_WORDS = ("code", "city")
-
-
-@pytest.fixture(scope="module")
-def model():
-    return random_model(MODEL, seed=0)
-
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory, model):
-    tokenizer = load_tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok")),
-                                               synthetic.vocabulary()))
-    return build_agent(model, tokenizer, BUDGETS, EngineConfig(slots=8), None,
-                       (tokenizer.eos_token_id,))
 
 
 def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent):
@@ -89,13 +65,13 @@ def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent
     assert [e.question for e in other] != [e.question for e in examples]
 
 
-def test_a_carry_start_runs_through_the_agent_from_its_memory(agent, model):
+def test_a_carry_start_runs_through_the_agent_from_its_memory(agent, sft_model):
     def logprobs(rows):
         return np.zeros(rows.tokens.shape, np.float32)
 
     _, samples = carry_starts(agent, 2, chunks=3, pool=1, seed=1, logprobs=logprobs)
     prompts = TokenPrompts(agent.tokenizer)
-    groups = agent.run(split_params(model)[1], samples, SamplingParams(1.0, seed=0), n=2)
+    groups = agent.run(split_params(sft_model)[1], samples, SamplingParams(1.0, seed=0), n=2)
     for sample, group in zip(samples, groups):
         for trajectory in group:
             assert [t.kind for t in trajectory.turns] == ["update"] * 3 + ["final"]

@@ -11,12 +11,7 @@ from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.format_rows import drawn_memory, format_trajectory, whole_sentences
 from memagent_jax.synthetic.oracle import oracle_trajectory
 from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin
-from tests.builders import SFT_BUDGETS, sft_agent
-
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    return sft_agent(tmp_path_factory)
+from tests.builders import SFT_BUDGETS
 
 
 def _example(task, length, index, seed=3):

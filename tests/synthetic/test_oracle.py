@@ -16,12 +16,7 @@ from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.oracle import oracle_trajectory
-from tests.builders import SFT_BUDGETS, SFT_MODEL, sft_agent
-
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    return sft_agent(tmp_path_factory)
+from tests.builders import SFT_BUDGETS, SFT_MODEL
 
 
 def _example(task, length, index):

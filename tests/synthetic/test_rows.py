@@ -16,12 +16,7 @@ from memagent_jax.synthetic.rows import (
     recall_trajectories,
 )
 from memagent_jax.tokenizer import word_ids
-from tests.builders import SFT_BUDGETS, sft_agent
-
-
-@pytest.fixture(scope="module")
-def agent(tmp_path_factory):
-    return sft_agent(tmp_path_factory)
+from tests.builders import SFT_BUDGETS
 
 
 def test_copy_rows_repeat_a_seeded_span_of_task_words(agent):
