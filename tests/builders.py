@@ -109,12 +109,12 @@ SFT_BUDGETS = MemAgentConfig(chunk_tokens=64, max_memory_tokens=40, max_final_to
                              max_problem_tokens=16)
 
 
-def sft_agent(tmp_path_factory):
-    """A random SFT_MODEL agent with SFT_BUDGETS and the synthetic tasks' word tokenizer."""
+def sft_agent(tmp_path_factory, budgets: MemAgentConfig = SFT_BUDGETS):
+    """A random SFT_MODEL agent with `budgets` and the synthetic tasks' word tokenizer."""
     tokenizer = load_tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok")),
                                                synthetic.vocabulary()))
     model = random_model(SFT_MODEL, seed=0)
-    return build_agent(model, tokenizer, SFT_BUDGETS, EngineConfig(slots=4), None,
+    return build_agent(model, tokenizer, budgets, EngineConfig(slots=4), None,
                        (tokenizer.eos_token_id,))
 
 
