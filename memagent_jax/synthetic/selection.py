@@ -21,9 +21,10 @@ that city's code) apart from the distractors (the other facts, of the same forms
   of"), and how many of those state one of the document's facts as written;
 - the update turns' mean reply length in tokens, and the answers right.
 
-A model never shown which facts to keep holds an asked fact and a distractor alike; one whose
-start was shown (the RL-only ladder's `format` target) holds the asked one more often before
-any RL. On one-chunk documents the memory is the one update turn's reply.
+A model never shown which facts to keep should hold an asked fact and a distractor alike; the
+RL-only ladder's start, whose final turns showed the asked fact (the `format` target), holds
+the asked one more often before any RL (docs/synthetic.md). On one-chunk documents the memory
+is the one update turn's reply.
 """
 
 from __future__ import annotations
