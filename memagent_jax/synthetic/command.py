@@ -59,6 +59,11 @@ def add_parsers(sub) -> None:
                    help="instead of reading: score every turn that should keep the memory as "
                         "it is, teacher-forced, and count those the model would rewrite "
                         "(one process)")
+    p.add_argument("--selection", action="store_true",
+                   help="instead of following the needed facts: count the memories the answer "
+                        "is read from that hold the asked fact and those that hold each "
+                        "distractor (Wilson 95 %% intervals, a sign test a document); --out "
+                        "gets a record a document")
     _add_budget_flags(p)
     p.set_defaults(func=_trace)
     startup.add_flags(p)
@@ -114,6 +119,14 @@ def _demo(args) -> None:
 
 
 def _trace(args) -> None:
+    if args.carries and args.selection:
+        raise UserError("--carries and --selection are two other uses of trace: give one")
+    if args.selection:
+        from memagent_jax.synthetic.selection import run_selection
+        start(args)
+        run_selection(args.model, args.task, args.length, args.seed, args.num_samples,
+                      _budgets(args), args.slots, args.out)
+        return
     if args.carries:
         from memagent_jax.synthetic.carries import run_carries
         if args.out:

@@ -11,20 +11,24 @@ final answer look like but was never shown which words a memory keeps.
   facts the answer needs (the oracle's last memory) in place of as many drawn lines as they
   take, at random places; the reply restates those facts and boxes the answer, as the
   oracle's final reply does. Its prompt is therefore not the last update's reply: each turn
-  is a row of its own to the learner.
+  is a row of its own to the learner. This final memory is the oracle's choice of facts: it
+  always holds the asked fact and a distractor only as often as it was drawn. The
+  `format_all_facts` target (format_all_facts.py) keeps these update turns and builds its
+  final turn from memories that hold every fact alike.
 
-The draw is a function of the example's source and row alone.
+The draw is a function of the example's source and row alone (`drawn_memories`).
 """
 
 from __future__ import annotations
 
 import zlib
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from memagent_jax.data.pipeline import Example
-from memagent_jax.rollout.memagent import MemoryAgent, Trajectory
-from memagent_jax.synthetic.oracle import facts_of, loop_trajectory
+from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
+from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
 from memagent_jax.synthetic.tasks import oracle_memories
 
 
@@ -32,17 +36,7 @@ def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     """The format-only trajectory of `example` (module docstring), in `agent`'s tokens, chunks
     and prompts. Raises UserError when the row records no facts."""
     facts = facts_of(example)
-    tokenizer, prompts = agent.tokenizer, agent.prompts
-    rng = np.random.default_rng((zlib.crc32(example.data_source.encode()), example.index))
-    sample = agent.read(example.question, example.context, strict=False)
-    texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
-    budget = agent.config.max_memory_tokens - 1  # the end token is part of the reply
-    size = lambda lines: len(tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"])
-    memories, lines = [], []
-    for i, text in enumerate(texts):
-        opens = i == 0 or texts[i - 1].rstrip().endswith(".")
-        lines = drawn_memory(lines + whole_sentences(text, opens), budget, size, rng)
-        memories.append(lines)
+    sample, texts, memories, rng, budget, size = drawn_memories(agent, example)
     needed = [f for f in oracle_memories(texts, facts)[-1].splitlines() if f]
     # A drawn line is in the decoder's spacing ("v."), a fact in the task's ("v ."): compared
     # without spaces, as oracle_memories compares them, so no fact is shown twice.
@@ -53,11 +47,40 @@ def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     for fact in needed:
         kept.insert(int(rng.integers(len(kept) + 1)), fact)
     answer = " ".join([*needed, f"\\boxed{{{example.ground_truths[0]}}}"])
-    encode = lambda lines: (tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"]
-                            if lines else list(prompts.initial_memory))
-    replies = [encode(lines) for lines in memories]
-    replies.append(tokenizer(answer, add_special_tokens=False)["input_ids"])
-    return loop_trajectory(agent, example, sample, replies, final_memory=encode(kept))
+    replies = [memory_ids(agent, "\n".join(lines)) for lines in memories]
+    replies.append(agent.tokenizer(answer, add_special_tokens=False)["input_ids"])
+    return loop_trajectory(agent, example, sample, replies,
+                           final_memory=memory_ids(agent, "\n".join(kept)))
+
+
+class DrawnMemories(NamedTuple):
+    """A row's update-turn memories (`drawn_memories`): the sample as the agent reads it, its
+    chunks as decoded text, the memory after each chunk (lines), the row's generator as the
+    draw left it, and the reply budget and line measure the draw used."""
+    sample: Sample
+    texts: list[str]
+    memories: list[list[str]]
+    rng: np.random.Generator
+    budget: int
+    size: Callable[[list[str]], int]
+
+
+def drawn_memories(agent: MemoryAgent, example: Example) -> DrawnMemories:
+    """The update-turn memories of `example`'s format-only trajectory (module docstring): each
+    drawn from the previous one's lines and the chunk's whole sentences by a generator seeded
+    by the row's source and index alone."""
+    tokenizer = agent.tokenizer
+    rng = np.random.default_rng((zlib.crc32(example.data_source.encode()), example.index))
+    sample = agent.read(example.question, example.context, strict=False)
+    texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
+    budget = agent.config.max_memory_tokens - 1  # the end token is part of the reply
+    size = lambda lines: len(tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"])
+    memories, lines = [], []
+    for i, text in enumerate(texts):
+        opens = i == 0 or texts[i - 1].rstrip().endswith(".")
+        lines = drawn_memory(lines + whole_sentences(text, opens), budget, size, rng)
+        memories.append(lines)
+    return DrawnMemories(sample, texts, memories, rng, budget, size)
 
 
 def whole_sentences(text: str, opens: bool) -> list[str]:

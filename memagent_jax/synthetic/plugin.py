@@ -1,9 +1,10 @@
 """The synthetic tasks' plugin (`plugin.module: memagent_jax.synthetic.plugin`).
 
 It implements `rl.plugin.Plugin`: a supervised step trains on each drawn row's oracle
-trajectory (oracle.py), or with `target: format` its format-only one (format_rows.py), and on
-the extra rows its section asks for (rows.py); a DAPO step rolls out `carry_starts` prompts
-that start inside a long document (carry_starts.py).
+trajectory (oracle.py), or with `target: format` its format-only one (format_rows.py), or with
+`target: format_all_facts` the format-only one whose final memory holds every fact alike
+(format_all_facts.py), and on the extra rows its section asks for (rows.py); a DAPO step rolls
+out `carry_starts` prompts that start inside a long document (carry_starts.py).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
 from memagent_jax.runconfig import at_least, build_section
 from memagent_jax.synthetic import rows
 from memagent_jax.synthetic.carry_starts import carry_starts
+from memagent_jax.synthetic.format_all_facts import format_all_facts_trajectory
 from memagent_jax.synthetic.format_rows import format_trajectory
 from memagent_jax.synthetic.oracle import oracle_trajectory
 
@@ -28,7 +30,8 @@ _SUPERVISED = ("copy_rows", "recall_rows", "fact_rows", "carry_rows")
 class PluginSection:
     """The `plugin` section's keys besides `module` (rows: per supervised step)."""
     SECTION: ClassVar[str] = "plugin"
-    target: Literal["oracle", "format"] = "oracle"  # what a drawn row trains on (module doc)
+    # What a drawn row trains on (module docstring).
+    target: Literal["oracle", "format", "format_all_facts"] = "oracle"
     copy_rows: int = 0          # rows repeating a random span of words (`rows.copy_trajectories`)
     copy_span: int = 24         # a copied span's longest length, in words
     copy_span_min: int = 1      # a copied span's shortest length
@@ -58,6 +61,10 @@ class PluginSection:
                                                   "plugin.carry_rows too")
 
 
+_TARGETS = {"oracle": oracle_trajectory, "format": format_trajectory,
+            "format_all_facts": format_all_facts_trajectory}
+
+
 class SyntheticPlugin:
     """`rl.plugin.Plugin` for the synthetic tasks, as `section` asks."""
 
@@ -65,9 +72,7 @@ class SyntheticPlugin:
         self.section = section
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
-        if self.section.target == "format":
-            return format_trajectory(agent, example)
-        return oracle_trajectory(agent, example)
+        return _TARGETS[self.section.target](agent, example)
 
     def extra_trajectories(self, step: StepContext) -> list[Trajectory]:
         s, agent, seed = self.section, step.agent, step.seed

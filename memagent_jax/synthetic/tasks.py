@@ -81,9 +81,13 @@ def words() -> Words:
 
 def vocabulary() -> list[str]:
     """The tokenizer's words: the templates' and the answer format's (`needle.vocabulary`),
-    then this module's."""
+    then this module's, then the words of the gates' sentences (`memagent.keep_gate`,
+    `exit_gate`: templates.GATE_SENTENCES) not among them. Those come last, so that every
+    earlier word keeps the id the committed models were trained with (3,969 words before them;
+    the `small` preset has 4,096 embedding rows)."""
     from memagent_jax.data.needle import vocabulary as base
-    return base(words().all())
+    from memagent_jax.rollout.templates import GATE_SENTENCES
+    return base([*words().all(), *GATE_SENTENCES.values()])
 
 
 CODE_FACT = "the code of {} {} ."   # a key's or a city's code

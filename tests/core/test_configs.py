@@ -61,7 +61,7 @@ def test_the_config_loads(name):
     plugin = load_plugin(config)
     stem = os.path.basename(name)[:-5]
     if name.startswith(os.path.join("synthetic", "rl_only")):  # RL-only rungs need no plugin
-        assert config.output_dir == f"runs/rl_only/{stem}"
+        assert config.output_dir == f"runs/{os.path.basename(os.path.dirname(name))}/{stem}"
     elif name.startswith("synthetic"):
         assert plugin is not None, "a recipe step without its plugin"
         assert config.output_dir == f"runs/synthetic/{stem}"
@@ -112,3 +112,48 @@ def test_an_arm_branches_off_the_step_it_names(name):
     arm = load_train_config(os.path.join(CONFIGS, name))
     assert arm.model.path in (f"{step.checkpoint_dir}/{step.steps}", step.model.path)
     assert arm.output_dir != step.output_dir
+
+
+HONEST = sorted(f for f in FILES if os.path.dirname(f) == os.path.join("synthetic",
+                                                                     "rl_only_honest"))
+
+
+def _flat(config) -> dict:
+    from memagent_jax.runconfig import to_dict
+
+    def walk(prefix, value):
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                yield from walk(f"{prefix}{key}.", inner)
+        else:
+            yield prefix[:-1], value
+    return dict(walk("", to_dict(config)))
+
+
+def test_the_honest_rl_only_ladder_is_a_chain_from_the_rl_only_start_with_its_target():
+    """configs/synthetic/rl_only_honest (issue 73, unrun): numbered steps, each from the
+    previous one's last checkpoint. Steps 00-02 are the RL-only ladder's start but for the
+    target (format_all_facts), the tokenizer with the gates' words and its data, the gates,
+    and the paths; the DAPO rungs run the original's group size, clip and KL, the soft
+    overlong penalty and both gates, on lengths that grow to 256 chunks."""
+    assert [os.path.basename(f)[:2] for f in HONEST] == [f"{i:02d}" for i in range(len(HONEST))]
+    configs = [load_train_config(os.path.join(CONFIGS, f)) for f in HONEST]
+    for before, after in zip(configs, configs[1:]):
+        assert after.model.path == f"{before.checkpoint_dir}/{before.steps}"
+    differ = {"model.path", "model.tokenizer", "data.train", "data.val", "memagent.keep_gate",
+              "memagent.exit_gate", "plugin.target", "output_dir"}
+    for name, honest in zip(HONEST[:3], configs[:3]):
+        start = load_train_config(os.path.join(CONFIGS, "synthetic", "rl_only",
+                                               os.path.basename(name)))
+        ours, theirs = _flat(honest), _flat(start)
+        assert {k for k in ours if ours[k] != theirs.get(k)} <= differ, name
+        assert honest.plugin["target"] == "format_all_facts" and honest.memagent.gates == (
+            "keep", "exit")
+    rungs = [c for c in configs if c.learner.loss == "dapo"]
+    assert len(rungs) == len(configs) - 3
+    for rung in rungs:
+        assert (rung.rollout.n, rung.learner.kl_coef, rung.learner.eps_low,
+                rung.learner.eps_high) == (16, 0.001, 0.2, 0.2)
+        assert rung.overlong.enabled and not rung.dynamic_sampling.enabled
+        assert rung.memagent.gates == ("keep", "exit") and not rung.plugin
+    assert [r.memagent.max_chunks for r in rungs] == [1, 8, 32, 128, 256]

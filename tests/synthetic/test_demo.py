@@ -2,9 +2,10 @@
 directory shipped in the package resolves by its name for `run`, `export` and `demo`, its
 recorded budgets (`memagent.json`) are the memory loop's unless flags say otherwise; the demo
 reads a fresh synthetic document and prints the memory's changes, answer and truth; the trace
-follows each needed fact through the memories (hand-made ones, and a real read's); bad input
-is one line. The model is a random `small` preset over the synthetic tokenizer (what it
-answers is not the point here; docs/synthetic.md trains one)."""
+follows each needed fact through the memories (hand-made ones, and a real read's), or with
+--selection checks each memory for every fact; bad input is one line. The model is a random
+`small` preset over the synthetic tokenizer (what it answers is not the point here;
+docs/synthetic.md trains one)."""
 
 import json
 import os
@@ -258,6 +259,24 @@ def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_packag
     carried = sum(r["facts"][0]["carried"] for r in records)
     dropped = sum(r["facts"][0]["dropped"] for r in records)
     assert lines[6].startswith(f"a held fact lost in {dropped} of {carried} turns")
+
+
+def test_trace_selection_checks_each_memory_for_every_fact(in_package, capsys, tmp_path):
+    out = tmp_path / "selection.jsonl"
+    assert main(["trace", "--selection", "--model", in_package, "--length", "256",
+                 "--num-samples", "3", "--seed", "7", "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert lines[0].startswith("3 multikey documents of 256 tokens (seed 7), read 128 tokens")
+    assert lines[1].startswith("memories holding an asked fact: ") and len(lines) == 6
+    assert [r["index"] for r in records] == [0, 1, 2]
+    for record in records:
+        document = synthetic.make_sample("multikey", 256, 7, record["index"])
+        assert record["truth"] == document.answer
+        assert len(record["asked"]) == 1 and len(record["distractors"]) == 3
+        assert record["correct"] == (record["answer"] == document.answer)
+    assert main(["trace", "--selection", "--carries", "--model", in_package]) == 2
+    assert "give one" in capsys.readouterr().err
 
 
 def test_trace_refuses_an_existing_out_before_reading(in_package, capsys, tmp_path):

@@ -1,13 +1,22 @@
 """Format-only trajectories (synthetic/format_rows.py, `plugin.target: format`): the agent's
 loop with memories of sentences drawn regardless of what they say, and a final turn that
-answers from a memory holding the answer."""
+answers from a memory holding the answer; and with `plugin.target: format_all_facts`
+(synthetic/format_all_facts.py) the same update turns and a final turn whose memory holds
+every fact of the document alike."""
+
+import dataclasses
+import hashlib
+import json
 
 import numpy as np
 import pytest
 
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rl.rewards import strict_reward
+from memagent_jax.rollout.engine_api import EngineConfig
+from memagent_jax.rollout.factory import build_agent
 from memagent_jax.synthetic import tasks as synthetic
+from memagent_jax.synthetic.format_all_facts import final_memory, format_all_facts_trajectory
 from memagent_jax.synthetic.format_rows import drawn_memory, format_trajectory, whole_sentences
 from memagent_jax.synthetic.oracle import oracle_trajectory
 from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin
@@ -171,5 +180,117 @@ def test_the_plugin_trains_on_the_target_the_section_names(agent):
     replies = lambda t: [turn.response_ids for turn in t.turns]  # noqa: E731
     assert replies(SyntheticPlugin(PluginSection(target="format")).target(agent, example)) == \
         replies(format_trajectory(agent, example))
+    assert replies(SyntheticPlugin(PluginSection(target="format_all_facts")).target(
+        agent, example)) == replies(format_all_facts_trajectory(agent, example))
     assert replies(SyntheticPlugin(PluginSection()).target(agent, example)) == \
         replies(oracle_trajectory(agent, example))
+
+
+# sha256 of the format target's turns (prompt and reply ids) for rows of both tasks at lengths
+# 60, 200 and 400 (seed 3, rows 0-7), under SFT_BUDGETS: the rows the committed RL-only start
+# was trained on in form (issue 74 aside), computed before format_all_facts shared their draw.
+FORMAT_ROWS_SHA256 = "68c140da4757b0e413306e3c3e86c77b149ac288f8111aa2b8a6c2949694b163"
+
+
+def test_the_format_targets_rows_are_unchanged(agent):
+    digest = hashlib.sha256()
+    for task in synthetic.TASKS:
+        for length in (60, 200, 400):
+            for index in range(8):
+                trajectory = format_trajectory(agent, _example(task, length, index))
+                digest.update(json.dumps([[t.prompt_ids, t.response_ids]
+                                          for t in trajectory.turns]).encode())
+    assert digest.hexdigest() == FORMAT_ROWS_SHA256
+
+
+# ---- format_all_facts: the final memory holds every fact alike
+
+@pytest.fixture(scope="module")
+def drawn_all(agent, drawn):
+    """`drawn`'s rows' format_all_facts trajectories."""
+    return [format_all_facts_trajectory(agent, example) for example, _, _ in drawn]
+
+
+def _holding_rates(agent, rows):
+    """(the fraction of (row, asked fact) pairs whose final memory holds the fact, the same for
+    (row, distractor) pairs) over (example, trajectory) rows."""
+    held = {True: [], False: []}
+    for example, trajectory in rows:
+        memory = _final_memory(agent, example, trajectory)
+        for fact in example.extra_info["facts"]:
+            held[fact["needed"]].append(_lines(fact["text"])[0] in memory)
+    return float(np.mean(held[True])), float(np.mean(held[False]))
+
+
+def test_final_memories_hold_asked_facts_and_distractors_alike(agent, drawn, drawn_all):
+    """Over 80 rows, the final memories hold an asked fact and a distractor at rates within
+    0.1 of each other (both 1: every fact, every row). The format target's, built from the
+    oracle's choice (the asked fact put in, a distractor only where drawn), fail the bound."""
+    asked, other = _holding_rates(agent, [(e, t) for (e, _, _), t in zip(drawn, drawn_all)])
+    assert abs(asked - other) < 0.1 and asked == 1.0, (asked, other)
+    asked, other = _holding_rates(agent, [(e, t) for e, _, t in drawn])
+    assert asked == 1.0 and asked - other > 0.5, (asked, other)  # format: about 1.0 and 0.3
+
+
+def test_all_facts_rows_keep_the_update_turns_and_show_each_fact_once(agent, drawn, drawn_all):
+    """The update turns are the format target's; every memory of every row (each update
+    reply, the final prompt's memory) states each fact of its document at most once, the
+    final one every fact exactly once, among drawn sentences of the last memory; the final
+    reply restates the needed facts and boxes the answer."""
+    for (example, _, formatted), trajectory in zip(drawn, drawn_all):
+        assert [t.response_ids for t in trajectory.turns[:-1]] == \
+            [t.response_ids for t in formatted.turns[:-1]]
+        assert trajectory.turns[-1].kind == "final"
+        assert trajectory.turns[-1].response_ids == formatted.turns[-1].response_ids
+        assert strict_reward(trajectory.turns[-1].reply, list(example.ground_truths)) == 1.0
+        facts = [_lines(f["text"])[0] for f in example.extra_info["facts"]]
+        for turn in trajectory.turns[:-1]:
+            assert max(_lines(turn.reply).count(fact) for fact in facts) <= 1
+        memory = _final_memory(agent, example, trajectory)
+        assert [memory.count(fact) for fact in facts] == [1] * len(facts), (facts, memory)
+        last = _lines(trajectory.turns[-2].reply)
+        assert all(line in last for line in memory if line not in facts)
+
+
+def test_all_facts_rows_are_drawn_from_the_row_alone(agent, drawn_all):
+    example = _example("twohop", 400, 5)
+    ids = lambda t: [(turn.prompt_ids, turn.response_ids) for turn in t.turns]  # noqa: E731
+    assert ids(format_all_facts_trajectory(agent, example)) == ids(drawn_all[-15])
+    assert ids(format_all_facts_trajectory(agent, _example("twohop", 400, 5, seed=4))) != \
+        ids(drawn_all[-15])
+
+
+def test_the_facts_take_random_places_in_the_final_memory(agent, drawn, drawn_all):
+    """In the final memory the facts stand in a random order among the drawn lines: the asked
+    one first among them about as often as any (multikey: 1 in 4)."""
+    first = []
+    for (example, _, _), trajectory in zip(drawn, drawn_all):
+        if example.data_source == "synthetic_multikey":
+            memory = _final_memory(agent, example, trajectory)
+            facts = {_lines(f["text"])[0]: f["needed"] for f in example.extra_info["facts"]}
+            first.append(facts[next(line for line in memory if line in facts)])
+    assert 0.1 < np.mean(first) < 0.45, np.mean(first)
+
+
+def test_a_row_answers_only_where_its_memory_can_show_every_fact(agent, sft_model):
+    """All or none, by the document's facts alone: at a 30-token memory multikey's four facts
+    (24 tokens) fit and its rows answer; twohop's six (36) do not, and none of its rows has a
+    final turn, whichever fact is asked. A fact in a chunk not read (max_chunks) also leaves
+    the row without one."""
+    agent = build_agent(sft_model, agent.tokenizer,
+                        dataclasses.replace(SFT_BUDGETS, max_memory_tokens=30),
+                        EngineConfig(slots=4), None, agent.stop_ids)
+    for task, answers in (("multikey", True), ("twohop", False)):
+        for index in range(10):
+            trajectory = format_all_facts_trajectory(agent, _example(task, 200, index))
+            assert (trajectory.turns[-1].kind == "final") == answers, (task, index)
+            assert (trajectory.answer is not None) == answers
+            assert len(trajectory.turns) == 4 + answers  # 200 tokens: 4 chunks of 64
+    size = lambda lines: sum(len(line.split()) for line in lines)  # noqa: E731
+    facts = ["the code of a b .", "the code of c d ."]
+    rng = np.random.default_rng(0)
+    assert final_memory(["x the code of a b . y", "the code of c", "d ."], ["x y ."], facts,
+                        12, size, rng) is not None
+    assert final_memory(["x the code of a b . y"], ["x y ."], facts, 12, size, rng) is None
+    assert final_memory(["the code of a b . the code of c d ."], [], facts, 11, size, rng) \
+        is None

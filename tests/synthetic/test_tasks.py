@@ -64,6 +64,30 @@ def test_the_vocabulary_is_a_few_thousand_disjoint_words():
     assert synthetic.words() == w  # fixed: it defines the tokenizer
 
 
+def test_the_tokenizer_keeps_the_committed_ids_and_reads_the_gate_sentences(tokenizer):
+    """The tokenizer `data synthetic` writes has every id of the one the committed models were
+    trained with (checkpoints/rl_only/start's, memagent-tiny's), the gates' words after them,
+    all within the `small` preset's embedding rows, and reads both gates' sentences, which the
+    committed one cannot."""
+    from memagent_jax.errors import UserError
+    from memagent_jax.models.presets import preset_config
+    from memagent_jax.rollout.templates import GATE_SENTENCES, GATE_WORDS
+    from memagent_jax.tokenizer import PIECE_IDS, check_representable, load_tokenizer, rows_needed
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    committed = load_tokenizer(os.path.join(root, "checkpoints", "rl_only", "start"))
+    old = {w: i for w, i in committed.get_vocab().items() if i < PIECE_IDS}
+    new = {w: i for w, i in tokenizer.get_vocab().items() if i < PIECE_IDS}
+    assert len(old) == 3969 and {w: new.get(w) for w in old} == old
+    assert sorted(i for w, i in new.items() if w not in old) == list(range(3969, len(new)))
+    assert rows_needed(tokenizer) == len(new) <= preset_config("small").vocab_size
+    text = synthetic.make_sample("twohop", 300, 1, 0).context
+    assert _tokens(tokenizer, text) == _tokens(committed, text)
+    for gate in GATE_WORDS:
+        check_representable(tokenizer, GATE_SENTENCES[gate], gate)
+        with pytest.raises(UserError, match=gate):
+            check_representable(committed, GATE_SENTENCES[gate], gate)
+
+
 def test_facts_can_open_and_close_a_document():
     w = synthetic.words()
     facts = [synthetic.Fact(synthetic.CODE_FACT.format(w.keys[i], w.values[i]), "code", i == 0)

@@ -1,0 +1,78 @@
+"""Format-only trajectories with no choice of facts in any row (`plugin.target:
+format_all_facts`): a start for RL (configs/synthetic/rl_only_honest/) none of whose targets,
+update or final, is built from the oracle's choice of what to keep.
+
+- The update turns are the `format` target's (format_rows.py, `drawn_memories`): memories of
+  whole sentences drawn at random, a fact kept exactly as often as a filler sentence.
+- The final turn's memory holds every fact of the document, the asked ones and the distractors
+  alike (`final_memory`): the last update's memory with its fact lines taken out, the facts
+  each at a random place among the drawn lines left, which give way at random until the memory
+  fits max_memory_tokens. Its reply restates the facts the answer needs and boxes the answer,
+  as the `format` target's does: reading the answer out of the memory by the question's key is
+  the final turn's own work.
+- All or none: where the facts cannot all be shown (a chunk that states one was not read, cut
+  by max_chunks, or together they do not fit the memory), the trajectory has no final turn.
+  Showing a random part of them would need a target for the rows whose memory lacks the asked
+  fact: without their final turns, those left always hold the asked fact and a distractor only
+  sometimes (the `format` target's bias again); with them, a boxed guess teaches making one
+  up. Whether a row answers depends on its document's facts alone, never on which is asked.
+
+No memory of any row states a fact twice: a drawn line that states one (the decoder's spacing
+"v.", the task's "v .") is compared without spaces and gives way. The draw is a function of
+the example's source and row alone.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from memagent_jax.data.pipeline import Example
+from memagent_jax.rollout.memagent import MemoryAgent, Trajectory
+from memagent_jax.synthetic.format_rows import drawn_memories
+from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
+
+
+def format_all_facts_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
+    """The trajectory of `example` (module docstring), in `agent`'s tokens, chunks and prompts:
+    one update turn a chunk, then the final turn where the memory can show every fact (else
+    none, and `answer` None). Raises UserError when the row records no facts."""
+    facts = facts_of(example)
+    sample, texts, memories, rng, budget, size = drawn_memories(agent, example)
+    replies = [memory_ids(agent, "\n".join(lines)) for lines in memories]
+    memory = final_memory(texts, memories[-1], [f["text"] for f in facts], budget, size, rng)
+    if memory is None:
+        trajectory = loop_trajectory(agent, example, sample, replies)
+        trajectory.answer = None
+        return trajectory
+    needed = [f["text"] for f in facts if f["needed"]]
+    answer = " ".join([*needed, f"\\boxed{{{example.ground_truths[0]}}}"])
+    replies.append(agent.tokenizer(answer, add_special_tokens=False)["input_ids"])
+    return loop_trajectory(agent, example, sample, replies,
+                           final_memory=memory_ids(agent, "\n".join(memory)))
+
+
+def final_memory(texts: list[str], drawn: list[str], facts: list[str], budget: int,
+                 size: Callable[[list[str]], int], rng: np.random.Generator
+                 ) -> list[str] | None:
+    """The final turn's memory, one line each: every one of `facts` (the document's, in the
+    task's text) at a random place among the lines of `drawn` (the last update's memory) that
+    state none, those dropped at random until the memory fits `budget` tokens (`size(lines)`
+    measures them). None when a fact is not stated by `texts` (the chunks read, as decoded;
+    compared without spaces, as `tasks.oracle_memories` finds facts) or the facts alone take
+    more than `budget`."""
+    read = _unspaced("".join(texts))
+    if any(_unspaced(fact) not in read for fact in facts) or size(facts) > budget:
+        return None
+    stated = {_unspaced(fact) for fact in facts}
+    memory = [line for line in drawn if _unspaced(line) not in stated]
+    while memory and size(memory + facts) > budget:
+        memory.pop(int(rng.integers(len(memory))))
+    for fact in facts:  # one at a time, each anywhere: a uniformly random order of them all
+        memory.insert(int(rng.integers(len(memory) + 1)), fact)
+    return memory
+
+
+def _unspaced(text: str) -> str:
+    return "".join(text.split())
