@@ -45,7 +45,7 @@ class PluginSection:
     carry_pool: int = 16        # candidates drawn per carry row
     carry_cut: bool = False     # carries' chunks cut mid-sentence, as a long document's are
     carry_starts: int = 0       # DAPO prompts per step that start inside a long document
-    start_chunks: int = 8       # filler chunks a carry start reads
+    start_chunks: int = 8       # chunks a carry start reads
     start_pool: int = 16        # candidate chunks drawn per chunk read
     carry_from: Literal["oracle", "policy"] = "oracle"  # whose memory a carry start begins with
     start_task: Literal["any", "multikey", "twohop"] = "any"  # the starts' documents' task
