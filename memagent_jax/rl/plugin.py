@@ -12,6 +12,10 @@ adds:
 - a DAPO step rolls out `starts(step)`'s prompts, which come with their own samples (a read
   that begins inside a document, from a given memory: `Sample.initial_memory`), in place of as
   many drawn ones.
+A step's `StepContext` gives the plugin what it may use: the agent, a seed, and the current
+parameters through two callables (`logprobs`: teacher-forced rows scored; `rollout`: the agent
+run on given rows), so that a plugin can pick its rows by what the policy does now without
+holding parameters or an engine of its own.
 The synthetic tasks' plugin (`memagent_jax.synthetic.plugin`: their supervised warm-up and
 carry starts) is the one shipped.
 """
@@ -29,6 +33,7 @@ from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rows import TrainingRows
 from memagent_jax.rollout.agent_api import Trajectory
 from memagent_jax.rollout.memagent import Sample
+from memagent_jax.rollout.sampling import SamplingParams
 
 SECTION = "plugin"
 
@@ -38,10 +43,16 @@ class StepContext:
     """What a plugin may use in one step. agent: the config's agent (MemAgent
     for the synthetic plugin); seed: a function of (run seed, step) only, so that a
     resumed run draws the same rows; logprobs: rows -> [R, T] float32 log-probabilities of
-    their response tokens under the current parameters (0 elsewhere)."""
+    their response tokens under the current parameters (0 elsewhere); rollout(rows,
+    sampling): [R] trajectories, one rollout of the agent on each of `rows` (what the agent
+    reads: a MemAgent `Sample`) under the current parameters, on the step's own runner, sampled
+    with `sampling` and nothing else (no call may change it), each call seeded from its seed as
+    the step's rollouts are (`rollout.runner.call_seed`): the same parameters, rows and seed
+    give the same trajectories. A stop (SIGTERM, Ctrl-C) ends it as it ends the step's."""
     agent: object
     seed: int
     logprobs: Callable[[TrainingRows], np.ndarray]
+    rollout: Callable[[list, SamplingParams], list[Trajectory]]
 
 
 class Plugin(Protocol):

@@ -8,11 +8,12 @@ with the learner's current parameters -> rewards, overlong shaping, dynamic samp
 TensorBoard scalars and one JSON line per step. The step's kind (steps.py) is built once: with
 `learner.loss: sft` the rollouts are a plugin's (rl/plugin.py) target trajectories instead (a
 supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out a
-plugin's starts beside the drawn rows. Rollouts decode with the engine's copy of `learner.params`
-(`Engine.place`): the learner's own arrays where they are stored in the compute dtype and the
-rollout's layout (one device, float32 on CPU), else a device copy (bf16 from float32 master
-weights, split over tensor only), made on the same mesh at each rollout and dropped when it
-ends, so it never sits beside the update's gradients.
+plugin's starts beside the drawn rows (which the plugin may make by rolling out the current
+policy on the same runner: `StepContext.rollout`). Rollouts decode with the engine's copy of
+`learner.params` (`Engine.place`): the learner's own arrays where they are stored in the
+compute dtype and the rollout's layout (one device, float32 on CPU), else a device copy (bf16
+from float32 master weights, split over tensor only), made on the same mesh at each rollout
+and dropped when it ends, so it never sits beside the update's gradients.
 
 Everything a step depends on is in the checkpoint (parameters, optimiser state, step, the RNG
 key that seeds the rollouts, the data iterator's position), and the learner's own shuffling is
@@ -293,10 +294,15 @@ class Trainer:
             seeds.append(self._seed_for_try(_try))
             return seeds[-1]
 
+        def rollout(rows, sampling):  # a plugin's, as the step's own: a stop ends it too
+            return [group[0] for group in self.runner.run(
+                self.learner.params, self.agent, rows, sampling, n=1, on_call=on_call,
+                fixed_sampling=True)]
+
         # Seeds the rows a step makes itself (a plugin's): a function of the step alone,
         # so that a resumed run makes the same ones.
         context = plugin.StepContext(self.agent, config.seed * 1_000_003 + step,
-                                     self.learner.logprobs)
+                                     self.learner.logprobs, rollout)
         try:
             batch = self.step_kind.collect(self.learner.params, self.iterator, context,
                                            seed_for_try, on_call)

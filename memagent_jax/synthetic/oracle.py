@@ -85,11 +85,12 @@ class DocumentState(NamedTuple):
     memories: list[str]
 
 
-def document_state(agent: MemoryAgent, rng, seed: int, index: int) -> DocumentState:
-    """Document `index` of a task drawn by `rng` (1,024 tokens: four chunks of 256; seed -1 -
-    `seed`). The seed is negated so that no data set of a step's seed (1, 2, ...), the
-    evaluation's among them, holds these documents."""
-    task = TASKS[int(rng.integers(len(TASKS)))]
+def document_state(agent: MemoryAgent, rng, seed: int, index: int,
+                   tasks: tuple[str, ...] = TASKS) -> DocumentState:
+    """Document `index` of a task drawn by `rng` from `tasks` (1,024 tokens: four chunks of
+    256; seed -1 - `seed`). The seed is negated so that no data set of a step's seed (1, 2,
+    ...), the evaluation's among them, holds these documents."""
+    task = tasks[int(rng.integers(len(tasks)))]
     document = make_sample(task, 1024, -1 - seed, index)
     sample = agent.read(document.question, document.context, strict=False)
     memories = oracle_memories([agent.tokenizer.decode(chunk) for chunk in sample.chunks],

@@ -4,7 +4,8 @@ It implements `rl.plugin.Plugin`: a supervised step trains on each drawn row's o
 trajectory (oracle.py), or with `target: format` its format-only one (format_rows.py), or with
 `target: format_all_facts` the format-only one whose final memory holds every fact alike
 (format_all_facts.py), and on the extra rows its section asks for (rows.py); a DAPO step rolls
-out `carry_starts` prompts that start inside a long document (carry_starts.py).
+out `carry_starts` prompts that start inside a long document (carry_starts.py), from the
+oracle's memory or, with `carry_from: policy`, from the memory the current policy writes there.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ from memagent_jax.data.pipeline import Example
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.plugin import StepContext
 from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
+from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.runconfig import at_least, build_section
 from memagent_jax.synthetic import rows
-from memagent_jax.synthetic.carry_starts import carry_starts
+from memagent_jax.synthetic.carry_starts import carry_starts, policy_carry_starts
 from memagent_jax.synthetic.format_all_facts import format_all_facts_trajectory
 from memagent_jax.synthetic.format_rows import format_trajectory
 from memagent_jax.synthetic.oracle import oracle_trajectory
+from memagent_jax.synthetic.tasks import TASKS
 
 _SUPERVISED = ("copy_rows", "recall_rows", "fact_rows", "carry_rows")
 
@@ -45,8 +48,10 @@ class PluginSection:
     carry_pool: int = 16        # candidates drawn per carry row
     carry_cut: bool = False     # carries' chunks cut mid-sentence, as a long document's are
     carry_starts: int = 0       # DAPO prompts per step that start inside a long document
-    start_chunks: int = 8       # filler chunks a carry start reads
+    start_chunks: int = 8       # chunks a carry start reads
     start_pool: int = 16        # candidate chunks drawn per chunk read
+    carry_from: Literal["oracle", "policy"] = "oracle"  # whose memory a carry start begins with
+    start_task: Literal["any", "multikey", "twohop"] = "any"  # the starts' documents' task
 
     def __post_init__(self):
         at_least(self, 0, "copy_rows", "copy_gap", "copy_prefix", "recall_rows", "fact_rows",
@@ -59,6 +64,10 @@ class PluginSection:
         if self.carry_cut and not self.carry_rows:
             raise ConfigError("plugin.carry_cut", "cuts the carry rows' chunks: set "
                                                   "plugin.carry_rows too")
+        for key, default in (("carry_from", "oracle"), ("start_task", "any")):
+            if getattr(self, key) != default and not self.carry_starts:
+                raise ConfigError(f"plugin.{key}", "sets how carry starts begin: set "
+                                                   "plugin.carry_starts too")
 
 
 _TARGETS = {"oracle": oracle_trajectory, "format": format_trajectory,
@@ -68,8 +77,10 @@ _TARGETS = {"oracle": oracle_trajectory, "format": format_trajectory,
 class SyntheticPlugin:
     """`rl.plugin.Plugin` for the synthetic tasks, as `section` asks."""
 
-    def __init__(self, section: PluginSection):
-        self.section = section
+    def __init__(self, section: PluginSection, sampling: SamplingParams = SamplingParams()):
+        """sampling: the step's rollouts' (the policy's reads of a `carry_from: policy`
+        start sample as they do)."""
+        self.section, self.sampling = section, sampling
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
         return _TARGETS[self.section.target](agent, example)
@@ -87,8 +98,14 @@ class SyntheticPlugin:
         s = self.section
         if not s.carry_starts:
             return [], []
+        tasks = TASKS if s.start_task == "any" else (s.start_task,)
+        if s.carry_from == "policy":
+            return policy_carry_starts(
+                step.agent, s.carry_starts, s.start_chunks, s.start_pool, seed=step.seed,
+                logprobs=step.logprobs, rollout=step.rollout,
+                sampling=dataclasses.replace(self.sampling, seed=step.seed), tasks=tasks)
         return carry_starts(step.agent, s.carry_starts, s.start_chunks, s.start_pool,
-                            seed=step.seed, logprobs=step.logprobs)
+                            seed=step.seed, logprobs=step.logprobs, tasks=tasks)
 
 
 def build(settings: dict, config) -> SyntheticPlugin:
@@ -109,4 +126,6 @@ def build(settings: dict, config) -> SyntheticPlugin:
     if section.carry_starts > config.prompts_per_step:
         raise ConfigError("plugin.carry_starts", f"{section.carry_starts} is more than "
                                                  f"prompts_per_step {config.prompts_per_step}")
-    return SyntheticPlugin(section)
+    rollout = config.rollout
+    return SyntheticPlugin(section, SamplingParams(rollout.temperature, rollout.top_p,
+                                                   rollout.top_k))

@@ -232,6 +232,26 @@ def filler_text(length: int, seed: int, index: int) -> str:
                      "", "").context
 
 
+def distractor_text(length: int, fact: str, seed: int, index: int) -> str:
+    """Text `index` of (length, fact, seed): `length` tokens of the documents' filler sentences
+    and, at a random depth, one distractor of `fact` ("the code of KEY VALUE ." or "the city
+    of PERSON CITY ."): a fact of its form whose subject and object are other words of their
+    classes, which a memory that holds `fact` reads past without taking."""
+    w = words()
+    *form, subject, value, stop = fact.split()
+    rng = random.Random(f"distractor:{length}:{fact}:{seed}:{index}")
+    other = [rng.choice([x for x in _word_class(w, word) if x != word])
+             for word in (subject, value)]
+    distractor = Fact(" ".join([*form, *other, stop]), "lives" if form[1] == "city" else "code",
+                      False)
+    return document(rng, w, [distractor], [rng.random()], length, "", "").context
+
+
+def _word_class(w: Words, word: str) -> tuple[str, ...]:
+    """The fact slot's words `word` is one of (keys, people, cities or values)."""
+    return next(c for c in (w.keys, w.people, w.cities, w.values) if word in c)
+
+
 def document(rng, w: Words, facts: list[Fact], depths: list[float], length: int,
              question: str, answer: str, poll: Callable[[], None] | None = None) -> Sample:
     """A document of `length` words: filler sentences drawn with `rng`, each fact between

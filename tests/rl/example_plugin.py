@@ -1,12 +1,14 @@
 """A plugin that is not the synthetic one (rl/plugin.py's contract, exercised by
 tests/rl/test_plugin.py): the target answers each question in one final turn, the extra rows
-repeat the first drawn question's target, and a start reads one chunk from a given memory."""
+repeat the first drawn question's target, and a start reads one chunk from a given memory,
+which the step's own policy has read first (`StepContext.rollout`, greedy; kept in `rolled`)."""
 
 import dataclasses
 from typing import ClassVar
 
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rollout.memagent import Sample, Trajectory, Turn
+from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.runconfig import build_section
 
 
@@ -19,7 +21,7 @@ class Section:
 
 class Plugin:
     def __init__(self, section: Section):
-        self.section, self.seeds = section, []
+        self.section, self.seeds, self.rolled = section, [], []
 
     def target(self, agent, example: Example) -> Trajectory:
         sample = agent.read(example.question, example.context, strict=False)
@@ -46,6 +48,7 @@ class Plugin:
                                      strict=False)
             examples.append(Example(-1 - i, "needle", sample.problem, "", ("tiger",)))
             samples.append(dataclasses.replace(sample, initial_memory=memory))
+        self.rolled.append((samples, step.rollout(samples, SamplingParams(0.0))))
         return examples, samples
 
 

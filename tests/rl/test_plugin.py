@@ -6,6 +6,7 @@ section is checked as a config section is."""
 import json
 import os
 
+import jax
 import pytest
 import yaml
 
@@ -13,6 +14,7 @@ from memagent_jax.cli import main
 from memagent_jax.data.needle import write_task
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
+from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.runconfig import check
 
 PLUGIN = "tests.rl.example_plugin"
@@ -57,10 +59,25 @@ def test_a_supervised_step_trains_on_the_plugins_targets_and_extra_rows(config_f
 
 
 def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file, tmp_path):
-    _, record = _run(config_file, tmp_path, "plugin.starts=1")
+    """The plugin's own rollout (`StepContext.rollout`) is the agent's on the step's runner
+    under the step's parameters: the same trajectories as the runner gives them."""
+    before, run_trainer = {}, Trainer.run
+
+    def run(trainer):
+        before["params"] = jax.tree.map(lambda x: x.copy(), trainer.learner.params)
+        return run_trainer(trainer)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "run", run)
+        trainer, record = _run(config_file, tmp_path, "plugin.starts=1")
     assert len(record["examples"]) == 2  # one of the three prompts is the plugin's start
     assert 0.0 <= record["reward/starts_mean"] <= 1.0
     assert record["rollout/trajectories"] == 3 * 2
+    ((samples, rolled),) = trainer.plugin.rolled
+    again = trainer.runner.run(before["params"], trainer.agent, samples, SamplingParams(0.0))
+    assert [[t.response_ids for t in g[0].turns] for g in again] == [
+        [t.response_ids for t in trajectory.turns] for trajectory in rolled]
+    assert [t.kind for t in rolled[0].turns] == ["update", "final"]
 
 
 def test_a_dapo_run_without_a_plugin_logs_no_starts(config_file, tmp_path):

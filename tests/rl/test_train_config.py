@@ -150,6 +150,10 @@ SYNTHETIC = "plugin.module=memagent_jax.synthetic.plugin"  # the experiment's pl
      "plugin.carry_starts: carry starts are rollouts"),
     ([SYNTHETIC, "plugin.carry_starts=-1"], "plugin.carry_starts: must be at least 0"),
     ([SYNTHETIC, "plugin.start_chunks=0"], "plugin.start_chunks: must be at least 1"),
+    ([SYNTHETIC, "plugin.carry_from=policy"], "plugin.carry_from: sets how carry starts begin"),
+    ([SYNTHETIC, "plugin.start_task=twohop"], "plugin.start_task: sets how carry starts begin"),
+    ([SYNTHETIC, "plugin.carry_starts=1", "plugin.carry_from=teacher"],
+     "key 'plugin.carry_from' must be one of"),
 ])
 def test_bad_input_is_one_line_before_any_device_work(config_file, overrides, message,
                                                       capsys, no_device_work):
