@@ -139,8 +139,8 @@ def run_selection(model: str, task: str, length: int, seed: int, num_samples: in
                   ) -> list[DocumentSelection]:
     """Reads the documents greedily, prints the summary (progress on stderr); writes a record a
     document as JSON lines to `out` when given (process 0 of a multi-process job)."""
-    from memagent_jax import distributed
     from memagent_jax.console import progress_bar
+    from memagent_jax.distributed import collectives
     from memagent_jax.errors import UserError
     from memagent_jax.fileutil import atomic_file, check_new_files, check_output_file
     from memagent_jax.rollout.sampling import SamplingParams
@@ -170,7 +170,7 @@ def run_selection(model: str, task: str, length: int, seed: int, num_samples: in
             sum(updates) / max(len(updates), 1), (trajectory.answer or "").strip()))
     for line in summarize(selections):
         print(line)
-    if out and distributed.is_main():  # every process of a job reads the same documents
+    if out and collectives.is_main():  # every process of a job reads the same documents
         with atomic_file(out) as tmp, open(tmp, "w") as f:
             f.writelines(json.dumps({**dataclasses.asdict(s), "correct": s.correct}) + "\n"
                          for s in selections)
