@@ -245,7 +245,7 @@ class AgentMethod:
 
     def start(self) -> None:
         if self.config.model.url:  # the server holds the model
-            from memagent_jax.eval.remote import server_of
+            from memagent_jax.eval.servers import server_of
 
             self.server = server_of(self.config)
             if hasattr(self.agent, "setup"):
@@ -279,7 +279,7 @@ class AgentMethod:
 
         seed = zlib.crc32(f"{s.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
         if self.config.model.url:
-            from memagent_jax.eval.remote import server_seeds
+            from memagent_jax.eval.servers import server_seeds
             from memagent_jax.rollout.client import run_on_server
 
             run_on_server(self.server, self.agent, rows, server_seeds(s, set_name, batch),

@@ -6,37 +6,17 @@ Each of a question's n trajectories is one MemAgent rollout on a `rollout.client
 flight against its vLLM server. Trajectory k of row r asks the server for seeds derived from
 (sampling.seed, set, r, k), so a rerun against the same server and model is reproducible where
 the server honours `seed` (ours does). Scores, logs and resume are the runner's, as for the
-local engine. `server_of` and `server_seeds` are also `method: agent`'s (eval/methods.py).
+local engine. The server and its seeds: eval/servers.py.
 """
 
 from __future__ import annotations
 
-import os
-import zlib
 from typing import Callable
 
-from memagent_jax.eval.config import EvalConfig, SamplingSection
 from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone
-from memagent_jax.rollout.client import Server, api_key_from_env, run_on_server
+from memagent_jax.eval.servers import server_of, server_seeds
+from memagent_jax.rollout.client import run_on_server
 from memagent_jax.rollout.memagent import MemAgent
-
-
-def server_of(config: EvalConfig) -> Server:
-    """The server at `model.url`, asked for `model.served_name` (default: the last part of
-    model.path) with the key in the environment, every call sampled as the `sampling` section
-    says (temperature, top_p, top_k)."""
-    model, s = config.model, config.sampling
-    name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
-    return Server(model.url, name, api_key_from_env(), temperature=s.temperature,
-                  top_p=s.top_p, top_k=s.top_k)
-
-
-def server_seeds(sampling: SamplingSection, set_name: str, batch: list[tuple[int, dict]]
-                 ) -> list[list[int]]:
-    """seeds[i][k]: the seed of trajectory k of the batch's row i, from (sampling.seed, set,
-    row, k): a rerun asks the server for the same ones."""
-    return [[zlib.crc32(f"{sampling.seed}/{set_name}/{row}/{k}".encode()) & 0x7FFFFFFF
-             for k in range(sampling.n)] for row, _ in batch]
 
 
 class ServerMemAgentMethod(MemAgentMethod):

@@ -118,18 +118,6 @@ HONEST = sorted(f for f in FILES if os.path.dirname(f) == os.path.join("syntheti
                                                                      "rl_only_honest"))
 
 
-def _flat(config) -> dict:
-    from memagent_jax.runconfig import to_dict
-
-    def walk(prefix, value):
-        if isinstance(value, dict):
-            for key, inner in value.items():
-                yield from walk(f"{prefix}{key}.", inner)
-        else:
-            yield prefix[:-1], value
-    return dict(walk("", to_dict(config)))
-
-
 def test_the_honest_rl_only_ladder_is_a_chain_from_the_rl_only_start_with_its_target():
     """configs/synthetic/rl_only_honest (issue 73, unrun): numbered steps, each from the
     previous one's last checkpoint. Steps 00-02 are the RL-only ladder's start but for the
@@ -145,7 +133,7 @@ def test_the_honest_rl_only_ladder_is_a_chain_from_the_rl_only_start_with_its_ta
     for name, honest in zip(HONEST[:3], configs[:3]):
         start = load_train_config(os.path.join(CONFIGS, "synthetic", "rl_only",
                                                os.path.basename(name)))
-        ours, theirs = _flat(honest), _flat(start)
+        ours, theirs = _flat(to_dict(honest)), _flat(to_dict(start))
         assert {k for k in ours if ours[k] != theirs.get(k)} <= differ, name
         assert honest.plugin["target"] == "format_all_facts" and honest.memagent.gates == (
             "keep", "exit")
