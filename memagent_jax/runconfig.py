@@ -220,8 +220,10 @@ def _build(schema: type, values: dict, source: str, prefix: str, base=None):
     fields = {f.name: f for f in dataclasses.fields(schema)}
     hints = typing.get_type_hints(schema)
     removed = getattr(schema, "REMOVED", {})
+    # Dropped only at the value itself, of its type: 1 for True would pass no type check.
     values = {key: value for key, value in values.items()
-              if not (key in removed and value == removed[key][0])}
+              if not (key in removed and type(value) is type(removed[key][0])
+                      and value == removed[key][0])}
     unknown = [key for key in values if key not in fields]
     if unknown and not prefix:
         _check_command(schema, unknown, source)

@@ -62,8 +62,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--selection", action="store_true",
                    help="instead of following the needed facts: count the memories the answer "
                         "is read from that hold the asked fact and those that hold each "
-                        "distractor (Wilson 95 %% intervals, a sign test a document); --out "
-                        "gets a record a document")
+                        "distractor (Wilson 95 %% intervals, an exact test of the asked "
+                        "facts held against chance); --out gets a record a document")
     _add_budget_flags(p)
     p.set_defaults(func=_trace)
     startup.add_flags(p)

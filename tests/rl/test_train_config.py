@@ -211,7 +211,8 @@ def test_the_command_exits_non_zero_without_touching_a_device(config_file):
 
 
 @pytest.mark.parametrize("key, value", [("micro_batch_rows", 8), ("credit", "amortise"),
-                                        ("train_final_turn", False), ("seed", 3)])
+                                        ("train_final_turn", False), ("seed", 3),
+                                        ("train_final_turn", 1), ("seed", False)])
 def test_a_removed_learner_key_loads_at_its_one_value_and_is_named_at_another(
         config_file, tmp_path, key, value):
     """An older run's saved config.yaml lists every key, the removed ones at the value that
