@@ -30,10 +30,9 @@ is the one update turn's reply.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
-from memagent_jax.synthetic.trace import holds
+from memagent_jax.synthetic.trace import holds, read_greedily, write_records
 
 FACT_FORMS = (("the", "code", "of"), ("the", "city", "of"))
 
@@ -139,39 +138,16 @@ def run_selection(model: str, task: str, length: int, seed: int, num_samples: in
                   ) -> list[DocumentSelection]:
     """Reads the documents greedily, prints the summary (progress on stderr); writes a record a
     document as JSON lines to `out` when given (process 0 of a multi-process job)."""
-    from memagent_jax.console import progress_bar
-    from memagent_jax.distributed import collectives
-    from memagent_jax.errors import UserError
-    from memagent_jax.fileutil import atomic_file, check_new_files, check_output_file
-    from memagent_jax.rollout.sampling import SamplingParams
-    from memagent_jax.synthetic import tasks as synthetic
-    from memagent_jax.synthetic.demo import load_agent
-
-    if num_samples < 1:
-        raise UserError(f"--num-samples must be at least 1, got {num_samples}")
-    if out:
-        check_output_file(out)
-        check_new_files([out], "--out")
-    policy, agent, config = load_agent(model, task, length, budgets, slots)
-    documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
-    samples = [agent.read(d.question, d.context) for d in documents]
-    print(f"{num_samples} {task} documents of {length:,} tokens (seed {seed}), read "
-          f"{config.chunk_tokens} tokens a turn by {model}, greedy: the memory the answer "
-          "is read from")
-    with progress_bar(total=sum(len(s.chunks) + 1 for s in samples), desc="reading",
-                      unit="turn") as bar:
-        groups = agent.run(policy.params, samples, SamplingParams(0.0),
-                           on_turn=lambda i, turn: bar.update(1))
+    _, _, documents, _, trajectories = read_greedily(
+        model, task, length, seed, num_samples, budgets, slots, out,
+        ", greedy: the memory the answer is read from")
     selections = []
-    for index, ((trajectory,), document) in enumerate(zip(groups, documents)):
+    for index, (trajectory, document) in enumerate(zip(trajectories, documents)):
         updates = [t.generated_tokens for t in trajectory.turns if t.kind == "update"]
         selections.append(document_selection(
             index, document, (trajectory.memories or [""])[-1],
             sum(updates) / max(len(updates), 1), (trajectory.answer or "").strip()))
     for line in summarize(selections):
         print(line)
-    if out and collectives.is_main():  # every process of a job reads the same documents
-        with atomic_file(out) as tmp, open(tmp, "w") as f:
-            f.writelines(json.dumps({**dataclasses.asdict(s), "correct": s.correct}) + "\n"
-                         for s in selections)
+    write_records(out, [{**dataclasses.asdict(s), "correct": s.correct} for s in selections])
     return selections

@@ -169,14 +169,15 @@ def summarize(traces: list[DocumentTrace], chunk_tokens: int) -> list[str]:
     return lines
 
 
-def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
-              budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
-    """Reads the documents, prints a line each and the summary (progress on stderr); writes
-    the traces as JSON lines to `out` when given (process 0 of a multi-process job)."""
+def read_greedily(model: str, task: str, length: int, seed: int, num_samples: int,
+                  budgets: dict, slots: int, out: str | None, heading: str = ""):
+    """`num_samples` documents of `task` (seed) read greedily by `model` (`demo.load_agent`),
+    after checking `num_samples` and `out` (a new file) and printing a heading line (ended by
+    `heading`); progress on stderr. Returns (agent, its MemAgent budgets, documents, samples,
+    [one trajectory] a document). `trace` and `trace --selection` read through it."""
     from memagent_jax.console import progress_bar
-    from memagent_jax.distributed import collectives
     from memagent_jax.errors import UserError
-    from memagent_jax.fileutil import atomic_file, check_new_files, check_output_file
+    from memagent_jax.fileutil import check_new_files, check_output_file
     from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.synthetic.demo import load_agent
@@ -190,13 +191,34 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
     documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
     samples = [agent.read(d.question, d.context) for d in documents]
     print(f"{num_samples} {task} documents of {length:,} tokens (seed {seed}), read "
-          f"{config.chunk_tokens} tokens a turn by {model}")
+          f"{config.chunk_tokens} tokens a turn by {model}{heading}")
     with progress_bar(total=sum(len(s.chunks) + 1 for s in samples), desc="reading",
                       unit="turn") as bar:
         groups = agent.run(policy.params, samples, SamplingParams(0.0),
                            on_turn=lambda i, turn: bar.update(1))
+    return agent, config, documents, samples, [trajectory for (trajectory,) in groups]
+
+
+def write_records(out: str | None, records: list[dict]) -> None:
+    """`records` as JSON lines to `out` when given, by process 0 only (every process of a job
+    reads the same documents)."""
+    from memagent_jax.distributed import collectives
+    from memagent_jax.fileutil import atomic_file
+
+    if out and collectives.is_main():
+        with atomic_file(out) as tmp, open(tmp, "w") as f:
+            f.writelines(json.dumps(record) + "\n" for record in records)
+
+
+def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
+              budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
+    """Reads the documents, prints a line each and the summary (progress on stderr); writes
+    the traces as JSON lines to `out` when given (process 0 of a multi-process job)."""
+    agent, config, documents, samples, trajectories = read_greedily(
+        model, task, length, seed, num_samples, budgets, slots, out)
     traces = []
-    for index, ((trajectory,), document, sample) in enumerate(zip(groups, documents, samples)):
+    for index, (trajectory, document, sample) in enumerate(
+            zip(trajectories, documents, samples)):
         traces.append(trace_document(
             index, document, [agent.tokenizer.decode(c) for c in sample.chunks],
             trajectory.memories, (trajectory.answer or "").strip(), config.chunk_tokens,
@@ -204,7 +226,5 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
         print(describe(traces[-1]))
     for line in summarize(traces, config.chunk_tokens):
         print(line)
-    if out and collectives.is_main():  # every process of a job reads the same documents
-        with atomic_file(out) as tmp, open(tmp, "w") as f:
-            f.writelines(json.dumps(dataclasses.asdict(t)) + "\n" for t in traces)
+    write_records(out, [dataclasses.asdict(t) for t in traces])
     return traces
