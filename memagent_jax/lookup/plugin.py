@@ -87,6 +87,9 @@ class FormatPlugin:
     def starts(self, step):
         return [], []
 
+    def validation_metrics(self, agent, examples, groups) -> dict[str, float]:
+        return {}
+
 
 def build(settings: dict, config) -> FormatPlugin:
     section = build_section(FormatSection, settings, "plugin")

@@ -11,7 +11,9 @@ adds:
   them;
 - a DAPO step rolls out `starts(step)`'s prompts, which come with their own samples (a read
   that begins inside a document, from a given memory: `Sample.initial_memory`), in place of as
-  many drawn ones.
+  many drawn ones;
+- a validation read adds `validation_metrics(agent, examples, groups)` to the trainer's own
+  (`val/NAME`): what only the experiment can score, such as how its documents' facts fare.
 A step's `StepContext` gives the plugin what it may use: the agent, a seed, and the current
 parameters through two callables (`logprobs`: teacher-forced rows scored; `rollout`: the agent
 run on given rows), so that a plugin can pick its rows by what the policy does now without
@@ -68,6 +70,11 @@ class Plugin(Protocol):
     def starts(self, step: StepContext) -> tuple[list[Example], list[Sample]]:
         """Prompts a DAPO step rolls out in its first round in place of as many drawn ones:
         their examples (to score the answers against) and samples."""
+
+    def validation_metrics(self, agent, examples: list[Example],
+                           groups: list[list[Trajectory]]) -> dict[str, float]:
+        """Metrics of a validation read (the validation examples, [n] trajectories each),
+        logged beside the trainer's as `val/NAME`; {} for none."""
 
 
 def load(config) -> Plugin | None:

@@ -358,10 +358,13 @@ class Trainer:
         scores = [qa_scores(t.answer, list(e.ground_truths))
                   for e, g in zip(self.val_examples, groups) for t in g]
         rewards, _ = self.rewarder.score(self.val_examples, groups)
+        extra = (self.plugin.validation_metrics(self.agent, self.val_examples, groups)
+                 if self.plugin else {})
         return {"val/accuracy": 100 * float(np.mean([s["sub_em"] for s in scores])),
                 "val/exact_match": float(np.mean([s["em"] for s in scores])),
                 "val/f1": float(np.mean([s["f1"] for s in scores])),
                 "val/reward": float(rewards.mean()),
+                **{f"val/{name}": value for name, value in extra.items()},
                 "time/validation_s": time.perf_counter() - start}
 
     def save(self, step: int) -> None:

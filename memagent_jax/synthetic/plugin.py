@@ -5,7 +5,9 @@ trajectory (oracle.py), or with `target: format` its format-only one (format_row
 `target: format_all_facts` the format-only one whose final memory holds every fact alike
 (format_all_facts.py), and on the extra rows its section asks for (rows.py); a DAPO step rolls
 out `carry_starts` prompts that start inside a long document (carry_starts.py), from the
-oracle's memory or, with `carry_from: policy`, from the memory the current policy writes there.
+oracle's memory or, with `carry_from: policy`, from the memory the current policy writes there;
+a validation read of the tasks' documents adds the per-turn rate at which memories lose a
+needed fact (`validation_metrics`).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from memagent_jax.synthetic.carry_starts import carry_starts, policy_carry_start
 from memagent_jax.synthetic.format_all_facts import format_all_facts_trajectory
 from memagent_jax.synthetic.format_rows import format_trajectory
 from memagent_jax.synthetic.oracle import oracle_trajectory
-from memagent_jax.synthetic.tasks import TASKS
+from memagent_jax.synthetic.tasks import TASKS, sample_of
+from memagent_jax.synthetic.trace import trace_document
 
 _SUPERVISED = ("copy_rows", "recall_rows", "fact_rows", "carry_rows")
 
@@ -81,6 +84,7 @@ class SyntheticPlugin:
         """sampling: the step's rollouts' (the policy's reads of a `carry_from: policy`
         start sample as they do)."""
         self.section, self.sampling = section, sampling
+        self._read: dict[int, list[str] | None] = {}   # `_chunk_texts`, by example index
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
         return _TARGETS[self.section.target](agent, example)
@@ -107,6 +111,37 @@ class SyntheticPlugin:
         return carry_starts(step.agent, s.carry_starts, s.start_chunks, s.start_pool,
                             seed=step.seed, logprobs=step.logprobs, tasks=tasks)
 
+    def validation_metrics(self, agent: MemoryAgent, examples: list[Example],
+                           groups: list[list[Trajectory]]) -> dict[str, float]:
+        """The needed facts' turns over the read (`trace.turn_losses`, summed over every
+        trajectory and needed fact): `fact_carried_turns`, the turns that follow one whose
+        memory held a needed fact, and `fact_loss_rate`, the part of them whose memory no
+        longer held it; {} when no turn carried one (one-chunk documents). examples: the
+        tasks' documents (`tasks.eval_record`'s); one whose read leaves a needed fact unread
+        (more chunks than `memagent.max_chunks`) is left out."""
+        carried = dropped = 0
+        for example, group in zip(examples, groups):
+            document = sample_of(example.question, example.context,
+                                 example.ground_truths[0] if example.ground_truths else "")
+            chunks = self._chunk_texts(agent, example, document)
+            for trajectory in group if chunks else ():
+                facts = trace_document(example.index, document, chunks, trajectory.memories,
+                                       "", agent.config.chunk_tokens).facts
+                carried += sum(f.carried for f in facts)
+                dropped += sum(f.dropped for f in facts)
+        return {"fact_carried_turns": float(carried),
+                "fact_loss_rate": dropped / carried} if carried else {}
+
+    def _chunk_texts(self, agent: MemoryAgent, example: Example, document) -> list[str] | None:
+        """The chunks the agent reads of a validation example, as text (kept: the validation
+        set is fixed); None when they leave out a needed fact."""
+        if example.index not in self._read:
+            sample = agent.read(example.question, example.context, strict=False)
+            texts = [agent.tokenizer.decode(c) for c in sample.chunks]
+            read = "".join("".join(texts).split())
+            whole = all("".join(f.text.split()) in read for f in document.facts if f.needed)
+            self._read[example.index] = texts if whole else None
+        return self._read[example.index]
 
 def build(settings: dict, config) -> SyntheticPlugin:
     """The plugin from the `plugin` section's keys (`rl.plugin.load`), checked against the

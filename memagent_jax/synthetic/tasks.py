@@ -225,6 +225,27 @@ def _find(tokens: list[str], words_: list[str]) -> int:
     raise ValueError(f"{' '.join(words_)!r} is not in the document")
 
 
+def sample_of(question: str, context: str, answer: str) -> Sample:
+    """The Sample a document of `make_sample`'s stands for, from its text alone (an
+    `eval_record`'s input, context and answer): its fact sentences in document order, each
+    needed as `make_sample` marks it (multikey: the asked key's code; twohop: the person's
+    city and that city's code). No filler sentence reads "the code of" or "the city of" (code
+    and city are function words, never a pattern's noun)."""
+    tokens, asked = context.split(), question.split()[5:-1]   # "what is the code of ... ?"
+    found = [(tokens[i + 1], tokens[i + 3], tokens[i + 4]) for i in range(len(tokens) - 5)
+             if tokens[i] == "the" and tokens[i + 1] in ("code", "city")
+             and tokens[i + 2] == "of" and tokens[i + 5] == "."]
+    person = asked[3] if asked[:3] == ["the", "city", "of"] else None
+    cities = {value for kind, subject, value in found if kind == "city" and subject == person}
+    facts = tuple(
+        Fact(CODE_FACT.format(subject, value), "code",
+             subject in (cities if person else set(asked)))
+        if kind == "code" else
+        Fact(CITY_FACT.format(subject, value), "lives", subject == person)
+        for kind, subject, value in found)
+    return Sample(context, question, answer, facts)
+
+
 def filler_text(length: int, seed: int, index: int) -> str:
     """Text `index` of (length, seed): `length` tokens of the documents' filler sentences and
     no fact."""

@@ -13,6 +13,7 @@ from memagent_jax.eval.config import EvalConfig
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.plugin import load as load_plugin
 from memagent_jax.runconfig import load_config, to_dict
+from memagent_jax.synthetic.plugin import PluginSection
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIGS = os.path.join(ROOT, "configs")
@@ -123,7 +124,8 @@ def test_the_honest_rl_only_ladder_is_a_chain_from_the_rl_only_start_with_its_ta
     previous one's last checkpoint. Steps 00-02 are the RL-only ladder's start but for the
     target (format_all_facts), the tokenizer with the gates' words and its data, the gates,
     and the paths; the DAPO rungs run the original's group size, clip and KL, the soft
-    overlong penalty and both gates, on lengths that grow to 256 chunks."""
+    overlong penalty and both gates, on lengths that grow to 256 chunks, and log the synthetic
+    plugin's validation metrics (the per-turn loss rate), taking nothing else of it."""
     assert [os.path.basename(f)[:2] for f in HONEST] == [f"{i:02d}" for i in range(len(HONEST))]
     configs = [load_train_config(os.path.join(CONFIGS, f)) for f in HONEST]
     for before, after in zip(configs, configs[1:]):
@@ -143,5 +145,7 @@ def test_the_honest_rl_only_ladder_is_a_chain_from_the_rl_only_start_with_its_ta
         assert (rung.rollout.n, rung.learner.kl_coef, rung.learner.eps_low,
                 rung.learner.eps_high) == (16, 0.001, 0.2, 0.2)
         assert rung.overlong.enabled and not rung.dynamic_sampling.enabled
-        assert rung.memagent.gates == ("keep", "exit") and not rung.plugin
+        assert rung.memagent.gates == ("keep", "exit")  # the plugin for its metrics alone:
+        assert rung.plugin == {"module": "memagent_jax.synthetic.plugin"}
+        assert rung.loaded_plugin.section == PluginSection()  # no rows, no starts
     assert [r.memagent.max_chunks for r in rungs] == [1, 8, 32, 128, 256]

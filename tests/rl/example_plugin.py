@@ -1,7 +1,9 @@
 """A plugin that is not the synthetic one (rl/plugin.py's contract, exercised by
 tests/rl/test_plugin.py): the target answers each question in one final turn, the extra rows
 repeat the first drawn question's target, and a start reads one chunk from a given memory,
-which the step's own policy has read first (`StepContext.rollout`, greedy; kept in `rolled`)."""
+which the step's own policy has read first (`StepContext.rollout`, greedy; kept in `rolled`);
+a validation read adds the number of its trajectories and of their turns (what it was given
+kept in `validated`)."""
 
 import dataclasses
 from typing import ClassVar
@@ -21,7 +23,7 @@ class Section:
 
 class Plugin:
     def __init__(self, section: Section):
-        self.section, self.seeds, self.rolled = section, [], []
+        self.section, self.seeds, self.rolled, self.validated = section, [], [], []
 
     def target(self, agent, example: Example) -> Trajectory:
         sample = agent.read(example.question, example.context, strict=False)
@@ -50,6 +52,12 @@ class Plugin:
             samples.append(dataclasses.replace(sample, initial_memory=memory))
         self.rolled.append((samples, step.rollout(samples, SamplingParams(0.0))))
         return examples, samples
+
+    def validation_metrics(self, agent, examples: list[Example],
+                           groups: list[list[Trajectory]]) -> dict[str, float]:
+        self.validated.append((examples, groups))
+        return {"trajectories": float(sum(map(len, groups))),
+                "turns": float(sum(len(t.turns) for g in groups for t in g))}
 
 
 def build(settings: dict, config) -> Plugin:
