@@ -7,7 +7,9 @@ with dynamic sampling on, keeps only groups whose rewards are not all equal, dra
 until `prompts` groups are kept or the tries run out (docs/algorithm.md section 3); rows the
 caller makes itself (a plugin's starts, rl/plugin.py) take the place of drawn ones in the first
 round. It returns the kept groups, their shaped rewards [G, n], the indices of every example
-drawn (the data order, logged per step), and rollout statistics over every trajectory sampled.
+drawn (the data order, logged per step), and rollout statistics over every trajectory sampled
+(the time a caller's rows took to make apart, `time/starts_s`: a plugin's own reads are not in
+`time/rollout_s`, nor their tokens in its count).
 `supervised_batch` is its counterpart for a supervised step: one given target trajectory per
 drawn example.
 """
@@ -79,11 +81,13 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
     all_raw: list = []
     all_shaped: list = []
     started: Any = []
-    tries, start, reward_time = 0, time.perf_counter(), 0.0
+    tries, start, reward_time, starts_time = 0, time.perf_counter(), 0.0, 0.0
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):
         need = wanted - len(kept_groups)
+        began = time.perf_counter()
         own_examples, own_rows = starts() if starts and not tries else ([], [])
+        starts_time += time.perf_counter() - began
         examples = take(iterator, need - len(own_examples))
         drawn.extend(e.index for e in examples)
         rows = examples + own_rows
@@ -114,8 +118,10 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
         stats["reward/starts_mean"] = float(started.mean())
     stats.update({"dynamic/kept_fraction": len(kept_groups) / max(len(all_groups), 1),
                   "dynamic/tries": float(tries), "dynamic/kept_groups": float(len(kept_groups)),
-                  "time/rollout_s": time.perf_counter() - start,
+                  "time/rollout_s": time.perf_counter() - start - starts_time,
                   "time/reward_s": reward_time})
+    if starts:
+        stats["time/starts_s"] = starts_time
     stats["rollout/tokens_per_s"] = stats["rollout/generated_tokens"] / stats["time/rollout_s"]
     rewards_array = (np.stack(kept_rewards) if kept_rewards
                      else np.zeros((0, rollout.n), np.float32))

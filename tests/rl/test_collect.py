@@ -134,25 +134,38 @@ def test_without_dynamic_sampling_every_group_is_kept_in_one_round():
     assert batch.stats["dynamic/kept_fraction"] == 1.0
 
 
-def test_carry_starts_take_the_place_of_drawn_prompts_in_the_first_round_only():
+def test_carry_starts_take_the_place_of_drawn_prompts_in_the_first_round_only(monkeypatch):
     """2 groups wanted and one prompt of the step's own (a carry start asking q3, an
     informative group): round 1 runs it with one drawn prompt, q0 (dropped); round 2 draws
-    the one still missing, q1, and calls for no more starts."""
-    agent, calls = ScriptedRunner(), []
+    the one still missing, q1, and calls for no more starts. On a clock that each round's
+    rollouts move 1 s, making the starts took 5 s: time/starts_s, not time/rollout_s (whose
+    tokens a second would count the starts' time but not their tokens)."""
+    agent, calls, clock = ScriptedRunner(), [], [100.0]
+    monkeypatch.setattr(collect.time, "perf_counter", lambda: clock[0])
+    run = agent.run
+
+    def timed_run(*args, **kwargs):
+        clock[0] += 1.0
+        return run(*args, **kwargs)
+
+    agent.run = timed_run
 
     def starts():
         calls.append(1)
+        clock[0] += 5.0
         return [Example(-1, "hotpotqa", "q3", "", ("paris",))], ["q3"]
 
     batch = collect_batch(agent, _examples(list(SCRIPT)), _config(2, dynamic=True),
                           seed_for_try=lambda k: 100 + k, starts=starts)
+    assert (batch.stats["time/starts_s"], batch.stats["time/rollout_s"]) == (5.0, 2.0)
     assert agent.runs == [(["q0", "q3"], 100), (["q1"], 101)] and calls == [1]
     assert [e.index for e in batch.examples] == [-1, 1] and batch.drawn == [0, 1]
     np.testing.assert_array_equal(batch.rewards, [[0, 1], [1, 0]])
     assert batch.stats["reward/starts_mean"] == 0.5  # q3's alone
+    monkeypatch.undo()  # the clock runs again
     plain = collect_batch(ScriptedRunner(), _examples(list(SCRIPT)),
                           _config(2, dynamic=True), seed_for_try=lambda k: k)
-    assert "reward/starts_mean" not in plain.stats
+    assert "reward/starts_mean" not in plain.stats and "time/starts_s" not in plain.stats
 
 
 def test_dynamic_sampling_judges_the_shaped_rewards():
