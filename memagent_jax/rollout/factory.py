@@ -159,8 +159,19 @@ def build_runner(agent, model: Qwen, tokenizer, engine: EngineConfig,
     if hasattr(agent, "setup"):
         agent.setup(tokenizer, stop_ids)
     tokens, key, why = engine_need(agent, tokenizer, engine)
+    check_turns_fit(engine, tokens, key, why)
     decoder = build_engine(model, engine, mesh, tokens, key, why)
     return AgentRunner(Scheduler(decoder), tokenizer, stop_ids)
+
+
+def check_turns_fit(engine: EngineConfig, tokens: int, key: str, why: str) -> None:
+    """An `engine.max_len` below the `tokens` an agent's longest conversation needs (`key`,
+    `why`: `engine_need`'s) is a ConfigError, before anything is allocated: a turn past the
+    cache could not be decoded. (A full-context eval is not an agent: its prompts shrink to
+    the engine instead.)"""
+    if engine.max_len is not None and engine.max_len < tokens:
+        raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
+                                            f"turn: {key} {why}")
 
 
 def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
@@ -186,13 +197,10 @@ def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: Engine
     `memagent`'s budgets allow, or given `sample` for that sample's turns alone (`run`: a short
     document under a large chunk budget needs no larger cache), by `MemAgent.engine_need`,
     unless `engine.max_len` is set. A turn too long for the model or the devices is a
-    ConfigError naming the largest budget; an `engine.max_len` below the turns a UserError."""
+    ConfigError naming the largest budget; an `engine.max_len` below the turns one naming it
+    (`check_turns_fit`)."""
     agent = MemAgent(memagent, tokenizer, stop_ids)
     tokens, key, why = agent.engine_need(tokenizer, sample)
+    check_turns_fit(engine, tokens, key, why)
     decoder = build_engine(model, engine, mesh, tokens, key, why)
-    if tokens > decoder.config.max_len:
-        raise UserError(
-            f"chunk size {memagent.chunk_tokens} + memory cap {memagent.max_memory_tokens} + "
-            f"question budget {memagent.max_problem_tokens} + template need {tokens} tokens "
-            f"per turn; the engine holds {decoder.config.max_len}")
     return MemoryAgent(Scheduler(decoder), agent)
