@@ -5,9 +5,9 @@ Every slot holds a prompt of `--occupancy` tokens; the script times decode steps
 for each `--max-lens` value, two ways in one run:
 - ours: the engine as it runs (`EngineConfig.cache_lengths`: the cache is as long as the
   longest slot needs, in quarter-octave lengths from 1024);
-- whole cache: the same engine's jitted step on a cache of max_len entries, without the
-  resizing `generate` does, so every step reads it in full: the engine before the cache
-  followed the slots;
+- whole cache: the same engine's step told every slot may reach max_len (`generate`'s
+  length), so its cache stays max_len entries long and every step reads it in full: the
+  engine before the cache followed the slots;
 - the limit: bytes a step must read (every weight once, and each slot's keys and values up to
   the occupancy) / the machine's copy bandwidth (benchmarks/decode.py `DeviceBandwidth`,
   measured right before each row).
@@ -50,15 +50,15 @@ def model_for(name: str, dtype: str = "float32"):
 def step_time(model, params, config: EngineConfig, occupancy: int, steps: int,
               repeats: int, whole: bool) -> tuple[float, int]:
     """(seconds per decode step with every slot holding `occupancy` tokens, the cache length
-    the steps ran on). whole: the engine's jitted step on a max_len cache, without the
-    resizing `generate` does (the engine before its cache followed the slots)."""
+    the steps ran on). whole: the engine's step on a max_len cache, kept at max_len (the
+    engine before its cache followed the slots)."""
     engine = Engine(model, config)
     params = engine.place(params)
     rng = np.random.default_rng(0)
     greedy = SamplingParams(temperature=0.0, seed=0)
     state = engine.init_decode_state(config.max_len if whole else None)
-    step = ((lambda params, state, length: engine._generate(params, state)) if whole
-            else engine.generate)
+    step = ((lambda params, state, length: engine.generate(params, state, config.max_len))
+            if whole else engine.generate)  # a max_len cache holds max_len: never resized
     for slot in range(config.slots):
         prompt = rng.integers(3, model.config.vocab_size, occupancy).tolist()
         state, _, _ = engine.insert(engine.prefill(params, [prompt])[0], state, slot, greedy)
