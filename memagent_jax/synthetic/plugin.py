@@ -143,6 +143,7 @@ class SyntheticPlugin:
             self._read[example.index] = texts if whole else None
         return self._read[example.index]
 
+
 def build(settings: dict, config) -> SyntheticPlugin:
     """The plugin from the `plugin` section's keys (`rl.plugin.load`), checked against the
     TrainConfig: supervised rows only with learner.loss sft, carry starts only with dapo."""
