@@ -1,7 +1,8 @@
 """The trainer's one door for an experiment (rl/plugin.py), through a plugin written here, not
 the synthetic one: a supervised step trains on the plugin's targets and extra rows, a DAPO step
-rolls out its starts from their given memory in place of drawn prompts, a validation read logs
-the plugin's metrics of it, and the plugin's section is checked as a config section is."""
+rolls out its starts from their given memory in place of drawn prompts (and its validation
+read logs the plugin's metrics of it), and the plugin's section is checked as a config
+section is."""
 
 import json
 import os
@@ -60,16 +61,27 @@ def test_a_supervised_step_trains_on_the_plugins_targets_and_extra_rows(config_f
 
 def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file, tmp_path):
     """The plugin's own rollout (`StepContext.rollout`) is the agent's on the step's runner
-    under the step's parameters: the same trajectories as the runner gives them."""
+    under the step's parameters: the same trajectories as the runner gives them. The step's
+    validation read logs the plugin's metrics of it."""
     before, run_trainer = {}, Trainer.run
 
     def run(trainer):
         before["params"] = jax.tree.map(lambda x: x.copy(), trainer.learner.params)
         return run_trainer(trainer)
 
+    val = os.path.join(os.path.dirname(config_file), "task", "val.parquet")  # write_task's
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Trainer, "run", run)
-        trainer, record = _run(config_file, tmp_path, "plugin.starts=1")
+        trainer, record = _run(config_file, tmp_path, "plugin.starts=1", f"data.val={val}",
+                               "validation.every=1", "validation.n=2")
+    ((examples, groups),) = trainer.plugin.validated
+    assert [e.question for e in examples] == [e.question for e in trainer.val_examples]
+    assert len(examples) == 2 and [len(g) for g in groups] == [2, 2]
+    turns = sum(len(t.turns) for g in groups for t in g)
+    assert turns >= 2 * 2 * 2  # each read: at least a memory update and the final turn
+    assert (record["val/trajectories"], record["val/turns"]) == (4.0, float(turns))
+    with open(tmp_path / "logs" / "steps.jsonl") as f:
+        assert json.loads(f.read())["val/turns"] == turns
     assert len(record["examples"]) == 2  # one of the three prompts is the plugin's start
     assert 0.0 <= record["reward/starts_mean"] <= 1.0
     assert record["rollout/trajectories"] == 3 * 2
@@ -79,19 +91,6 @@ def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file,
         [t.response_ids for t in trajectory.turns] for trajectory in rolled]
     assert [t.kind for t in rolled[0].turns] == ["update", "final"]
 
-
-def test_a_validation_read_logs_the_plugins_metrics_of_it(config_file, tmp_path):
-    val = os.path.join(os.path.dirname(config_file), "task", "val.parquet")  # write_task's
-    trainer, record = _run(config_file, tmp_path, f"data.val={val}",
-                           "validation.every=1", "validation.n=2")
-    ((examples, groups),) = trainer.plugin.validated
-    assert [e.question for e in examples] == [e.question for e in trainer.val_examples]
-    assert len(examples) == 2 and [len(g) for g in groups] == [2, 2]
-    turns = sum(len(t.turns) for g in groups for t in g)
-    assert turns >= 2 * 2 * 2  # each read: at least a memory update and the final turn
-    assert (record["val/trajectories"], record["val/turns"]) == (4.0, float(turns))
-    with open(tmp_path / "logs" / "steps.jsonl") as f:
-        assert json.loads(f.read())["val/turns"] == turns
 
 def test_a_dapo_run_without_a_plugin_logs_no_starts(config_file, tmp_path):
     trainer = Trainer(load_train_config(config_file, [f"output_dir={tmp_path}"]))
