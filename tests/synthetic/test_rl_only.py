@@ -1,7 +1,8 @@
 """The RL-only ladder's committed results (docs/synthetic.md, "RL from an outcome reward
-alone"): its start and end as Hugging Face exports that `transformers` loads with our logits,
-recording the budgets its test config reads them with; and the test table README.md and
-docs/synthetic.md quote, recomputed from the committed per-document answers."""
+alone"): its start and end, and the honest ladder's start, as Hugging Face exports that
+`transformers` loads with our logits, recording the budgets its test config reads them with;
+and the test table README.md and docs/synthetic.md quote, recomputed from the committed
+per-document answers."""
 
 import dataclasses
 import os
@@ -18,12 +19,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 RESULTS = os.path.join(ROOT, "results", "rl_only_test")
 
 
-@pytest.mark.parametrize("name", ["start", "final"])
-def test_the_exports_load_in_transformers_with_our_logits_and_the_test_budgets(name):
+@pytest.mark.parametrize("name, test", [("start", "rl_only_test"), ("final", "rl_only_test"),
+                                        ("honest_start", "rl_only_honest_test")])
+def test_the_exports_load_in_transformers_with_our_logits_and_the_test_budgets(name, test):
     path = os.path.join(ROOT, "checkpoints", "rl_only", name)
     assert_trained_export_matches_transformers(path)
-    test_config = load_config(EvalConfig,
-                              os.path.join(ROOT, "configs", "eval", "rl_only_test.yaml"))
+    test_config = load_config(EvalConfig, os.path.join(ROOT, "configs", "eval", f"{test}.yaml"))
     budgets = dataclasses.asdict(test_config.memagent)
     assert {k: budgets[k] for k in model_dir.budgets(path)} == model_dir.budgets(path)
 
