@@ -8,8 +8,8 @@ until `prompts` groups are kept or the tries run out (docs/algorithm.md section 
 caller makes itself (a plugin's starts, rl/plugin.py) take the place of drawn ones in the first
 round. It returns the kept groups, their shaped rewards [G, n], the indices of every example
 drawn (the data order, logged per step), and rollout statistics over every trajectory sampled
-(the time a caller's rows took to make apart, `time/starts_s`: a plugin's own reads are not in
-`time/rollout_s`, nor their tokens in its count).
+(where the caller made rows, the time that took is `time/starts_s`, left out of
+`time/rollout_s`: a plugin's own reads are not among the rollout's tokens either).
 `supervised_batch` is its counterpart for a supervised step: one given target trajectory per
 drawn example.
 """
@@ -116,12 +116,11 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
     stats = rollout_stats(all_groups, np.concatenate(all_raw), np.concatenate(all_shaped))
     if len(started):
         stats["reward/starts_mean"] = float(started.mean())
+        stats["time/starts_s"] = starts_time
     stats.update({"dynamic/kept_fraction": len(kept_groups) / max(len(all_groups), 1),
                   "dynamic/tries": float(tries), "dynamic/kept_groups": float(len(kept_groups)),
                   "time/rollout_s": time.perf_counter() - start - starts_time,
                   "time/reward_s": reward_time})
-    if starts:
-        stats["time/starts_s"] = starts_time
     stats["rollout/tokens_per_s"] = stats["rollout/generated_tokens"] / stats["time/rollout_s"]
     rewards_array = (np.stack(kept_rewards) if kept_rewards
                      else np.zeros((0, rollout.n), np.float32))

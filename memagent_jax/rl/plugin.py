@@ -18,8 +18,9 @@ A step's `StepContext` gives the plugin what it may use: the agent, a seed, and 
 parameters through two callables (`logprobs`: teacher-forced rows scored; `rollout`: the agent
 run on given rows), so that a plugin can pick its rows by what the policy does now without
 holding parameters or an engine of its own.
-The synthetic tasks' plugin (`memagent_jax.synthetic.plugin`: their supervised warm-up and
-carry starts) is the one shipped.
+The synthetic tasks' plugin (`memagent_jax.synthetic.plugin`: their supervised warm-up, carry
+starts, and the per-turn loss rate of a needed fact in validation) is the one shipped beside
+the lookup experiment's (`memagent_jax.lookup.plugin`).
 """
 
 from __future__ import annotations

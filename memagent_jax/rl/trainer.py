@@ -349,8 +349,8 @@ class Trainer:
     def validate(self, step: int) -> dict[str, float]:
         """Lenient metrics (docs/algorithm.md section 2) of the validation set's final answers,
         means over its `validation.n` samples per question: val/accuracy = mean sub-EM x 100
-        (the published figure), exact match, F1, and the mean training reward (data.reward's
-        verifier)."""
+        (the published figure), exact match, F1, the mean training reward (data.reward's
+        verifier), and the plugin's own metrics of the read (`val/NAME`)."""
         v, start = self.config.validation, time.perf_counter()
         sampling = SamplingParams(v.temperature, v.top_p, seed=self.config.seed + 1)
         groups = self.runner.run(self.learner.params, self.agent, self.val_examples, sampling,

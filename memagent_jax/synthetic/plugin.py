@@ -84,7 +84,7 @@ class SyntheticPlugin:
         """sampling: the step's rollouts' (the policy's reads of a `carry_from: policy`
         start sample as they do)."""
         self.section, self.sampling = section, sampling
-        self._read: dict[int, list[str] | None] = {}   # `_chunk_texts`, by example index
+        self._read: dict[tuple, list[str] | None] = {}   # `_chunk_texts`'s, by example
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
         return _TARGETS[self.section.target](agent, example)
@@ -114,15 +114,14 @@ class SyntheticPlugin:
     def validation_metrics(self, agent: MemoryAgent, examples: list[Example],
                            groups: list[list[Trajectory]]) -> dict[str, float]:
         """The needed facts' turns over the read (`trace.turn_losses`, summed over every
-        trajectory and needed fact): `fact_carried_turns`, the turns that follow one whose
-        memory held a needed fact, and `fact_loss_rate`, the part of them whose memory no
-        longer held it; {} when no turn carried one (one-chunk documents). examples: the
-        tasks' documents (`tasks.eval_record`'s); one whose read leaves a needed fact unread
-        (more chunks than `memagent.max_chunks`) is left out."""
+        trajectory and needed fact): `fact_carried_turns`, the turns taken that follow one
+        whose memory held a needed fact (none after an exit), and `fact_loss_rate`, the part
+        of them whose memory no longer held it; {} when no turn carried one (one-chunk
+        documents). examples: the tasks' documents (`tasks.eval_record`'s); one whose read
+        leaves a needed fact unread (more chunks than `memagent.max_chunks`) is left out."""
         carried = dropped = 0
         for example, group in zip(examples, groups):
-            document = sample_of(example.question, example.context,
-                                 example.ground_truths[0] if example.ground_truths else "")
+            document = sample_of(example.question, example.context, example.ground_truths[0])
             chunks = self._chunk_texts(agent, example, document)
             for trajectory in group if chunks else ():
                 facts = trace_document(example.index, document, chunks, trajectory.memories,
@@ -133,15 +132,16 @@ class SyntheticPlugin:
                 "fact_loss_rate": dropped / carried} if carried else {}
 
     def _chunk_texts(self, agent: MemoryAgent, example: Example, document) -> list[str] | None:
-        """The chunks the agent reads of a validation example, as text (kept: the validation
+        """The chunks `agent` reads of a validation example, as text (kept: a run's validation
         set is fixed); None when they leave out a needed fact."""
-        if example.index not in self._read:
+        key = (agent.config, example.index, example.context)  # budgets cut the chunks
+        if key not in self._read:
             sample = agent.read(example.question, example.context, strict=False)
             texts = [agent.tokenizer.decode(c) for c in sample.chunks]
             read = "".join("".join(texts).split())
             whole = all("".join(f.text.split()) in read for f in document.facts if f.needed)
-            self._read[example.index] = texts if whole else None
-        return self._read[example.index]
+            self._read[key] = texts if whole else None
+        return self._read[key]
 
 
 def build(settings: dict, config) -> SyntheticPlugin:

@@ -104,12 +104,14 @@ class DocumentTrace:
 def trace_document(index: int, document, chunk_texts: list[str], memories: list[str],
                    answer: str, chunk_tokens: int, gates: dict | None = None) -> DocumentTrace:
     """The trace of one read: `document` (a tasks.Sample), the agent's chunks as
-    decoded text, its memory after each (after an exit, the memory it answered from, for
-    every chunk left unread), its final answer, and with gates on the rollout's metrics
-    (chunks_read, keeps, exits)."""
+    decoded text, its memory after each chunk it read (after an exit, the outcomes take the
+    memory it answered from for every chunk left unread; the per-turn counts, `carried` and
+    `dropped`, only the turns it took), its final answer, and with gates on the rollout's
+    metrics (chunks_read, keeps, exits)."""
     from memagent_jax.synthetic.demo import first_token
     from memagent_jax.synthetic.tasks import oracle_memories
 
+    read = memories  # the per-turn loss counts turns taken: chunks an exit left carry nothing
     memories = memories + memories[-1:] * (len(chunk_texts) - len(memories))  # after an exit
     facts = [dataclasses.asdict(f) for f in document.facts]
     ideal = oracle_memories(chunk_texts, facts)
@@ -124,7 +126,7 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
         traced.append(FactTrace(fact.text, start // chunk_tokens, start % chunk_tokens, due,
                                 outcome, turn, memories[due if turn is None else turn],
                                 made_up(memories, fact.text, due),
-                                *turn_losses(memories, fact.text, due)))
+                                *turn_losses(read, fact.text, due)))
     return DocumentTrace(index, len(memories), answer == document.answer, answer,
                          document.answer, traced, dict(gates or {}))
 

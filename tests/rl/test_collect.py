@@ -138,8 +138,8 @@ def test_carry_starts_take_the_place_of_drawn_prompts_in_the_first_round_only(mo
     """2 groups wanted and one prompt of the step's own (a carry start asking q3, an
     informative group): round 1 runs it with one drawn prompt, q0 (dropped); round 2 draws
     the one still missing, q1, and calls for no more starts. On a clock that each round's
-    rollouts move 1 s, making the starts took 5 s: time/starts_s, not time/rollout_s (whose
-    tokens a second would count the starts' time but not their tokens)."""
+    rollouts move 1 s, making the starts took 5 s: time/starts_s, left out of time/rollout_s
+    (rollout/tokens_per_s counts no token of theirs)."""
     agent, calls, clock = ScriptedRunner(), [], [100.0]
     monkeypatch.setattr(collect.time, "perf_counter", lambda: clock[0])
     run = agent.run

@@ -154,6 +154,6 @@ def test_a_trace_holds_the_memory_answered_from_for_the_chunks_an_exit_left():
     trace = trace_document(0, document, texts, [fact], document.answer, 64, gates)
     assert trace.chunks == len(texts) and trace.gates == gates
     assert summarize([trace], 64)[-1] == f"chunks read 1 of {len(texts)}; keeps 0; exits 1"
-    (traced,) = trace.facts  # held from the exit on: carried, never dropped
-    assert traced.dropped == 0 and traced.carried == len(texts) - 1 - traced.due
+    (traced,) = trace.facts  # held from the exit on, over no turn taken after it
+    assert (traced.outcome, traced.carried, traced.dropped) == ("kept", 0, 0)
     assert collections.Counter(f.outcome for f in trace.facts)["kept"] == 1

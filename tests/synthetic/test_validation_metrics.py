@@ -57,13 +57,22 @@ def _example(index, document):
 def test_validation_counts_every_turn_a_held_needed_fact_is_lost(agent):
     documents = _first_chunk_documents(256)  # 4 chunks: the fact due after the first
     (a, doc_a, fact_a), (b, doc_b, fact_b) = next(documents), next(documents)
+    twohop = synthetic.make_sample("twohop", 256, 1, 0)   # two needed facts, one a half
+    lives, code = (f.text for f in twohop.facts if f.needed)
     groups = [[_trajectory([fact_a, "", fact_a, fact_a])],     # held 0, 2: lost once, at 1
               [_trajectory([fact_b] * 4),                      # held throughout: 3, none lost
-               _trajectory([fact_b]),                          # an exit after chunk 1: 3, none
-               _trajectory([""] * 4)]]                         # never held: nothing carried
+               _trajectory([fact_b, fact_b]),                  # an exit after chunk 2: 1 taken
+               _trajectory([""] * 4)],                         # never held: nothing carried
+              [_trajectory([f"{lives}\n{code}"] * 4)]]         # both facts from the last one
     plugin = SyntheticPlugin(PluginSection())
-    metrics = plugin.validation_metrics(agent, [_example(a, doc_a), _example(b, doc_b)], groups)
-    assert metrics == {"fact_carried_turns": 2 + 3 + 3, "fact_loss_rate": 1 / 8}
+    examples = [_example(a, doc_a), _example(b, doc_b), _example(2, twohop)]
+    words = twohop.context.split()
+    starts = [next(i for i in range(len(words)) if words[i:i + 6] == f.split())
+              for f in (lives, code)]
+    dues = [(start + 5) // 64 for start in starts]  # the chunk of its last word: read by then
+    carried = 2 + 3 + 1 + sum(3 - due for due in dues)
+    metrics = plugin.validation_metrics(agent, examples, groups)
+    assert metrics == {"fact_carried_turns": carried, "fact_loss_rate": 1 / carried}
 
 
 def test_one_chunk_documents_carry_nothing_and_a_fact_left_unread_is_left_out(agent):
@@ -74,6 +83,7 @@ def test_one_chunk_documents_carry_nothing_and_a_fact_left_unread_is_left_out(ag
     # 2 chunks of a 16-chunk document: its first and last; a needed fact in the middle unread
     cut = MemAgent(dataclasses.replace(BUDGETS, max_chunks=2), agent.tokenizer,
                    agent.stop_ids)
+    plugin = SyntheticPlugin(PluginSection())
     index, document = next(
         (i, d) for i in range(100) for d in [synthetic.make_sample("multikey", 1024, 1, i)]
         if 128 < d.context.split().index(next(f for f in d.facts if f.needed).text.split()[3])
