@@ -159,16 +159,15 @@ def build_runner(agent, model: Qwen, tokenizer, engine: EngineConfig,
     if hasattr(agent, "setup"):
         agent.setup(tokenizer, stop_ids)
     tokens, key, why = engine_need(agent, tokenizer, engine)
-    check_turns_fit(engine, tokens, key, why)
     decoder = build_engine(model, engine, mesh, tokens, key, why)
     return AgentRunner(Scheduler(decoder), tokenizer, stop_ids)
 
 
 def check_turns_fit(engine: EngineConfig, tokens: int, key: str, why: str) -> None:
-    """An `engine.max_len` below the `tokens` an agent's longest conversation needs (`key`,
-    `why`: `engine_need`'s) is a ConfigError, before anything is allocated: a turn past the
-    cache could not be decoded. (A full-context eval is not an agent: its prompts shrink to
-    the engine instead.)"""
+    """An `engine.max_len` below the `tokens` MemAgent's longest turn needs (`key`, `why`:
+    `engine_need`'s) is a ConfigError, before anything is allocated: a turn past the cache
+    could not be decoded. (Another agent's `max_len` is its caps' sum, an upper bound: a user
+    may run it on a smaller engine, as `run --agent ... --max-len` does.)"""
     if engine.max_len is not None and engine.max_len < tokens:
         raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
                                             f"turn: {key} {why}")

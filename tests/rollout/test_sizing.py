@@ -7,7 +7,6 @@ import json
 import jax
 import pytest
 
-from memagent_jax.agents.single_turn import SingleTurn, SingleTurnSection
 from memagent_jax.cli import main
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.config import ModelConfig
@@ -111,29 +110,20 @@ def test_a_config_budget_beyond_the_window_names_its_key(tmp_path):
 
 
 
-@pytest.mark.parametrize("build", ["build_agent", "build_runner"])
-def test_an_engine_max_len_below_the_agents_turns_is_refused_before_any_allocation(
-        tmp_path, monkeypatch, build):
-    """MemAgent's default budgets (chunks of 5,000) and a single-turn agent whose prompt and
-    reply take 3,000 tokens, each on an engine of 1,024: one line naming engine.max_len and
-    what the turns need, before an engine is built."""
+def test_an_engine_max_len_below_memagents_turns_is_refused_before_any_allocation(
+        tmp_path, monkeypatch):
+    """MemAgent's default budgets (chunks of 5,000) on an engine of 1,024: one line naming
+    engine.max_len and what the turns need, before an engine is built."""
     tokenizer_dir = tmp_path / "tok"
     write_tiny_tokenizer(tokenizer_dir)
     tokenizer, model = load_tokenizer(str(tokenizer_dir)), random_model(SMALL)
     monkeypatch.setattr(engine_module, "Engine", None)  # building one would fail otherwise
     with pytest.raises(ConfigError) as error:
-        if build == "build_agent":
-            build_agent(model, tokenizer, MemAgentConfig(), EngineConfig(slots=1, max_len=1024),
-                        None, (2,))
-        else:
-            agent = SingleTurn(SingleTurnSection(max_tokens=1000, max_prompt_tokens=2000))
-            factory.build_runner(agent, model, tokenizer, EngineConfig(slots=1, max_len=1024),
-                                 None, (2,))
+        build_agent(model, tokenizer, MemAgentConfig(), EngineConfig(slots=1, max_len=1024),
+                    None, (2,))
     assert error.value.key == "engine.max_len"
-    want = ("memagent.chunk_tokens 5000 makes turns of up to " if build == "build_agent" else
-            "agent single_turn makes conversations of up to 3000 tokens")
-    assert str(error.value).startswith(f"engine.max_len: 1024 is below the agent's longest "
-                                       f"turn: {want}"), str(error.value)
+    assert str(error.value).startswith("engine.max_len: 1024 is below the agent's longest "
+                                       "turn: memagent.chunk_tokens 5000 makes turns of up to ")
 
 @pytest.mark.parametrize("axes", [None, {"data": 2, "fsdp": 1, "tensor": 4}])
 def test_device_bytes_are_what_one_device_holds_once_allocated(axes):
