@@ -163,16 +163,6 @@ def build_runner(agent, model: Qwen, tokenizer, engine: EngineConfig,
     return AgentRunner(Scheduler(decoder), tokenizer, stop_ids)
 
 
-def check_turns_fit(engine: EngineConfig, tokens: int, key: str, why: str) -> None:
-    """An `engine.max_len` below the `tokens` MemAgent's longest turn needs (`key`, `why`:
-    `engine_need`'s) is a ConfigError, before anything is allocated: a turn past the cache
-    could not be decoded. (Another agent's `max_len` is its caps' sum, an upper bound: a user
-    may run it on a smaller engine, as `run --agent ... --max-len` does.)"""
-    if engine.max_len is not None and engine.max_len < tokens:
-        raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
-                                            f"turn: {key} {why}")
-
-
 def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
     """(KV entries the agent's longest conversation needs, the setting that asks for them, how
     it makes them): the agent's `engine_need(tokenizer)`, else its `max_len(tokenizer)`. An
@@ -196,10 +186,14 @@ def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: Engine
     `memagent`'s budgets allow, or given `sample` for that sample's turns alone (`run`: a short
     document under a large chunk budget needs no larger cache), by `MemAgent.engine_need`,
     unless `engine.max_len` is set. A turn too long for the model or the devices is a
-    ConfigError naming the largest budget; an `engine.max_len` below the turns one naming it
-    (`check_turns_fit`)."""
+    ConfigError naming the largest budget; an `engine.max_len` below the turns one naming it,
+    before an engine is built."""
     agent = MemAgent(memagent, tokenizer, stop_ids)
     tokens, key, why = agent.engine_need(tokenizer, sample)
-    check_turns_fit(engine, tokens, key, why)
+    # Before anything is allocated: a turn past the cache could not be decoded. (Another
+    # agent's max_len is its caps' sum, an upper bound: `run --agent ... --max-len` may cap it.)
+    if engine.max_len is not None and engine.max_len < tokens:
+        raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
+                                            f"turn: {key} {why}")
     decoder = build_engine(model, engine, mesh, tokens, key, why)
     return MemoryAgent(Scheduler(decoder), agent)
