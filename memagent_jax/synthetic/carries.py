@@ -34,6 +34,7 @@ class Score:
     margin: float           # the weakest reply token's logit minus the best other logit
     position: int           # that token's index in the reply
     rival: int              # the best other token there
+    keep: float | None = None  # P(the first reply token is the keep gate's word), gate on
 
 
 def carry_turns(agent, document, index: int) -> list[Carry]:
@@ -56,10 +57,12 @@ def carry_turns(agent, document, index: int) -> list[Carry]:
     return carries
 
 
-def score_carries(model, carries: list[Carry], on_batch=None) -> list[Score]:
+def score_carries(model, carries: list[Carry], on_batch=None, keep_id: int | None = None
+                  ) -> list[Score]:
     """Each carry's weakest reply token under `model` (an nnx Qwen), teacher-forced: the
     prompt and the reply in one right-padded row, no mask (padding after a token never
-    affects it). on_batch(carries done) after every forward pass."""
+    affects it); with `keep_id` (the keep gate's word), also the probability that the reply's
+    first token is it instead. on_batch(carries done) after every forward pass."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -67,9 +70,9 @@ def score_carries(model, carries: list[Carry], on_batch=None) -> list[Score]:
     graphdef, state = nnx.split(model)
 
     @jax.jit
-    def margins(state, tokens, starts, targets):
+    def margins(state, tokens, starts, targets, keep_id):
         """tokens [B, L], starts [B] (first reply position), targets [B, W] (the reply,
-        padded with -1) -> margins [B, W], rivals [B, W]."""
+        padded with -1), keep_id [] -> margins [B, W], rivals [B, W], P(keep first) [B]."""
         net = nnx.merge(graphdef, state)
         before = starts[:, None] - 1 + jnp.arange(targets.shape[1])[None, :]      # [B, W]
         hidden = jnp.take_along_axis(net.hidden(tokens), before[..., None], axis=1)
@@ -77,7 +80,8 @@ def score_carries(model, carries: list[Carry], on_batch=None) -> list[Score]:
         right = jnp.take_along_axis(logits, jnp.maximum(targets, 0)[..., None], axis=-1)[..., 0]
         others = jnp.where(jax.nn.one_hot(targets, logits.shape[-1], dtype=bool), -jnp.inf,
                            logits)
-        return right - others.max(-1), others.argmax(-1)
+        keep = jax.nn.softmax(logits[:, 0], axis=-1)[:, keep_id]                    # [B]
+        return right - others.max(-1), others.argmax(-1), keep
 
     width = max(len(c.reply) for c in carries)
     length = -(-(max(len(c.prompt) for c in carries) + width) // 64) * 64
@@ -92,11 +96,13 @@ def score_carries(model, carries: list[Carry], on_batch=None) -> list[Score]:
             tokens[i, :len(row)] = row
             starts[i] = len(carry.prompt)
             targets[i, :len(carry.reply)] = carry.reply
-        margin, rival = (np.asarray(x) for x in margins(state, tokens, starts, targets))
+        margin, rival, keep = (np.asarray(x) for x in margins(
+            state, tokens, starts, targets, np.int32(keep_id or 0)))
         for i in range(len(batch)):
             m = np.where(targets[i] >= 0, margin[i], np.inf)
             j = int(m.argmin())
-            scores.append(Score(float(m[j]), j, int(rival[i, j])))
+            scores.append(Score(float(m[j]), j, int(rival[i, j]),
+                                None if keep_id is None else float(keep[i])))
         if on_batch:
             on_batch(len(batch))
     return scores
@@ -121,8 +127,11 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
           f"(seed {seed}), {config.chunk_tokens} tokens a turn, scored teacher-forced by {model}")
     if not carries:
         return []
+    keep_id = None
+    if "keep" in agent.config.gates:
+        keep_id, = agent.tokenizer("keep", add_special_tokens=False)["input_ids"]
     with progress_bar(total=len(carries), desc="scoring", unit="carry") as bar:
-        scores = score_carries(policy.model, carries, bar.update)
+        scores = score_carries(policy.model, carries, bar.update, keep_id)
     decode = agent.tokenizer.decode
     for index in range(num_samples):
         mine = [(c, s) for c, s in zip(carries, scores) if c.document == index]
@@ -141,4 +150,8 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
           f"{', '.join(map(str, rewritten)) or 'none'}; margin quantiles 0.1 % "
           f"{np.quantile(margins, 0.001):.2f}, 1 % {np.quantile(margins, 0.01):.2f}, "
           f"median {np.median(margins):.2f}")
+    if keep_id is not None:
+        keeps = np.array([s.keep for s in scores])
+        print(f"P(keep) as the first reply token: mean {keeps.mean():.3g}, median "
+              f"{np.median(keeps):.3g}, 10 % quantile {np.quantile(keeps, 0.1):.3g}")
     return list(zip(carries, scores))

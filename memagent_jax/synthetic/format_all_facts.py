@@ -17,6 +17,13 @@ update or final, is built from the oracle's choice of what to keep.
   sometimes (the `format` target's bias again); with them, a boxed guess teaches making one
   up. Whether a row answers depends on its document's facts alone, never on which is asked.
 
+Two settings make the rebuilt RL-only start (configs/synthetic/rl_only_rebuilt/):
+- `plugin.keep_share`: that share of update turns, drawn at random whatever the chunk holds,
+  reply the keep gate's single word and the memory goes on unchanged, so the gate is a reply
+  the start already gives and RL can choose where;
+- `plugin.final_reply: box`: the final reply is the boxed answer alone, restating no fact, so
+  no row writes the asked key's fact sentence more than any other.
+
 No memory of any row states a fact twice: a drawn line that states one (the decoder's spacing
 "v.", the task's "v .") is compared without spaces and gives way. The draw is a function of
 the example's source and row alone.
@@ -30,27 +37,38 @@ import numpy as np
 
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rollout.memagent import MemoryAgent, Trajectory
+from memagent_jax.rollout.templates import GATE_WORDS
 from memagent_jax.synthetic.format_rows import drawn_memories
 from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
 
+KEEP = GATE_WORDS[0]  # the keep gate's one-word reply
 
-def format_all_facts_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
+
+def format_all_facts_trajectory(agent: MemoryAgent, example: Example, keep_share: float = 0.0,
+                                final_reply: str = "restate") -> Trajectory:
     """The trajectory of `example` (module docstring), in `agent`'s tokens, chunks and prompts:
     one update turn a chunk, then the final turn where the memory can show every fact (else
-    none, and `answer` None). Raises UserError when the row records no facts."""
+    none, and `answer` None). keep_share: the chance that an update turn, drawn whatever its
+    chunk holds, replies the keep gate's word and carries the memory unchanged
+    (`drawn_memories`); final_reply: "restate" (the needed facts, then the boxed answer) or
+    "box" (the boxed answer alone, no fact restated). Raises UserError when the row records
+    no facts."""
     facts = facts_of(example)
-    sample, texts, memories, rng, budget, size = drawn_memories(agent, example)
-    replies = [memory_ids(agent, "\n".join(lines)) for lines in memories]
-    memory = final_memory(texts, memories[-1], [f["text"] for f in facts], budget, size, rng)
+    drawn = drawn_memories(agent, example, keep_share)
+    keep = agent.tokenizer(KEEP, add_special_tokens=False)["input_ids"]
+    replies = [keep if i in drawn.kept else memory_ids(agent, "\n".join(lines))
+               for i, lines in enumerate(drawn.memories)]
+    memory = final_memory(drawn.texts, drawn.memories[-1], [f["text"] for f in facts],
+                          drawn.budget, drawn.size, drawn.rng)
     if memory is None:
-        trajectory = loop_trajectory(agent, example, sample, replies)
+        trajectory = loop_trajectory(agent, example, drawn.sample, replies, kept=drawn.kept)
         trajectory.answer = None
         return trajectory
-    needed = [f["text"] for f in facts if f["needed"]]
+    needed = [f["text"] for f in facts if f["needed"]] if final_reply == "restate" else []
     answer = " ".join([*needed, f"\\boxed{{{example.ground_truths[0]}}}"])
     replies.append(agent.tokenizer(answer, add_special_tokens=False)["input_ids"])
-    return loop_trajectory(agent, example, sample, replies,
-                           final_memory=memory_ids(agent, "\n".join(memory)))
+    return loop_trajectory(agent, example, drawn.sample, replies,
+                           final_memory=memory_ids(agent, "\n".join(memory)), kept=drawn.kept)
 
 
 def final_memory(texts: list[str], drawn: list[str], facts: list[str], budget: int,

@@ -36,7 +36,7 @@ def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     """The format-only trajectory of `example` (module docstring), in `agent`'s tokens, chunks
     and prompts. Raises UserError when the row records no facts."""
     facts = facts_of(example)
-    sample, texts, memories, rng, budget, size = drawn_memories(agent, example)
+    sample, texts, memories, rng, budget, size, _ = drawn_memories(agent, example)
     needed = [f for f in oracle_memories(texts, facts)[-1].splitlines() if f]
     # A drawn line is in the decoder's spacing ("v."), a fact in the task's ("v ."): compared
     # without spaces, as oracle_memories compares them, so no fact is shown twice.
@@ -56,31 +56,41 @@ def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
 class DrawnMemories(NamedTuple):
     """A row's update-turn memories (`drawn_memories`): the sample as the agent reads it, its
     chunks as decoded text, the memory after each chunk (lines), the row's generator as the
-    draw left it, and the reply budget and line measure the draw used."""
+    draw left it, the reply budget and line measure the draw used, and the update turns that
+    reply `keep` (indexes; their memory is the one before them)."""
     sample: Sample
     texts: list[str]
     memories: list[list[str]]
     rng: np.random.Generator
     budget: int
     size: Callable[[list[str]], int]
+    kept: frozenset[int] = frozenset()
 
 
-def drawn_memories(agent: MemoryAgent, example: Example) -> DrawnMemories:
+def drawn_memories(agent: MemoryAgent, example: Example, keep_share: float = 0.0
+                   ) -> DrawnMemories:
     """The update-turn memories of `example`'s format-only trajectory (module docstring): each
     drawn from the previous one's lines and the chunk's whole sentences by a generator seeded
-    by the row's source and index alone."""
+    by the row's source and index alone. keep_share: the chance that an update turn, whatever
+    its chunk holds, keeps the memory as it was instead (drawn by a generator of its own, so
+    the other turns' draws are those of keep_share 0)."""
     tokenizer = agent.tokenizer
-    rng = np.random.default_rng((zlib.crc32(example.data_source.encode()), example.index))
+    source = zlib.crc32(example.data_source.encode())
+    rng = np.random.default_rng((source, example.index))
+    keeps = np.random.default_rng((source, example.index, 1)) if keep_share else None
     sample = agent.read(example.question, example.context, strict=False)
     texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
     budget = agent.config.max_memory_tokens - 1  # the end token is part of the reply
     size = lambda lines: len(tokenizer("\n".join(lines), add_special_tokens=False)["input_ids"])
-    memories, lines = [], []
+    memories, lines, kept = [], [], set()
     for i, text in enumerate(texts):
-        opens = i == 0 or texts[i - 1].rstrip().endswith(".")
-        lines = drawn_memory(lines + whole_sentences(text, opens), budget, size, rng)
+        if keeps is not None and keeps.random() < keep_share:
+            kept.add(i)
+        else:
+            opens = i == 0 or texts[i - 1].rstrip().endswith(".")
+            lines = drawn_memory(lines + whole_sentences(text, opens), budget, size, rng)
         memories.append(lines)
-    return DrawnMemories(sample, texts, memories, rng, budget, size)
+    return DrawnMemories(sample, texts, memories, rng, budget, size, frozenset(kept))
 
 
 def whole_sentences(text: str, opens: bool) -> list[str]:

@@ -43,23 +43,27 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
 
 
 def loop_trajectory(agent: MemoryAgent, example: Example, sample, replies: list[list[int]],
-                    final_memory: list[int] | None = None) -> Trajectory:
+                    final_memory: list[int] | None = None,
+                    kept: frozenset[int] = frozenset()) -> Trajectory:
     """`agent`'s own loop over `sample` with the given replies (ids; one per chunk, then the
     final answer), each ending with `end_token`: each update prompt built from the previous
-    reply, the final prompt from `final_memory` (None: the last update's reply)."""
+    reply, the final prompt from `final_memory` (None: the last update's reply). The update
+    turns in `kept` reply the keep gate's word: the memory after them is the one before, as
+    the agent carries it (`MemAgent.rollout`)."""
     tokenizer, prompts, end = agent.tokenizer, agent.prompts, end_token(agent)
     trajectory = Trajectory(example.question)
     workflow = memory_turns(sample.chunks, prompts.initial_memory)
     memory = None
-    for reply in replies:
+    for i, reply in enumerate(replies):
         kind, previous, chunk = workflow.send(memory)
         prompt = (prompts.update(sample.problem_ids, previous, chunk) if kind == "update"
                   else prompts.final(sample.problem_ids,
                                      previous if final_memory is None else final_memory))
         text = tokenizer.decode(reply)
+        memory = previous if i in kept else reply
+        held = tokenizer.decode(memory) if i in kept else text
         trajectory.turns.append(Turn(kind, prompt, [*reply, end], [0.0] * (len(reply) + 1),
-                                     "stop", text, text if kind == "update" else None))
-        memory = reply
+                                     "stop", text, held if kind == "update" else None))
     trajectory.answer = example.ground_truths[0]
     return trajectory
 

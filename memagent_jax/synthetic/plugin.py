@@ -38,6 +38,11 @@ class PluginSection:
     SECTION: ClassVar[str] = "plugin"
     # What a drawn row trains on (module docstring).
     target: Literal["oracle", "format", "format_all_facts"] = "oracle"
+    # format_all_facts only (format_all_facts.py): the share of update turns, drawn at random,
+    # that reply `keep` (memagent.keep_gate on); the final reply restating the needed facts
+    # before the box, or the box alone.
+    keep_share: float = 0.0
+    final_reply: Literal["restate", "box"] = "restate"
     copy_rows: int = 0          # rows repeating a random span of words (`rows.copy_trajectories`)
     copy_span: int = 24         # a copied span's longest length, in words
     copy_span_min: int = 1      # a copied span's shortest length
@@ -67,14 +72,19 @@ class PluginSection:
         if self.carry_cut and not self.carry_rows:
             raise ConfigError("plugin.carry_cut", "cuts the carry rows' chunks: set "
                                                   "plugin.carry_rows too")
+        if not 0 <= self.keep_share < 1:
+            raise ConfigError("plugin.keep_share", f"must be in [0, 1), got {self.keep_share}")
+        for key, default in (("keep_share", 0.0), ("final_reply", "restate")):
+            if getattr(self, key) != default and self.target != "format_all_facts":
+                raise ConfigError(f"plugin.{key}", "sets the format_all_facts target's rows: "
+                                                   "set plugin.target: format_all_facts")
         for key, default in (("carry_from", "oracle"), ("start_task", "any")):
             if getattr(self, key) != default and not self.carry_starts:
                 raise ConfigError(f"plugin.{key}", "sets how carry starts begin: set "
                                                    "plugin.carry_starts too")
 
 
-_TARGETS = {"oracle": oracle_trajectory, "format": format_trajectory,
-            "format_all_facts": format_all_facts_trajectory}
+_TARGETS = {"oracle": oracle_trajectory, "format": format_trajectory}
 
 
 class SyntheticPlugin:
@@ -87,7 +97,10 @@ class SyntheticPlugin:
         self._read: dict[tuple, list[str] | None] = {}   # `_chunk_texts`'s, by example
 
     def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
-        return _TARGETS[self.section.target](agent, example)
+        s = self.section
+        if s.target == "format_all_facts":
+            return format_all_facts_trajectory(agent, example, s.keep_share, s.final_reply)
+        return _TARGETS[s.target](agent, example)
 
     def extra_trajectories(self, step: StepContext) -> list[Trajectory]:
         s, agent, seed = self.section, step.agent, step.seed
@@ -156,6 +169,9 @@ def build(settings: dict, config) -> SyntheticPlugin:
     if section.target != "oracle" and loss != "sft":
         raise ConfigError("plugin.target", "names what a supervised step trains on "
                                            "(learner.loss: sft)")
+    if section.keep_share and not config.memagent.keep_gate:
+        raise ConfigError("plugin.keep_share", "rows that reply keep need the gate: set "
+                                               "memagent.keep_gate: true")
     if section.carry_starts and loss != "dapo":
         raise ConfigError("plugin.carry_starts", "carry starts are rollouts, and a supervised "
                                                  "step samples none; use plugin.carry_rows")

@@ -52,7 +52,8 @@ def test_margins_are_transformers_logit_margins(shipped):
     policy, agent = shipped
     carries = [c for i in range(2)
                for c in carry_turns(agent, synthetic.make_sample("multikey", 4096, 9, i), i)]
-    scores = score_carries(policy.model, carries)
+    keep_id = agent.tokenizer("code", add_special_tokens=False)["input_ids"][0]  # any word
+    scores = score_carries(policy.model, carries, keep_id=keep_id)
     reference = AutoModelForCausalLM.from_pretrained(model_dir.resolve(NAME), dtype="float32")
     top = 0.0
     for carry, score in zip(carries, scores):
@@ -68,6 +69,8 @@ def test_margins_are_transformers_logit_margins(shipped):
         assert abs(score.margin - margins.min()) <= 4e-5 * max(1.0, top)
         assert score.position == margins.argmin()
         assert score.rival == others[score.position].argmax()
+        first = np.exp(rows[0] - rows[0].max())
+        assert abs(score.keep - first[keep_id] / first.sum()) <= 1e-5
     assert len(scores) == len(carries) > 10
 
 

@@ -7,19 +7,23 @@ every fact of the document alike."""
 import dataclasses
 import hashlib
 import json
+import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from memagent_jax.data.pipeline import Example
+from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rollout.engine_api import EngineConfig
 from memagent_jax.rollout.factory import build_agent
+from memagent_jax.rollout.runner import replay
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.format_all_facts import final_memory, format_all_facts_trajectory
 from memagent_jax.synthetic.format_rows import drawn_memory, format_trajectory, whole_sentences
 from memagent_jax.synthetic.oracle import oracle_trajectory
-from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin
+from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin, build
 from tests.builders import SFT_BUDGETS
 
 
@@ -294,3 +298,66 @@ def test_a_row_answers_only_where_its_memory_can_show_every_fact(agent, sft_mode
     assert final_memory(["x the code of a b . y"], ["x y ."], facts, 12, size, rng) is None
     assert final_memory(["the code of a b . the code of c d ."], [], facts, 11, size, rng) \
         is None
+
+
+# ---- the rebuilt start's rows: keep replies, a final reply that boxes the answer alone
+
+@pytest.fixture(scope="module")
+def gated(sft_model, agent):
+    """`agent` with the keep gate on (its update prompts name the gate)."""
+    return build_agent(sft_model, agent.tokenizer,
+                       dataclasses.replace(SFT_BUDGETS, keep_gate=True),
+                       EngineConfig(slots=4), None, agent.stop_ids)
+
+
+def test_keep_rows_reply_keep_at_random_and_carry_the_memory_as_the_agent_does(gated, drawn):
+    """With keep_share 0.25 about a quarter of the update turns reply `keep`, whatever their
+    chunk holds (chunks with a fact among them); each row is the agent's own loop given those
+    replies (`replay`: a kept turn's next prompt holds the memory before it); the turns before
+    the first keep are drawn as without keeps."""
+    keep = gated.tokenizer("keep", add_special_tokens=False)["input_ids"]
+    turns = kept_turns = kept_with_fact = 0
+    for example, texts, _ in drawn:
+        trajectory = format_all_facts_trajectory(gated, example, keep_share=0.25)
+        plain = format_all_facts_trajectory(gated, example)
+        updates = [t for t in trajectory.turns if t.kind == "update"]
+        kept = [i for i, t in enumerate(updates) if t.response_ids[:-1] == keep]
+        turns, kept_turns = turns + len(updates), kept_turns + len(kept)
+        facts = ["".join(f["text"].split()) for f in example.extra_info["facts"]]
+        kept_with_fact += sum(any(f in "".join(texts[i].split()) for f in facts) for i in kept)
+        replies = [t.response_ids for t in trajectory.turns]
+        replayed = replay(gated, example, lambda k, _: replies[k], gated.tokenizer,
+                          gated.stop_ids)
+        assert [t.prompt_ids for t in replayed.turns[:len(updates)]] == \
+            [t.prompt_ids for t in updates]
+        assert [t.memory for t in replayed.turns[:len(updates)]] == \
+            [t.memory for t in updates]
+        first = kept[0] if kept else len(replies)
+        assert replies[:first] == [t.response_ids for t in plain.turns[:first]]
+    assert 0.15 < kept_turns / turns < 0.35 and kept_with_fact > 0, (kept_turns, turns)
+
+
+def test_a_box_final_reply_restates_no_fact(gated, drawn):
+    for example, _, _ in drawn[:20]:
+        trajectory = format_all_facts_trajectory(gated, example, final_reply="box")
+        if trajectory.answer is None:
+            continue
+        final = trajectory.turns[-1]
+        assert final.reply.replace(" ", "") == f"\\boxed{{{example.ground_truths[0]}}}"
+        assert strict_reward(final.reply, list(example.ground_truths)) == 1.0
+        restated = format_all_facts_trajectory(gated, example).turns[-1]
+        assert final.prompt_ids == restated.prompt_ids  # the same memory to answer from
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"keep_share": 0.25}, "plugin.target: format_all_facts"),
+    ({"final_reply": "box"}, "plugin.target: format_all_facts"),
+    ({"target": "format_all_facts", "keep_share": 1.0}, "must be in [0, 1)"),
+    ({"target": "format_all_facts", "keep_share": 0.25}, "memagent.keep_gate: true"),
+])
+def test_the_rebuilt_starts_settings_are_checked(settings, message):
+    train = SimpleNamespace(learner=SimpleNamespace(loss="sft"), memagent=SFT_BUDGETS,
+                            prompts_per_step=8, rollout=SimpleNamespace(
+                                temperature=1.0, top_p=1.0, top_k=0))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        build(settings, train)
