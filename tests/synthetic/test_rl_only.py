@@ -1,7 +1,7 @@
-"""The RL-only ladder's committed results (docs/synthetic.md, "RL from an outcome reward
-alone"): its start and end, and the honest ladder's start, as Hugging Face exports that
-`transformers` loads with our logits, recording the budgets its test config reads them with;
-and the test table README.md and docs/synthetic.md quote, recomputed from the committed
+"""The RL-only ladder's committed results (docs/synthetic.md, "RL on the outcome reward from a
+format-only start"): its start and end, and the honest ladder's start, as Hugging Face exports
+that `transformers` loads with our logits, recording the budgets its test config reads them
+with; and the test table README.md and docs/synthetic.md quote, recomputed from the committed
 per-document answers."""
 
 import dataclasses
