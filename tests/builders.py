@@ -128,10 +128,17 @@ def length_mask(lengths, t, s):
 EOS = 2
 
 
+def scripted_logprob(token: int, position: int) -> float:
+    """The log-probability `ScriptedEngine` gives `token` at `position` of its reply: distinct
+    from one position to the next, so a log-prob one place off in a row shows."""
+    return -0.125 * (1 + position % 8) - 0.015625 * (token % 4)
+
+
 class ScriptedEngine(DecodeEngine):
     """The engine interface with a deterministic function in place of the LLM (it takes no
     parameters): the reply to an update prompt is the first two words of its section, repeated
-    `repeat` times, then EOS; to the final prompt, "the" and EOS."""
+    `repeat` times, then EOS; to the final prompt, "the" and EOS. Token k of a reply has
+    log-probability `scripted_logprob(token, k)`."""
 
     def __init__(self, tokenizer, max_len=4096, slots=2, repeat=1):
         self.tokenizer, self.repeat = tokenizer, repeat
@@ -160,12 +167,20 @@ class ScriptedEngine(DecodeEngine):
         return self.tokenizer(" ".join(words[:2] * self.repeat))["input_ids"] + [EOS]
 
     def insert(self, script, state, slot, sampling, sample_index=0):
-        state[slot] = list(script)
-        return state, state[slot].pop(0), -1.0
+        state[slot] = [list(script), 0]  # the tokens left, the next one's position
+        return state, *self._next(state[slot])
 
     def generate(self, params, state, length, filled=None):
-        tokens = [s.pop(0) if s else EOS for s in state]
-        return state, np.array(tokens), np.full(len(state), -1.0)
+        tokens, logprobs = zip(*(self._next(s) for s in state))
+        return state, np.array(tokens), np.array(logprobs, np.float32)
+
+    @staticmethod
+    def _next(slot) -> tuple[int, float]:
+        """A slot's next token and its log-prob (a free slot's: EOS)."""
+        if slot is None or not slot[0]:
+            return EOS, 0.0
+        token, slot[1] = slot[0].pop(0), slot[1] + 1
+        return token, scripted_logprob(token, slot[1] - 1)
 
 
 class Scripted:

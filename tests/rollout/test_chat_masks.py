@@ -55,13 +55,14 @@ def _call_ids(tokenizer):
     return tokenizer(CALL, add_special_tokens=False)["input_ids"] + [end]
 
 
-def _rollout(tokenizer, answer_ids, max_tokens=64, max_turns=2):
-    """One rollout of the tool agent: the first reply calls weather, the next `answer_ids`."""
+def _rollout(tokenizer, answer_ids, max_tokens=64, max_turns=2, calls=1):
+    """One rollout of the tool agent: the first `calls` replies call weather, the next
+    `answer_ids`."""
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     call_ids = _call_ids(tokenizer)
 
     def reply(prompt: str):
-        return answer_ids if "<tool_response>" in prompt else call_ids
+        return answer_ids if prompt.count("<tool_response>") >= calls else call_ids
 
     agent = build_tool_agent({"tools": [f"{__name__}:weather"], "max_tokens": max_tokens,
                               "max_turns": max_turns, "max_length": 1024}, None)
@@ -128,4 +129,38 @@ def test_generated_ids_are_trained_where_the_text_would_tokenize_otherwise(token
     oracle_ids, oracle_mask = _oracle(tokenizer, turn)
     assert ids != oracle_ids and tokenizer.decode(ids) == tokenizer.decode(oracle_ids)
     assert [t for t, m in zip(oracle_ids, oracle_mask) if m] == call_ids + canonical + [end]
+    assert trajectory.answer == "3"
+
+
+def test_four_calls_are_one_row_each_reply_trained_with_its_own_logprobs(tokenizer):
+    """Three tool calls, then the answer: each call continues the latest call its messages
+    extend (the first would match too), so the conversation is one row, the original
+    template's tokens and mask; each reply's generated ids carry their own behaviour log-probs
+    at their own positions (0 on the tool tokens); its tokens and replies are counted on the
+    mask."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    answer = tokenizer(ANSWER, add_special_tokens=False)["input_ids"] + [end]
+    trajectory, call_ids = _rollout(tokenizer, answer, max_turns=3, calls=3)
+    assert len(trajectory.turns) == 1
+    (turn,) = trajectory.turns
+    assert [m["role"] for m in turn.messages] == ["system", "user"] + ["assistant", "tool"] * 3 \
+        + ["assistant"]
+    ids, mask = _ours(turn)
+    assert (ids, mask) == _oracle(tokenizer, turn)
+    replies = [m.reply for m in turn.messages if m["role"] == "assistant"]
+    generated = [t for r in replies for t in r.token_ids]
+    assert [r.token_ids for r in replies] == [call_ids] * 3 + [answer]
+    assert [t for t, m in zip(ids, mask) if m] == generated
+    behaviour = [p for r in replies for p in r.logprobs]
+    assert len(set(behaviour)) > 1  # the scripted engine's differ: a shift would show
+    assert [p for p, m in zip(turn.response_logprobs, mask[len(turn.prompt_ids):]) if m] \
+        == behaviour
+    assert not any(p for p, m in zip(turn.response_logprobs, turn.response_mask) if not m)
+    assert turn.replies() == [(len(call_ids), 64)] * 3 + [(len(answer), 64)]
+    assert turn.generated_tokens == len(generated) < len(turn.response_ids)
+    assert trajectory.record()["turns"][0]["response_tokens"] == len(generated)
+    rows = rows_from_trajectories([trajectory], [1.0])
+    p = len(turn.prompt_ids)
+    np.testing.assert_array_equal(rows.rollout_logprobs[0, p:p + len(turn.response_ids)],
+                                  np.asarray(turn.response_logprobs, np.float32))
     assert trajectory.answer == "3"

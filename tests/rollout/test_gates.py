@@ -5,6 +5,7 @@ records and traces."""
 
 import asyncio
 import collections
+import dataclasses
 import re
 import types
 
@@ -109,15 +110,15 @@ def test_keep_carries_the_memory_and_exit_answers_from_it_on_the_engine(tokenize
 
 
 class _TextPolicy:
-    """A server's policy (takes text): SCRIPT's replies, recording the messages."""
+    """A server's policy (takes text): the script's replies, recording the messages."""
     takes_ids, calls = False, []
 
-    def __init__(self):
-        self.messages = []
+    def __init__(self, script=SCRIPT):
+        self.script, self.messages = script, []
 
     async def chat(self, messages, max_tokens, **kwargs):
         self.messages.append(messages[-1]["content"])
-        text = SCRIPT[len(self.messages) - 1]
+        text = self.script[len(self.messages) - 1]
         return Reply(text, "stop")
 
 
@@ -128,6 +129,26 @@ def test_the_gates_act_the_same_against_a_server(tokenizer):
     assert [_memory_of(m) for m in policy.messages] == [_bare(INITIAL_MEMORY)] + [
         _bare(SCRIPT[0])] * 3
     assert rollout.metrics == {"chunks_read": 3.0, "keeps": 1.0, "exits": 1.0}
+
+
+def test_every_keep_and_exit_is_counted(tokenizer):
+    script = [SCRIPT[0], "keep", "keep", "exit", SCRIPT[-1]]
+    agent, policy = MemAgent(GATED, tokenizer, (EOS,)), _TextPolicy(script)
+    rollout = asyncio.run(agent.rollout(agent.read(QUESTION, DOCUMENT), policy))
+    assert rollout.metrics == {"chunks_read": 4.0, "keeps": 2.0, "exits": 1.0}
+
+
+def test_a_gate_that_is_off_is_a_memory_like_any_other(tokenizer):
+    """Only the keep gate on: a reply "exit" is the new memory, and reading goes on."""
+    keep_only = dataclasses.replace(GATED, exit_gate=False)
+    script = ["exit", "keep", SCRIPT[0], "keep", "keep", "keep", SCRIPT[-1]]
+    agent, policy = MemAgent(keep_only, tokenizer, (EOS,)), _TextPolicy(script)
+    assert agent.gate("exit") is None and agent.gate("keep") == "keep"
+    rollout = asyncio.run(agent.rollout(agent.read(QUESTION, DOCUMENT), policy))
+    assert [c.kind for c in rollout.conversations] == ["update"] * 6 + ["final"]
+    assert [_memory_of(m) for m in policy.messages] == [_bare(INITIAL_MEMORY)] + ["exit"] * 2 \
+        + [_bare(SCRIPT[0])] * 4
+    assert rollout.metrics == {"chunks_read": 6.0, "keeps": 4.0}
 
 
 def test_an_eval_records_the_chunks_read_and_the_gates(tokenizer):

@@ -11,6 +11,7 @@ import pytest
 
 from memagent_jax.cli import main
 from memagent_jax.errors import UserError
+from memagent_jax.rollout.runner import call_seed
 from memagent_jax.rollout.templates import final_prompt, update_prompt
 from tests.hf_reference import write_tiny_model
 
@@ -112,6 +113,18 @@ def test_url_mode_sends_exactly_the_expected_prompts(model_dir, doc, capsys, mon
     assert (first["body"]["temperature"], first["body"]["top_p"]) == (0.7, 0.95)
     assert server.requests[-1]["body"]["max_tokens"] == 16
     assert capsys.readouterr().out.strip().splitlines()[-1] == "Paris"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 81: run --url sends no seed; the server road "
+                   "is to seed every call as the engine's runner does (runner.call_seed)")
+def test_url_mode_seeds_every_call_as_the_engine_does(model_dir, doc):
+    server = _ChatServer()
+    try:
+        assert _run_url(server, model_dir, doc, "--seed", "3") == 0
+    finally:
+        server.close()
+    assert [r["body"].get("seed") for r in server.requests] == [
+        call_seed(3, 0, 0, k)[0] for k in range(len(server.requests))]
 
 
 THOUGHT = "<think>\nmemory {0}? no, </think> not yet</think>\n\nmemory {0}\n"

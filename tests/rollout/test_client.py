@@ -1,0 +1,78 @@
+"""The server's policy handle (rollout/client.py): what each chat call of an agent asks an
+OpenAI-compatible server, its request read where urlopen would send it."""
+
+import io
+import json
+import types
+import urllib.request
+
+import pytest
+
+from memagent_jax.rollout.client import Server, run_on_server
+
+SERVER = Server("http://127.0.0.1:1/v1", "m")
+
+
+class _Answers:
+    """urlopen in place of the network: records each request's body, answers "the river"."""
+
+    def __init__(self):
+        self.bodies = []
+
+    def __call__(self, request, timeout):
+        self.bodies.append(json.loads(request.data))
+        return io.BytesIO(json.dumps({"choices": [{"message": {"content": "the river"},
+                                                   "finish_reason": "stop"}]}).encode())
+
+
+@pytest.fixture
+def answers(monkeypatch):
+    answers = _Answers()
+    monkeypatch.setattr(urllib.request, "urlopen", answers)
+    return answers
+
+
+def _agent(rollout):
+    return types.SimpleNamespace(rollout=rollout, name="test")
+
+
+ROW = types.SimpleNamespace(question="where is the mill ?")
+
+
+async def _three_calls(row, policy):
+    messages = [{"role": "user", "content": row.question}]
+    for _ in range(3):
+        reply = await policy.chat(messages, max_tokens=4)
+        messages += [reply.message, {"role": "user", "content": "and then ?"}]
+    return [messages[:-1]]
+
+
+def test_each_call_of_a_seeded_rollout_asks_a_seed_of_its_own(answers):
+    """A rollout's calls are sampled apart (one seed for all would draw alike where their
+    prompts agree), the same on a rerun; a rollout without a seed sends none."""
+    run_on_server(SERVER, _agent(_three_calls), [ROW], [[5]])
+    seeds = [b.get("seed") for b in answers.bodies]
+    assert len(seeds) == 3 and None not in seeds and len(set(seeds)) == 3
+    answers.bodies.clear()
+    run_on_server(SERVER, _agent(_three_calls), [ROW], [[5]])
+    assert [b.get("seed") for b in answers.bodies] == seeds
+    answers.bodies.clear()
+    run_on_server(SERVER, _agent(_three_calls), [ROW], [[None]])
+    assert len(answers.bodies) == 3 and not any("seed" in b for b in answers.bodies)
+
+
+def test_tools_are_openais_field_and_other_template_variables_chat_template_kwargs(answers):
+    tools = [{"type": "function", "function": {
+        "name": "weather", "description": "The temperature in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]
+
+    async def with_tools(row, policy):
+        reply = await policy.chat([{"role": "user", "content": row.question}], max_tokens=4,
+                                  tools=tools, enable_thinking=False)
+        return [[reply.message]]
+
+    run_on_server(SERVER, _agent(with_tools), [ROW], [[None]])
+    (body,) = answers.bodies
+    assert (body.get("tools"), body.get("chat_template_kwargs")) == (
+        tools, {"enable_thinking": False})
