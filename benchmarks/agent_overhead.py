@@ -37,13 +37,13 @@ import numpy as np  # noqa: E402
 from machine import cpu_model_name  # noqa: E402  beside this script
 from memory_loop import Timed, documents  # noqa: E402
 
+from memagent_jax.agents.memagent.agent import build_agent  # noqa: E402
+from memagent_jax.agents.memagent.config import MemAgentConfig  # noqa: E402
+from memagent_jax.engine.engine_api import EngineConfig  # noqa: E402
+from memagent_jax.engine.sampling import SamplingParams  # noqa: E402
+from memagent_jax.engine.scheduler import Scheduler  # noqa: E402
 from memagent_jax.models.loading import load_model  # noqa: E402
 from memagent_jax.models.qwen import split_params  # noqa: E402
-from memagent_jax.rollout.engine_api import EngineConfig  # noqa: E402
-from memagent_jax.rollout.factory import build_agent  # noqa: E402
-from memagent_jax.rollout.memagent import MemAgentConfig  # noqa: E402
-from memagent_jax.rollout.sampling import SamplingParams  # noqa: E402
-from memagent_jax.rollout.scheduler import Scheduler  # noqa: E402
 from memagent_jax.tokenizer import load_tokenizer  # noqa: E402
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer  # noqa: E402
 from tests.reference_memory_loop import reference_run  # noqa: E402

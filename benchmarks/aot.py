@@ -64,13 +64,13 @@ def main() -> None:
 
     import jax
 
+    from memagent_jax.engine.engine import Engine
     from memagent_jax.models.loading import abstract_params, build_model
     from memagent_jax.models.qwen import split_params
     from memagent_jax.models.sharding import make_mesh
     from memagent_jax.rl.batching import default_bucket_lengths
     from memagent_jax.rl.config import load_train_config
     from memagent_jax.rl.learner import Learner
-    from memagent_jax.rollout.engine import Engine
 
     config = load_train_config(args.config, args.overrides)
     if args.topology:

@@ -166,11 +166,11 @@ def bench_ours(model, prompts: np.ndarray, new_tokens: int, max_len: int, repeat
                decode_steps: int, bandwidth: DeviceBandwidth) -> dict:
     """End-to-end and decode-only timings; the bandwidth is probed right before and after each
     decode-only run, and the probes around the fastest one are returned with it."""
+    from memagent_jax.engine.engine import Engine
+    from memagent_jax.engine.engine_api import EngineConfig
+    from memagent_jax.engine.sampling import SamplingParams
+    from memagent_jax.engine.scheduler import Request, complete
     from memagent_jax.models.qwen import split_params
-    from memagent_jax.rollout.engine import Engine
-    from memagent_jax.rollout.engine_api import EngineConfig
-    from memagent_jax.rollout.sampling import SamplingParams
-    from memagent_jax.rollout.scheduler import Request, complete
 
     batch, prompt_len = prompts.shape
     engine = Engine(model, EngineConfig(slots=batch, max_len=max_len,

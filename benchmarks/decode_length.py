@@ -31,12 +31,12 @@ import numpy as np
 from decode import GB, DeviceBandwidth, best_time
 from machine import cpu_model_name  # beside this script
 
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.models.loading import load_model, random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.sampling import SamplingParams
 
 
 def model_for(name: str, dtype: str = "float32"):

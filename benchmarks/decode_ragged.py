@@ -39,9 +39,9 @@ from decode_length import model_for
 from flax import nnx
 from machine import cpu_model_name  # beside this script
 
+from memagent_jax.engine.engine import RAGGED_BELOW, RAGGED_READS
+from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.models.qwen import KVCache, split_params
-from memagent_jax.rollout.engine import RAGGED_BELOW, RAGGED_READS
-from memagent_jax.rollout.engine_api import EngineConfig
 
 
 def step_time(model, params, lengths: list[int], cache_length: int, read_cache, steps: int,

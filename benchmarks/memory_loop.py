@@ -52,14 +52,15 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from machine import cpu_model_name  # noqa: E402  beside this script
 
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, build_agent
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.agents.memagent.reading import read_sample
+from memagent_jax.agents.memagent.templates import TokenPrompts
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent, read_sample
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 

@@ -273,7 +273,7 @@ def split_rows(rows: int, a: dict[str, int]) -> int:
 def prefill_calls(s: Setup, prompts: np.ndarray) -> list[tuple[int, int, int]]:
     """The prefill calls of one turn's prompts [P], in order, prefill_rows a call (the
     scheduler prefills whole calls, the prompts waiting next ahead of their slots,
-    rollout/scheduler.py): (prompts, rows compiled, bucket), the bucket the longest prompt's,
+    engine/scheduler.py): (prompts, rows compiled, bucket), the bucket the longest prompt's,
     the rows the next compiled count."""
     rows, buckets = s.config.engine.prefill_rows, np.array(s.buckets)
     counts = s.config.engine.row_counts()

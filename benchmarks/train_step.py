@@ -61,7 +61,7 @@ from memagent_jax.rl import batching
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.memagent import Trajectory, Turn
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 
 # configs/train/qwen2.5-7b_gpu8.yaml's learner plan (--memagent divides it by --scale).
 GPU8_BUCKETS = (1024, 2048, 4096, 6144, 8448)

@@ -17,6 +17,7 @@ import sys
 
 import memagent_jax
 from memagent_jax.data import command as data_command
+from memagent_jax.engine import command as engine_command
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval import command as eval_command
 from memagent_jax.lookup import command as lookup_command
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True)
     models_command.add_parsers(sub)
+    engine_command.add_parsers(sub)
     rollout_command.add_parsers(sub)
     synthetic_command.add_parsers(sub)
     serve_command.add_parsers(sub)

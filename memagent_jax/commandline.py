@@ -34,8 +34,8 @@ def add_command(sub, name: str, **kwargs) -> argparse.ArgumentParser:
 
 def add_model_flags(p: argparse.ArgumentParser,
                     tokenizer_help: str = "tokenizer directory (default: the model's)") -> None:
-    """The `model` section's flags besides --model (see rollout.factory.ModelSection; a
-    command builds the section with rollout.command.model_section)."""
+    """The `model` section's flags besides --model (see engine.factory.ModelSection; a
+    command builds the section with engine.command.model_section)."""
     p.add_argument("--tokenizer", metavar="DIR", help=tokenizer_help)
     p.add_argument("--dtype", choices=("float32", "bfloat16"),
                    help="the weights' and compute dtype (default: float32 on CPU, bfloat16 "

@@ -9,13 +9,14 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.engine.engine_api import DecodeEngine, EngineConfig
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.eval.methods import Answer
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.engine_api import DecodeEngine, EngineConfig
-from memagent_jax.rollout.memagent import MemAgentConfig, Trajectory, Turn
 from memagent_jax.runconfig import load_config
 
 # ---- HotpotQA: data, eval and serve tests

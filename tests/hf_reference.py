@@ -96,7 +96,11 @@ def write_tiny_tokenizer(path, thinking: bool = False) -> list[str]:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from memagent_jax.rollout.templates import FINAL_TEMPLATE, INITIAL_MEMORY, UPDATE_TEMPLATE
+    from memagent_jax.agents.memagent.templates import (
+        FINAL_TEMPLATE,
+        INITIAL_MEMORY,
+        UPDATE_TEMPLATE,
+    )
 
     words = ["<pad>", "<s>", "</s>", "hello", "world", "[UNK]", "the", "answer", "is", "memory"]
     split = pre_tokenizers.Whitespace().pre_tokenize_str

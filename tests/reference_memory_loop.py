@@ -9,11 +9,12 @@ from __future__ import annotations
 import dataclasses
 import zlib
 
+from memagent_jax.agents.memagent.agent import MemAgent, memory_turns
+from memagent_jax.agents.memagent.reading import Sample
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Completion, Request, Scheduler
 from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.memagent import MemAgent, Sample, memory_turns
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
 
 
 def reference_run(agent: MemAgent, scheduler: Scheduler, params, samples: list[Sample],

@@ -75,7 +75,11 @@ def vocabulary(task_words: list[str] | None = None) -> list[str]:
     word the templates and the answer format use, then a task's words (default: this needle
     task's), in a fixed order. `}.` is the final prompt's `\\boxed{}.`: id 3, where the
     word-level tokenizer `memagent-tiny` was trained with read it, as [UNK]."""
-    from memagent_jax.rollout.templates import FINAL_TEMPLATE, INITIAL_MEMORY, UPDATE_TEMPLATE
+    from memagent_jax.agents.memagent.templates import (
+        FINAL_TEMPLATE,
+        INITIAL_MEMORY,
+        UPDATE_TEMPLATE,
+    )
 
     words = ["<pad>", "<s>", "</s>", "}.", *ROLES]
     text = " ".join([UPDATE_TEMPLATE, FINAL_TEMPLATE, INITIAL_MEMORY, "\\boxed{}",

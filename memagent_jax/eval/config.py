@@ -1,7 +1,7 @@
 """The schema of `memagent-jax eval --config FILE [key=value ...]`, read by `runconfig`.
 
 Sections and what they change:
-- model: which weights (`rollout.factory.ModelSection`, shared with train); `name` labels the row
+- model: which weights (`engine.factory.ModelSection`, shared with train); `name` labels the row
   of the results table. `url`: run the memory agent's turns on an OpenAI-compatible server
   instead (`memagent-jax serve`, vLLM; key in env MEMAGENT_API_KEY, else
   API_KEY), as `run --url` does; `path` is
@@ -27,11 +27,11 @@ import dataclasses
 import os
 from typing import Any, ClassVar, Literal
 
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.factory import ModelSection
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.agent_api import load_agent
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import ModelSection
-from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.runconfig import at_least, probability
 
 

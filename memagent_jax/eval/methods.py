@@ -1,6 +1,6 @@
 """The ways an eval answers a question, on the local engine.
 
-- MemAgentMethod: the memory agent (`rollout.memagent.MemoryAgent`): chunk by chunk, then an
+- MemAgentMethod: the memory agent (`agents.memagent.agent.MemoryAgent`): chunk by chunk, then an
   answer from the memory; n trajectories per question share the first prefill.
 - FullContextMethod: the baseline of the paper's table: the whole context in one prompt (the
   original's "boxed" template), centre-truncated to the model window (first half + last half
@@ -26,20 +26,16 @@ from typing import Callable
 
 import jax
 
+from memagent_jax.agents.memagent.agent import build_agent
+from memagent_jax.engine.factory import Policy, build_engine, load_policy
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig
 from memagent_jax.models.sharding import job_mesh
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.factory import (
-    Policy,
-    build_agent,
-    build_engine,
-    build_runner,
-    load_policy,
-)
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, complete
-from memagent_jax.rollout.templates import chat_prompt_ids
+from memagent_jax.rollout.chat import chat_prompt_ids
+from memagent_jax.rollout.runner import build_runner
 
 # The original's full-context prompt (MemAgent taskutils/memory_eval/utils/boxed.py).
 FULL_CONTEXT_TEMPLATE = """Please read the following text and answer the question below.
@@ -82,7 +78,8 @@ class MemAgentMethod:
         self.agent, self.params = None, None
 
     def check(self, where: str, row: int, record: dict) -> None:
-        # What the agent's strict read (rollout.memagent.read_sample) refuses, before any work
+        # What the agent's strict read (agents.memagent.reading.read_sample) refuses, before
+        # any work
         if not record["input"].strip():
             raise UserError(f"{where}: row {row}: the question is empty")
         if not record.get("context", "").strip():

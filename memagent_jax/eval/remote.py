@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from typing import Callable
 
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone
 from memagent_jax.eval.servers import server_of, server_seeds
 from memagent_jax.rollout.client import run_on_server
-from memagent_jax.rollout.memagent import MemAgent
 
 
 class ServerMemAgentMethod(MemAgentMethod):

@@ -128,8 +128,8 @@ def _check_weights_fit(config, args, max_shard_bytes: int) -> None:
 
     import jax
 
+    from memagent_jax.engine.sizing import check_fits
     from memagent_jax.models.loading import abstract_params
-    from memagent_jax.rollout.sizing import check_fits
     weights = [math.prod(a.shape) for a in jax.tree.leaves(abstract_params(config))]
     size = sum(weights) * jax.numpy.dtype(config.dtype).itemsize
     count = sum(weights)

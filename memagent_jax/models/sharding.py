@@ -14,7 +14,7 @@ Two layouts share the one mesh:
   engine's slots, KV cache and prefill rows over data x fsdp. A decode step computes one token
   a slot: gathering an fsdp-split weight there would move most of the weights over the
   interconnect every step, where reading a replica costs one HBM read. The engine reshards
-  the learner's weights into it at each rollout (`rollout.engine.Engine.place`).
+  the learner's weights into it at each rollout (`engine.engine.Engine.place`).
 """
 
 from __future__ import annotations

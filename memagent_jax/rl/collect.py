@@ -23,10 +23,10 @@ from typing import Any, Callable
 import numpy as np
 
 from memagent_jax.data.pipeline import Example, take
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl import dapo
 from memagent_jax.rl.scoring import Rewarder
 from memagent_jax.rollout.agent_api import Trajectory
-from memagent_jax.rollout.sampling import SamplingParams
 
 
 @dataclasses.dataclass

@@ -3,7 +3,7 @@
 Sections, each a dataclass read by `runconfig.load_config` (unknown keys and wrong types are
 errors naming the key), each checking its own values as it is built:
     model       which weights: an HF/checkpoint directory, or a preset with random weights
-                (`rollout.factory.ModelSection`, shared with eval)
+                (`engine.factory.ModelSection`, shared with eval)
     mesh        device mesh axis sizes (data, fsdp, tensor; -1 takes the remaining devices)
     agent       the agent a step rolls out: its module and its own keys (rollout/agent_api.py;
                 none: MemAgent)
@@ -37,6 +37,10 @@ import math
 import os
 from typing import Any, ClassVar, Literal
 
+from memagent_jax.agents.memagent.agent import MemAgent
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.factory import ModelSection
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.qwen import Remat
 from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
@@ -44,9 +48,6 @@ from memagent_jax.rl.plugin import Plugin
 from memagent_jax.rl.plugin import load as load_plugin
 from memagent_jax.rl.scoring import RewardSection
 from memagent_jax.rollout.agent_api import load_agent
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import ModelSection
-from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig
 from memagent_jax.runconfig import at_least, load_config, probability, to_dict
 
 CONFIG_FILE = "config.yaml"  # the run's resolved config, in its output_dir

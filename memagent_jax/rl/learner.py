@@ -22,7 +22,7 @@ Precision: the parameters (the master weights) and the optimiser state are store
 model's parameter dtype (float32 for training), and the forward and backward run in the
 model's compute dtype (the weights are cast at each use, as FSDP's mixed precision does);
 gradients are accumulated in float32. The rollout engine makes its own copy, in the compute
-dtype and its own layout (`rollout.engine.Engine.place`).
+dtype and its own layout (`engine.engine.Engine.place`).
 
 The train step is one jitted pure function of (params, optimiser state, step, gradient
 accumulator, micro-batch, lr): it adds the micro-batch's gradient to the accumulator and, on

@@ -31,12 +31,12 @@ from typing import Callable, Protocol
 
 import numpy as np
 
+from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rows import TrainingRows
 from memagent_jax.rollout.agent_api import Trajectory
-from memagent_jax.rollout.memagent import Sample
-from memagent_jax.rollout.sampling import SamplingParams
 
 SECTION = "plugin"
 

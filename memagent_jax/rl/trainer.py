@@ -57,6 +57,8 @@ from memagent_jax.console import announce, progress_bar
 from memagent_jax.data import pipeline
 from memagent_jax.distributed import collectives, startup
 from memagent_jax.distributed.preemption import PreemptionNotice
+from memagent_jax.engine.factory import load_policy
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError, Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
@@ -78,8 +80,7 @@ from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.scoring import Rewarder
 from memagent_jax.rl.steps import make_step
 from memagent_jax.rl.tensorboard import ScalarWriter
-from memagent_jax.rollout.factory import build_runner, load_policy
-from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.runner import build_runner
 from memagent_jax.runconfig import check, differences, to_dict, write_config
 
 

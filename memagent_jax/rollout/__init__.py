@@ -1,2 +1,2 @@
-"""Decoding: the engine, sampling, the request scheduler, the MemAgent workflow and the factory
-(`factory.build_agent`) every front end assembles them with."""
+"""The agent runtime: the agent contract (`agent_api`), the runner on the engine, the server
+policy (`client`), conversations into training tokens, answers, chat helpers and `run`."""

@@ -40,8 +40,11 @@ from memagent_jax.errors import ConfigError
 
 SECTION = "agent"
 # The agent of a config without an `agent` section: MemAgent, whose budgets are the `memagent`
-# section (rollout/memagent.py).
-DEFAULT_MODULE = "memagent_jax.rollout.memagent"
+# section (agents/memagent/).
+DEFAULT_MODULE = "memagent_jax.agents.memagent"
+# Agent modules by the names they had before they moved, for configs and saved runs that still
+# name them (`load_agent` reads an old name as the new one).
+MOVED_MODULES = {"memagent_jax.rollout.memagent": DEFAULT_MODULE}
 
 
 class AssistantMessage(dict):
@@ -215,11 +218,13 @@ def run_record(problem: str, answer: str | None, turns: list[dict],
 def load_agent(section: dict, config) -> Any:
     """The agent a config's `agent` section names (module docstring), built from its other keys
     against `config` (the whole TrainConfig or EvalConfig). A module with `rollout` only takes
-    no settings. Errors are ConfigErrors naming `agent.module` or the setting."""
+    no settings; a module that moved is found by its old name too (`MOVED_MODULES`). Errors
+    are ConfigErrors naming `agent.module` or the setting."""
     name = section.get("module", DEFAULT_MODULE)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{SECTION}.module", f"must name a module with rollout(row, policy) "
                                                f"or build(settings, config); got {name!r}")
+    name = MOVED_MODULES.get(name, name)
     try:
         module = importlib.import_module(name)
     except ImportError as e:

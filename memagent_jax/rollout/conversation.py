@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from memagent_jax.rollout.agent_api import Reply, Turn
-from memagent_jax.rollout.templates import chat_ids
+from memagent_jax.rollout.chat import chat_ids
 
 # Rendered in place of a reply's content to find where the template's text after a reply
 # begins; no template writes it.

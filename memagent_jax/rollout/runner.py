@@ -19,6 +19,9 @@ the same order. Each submission compares the calls across processes; where they 
 agent or tool that reads time, randomness or I/O), the run stops on every process with one line
 naming the agent. `policy.once(fn, *args)` computes such a value on process 0 and gives every
 process its result.
+
+`build_runner` assembles engine, scheduler and runner for an agent, the engine sized for the
+longest conversation the agent says it makes (`engine_need`).
 """
 
 from __future__ import annotations
@@ -31,13 +34,18 @@ import threading
 import zlib
 from typing import Any, Callable
 
+import jax
+
 from memagent_jax.distributed import collectives, startup
-from memagent_jax.errors import UserError
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.factory import build_engine
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Completion, Request, Scheduler
+from memagent_jax.errors import ConfigError, UserError
+from memagent_jax.models.qwen import Qwen
 from memagent_jax.rollout.agent_api import Reply, Rollout, Trajectory
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.conversation import Call, ChatPrompts, conversation_turns
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Completion, Request, Scheduler
 
 # on_call(row index): after every reply, before its rollout sees it.
 OnCall = Callable[[int], None]
@@ -379,3 +387,31 @@ class _ReplayPolicy:
 
     async def once(self, fn: Callable, *args) -> Any:
         return fn(*args)
+
+
+def build_runner(agent, model: Qwen, tokenizer, engine: EngineConfig,
+                 mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> AgentRunner:
+    """An AgentRunner for `agent` on its own scheduler and engine, after `agent.setup`; the
+    engine sized for the longest conversation the agent makes (`engine_need`) unless
+    `engine.max_len` is set."""
+    if hasattr(agent, "setup"):
+        agent.setup(tokenizer, stop_ids)
+    tokens, key, why = engine_need(agent, tokenizer, engine)
+    decoder = build_engine(model, engine, mesh, tokens, key, why)
+    return AgentRunner(Scheduler(decoder), tokenizer, stop_ids)
+
+
+def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
+    """(KV entries the agent's longest conversation needs, the setting that asks for them, how
+    it makes them): the agent's `engine_need(tokenizer)`, else its `max_len(tokenizer)`. An
+    agent that says neither is a ConfigError unless `engine.max_len` is set."""
+    if hasattr(agent, "engine_need"):
+        return agent.engine_need(tokenizer)
+    if hasattr(agent, "max_len"):
+        tokens = agent.max_len(tokenizer)
+        return tokens, "agent", f"{agent.name} makes conversations of up to {tokens} tokens"
+    if engine.max_len is None:
+        raise ConfigError("engine.max_len", f"agent {agent.name} does not say how long its "
+                                            "conversations get (max_len(tokenizer)): set "
+                                            "engine.max_len")
+    return engine.max_len, "engine.max_len", str(engine.max_len)

@@ -1,7 +1,7 @@
 """`memagent-jax serve`: its flags, the engine behind uvicorn, and how the server stops.
 
 The command loads the model and builds the engine with the factories every command uses
-(`rollout.factory.load_policy`, `build_engine`); `OpenAIServer` puts the worker, the app and
+(`engine.factory.load_policy`, `build_engine`); `OpenAIServer` puts the worker, the app and
 uvicorn together on a socket bound before anything is served (port 0: any free one). Standard
 library only at import (the CLI builds its parser from this module): JAX, the engine and the
 HTTP stack load when the command runs.
@@ -29,13 +29,13 @@ import time
 from typing import TYPE_CHECKING
 
 from memagent_jax.commandline import add_command, add_model_flags, from_flags, tokens
+from memagent_jax.engine.command import model_section  # stdlib-only at import
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
-from memagent_jax.rollout.command import model_section  # stdlib-only at import
 
 if TYPE_CHECKING:  # annotations only: importing them imports JAX
-    from memagent_jax.rollout.engine import Engine
-    from memagent_jax.rollout.factory import Policy
+    from memagent_jax.engine.engine import Engine
+    from memagent_jax.engine.factory import Policy
 
 
 def add_parsers(sub) -> None:
@@ -75,10 +75,10 @@ def add_parsers(sub) -> None:
 
 
 def _serve(args) -> None:
+    from memagent_jax.engine.engine_api import EngineConfig
+    from memagent_jax.engine.factory import build_engine, load_policy
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
-    from memagent_jax.rollout.engine_api import EngineConfig
-    from memagent_jax.rollout.factory import build_engine, load_policy
 
     check_single_host()
     require_http_stack()

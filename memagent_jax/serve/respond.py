@@ -25,10 +25,10 @@ import time
 import uuid
 from typing import AsyncIterator, Awaitable, Callable, TypeVar
 
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request
-from memagent_jax.rollout.templates import chat_ids
+from memagent_jax.rollout.chat import chat_ids
 from memagent_jax.serve.encoding import Encoder
 from memagent_jax.serve.protocol import ROLES, APIError, Generation, bad
 from memagent_jax.serve.text import TextStream

@@ -19,8 +19,8 @@ import threading
 import traceback
 from typing import Callable
 
-from memagent_jax.rollout.engine_api import DecodeEngine
-from memagent_jax.rollout.scheduler import Completion, OnToken, Request, Scheduler
+from memagent_jax.engine.engine_api import DecodeEngine
+from memagent_jax.engine.scheduler import Completion, OnToken, Request, Scheduler
 
 
 class Overloaded(Exception):

@@ -30,10 +30,12 @@ from typing import Callable
 
 import numpy as np
 
+from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl.rows import TrainingRows
-from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
-from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.agent_api import Trajectory
 from memagent_jax.synthetic.oracle import (
     DocumentState,
     document_state,

@@ -32,10 +32,11 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     model, a tokenizer that cannot represent the documents' words, or a length below one
     chunk."""
     from memagent_jax import model_dir
+    from memagent_jax.agents.memagent.agent import build_agent
+    from memagent_jax.agents.memagent.config import MemAgentConfig
     from memagent_jax.commandline import from_flags
-    from memagent_jax.rollout.engine_api import EngineConfig
-    from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
-    from memagent_jax.rollout.memagent import MemAgentConfig
+    from memagent_jax.engine.engine_api import EngineConfig
+    from memagent_jax.engine.factory import ModelSection, load_policy
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.tokenizer import check_representable
 
@@ -69,7 +70,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     budgets: as `load_agent` takes them. poll: called while the document is built, once it is
     tokenized and after every turn (the command's check for Ctrl-C, which raises)."""
     from memagent_jax.console import progress_bar
-    from memagent_jax.rollout.sampling import SamplingParams
+    from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
 
     synthetic.check_memory(f"--length {length}: a document of {length:,} tokens takes about "

@@ -35,9 +35,10 @@ from typing import Callable
 
 import numpy as np
 
+from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.templates import GATE_WORDS
 from memagent_jax.data.pipeline import Example
-from memagent_jax.rollout.memagent import MemoryAgent, Trajectory
-from memagent_jax.rollout.templates import GATE_WORDS
+from memagent_jax.rollout.agent_api import Trajectory
 from memagent_jax.synthetic.format_rows import drawn_memories
 from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
 

@@ -26,8 +26,10 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
-from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
+from memagent_jax.rollout.agent_api import Trajectory
 from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
 from memagent_jax.synthetic.tasks import oracle_memories
 

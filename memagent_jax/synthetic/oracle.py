@@ -17,9 +17,10 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+from memagent_jax.agents.memagent.agent import MemoryAgent, memory_turns
 from memagent_jax.data.pipeline import Example
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn, memory_turns
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.synthetic.tasks import TASKS, make_sample, oracle_memories
 
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
+from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.plugin import StepContext
-from memagent_jax.rollout.memagent import MemoryAgent, Sample, Trajectory
-from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.rollout.agent_api import Trajectory
 from memagent_jax.runconfig import at_least, build_section
 from memagent_jax.synthetic import rows
 from memagent_jax.synthetic.carry_starts import carry_starts, policy_carry_starts

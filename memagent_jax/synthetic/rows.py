@@ -15,8 +15,9 @@ from typing import Callable
 
 import numpy as np
 
+from memagent_jax.agents.memagent.agent import MemoryAgent
 from memagent_jax.rl.rows import TrainingRows, rows_from_trajectories
-from memagent_jax.rollout.memagent import MemoryAgent, Trajectory, Turn
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.synthetic.oracle import (
     document_state,
     end_token,

@@ -85,8 +85,8 @@ def vocabulary() -> list[str]:
     `exit_gate`: templates.GATE_SENTENCES) not among them. Those come last, so that every
     earlier word keeps the id the committed models were trained with (3,969 words before them;
     the `small` preset has 4,096 embedding rows)."""
+    from memagent_jax.agents.memagent.templates import GATE_SENTENCES
     from memagent_jax.data.needle import vocabulary as base
-    from memagent_jax.rollout.templates import GATE_SENTENCES
     return base([*words().all(), *GATE_SENTENCES.values()])
 
 

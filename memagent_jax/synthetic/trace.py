@@ -178,9 +178,9 @@ def read_greedily(model: str, task: str, length: int, seed: int, num_samples: in
     `heading`); progress on stderr. Returns (agent, its MemAgent budgets, documents, samples,
     [one trajectory] a document). `trace` and `trace --selection` read through it."""
     from memagent_jax.console import progress_bar
+    from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.errors import UserError
     from memagent_jax.fileutil import check_new_files, check_output_file
-    from memagent_jax.rollout.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.synthetic.demo import load_agent
 

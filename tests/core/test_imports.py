@@ -16,9 +16,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PACKAGE = os.path.join(ROOT, "memagent_jax")
 
 # node -> the nodes it may import. Bottom up: the foundation (standard library and one
-# another), the tokenizer, then models <- rollout <- data <- eval <- rl, serve beside rl, the
-# shipped agents on rollout (reached by name from rl and eval), the experiments (synthetic,
-# lookup) above the core, and the command line on top.
+# another), the tokenizer, then models <- engine <- rollout <- agents <- data <- eval <- rl,
+# serve on the engine and rollout, the shipped agents (MemAgent the default, reached by name
+# from rl and eval), the experiments (synthetic, lookup) above the core, and the command line
+# on top.
 ALLOWED = {
     "errors": set(),
     "hostmemory": set(),
@@ -32,24 +33,25 @@ ALLOWED = {
     "memagent_jax": {"distributed", "extras"},
     "tokenizer": {"errors", "model_dir"},
     "models": {"distributed", "errors", "fileutil", "model_dir"},
-    "rollout": {"distributed", "errors", "fileutil", "hostmemory", "model_dir", "models",
-                "runconfig", "tokenizer"},
-    "data": {"errors", "extras", "fileutil", "rollout", "tokenizer"},
-    "eval": {"console", "data", "distributed", "errors", "extras", "fileutil", "models",
-             "rollout", "runconfig"},
-    "rl": {"console", "data", "distributed", "errors", "eval", "extras", "fileutil",
-           "model_dir", "models", "rollout", "runconfig"},
-    "serve": {"errors", "extras", "rollout", "tokenizer"},
-    "agents": {"errors", "rollout", "runconfig"},
+    "engine": {"errors", "fileutil", "hostmemory", "model_dir", "models", "runconfig",
+               "tokenizer"},
+    "rollout": {"distributed", "engine", "errors", "models"},
+    "agents": {"engine", "errors", "model_dir", "models", "rollout", "runconfig", "tokenizer"},
+    "data": {"agents", "errors", "extras", "fileutil", "tokenizer"},
+    "eval": {"agents", "console", "data", "distributed", "engine", "errors", "extras",
+             "fileutil", "models", "rollout", "runconfig"},
+    "rl": {"agents", "console", "data", "distributed", "engine", "errors", "eval", "extras",
+           "fileutil", "model_dir", "models", "rollout", "runconfig"},
+    "serve": {"engine", "errors", "extras", "rollout", "tokenizer"},
     "lookup": {"agents", "data", "errors", "fileutil", "rollout", "runconfig"},
-    "synthetic": {"commandline", "console", "data", "distributed", "errors", "eval",
-                  "fileutil", "hostmemory", "model_dir", "rl", "rollout", "runconfig",
+    "synthetic": {"agents", "commandline", "console", "data", "distributed", "engine", "errors",
+                  "eval", "fileutil", "hostmemory", "model_dir", "rl", "rollout", "runconfig",
                   "tokenizer"},
-    "cli": {"commandline", "console", "data", "distributed", "errors", "eval", "extras",
-            "fileutil", "lookup", "memagent_jax", "model_dir", "models", "rl", "rollout",
-            "runconfig", "serve", "synthetic", "tokenizer"},
+    "cli": {"agents", "commandline", "console", "data", "distributed", "engine", "errors",
+            "eval", "extras", "fileutil", "lookup", "memagent_jax", "model_dir", "models", "rl",
+            "rollout", "runconfig", "serve", "synthetic", "tokenizer"},
 }
-CORE = ("models", "rollout", "rl", "eval", "serve", "data", "agents")
+CORE = ("models", "engine", "rollout", "agents", "data", "eval", "rl", "serve")
 EXPERIMENTS = ("synthetic", "lookup")
 
 
@@ -184,12 +186,12 @@ def test_the_training_eval_and_serve_paths_load_no_experiment_module():
 
 
 def test_a_config_loads_the_engines_contract_not_its_kernels():
-    """Reading a train or eval config imports rollout/engine_api.py, not the engine and the
+    """Reading a train or eval config imports engine/engine_api.py, not the engine and the
     Pallas kernels it compiles. (flax itself loads jax._src.pallas through jax.extend: not
     counted; jax.experimental.pallas is what a kernel imports.)"""
     code = ("import sys, memagent_jax.rl.config, memagent_jax.eval.config; "
             "print(sorted(m for m in sys.modules if m.startswith('jax.experimental.pallas') "
-            "or m in ('memagent_jax.rollout.engine', 'memagent_jax.models.cache_kernels')))")
+            "or m in ('memagent_jax.engine.engine', 'memagent_jax.models.cache_kernels')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=ROOT, timeout=240, check=True)
     assert out.stdout.strip() == "[]", out.stdout

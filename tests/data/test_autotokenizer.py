@@ -15,11 +15,11 @@ import shutil
 import pytest
 from transformers import AutoTokenizer
 
+from memagent_jax.agents.memagent import templates
 from memagent_jax.cli import main
 from memagent_jax.data import word_tokenizer
 from memagent_jax.data.needle import needle_rows
 from memagent_jax.model_dir import resolve
-from memagent_jax.rollout import templates
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.tokenizer import PIECE_IDS, load_tokenizer
 

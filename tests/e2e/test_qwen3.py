@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
+from memagent_jax.agents.memagent.templates import TokenPrompts
 from memagent_jax.cli import main
-from memagent_jax.rollout.templates import TokenPrompts
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import hf_model, write_tiny_model
 from tests.serve_helpers import MESSAGES, chat_prompt, client_of, ids_of, serving

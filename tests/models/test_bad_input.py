@@ -378,7 +378,7 @@ def test_random_weights_the_memory_cannot_hold_are_refused_before_any_is_drawn(
     """(Qwen2.5-72B's float32 weights, 291 GB, were drawn until the system stopped the
     process and left a hidden temporary directory behind.) Here: the tiny preset, given 1 MiB
     of memory to use."""
-    from memagent_jax.rollout import sizing
+    from memagent_jax.engine import sizing
     monkeypatch.setattr(sizing, "usable_memory", lambda: 2 ** 20)
     out = str(tmp_path / "random")
     line = fails_cleanly(capsys, ["random-model", "--preset", "tiny", "--out", out], out)

@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Qwen, split_params
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, complete
 
 pytestmark = pytest.mark.skipif(jax.devices()[0].platform not in ("gpu", "cuda"),
                                 reason="needs a CUDA GPU")

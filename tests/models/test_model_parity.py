@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import KVCache, split_params
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, complete
 from tests.hf_reference import hf_logits, hf_model, write_hf_model
 
 TOL = 1e-4

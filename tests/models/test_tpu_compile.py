@@ -11,13 +11,13 @@ pytest.importorskip("libtpu", reason="libtpu is installed by the test extra (jax
 
 from jax.experimental import topologies  # noqa: E402
 
+from memagent_jax.engine.engine import Engine  # noqa: E402
+from memagent_jax.engine.engine_api import EngineConfig  # noqa: E402
 from memagent_jax.models.loading import abstract_params, build_model  # noqa: E402
 from memagent_jax.models.presets import preset_config  # noqa: E402
 from memagent_jax.models.sharding import make_mesh  # noqa: E402
 from memagent_jax.rl.config import LearnerConfig  # noqa: E402
 from memagent_jax.rl.learner import Learner  # noqa: E402
-from memagent_jax.rollout.engine import Engine  # noqa: E402
-from memagent_jax.rollout.engine_api import EngineConfig  # noqa: E402
 
 
 @pytest.fixture(scope="module")

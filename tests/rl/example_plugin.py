@@ -8,9 +8,10 @@ kept in `validated`)."""
 import dataclasses
 from typing import ClassVar
 
+from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
-from memagent_jax.rollout.memagent import Sample, Trajectory, Turn
-from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.runconfig import build_section
 
 

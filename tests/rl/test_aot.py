@@ -4,13 +4,13 @@ the same programs as one holding arrays, and nothing runs."""
 
 import jax
 
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.models.loading import abstract_params, build_model, random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
 
 CONFIG = LearnerConfig(micro_batch_tokens=512, bucket_lengths=(64,), kl_coef=0.001)
 

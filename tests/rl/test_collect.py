@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from memagent_jax.data.pipeline import Example
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl import collect
 from memagent_jax.rl.collect import overlong_penalties
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.scoring import Rewarder
 from memagent_jax.rollout.agent_api import Trajectory, Turn
-from memagent_jax.rollout.sampling import SamplingParams
 
 # Question -> its group's n = 2 final answers ("-": no answer). The gold answer is "paris" and
 # the verifier the strict HotpotQA one: a trajectory scores 1 when it answers \boxed{paris}.

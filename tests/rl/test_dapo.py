@@ -10,7 +10,7 @@ import pytest
 from memagent_jax.rl.advantages import group_advantages
 from memagent_jax.rl.dapo import informative_groups, overlong_penalty, policy_loss
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.memagent import Trajectory, Turn
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 
 # DAPO's paper: clip-higher 0.2 / 0.28, dual clip 3, no KL (the shipped configs set their own).
 DAPO = {"eps_low": 0.2, "eps_high": 0.28, "dual_clip": 3.0, "kl_coef": 0.0}

@@ -8,6 +8,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.errors import UserError
 from memagent_jax.models.loading import build_model, random_model
 from memagent_jax.models.qwen import split_params
@@ -17,11 +21,7 @@ from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.dapo import informative_groups
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.memagent import Trajectory, Turn
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, complete
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 from tests.builders import LEARNER_MODEL, random_rows
 
 

@@ -10,7 +10,7 @@ from memagent_jax.models.loading import random_model
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.memagent import Trajectory, Turn
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8)

@@ -13,9 +13,9 @@ import yaml
 
 from memagent_jax.cli import main
 from memagent_jax.data.needle import write_task
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
-from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.runconfig import check
 
 PLUGIN = "tests.rl.example_plugin"

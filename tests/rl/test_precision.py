@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from memagent_jax.data.needle import write_task
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.errors import UserError
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
@@ -23,9 +25,7 @@ from memagent_jax.rl.config import LearnerConfig, load_train_config
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.trainer import Trainer
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.memagent import Trajectory, Turn
+from memagent_jax.rollout.agent_api import Trajectory, Turn
 
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8)

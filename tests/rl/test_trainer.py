@@ -192,9 +192,10 @@ def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
     at temperature 1, every group kept) on data 2 x fsdp 2 x tensor 2, 16 trajectories on 8
     slots, prompts prefilled 4 a call in the engine's own layout, and on one device from the
     same weights, one a call: the same tokens, log-probs within 1e-3, the same rewards."""
+    from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.data import pipeline
+    from memagent_jax.engine.factory import load_policy
     from memagent_jax.rl.collect import collect_batch
-    from memagent_jax.rollout.factory import build_agent, load_policy
 
     config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
         f"output_dir={tmp_path / 'run'}", "mesh={data: 2, fsdp: 2, tensor: 2}",

@@ -10,22 +10,22 @@ import types
 import numpy as np
 import pytest
 
+from memagent_jax.agents.memagent.agent import MemAgent, build_agent
+from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.tool_calling import build as build_tool_agent
 from memagent_jax.agents.tool_calling import parse_tool_call
 from memagent_jax.data.needle import needle_rows, write_tokenizer
 from memagent_jax.data.pipeline import example_from_row
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import PromptTooLong, Scheduler
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Conversation, Rollout, load_agent
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.rollout.runner import AgentRunner
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import PromptTooLong, Scheduler
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ReplyEngine
 from tests.reference_memory_loop import reference_run
@@ -236,7 +236,7 @@ def _module(name, **attributes):
      "must be at least 1"),
     ({"module": "memagent_jax.agents.tool_calling", "tools": ["json:nothing"]},
      "agent.tools[0]", "names no function"),
-    ({"module": "memagent_jax.rollout.memagent", "chunk_tokens": 5}, "agent.chunk_tokens",
+    ({"module": "memagent_jax.agents.memagent", "chunk_tokens": 5}, "agent.chunk_tokens",
      "MemAgent's settings are the `memagent` section"),
 ])
 def test_an_agent_section_is_checked_as_every_config_key(section, key, message):
@@ -244,3 +244,14 @@ def test_an_agent_section_is_checked_as_every_config_key(section, key, message):
     with pytest.raises(ConfigError) as error:
         load_agent(section, None)
     assert key in str(error.value) and message in str(error.value)
+
+
+def test_memagent_is_found_by_its_module_before_the_move():
+    """A config or saved run written while MemAgent lived in rollout/ names it
+    memagent_jax.rollout.memagent: that name loads MemAgent still, with its checks."""
+    config = types.SimpleNamespace(memagent=MemAgentConfig(chunk_tokens=7))
+    for module in ("memagent_jax.rollout.memagent", "memagent_jax.agents.memagent"):
+        agent = load_agent({"module": module}, config)
+        assert type(agent) is MemAgent and agent.config.chunk_tokens == 7
+    with pytest.raises(ConfigError, match="agent.chunk_tokens"):
+        load_agent({"module": "memagent_jax.rollout.memagent", "chunk_tokens": 5}, config)

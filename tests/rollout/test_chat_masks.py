@@ -15,10 +15,10 @@ import pytest
 from memagent_jax.agents.tool_calling import build as build_tool_agent
 from memagent_jax.agents.tool_calling import system_prompt
 from memagent_jax.data.pipeline import example_from_row
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.runner import AgentRunner
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Scheduler
 from tests.builders import ReplyEngine, qwen_like_tokenizer
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "original_chat_template",

@@ -10,12 +10,12 @@ import pytest
 
 from memagent_jax.data.needle import QUESTION, needle_rows, write_tokenizer
 from memagent_jax.data.pipeline import example_from_row
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import AssistantMessage, Trajectory, Turn
+from memagent_jax.rollout.chat import chat_ids
 from memagent_jax.rollout.runner import AgentRunner
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import chat_ids
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ReplyEngine
 

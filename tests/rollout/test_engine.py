@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request, Scheduler, complete
 from memagent_jax.errors import UserError
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, Scheduler, complete
 
 EOS = 2
 GREEDY = SamplingParams(temperature=0.0, seed=0)

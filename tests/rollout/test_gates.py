@@ -12,20 +12,21 @@ import types
 import numpy as np
 import pytest
 
-from memagent_jax.data.needle import CODES, FILLER, NEEDLE, QUESTION, vocabulary, write_tokenizer
-from memagent_jax.errors import UserError
-from memagent_jax.eval.methods import MemAgentMethod
-from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.agent_api import Reply
-from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import (
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.agents.memagent.templates import (
     GATE_WORDS,
     INITIAL_MEMORY,
     UPDATE_TEMPLATE,
     update_prompt,
 )
+from memagent_jax.data.needle import CODES, FILLER, NEEDLE, QUESTION, vocabulary, write_tokenizer
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
+from memagent_jax.errors import UserError
+from memagent_jax.eval.methods import MemAgentMethod
+from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.agent_api import Reply
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import summarize, trace_document
 from memagent_jax.tokenizer import load_tokenizer

@@ -176,7 +176,7 @@ def test_a_directory_given_as_the_input_says_so(model_dir, tmp_path, capsys):
 
 
 def test_non_finite_logprobs_are_written_as_null(tmp_path):
-    from memagent_jax.rollout.jsonl import write_completions
+    from memagent_jax.engine.jsonl import write_completions
     path = str(tmp_path / "o.jsonl")
     write_completions(path, [{"completion_ids": [3], "text": "", "logprobs": [float("nan")],
                               "finish_reason": "length"}])
@@ -192,7 +192,7 @@ def test_a_signal_finishes_the_engine_step_it_lands_in_then_stops_writing_nothin
     KeyboardInterrupt raised inside it could leave an XLA compile running while the process
     exits, which crashed it, exit 139), the command stops before the next one, writes
     nothing, and says so in one line: exit 130 (143)."""
-    from memagent_jax.rollout.scheduler import Scheduler
+    from memagent_jax.engine.scheduler import Scheduler
     step, steps = Scheduler.step, []
 
     def signalled_in_step_3(self, placed):

@@ -5,30 +5,24 @@ import math
 
 import pytest
 
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, build_agent
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.agents.memagent.reading import Sample, chunk_ids, read_sample
+from memagent_jax.agents.memagent.templates import (
+    FINAL_TEMPLATE,
+    UPDATE_TEMPLATE,
+    TokenPrompts,
+    final_prompt,
+    update_prompt,
+)
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.errors import UserError
 from memagent_jax.model_dir import resolve
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.memagent import (
-    MemAgent,
-    MemAgentConfig,
-    MemoryAgent,
-    Sample,
-    chunk_ids,
-    read_sample,
-)
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import (
-    FINAL_TEMPLATE,
-    UPDATE_TEMPLATE,
-    TokenPrompts,
-    chat_prompt_ids,
-    final_prompt,
-    update_prompt,
-)
+from memagent_jax.rollout.chat import chat_prompt_ids
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ScriptedEngine
 from tests.hf_reference import write_hf_model
@@ -316,9 +310,10 @@ def test_the_longest_turn_fits_the_engine_need(bpe_tokenizer):
 def test_an_agent_builds_its_token_prompts_once(word_tokenizer, monkeypatch, build):
     """The chat-wrapped templates are tokenized once an agent (`setup`): the engine is sized
     from the same prompts the turns are spliced into, whichever factory builds it."""
+    from memagent_jax.agents.memagent import agent as memagent
     from memagent_jax.models.config import ModelConfig
     from memagent_jax.models.loading import random_model
-    from memagent_jax.rollout import factory, memagent
+    from memagent_jax.rollout.runner import build_runner
 
     built = []
 
@@ -334,10 +329,9 @@ def test_an_agent_builds_its_token_prompts_once(word_tokenizer, monkeypatch, bui
     config = MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                             max_problem_tokens=16)
     if build == "build_agent":
-        factory.build_agent(model, word_tokenizer, config, EngineConfig(slots=1), None, (EOS,))
+        build_agent(model, word_tokenizer, config, EngineConfig(slots=1), None, (EOS,))
     else:
-        factory.build_runner(MemAgent(config), model, word_tokenizer, EngineConfig(slots=1), None,
-                             (EOS,))
+        build_runner(MemAgent(config), model, word_tokenizer, EngineConfig(slots=1), None, (EOS,))
     assert len(built) == 1
 
 

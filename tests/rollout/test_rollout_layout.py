@@ -12,17 +12,17 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from memagent_jax.agents.memagent.agent import build_agent
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.engine import engine as engine_module
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
-from memagent_jax.rollout import engine as engine_module
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.memagent import MemAgentConfig
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, complete
 from tests.hf_reference import write_hf_model
 
 AXES = {"data": 2, "fsdp": 2, "tensor": 2}
@@ -128,7 +128,7 @@ def test_run_reads_documents_on_the_mesh_as_one_device_does():
     what it reads, unlike a random model's) over four synthetic documents, n 2 at temperature
     1, on 4 slots (so prompts wait): prefilled 4 a call on the mesh, one a call on one device:
     every turn's tokens, and log-probs within 1e-4."""
-    from memagent_jax.rollout.factory import ModelSection, load_policy
+    from memagent_jax.engine.factory import ModelSection, load_policy
     from memagent_jax.synthetic import tasks as synthetic
 
     section = ModelSection(path="memagent-tiny")

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from memagent_jax.agents.memagent.templates import final_prompt, update_prompt
 from memagent_jax.cli import main
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.runner import call_seed
-from memagent_jax.rollout.templates import final_prompt, update_prompt
 from tests.hf_reference import write_tiny_model
 
 PREFIX = "memagent-jax: error: "

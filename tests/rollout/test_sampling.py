@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from memagent_jax.rollout.sampling import first_argmax, inverse_cdf, sample, truncation_threshold
+from memagent_jax.engine.sampling import first_argmax, inverse_cdf, sample, truncation_threshold
 
 DRAWS = 20_000
 LOGITS = np.random.RandomState(0).normal(0, 1.5, 16).astype(np.float32)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Request, Scheduler, complete
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Request, Scheduler, complete
 
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 

@@ -1,4 +1,4 @@
-"""Sizes checked before an engine allocates (`rollout.sizing`, through `build_engine`): a KV
+"""Sizes checked before an engine allocates (`engine.sizing`, through `build_engine`): a KV
 length beyond the model's context window or the devices' memory is one line naming the flag
 or config key that asked for it, and `run` sizes its cache from the document, not the flag."""
 
@@ -7,18 +7,18 @@ import json
 import jax
 import pytest
 
+from memagent_jax.agents.memagent.agent import build_agent
+from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.cli import main
+from memagent_jax.engine import engine as engine_module
+from memagent_jax.engine import factory
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
-from memagent_jax.rollout import engine as engine_module
-from memagent_jax.rollout import factory
-from memagent_jax.rollout.engine import Engine
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
-from memagent_jax.rollout.memagent import MemAgentConfig
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
@@ -151,7 +151,7 @@ def test_a_step_whose_sampling_arrays_do_not_fit_is_refused(monkeypatch):
     """The state fits, the state and the decode step's sampling arrays do not: refused (the
     check counted the state alone, and 100,000 slots of memagent-tiny passed it, then took
     7.6 GiB more); on CPU, against the memory this process can use, not the machine's."""
-    from memagent_jax.rollout import sizing
+    from memagent_jax.engine import sizing
     model = random_model(SMALL)
     engine = Engine(model, EngineConfig(slots=4096, max_len=16))
     state, step = engine.device_bytes(), engine.step_bytes()

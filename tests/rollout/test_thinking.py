@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.agents.memagent.templates import final_prompt, update_prompt
 from memagent_jax.cli import main
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig, MemoryAgent
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import chat_prompt_ids, final_prompt, update_prompt
+from memagent_jax.rollout.chat import chat_prompt_ids
 from memagent_jax.rollout.thinking import THINKING_CHOICES, strip_thinking_ids, strip_thinking_text
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ScriptedEngine
@@ -153,8 +155,9 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     """A tiny random Qwen with the Qwen3-like tokenizer through `build_agent`: under off every
     prompt holds the empty think block (the first is keep's plus the block), the memories are
     the replies, and the loop answers from its final reply."""
-    from memagent_jax.rollout.engine_api import EngineConfig
-    from memagent_jax.rollout.factory import ModelSection, build_agent, load_policy
+    from memagent_jax.agents.memagent.agent import build_agent
+    from memagent_jax.engine.engine_api import EngineConfig
+    from memagent_jax.engine.factory import ModelSection, load_policy
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))
     tokenizer = section.load_tokenizer(required=True)

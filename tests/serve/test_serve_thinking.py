@@ -7,7 +7,7 @@ import numpy as np
 import openai
 import pytest
 
-from memagent_jax.rollout.templates import chat_ids
+from memagent_jax.rollout.chat import chat_ids
 from memagent_jax.tokenizer import load_tokenizer
 from tests.serve_helpers import (
     MESSAGES,

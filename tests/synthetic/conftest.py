@@ -3,10 +3,10 @@ model and its memory agent (tests/builders.py's SFT_MODEL and SFT_BUDGETS)."""
 
 import pytest
 
+from memagent_jax.agents.memagent.agent import build_agent
 from memagent_jax.data.needle import write_tokenizer
+from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.models.loading import random_model
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import SFT_BUDGETS, SFT_MODEL

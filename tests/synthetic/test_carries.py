@@ -9,7 +9,7 @@ import pytest
 
 from memagent_jax import model_dir
 from memagent_jax.cli import main
-from memagent_jax.rollout.sampling import SamplingParams
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.carries import carry_turns, score_carries
 from memagent_jax.synthetic.demo import load_agent

@@ -13,14 +13,14 @@ import re
 import numpy as np
 import pytest
 
+from memagent_jax.agents.memagent.templates import TokenPrompts
 from memagent_jax.cli import main
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.trainer import Trainer
-from memagent_jax.rollout.memagent import Trajectory
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.templates import TokenPrompts
+from memagent_jax.rollout.agent_api import Trajectory
 from memagent_jax.synthetic import carry_starts as starts_module
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.carry_starts import carry_starts, policy_carry_starts

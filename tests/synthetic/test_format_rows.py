@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from memagent_jax.agents.memagent.agent import build_agent
 from memagent_jax.data.pipeline import Example
+from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rewards import strict_reward
-from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import build_agent
 from memagent_jax.rollout.runner import replay
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.format_all_facts import final_memory, format_all_facts_trajectory

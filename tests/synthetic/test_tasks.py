@@ -69,9 +69,9 @@ def test_the_tokenizer_keeps_the_committed_ids_and_reads_the_gate_sentences(toke
     trained with (checkpoints/rl_only/start's, memagent-tiny's), the gates' words after them,
     all within the `small` preset's embedding rows, and reads both gates' sentences, which the
     committed one cannot."""
+    from memagent_jax.agents.memagent.templates import GATE_SENTENCES, GATE_WORDS
     from memagent_jax.errors import UserError
     from memagent_jax.models.presets import preset_config
-    from memagent_jax.rollout.templates import GATE_SENTENCES, GATE_WORDS
     from memagent_jax.tokenizer import PIECE_IDS, check_representable, load_tokenizer, rows_needed
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     committed = load_tokenizer(os.path.join(root, "checkpoints", "rl_only", "start"))
@@ -189,7 +189,7 @@ def test_the_cli_writes_sets_eval_reads_and_rows_the_trainer_reads(tmp_path, cap
 def test_fact_at_chunk_end_puts_the_answers_last_fact_in_a_chunks_last_tokens(tmp_path, task):
     """Read as the agent reads (transformers' tokenizer, `chunk_ids`): the last needed fact is
     whole in one chunk, not the first, and ends in its last 10 tokens; nothing else changes."""
-    from memagent_jax.rollout.memagent import chunk_ids
+    from memagent_jax.agents.memagent.reading import chunk_ids
     out = tmp_path / "late"
     assert main(["data", "synthetic", "--task", task, "--lengths", "1024", "2048",
                  "--num-samples", "40", "--seed", "3", "--layout", "train",

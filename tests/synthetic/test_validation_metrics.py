@@ -6,10 +6,11 @@ import dataclasses
 
 import pytest
 
+from memagent_jax.agents.memagent.agent import MemAgent
+from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rollout.agent_api import Trajectory, Turn
-from memagent_jax.rollout.memagent import MemAgent, MemAgentConfig
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin
 from memagent_jax.tokenizer import load_tokenizer

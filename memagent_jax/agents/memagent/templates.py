@@ -5,8 +5,8 @@ generation prompt (for Qwen2.5 that adds its default system prompt). Note the sp
 `<problem>` and the final newline: both are the original's.
 
 Two forms: `update_prompt` / `final_prompt` give the message text (what an OpenAI-compatible
-server is sent; `chat_prompt_ids` tokenizes a whole message), and `TokenPrompts` builds the
-same prompts as token ids the way the original's trainer does (`TokenTemplate` in
+server is sent; `rollout.chat.chat_prompt_ids` tokenizes a whole message), and `TokenPrompts`
+builds the same prompts as token ids the way the original's trainer does (`TokenTemplate` in
 original:recurrent/utils.py): the chat-wrapped template is tokenized once, piece by piece
 between its placeholders, and each turn's question, memory and chunk ids are spliced in as they
 are. Nothing is re-tokenized, so a chunk cut inside a word or inside a multi-byte character
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from memagent_jax.errors import UserError
+from memagent_jax.rollout.chat import require_chat_template
 from memagent_jax.rollout.thinking import template_kwargs
 
 INITIAL_MEMORY = "No previous memory"
@@ -79,32 +79,6 @@ def final_prompt(problem: str, memory: str) -> str:
     return FINAL_TEMPLATE.format(problem=problem, memory=memory)
 
 
-def chat_prompt_ids(tokenizer, user_message: str, thinking: str = "keep") -> list[int]:
-    """The message as one user turn of the tokenizer's chat template, ready for generation
-    (`thinking`: the `memagent.thinking` setting; off renders with enable_thinking=False)."""
-    return chat_ids(tokenizer, [{"role": "user", "content": user_message}],
-                    **template_kwargs(thinking))
-
-
-def chat_ids(tokenizer, messages: list[dict], **template_vars) -> list[int]:
-    """A conversation ({"role", "content"} messages) through the tokenizer's chat template,
-    with the generation prompt: the ids the model continues (`serve`'s chat completions).
-    template_vars: the template's extra variables (a request's `chat_template_kwargs`, e.g.
-    enable_thinking)."""
-    _require_chat_template(tokenizer)
-    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
-                                        **template_vars)
-    if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return an encoding
-        ids = ids["input_ids"]
-    return list(ids)
-
-
-def _require_chat_template(tokenizer) -> None:
-    if not getattr(tokenizer, "chat_template", None):
-        raise UserError("the tokenizer has no chat template (tokenizer_config.json "
-                        "'chat_template' or chat_template.jinja)")
-
-
 _PLACEHOLDER = re.compile(r"\{(problem|memory|chunk)\}")
 
 
@@ -117,7 +91,7 @@ class TokenPrompts:
     (`update_prompt`)."""
 
     def __init__(self, tokenizer, thinking: str = "keep", gates: tuple[str, ...] = ()):
-        _require_chat_template(tokenizer)
+        require_chat_template(tokenizer)
         wrapper = tokenizer.apply_chat_template([{"role": "user", "content": "{message}"}],
                                                 tokenize=False, add_generation_prompt=True,
                                                 **template_kwargs(thinking))

@@ -1,6 +1,6 @@
 """The engine's contract, apart from its kernels: its config, the types it hands the
 scheduler, and the `DecodeEngine` protocol (JetStream's `engine_api`). Loading a train, eval or
-serve config imports this, never the Pallas kernels `rollout/engine.py` compiles.
+serve config imports this, never the Pallas kernels `engine/engine.py` compiles.
 
 `DecodeEngine` is the interface the scheduler drives: `prefill(params, prompts)` runs up to
 `prefill_rows` prompts at a bucketed length into prefixes (their KV caches and last logits);
@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Sequence
 
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError
-from memagent_jax.rollout.sampling import SamplingParams
 from memagent_jax.runconfig import at_least
 
 if TYPE_CHECKING:

@@ -19,120 +19,43 @@ turn is one training row.
 
 `MemoryAgent` is MemAgent with an `AgentRunner` on a scheduler: `run(params, samples, sampling,
 n)` runs many samples at once, their turns sharing the slots (samples with different numbers
-of chunks never wait for each other), and returns their `Trajectory`s.
+of chunks never wait for each other), and returns their `Trajectory`s; `build_agent` builds
+one, its engine sized for the longest turn.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, ClassVar, Generator, Literal, NamedTuple
+from typing import Callable, Generator, NamedTuple
+
+import jax
 
 from memagent_jax import model_dir
-from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory, Turn, run_record  # noqa: F401
-from memagent_jax.rollout.conversation import conversation_turns
-from memagent_jax.rollout.runner import AgentRunner
-from memagent_jax.rollout.sampling import SamplingParams
-from memagent_jax.rollout.scheduler import Scheduler
-from memagent_jax.rollout.templates import (
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.agents.memagent.reading import Sample, read_sample
+from memagent_jax.agents.memagent.templates import (
     GATE_SENTENCES,
-    GATE_WORDS,
     INITIAL_MEMORY,
     TokenPrompts,
     final_prompt,
     update_prompt,
 )
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.factory import build_engine
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
+from memagent_jax.errors import ConfigError
+from memagent_jax.models.qwen import Qwen
+from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory, Turn
+from memagent_jax.rollout.conversation import conversation_turns
+from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.thinking import (
     THINK_END,
-    THINKING_CHOICES,
     strip_thinking_ids,
     strip_thinking_text,
     template_kwargs,
 )
-from memagent_jax.runconfig import at_least, config_key
 from memagent_jax.tokenizer import check_representable, unknown_id
-
-
-@dataclasses.dataclass(frozen=True)
-class MemAgentConfig:
-    """The `memagent` section of the train and eval configs (and `run`'s flags): the token
-    budgets of docs/algorithm.md section 1, and what a thinking model's thinking does."""
-    SECTION: ClassVar[str] = "memagent"
-    chunk_tokens: int = 5000        # document tokens read per turn
-    max_memory_tokens: int = 1024   # the longest memory an update turn may write
-    max_final_tokens: int = 1024    # the longest final answer
-    max_problem_tokens: int = 1024  # the question's tokens kept
-    max_chunks: int | None = None   # keep the first and last halves of N chunks (None: all)
-    # A thinking model's <think>...</think> (Qwen3; docs/algorithm.md section 7, item 11):
-    # keep: the chat template as shipped; a reply's ids (minus stop, EOS, pad) are the next
-    #   memory, thinking included (the original's trainer);
-    # strip: the template as shipped; the memory is the reply after its last </think>,
-    #   stripped of surrounding whitespace (empty if nothing follows it), a reply without one
-    #   whole (the original's evaluation);
-    # off: the template rendered with enable_thinking=False (an empty think block in every
-    #   prompt; `run --url` sends it as chat_template_kwargs); the memory as in keep.
-    # The final answer (after the last </think>) and the reward are the same in all three; a
-    # model that never writes </think> (Qwen2.5) gets identical prompts and memories.
-    thinking: Literal["keep", "strip", "off"] = "keep"
-    # Gates (GRU-Mem's update and exit gates, as one-word replies; templates.update_prompt
-    # names them): an update reply that is only "keep" leaves the memory as it was; only
-    # "exit" stops reading, and the final turn answers from the memory as it was. Off, the
-    # prompts and turns are the original's.
-    keep_gate: bool = False
-    exit_gate: bool = False
-
-    def __post_init__(self):
-        at_least(self, 1, "chunk_tokens", "max_memory_tokens", "max_final_tokens",
-                 "max_problem_tokens", "max_chunks")
-        if self.thinking not in THINKING_CHOICES:
-            raise ConfigError(config_key(self, "thinking"), f"must be one of "
-                              f"{', '.join(THINKING_CHOICES)}, got {self.thinking!r}")
-
-    @classmethod
-    def from_model(cls, model_path: str | None, **given) -> MemAgentConfig:
-        """The budgets a model was trained with (its directory's memagent.json, as `run` and
-        `demo` read it; a shipped model's name is taken), with those `given` (None: not given)
-        over them, and the defaults above for the rest."""
-        return cls(**model_dir.budgets(model_path, **given))
-
-    @property
-    def gates(self) -> tuple[str, ...]:
-        """The gates on, of templates.GATE_WORDS."""
-        return tuple(g for g, on in zip(GATE_WORDS, (self.keep_gate, self.exit_gate)) if on)
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """A question and its document as the workflow reads it, in the policy's tokens: the
-    question's ids, the chunks' ids, and the document's length (before any max_chunks cut).
-    initial_memory: the memory's ids before the first chunk (None: the template's "No
-    previous memory"; given: a read that starts inside a document, from the memory held
-    there). chunk_texts: each chunk's span of the document's text, what a server is sent
-    (None: the chunks' ids decoded). Not the ids decoded where there is a text: a tokenizer's
-    decoding need not read back as the same ids (memagent-tiny's role words decode without
-    their space, "mona user" as "monauser"), and a server re-reads the text it is sent."""
-    problem: str
-    problem_ids: tuple[int, ...]
-    chunks: tuple[tuple[int, ...], ...]
-    document_tokens: int
-    initial_memory: tuple[int, ...] | None = None
-    chunk_texts: tuple[str, ...] | None = None
-
-
-def centre_truncate(ids: list[int], max_tokens: int) -> list[int]:
-    """ids, or its first and last max_tokens // 2 when longer than max_tokens (verl's
-    `postprocess_data(..., truncation='center')`)."""
-    if len(ids) <= max_tokens:
-        return ids
-    half = max_tokens // 2
-    return ids[:half] + ids[len(ids) - half:]
-
-
-def chunk_ids(ids: list[int], chunk_tokens: int, max_chunks: int | None = None) -> list[list[int]]:
-    """chunk i = ids[i*C:(i+1)*C], after centre-truncating ids to max_chunks x C tokens."""
-    if max_chunks:
-        ids = centre_truncate(ids, max_chunks * chunk_tokens)
-    return [ids[i:i + chunk_tokens] for i in range(0, len(ids), chunk_tokens)]
 
 
 class StopReading(NamedTuple):
@@ -150,51 +73,6 @@ def memory_turns(chunks, memory) -> Generator[tuple, object, None]:
             memory = memory.memory
             break
     yield "final", memory, None
-
-
-def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig,
-                strict: bool = True) -> Sample:
-    """The question and the document in the policy's tokens, the document cut into chunks.
-    strict (a user's own question and document): raises UserError for an empty question or
-    document, or a question over max_problem_tokens. Not strict (training and validation rows,
-    as the original carries on): an empty document has no chunks (the agent answers from the
-    initial memory) and an over-long question keeps its first max_problem_tokens tokens (the
-    engine holds no more)."""
-    if strict and not problem.strip():
-        raise UserError("the question is empty")
-    if strict and not document.strip():
-        raise UserError("the document is empty")
-    problem_ids = tokenizer(problem, add_special_tokens=False)["input_ids"]
-    if len(problem_ids) > config.max_problem_tokens:
-        if strict:
-            raise UserError(f"the question has {len(problem_ids)} tokens, over the prompt "
-                            f"budget of {config.max_problem_tokens}")
-        problem_ids = problem_ids[:config.max_problem_tokens]
-    offsets = getattr(tokenizer, "is_fast", False)  # a slow tokenizer has no offsets
-    encoded = tokenizer(document, add_special_tokens=False, return_offsets_mapping=offsets)
-    ids = encoded["input_ids"]
-    chunks = chunk_ids(ids, config.chunk_tokens, config.max_chunks)
-    texts = None
-    if offsets:
-        starts = [start for start, _ in encoded["offset_mapping"]] + [len(document)]
-        texts = tuple(chunk_text(document, starts, c) for c in
-                      chunk_ids(list(range(len(ids))), config.chunk_tokens, config.max_chunks))
-    return Sample(problem, tuple(problem_ids), tuple(tuple(c) for c in chunks), len(ids),
-                  chunk_texts=texts)
-
-
-def chunk_text(document: str, starts: list[int], positions: list[int]) -> str:
-    """The document's text of the tokens at `positions` (ascending; a centre-truncated chunk
-    has a gap): each run of consecutive tokens from its first token's start to the next
-    token's (starts[k]: where token k starts; starts[-1]: the document's end): consecutive
-    chunks' texts join into the document's, and a character read as two tokens is not split
-    (both tokens start where it does)."""
-    runs, first = [], positions[0]
-    for previous, position in zip(positions, positions[1:] + [None]):
-        if position != previous + 1:
-            runs.append(document[starts[first]:starts[previous + 1]])
-            first = position
-    return "".join(runs)
 
 
 class MemAgent:
@@ -261,7 +139,7 @@ class MemAgent:
     def engine_need(self, tokenizer, sample: Sample | None = None) -> tuple[int, str, str]:
         """(KV entries the longest turn needs (`turn_parts`: of any turn the budgets allow, or
         with a sample of that sample's), the largest budget's key, how it makes them):
-        `rollout.factory.engine_need`. After `setup`, whose tokenizer this is (the agent
+        `rollout.runner.engine_need`. After `setup`, whose tokenizer this is (the agent
         interface passes it; the prompts built there are the ones sized)."""
         parts, budgets = self.turn_parts(sample), self._turn_budgets(sample)
         budget = max(budgets, key=budgets.__getitem__)
@@ -365,7 +243,7 @@ class MemAgent:
 class MemoryAgent(MemAgent):
     """MemAgent on a scheduler: `run` reads many samples at once through an `AgentRunner`.
     `agent`: the MemAgent, set up (its tokenizer, stop ids and token prompts are this one's).
-    Built by `rollout.factory.build_agent`, which sizes the engine for it."""
+    Built by `build_agent`, which sizes the engine for it."""
 
     def __init__(self, scheduler: Scheduler, agent: MemAgent):
         vars(self).update(vars(agent))  # what its setup made: the prompts are not built again
@@ -404,10 +282,21 @@ class _Numbered:
         return await self.agent.rollout(row.sample, policy, on_turn)
 
 
-def build(settings: dict, config) -> MemAgent:
-    """The agent of `agent: {module: memagent_jax.rollout.memagent}` (the default): its
-    settings are the config's `memagent` section, so the `agent` section takes none."""
-    if settings:
-        raise ConfigError(f"agent.{next(iter(settings))}", "MemAgent's settings are the "
-                                                           "`memagent` section")
-    return MemAgent(config.memagent)
+def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
+                mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...],
+                sample: Sample | None = None) -> MemoryAgent:
+    """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
+    `memagent`'s budgets allow, or given `sample` for that sample's turns alone (`run`: a short
+    document under a large chunk budget needs no larger cache), by `MemAgent.engine_need`,
+    unless `engine.max_len` is set. A turn too long for the model or the devices is a
+    ConfigError naming the largest budget; an `engine.max_len` below the turns one naming it,
+    before an engine is built."""
+    agent = MemAgent(memagent, tokenizer, stop_ids)
+    tokens, key, why = agent.engine_need(tokenizer, sample)
+    # Before anything is allocated: a turn past the cache could not be decoded. (Another
+    # agent's max_len is its caps' sum, an upper bound: `run --agent ... --max-len` may cap it.)
+    if engine.max_len is not None and engine.max_len < tokens:
+        raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
+                                            f"turn: {key} {why}")
+    decoder = build_engine(model, engine, mesh, tokens, key, why)
+    return MemoryAgent(Scheduler(decoder), agent)

@@ -35,9 +35,9 @@ from typing import Callable
 import jax
 import numpy as np
 
+from memagent_jax.engine.engine_api import DecodeEngine, StepLogprobs
+from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.engine_api import DecodeEngine, StepLogprobs
-from memagent_jax.rollout.sampling import SamplingParams
 
 
 class PromptTooLong(UserError):

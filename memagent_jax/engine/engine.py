@@ -1,6 +1,6 @@
 """A JetStream-style decoding engine: prefill, insert into a slot, one step for all slots.
 
-`Engine` implements `rollout.engine_api.DecodeEngine` (the contract, its config and types) for
+`Engine` implements `engine.engine_api.DecodeEngine` (the contract, its config and types) for
 a Qwen model. It owns a fixed number of decode slots, each with a KV
 cache of up to `max_len` entries. The cache is only as long as the longest busy slot needs, in
 a few compiled lengths (`EngineConfig.cache_lengths`): a step reads all of its cache (or, where
@@ -33,12 +33,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from memagent_jax.engine.engine_api import DecodeState, EngineConfig, Prefix, StepLogprobs
+from memagent_jax.engine.sampling import SamplingParams, request_key, sample, top_logprobs
 from memagent_jax.models.attention import attend_cache_ragged
 from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from memagent_jax.models.qwen import KVCache, Params, Qwen, ReadCacheFn, split_params
 from memagent_jax.models.sharding import ROLLOUT_RULES, param_shardings, partition_spec
-from memagent_jax.rollout.engine_api import DecodeState, EngineConfig, Prefix, StepLogprobs
-from memagent_jax.rollout.sampling import SamplingParams, request_key, sample, top_logprobs
 
 # The share of the cache the busy slots fill together below which a decode step reads each
 # slot to its own length: on CPU the ragged read's loops cost a tenth more than the dense read
@@ -228,7 +228,7 @@ class Engine:
 
     def device_bytes(self) -> int:
         """Bytes one device holds of the parameters and the decode state (nearly all of it
-        the KV cache), from their shapes and shardings: nothing is allocated (rollout.sizing
+        the KV cache), from their shapes and shardings: nothing is allocated (engine.sizing
         checks it against the devices' memory before the first allocation), at the longest
         cache, plus the one layer a resize holds twice."""
         state = self._abstract_state()
@@ -239,7 +239,7 @@ class Engine:
     def step_bytes(self) -> int:
         """Bytes of temporaries one device's decode step takes beside the decode state: the
         logits and the sampler's arrays over them, SAMPLING_ARRAYS float32 [slots, vocabulary]
-        arrays for the slots the device decodes (rollout.sizing adds them to
+        arrays for the slots the device decodes (engine.sizing adds them to
         `device_bytes`)."""
         tokens = self._abstract_state().tokens
         slots = tokens.sharding.shard_shape(tokens.shape)[0]
