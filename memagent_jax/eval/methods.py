@@ -31,7 +31,7 @@ from memagent_jax.engine.factory import Policy, build_engine, load_policy
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.errors import UserError
-from memagent_jax.eval.config import EvalConfig
+from memagent_jax.eval.config import EvalConfig, SamplingSection
 from memagent_jax.models.sharding import job_mesh
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.chat import chat_prompt_ids
@@ -60,6 +60,14 @@ class Answer:
 
 
 OnDone = Callable[[int, list[Answer], dict], None]
+
+
+def batch_seed(sampling: SamplingSection, set_name: str, batch: list[tuple[int, dict]]) -> int:
+    """The seed a batch's rollouts run with, on the engine or a server (their calls' seeds
+    derive from it, `rollout.runner.call_seed`): from the set and the batch's first row, so a
+    fresh run is reproducible; a resumed run re-runs its unfinished rows in new batches, so
+    with new random numbers."""
+    return zlib.crc32(f"{sampling.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
 
 
 def _count(tokenizer, texts: list[str]) -> list[int]:
@@ -123,10 +131,8 @@ class MemAgentMethod:
                                      ("chunks_read", *(gate + "s" for gate in gates))}
                 on_done(batch[i][0], finals.pop(i), info)
 
-        # A batch's seed comes from its first row: a fresh run is reproducible; a resumed
-        # run re-runs its unfinished rows in new batches, so with new random numbers.
-        seed = zlib.crc32(f"{s.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
-        sampling = SamplingParams(s.temperature, s.top_p, s.top_k, seed)
+        sampling = SamplingParams(s.temperature, s.top_p, s.top_k,
+                                  batch_seed(s, set_name, batch))
         self.agent.run(self.params, samples, sampling, n=n, on_turn=turn_done)
 
 
@@ -274,12 +280,11 @@ class AgentMethod:
                 "turns": sum(len(t.turns) for t in trajectories) / len(trajectories),
                 **({"agent": metrics} if metrics else {})})
 
-        seed = zlib.crc32(f"{s.seed}/{set_name}/{batch[0][0]}".encode()) & 0x7FFFFFFF
+        seed = batch_seed(s, set_name, batch)
         if self.config.model.url:
-            from memagent_jax.eval.servers import server_seeds
             from memagent_jax.rollout.client import run_on_server
 
-            run_on_server(self.server, self.agent, rows, server_seeds(s, set_name, batch),
+            run_on_server(self.server, self.agent, rows, seed, s.n,
                           max(1, self.config.data.batch_size), call, done)
             return
         self.runner.run(self.params, self.agent, rows,

@@ -3,10 +3,10 @@
 Each of a question's n trajectories is one MemAgent rollout on a `rollout.client.ServerPolicy`
 (what `run --url` runs: each chunk the document's own text, one chat request per turn), and up to
 `data.batch_size` rollouts run at once, the way the original's evaluation keeps many samples in
-flight against its vLLM server. Trajectory k of row r asks the server for seeds derived from
-(sampling.seed, set, r, k), so a rerun against the same server and model is reproducible where
-the server honours `seed` (ours does). Scores, logs and resume are the runner's, as for the
-local engine. The server and its seeds: eval/servers.py.
+flight against its vLLM server. Each turn asks the server for the seed the local engine samples
+it with (`methods.batch_seed`, `client.server_seed`), so a rerun against the same server and
+model is reproducible where the server honours `seed` (ours does). Scores, logs and resume are
+the runner's, as for the local engine. The server: eval/servers.py.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Callable
 
 from memagent_jax.agents.memagent.agent import MemAgent
-from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone
-from memagent_jax.eval.servers import server_of, server_seeds
+from memagent_jax.eval.methods import Answer, MemAgentMethod, OnDone, batch_seed
+from memagent_jax.eval.servers import server_of
 from memagent_jax.rollout.client import run_on_server
 
 
@@ -50,6 +50,6 @@ class ServerMemAgentMethod(MemAgentMethod):
                 info["turns"] = info["agent"]["chunks_read"] + 1
             on_done(batch[i][0], answers, info)
 
-        run_on_server(self.server, self.agent, samples, server_seeds(self.config.sampling,
-                                                                      set_name, batch),
+        run_on_server(self.server, self.agent, samples,
+                      batch_seed(self.config.sampling, set_name, batch), n,
                       max(1, self.config.data.batch_size), lambda i: on_turn(), done)

@@ -8,6 +8,13 @@ no token ids, and an agent that splices ids (MemAgent) runs in text against it
 (`policy.takes_ids` is False). `run_on_server` runs an agent's rollouts with it. The URL is
 the API base (".../v1", or an Azure deployment URL); the key comes from the environment
 (`api_key_from_env`).
+
+A rollout means here what it means on the engine (`rollout/runner.py`): a call whose messages
+continue an earlier call's extends that call's conversation (`conversation.continued`), so a
+conversation of several calls is one turn whose reply is its last, and the final answer is read
+from it; and every call asks for the seed the engine samples it with (`server_seed`), so
+greedy rollouts, and sampled ones of one sample a row, are the engine's where the server
+samples as ours does.
 """
 
 from __future__ import annotations
@@ -22,8 +29,8 @@ from typing import Callable
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Trajectory
-from memagent_jax.rollout.conversation import Call
-from memagent_jax.rollout.runner import run_coroutine, trajectory_of
+from memagent_jax.rollout.conversation import Call, continued
+from memagent_jax.rollout.runner import call_seed, run_coroutine, trajectory_of
 
 # Where the client reads its key, first set (non-empty) first: the project's own variable,
 # which `serve` reads too, then the original MemAgent quickstart's (and this command's before
@@ -79,15 +86,27 @@ def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | N
     return {**payload["choices"][0], "usage": payload.get("usage")}
 
 
+def server_seed(seed: int, row: int, trajectory: int, call: int) -> int:
+    """The seed a server is asked for on call `call` of rollout `trajectory` of row `row` of a
+    run seeded `seed`: the engine's (`runner.call_seed`), so the call draws what it draws on
+    the engine. Except a row's first calls after its first rollout's, which the engine draws
+    as samples 1, 2, ... of one request and a one-sample request cannot ask for: the seed plus
+    the sample's index, a draw of their own."""
+    value, sample = call_seed(seed, row, trajectory, call)
+    return (value + sample) & 0x7FFFFFFF
+
+
 class ServerPolicy:
-    """One rollout's handle on a server (module docstring). Call k (from 1) asks for seed + k
-    (seed None: no seed, the server's own draw)."""
+    """The handle of rollout `index` of row `row` on a server, in a run seeded `seed` (module
+    docstring)."""
     takes_ids = False
 
-    def __init__(self, server: Server, tokenizer, seed: int | None = None,
+    def __init__(self, server: Server, tokenizer, seed: int, row: int = 0, index: int = 0,
                  on_call: Callable[[], None] | None = None):
-        self.server, self.tokenizer, self.seed, self.on_call = server, tokenizer, seed, on_call
+        self.server, self.tokenizer, self.on_call = server, tokenizer, on_call
+        self.seed, self.row, self.index = seed, row, index
         self.calls: dict[Reply, Call] = {}
+        self._made: list[Call] = []
 
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
                    prompt_ids: list[int] | None = None, temperature: float | None = None,
@@ -98,9 +117,11 @@ class ServerPolicy:
         given = {k: v for k, v in (("temperature", temperature), ("top_p", top_p),
                                    ("top_k", top_k)) if v is not None}
         server = dataclasses.replace(self.server, **given) if given else self.server
-        number = len(self.calls) + 1
-        seed = None if self.seed is None else (self.seed + number) & 0x7FFFFFFF
-        url = self.server.url
+        seed = server_seed(self.seed, self.row, self.index, len(self._made))
+        call = Call(list(messages), template_vars, [], max_tokens,
+                    continued(messages, template_vars, self._made))
+        self._made.append(call)
+        number, url = len(self._made), self.server.url
         try:
             choice = await asyncio.to_thread(chat, server, list(messages),
                                              max_tokens=max_tokens, seed=seed,
@@ -113,33 +134,34 @@ class ServerPolicy:
         except (OSError, ValueError, KeyError, IndexError, TypeError) as e:
             raise UserError(f"{url}: call {number}: request failed ({type(e).__name__}: {e})"
                             ) from None
-        reply = Reply(text, choice.get("finish_reason") or "",
-                      completion_tokens=(choice.get("usage") or {}).get("completion_tokens"))
-        self.calls[reply] = Call(list(messages), template_vars, [], max_tokens, None, reply)
+        usage = choice.get("usage") or {}
+        call.reply = Reply(text, choice.get("finish_reason") or "",
+                           completion_tokens=usage.get("completion_tokens"))
+        self.calls[call.reply] = call
         if self.on_call is not None:
             self.on_call()
-        return reply
+        return call.reply
 
     async def once(self, fn: Callable, *args):
         return fn(*args)
 
 
-def run_on_server(server: Server, agent, rows: list, seeds: list[list[int | None]],
+def run_on_server(server: Server, agent, rows: list, seed: int, n: int = 1,
                   concurrency: int = 32, on_call: Callable[[int], None] | None = None,
                   on_done: Callable[[int, list[Trajectory]], None] | None = None
                   ) -> list[list[Trajectory]]:
-    """Rollout j of row i with `ServerPolicy(seed=seeds[i][j])`, at most `concurrency` of them
-    at once; the trajectories of every row, in order. on_call(i) after each reply; on_done(i,
-    trajectories) once row i's rollouts have all finished. A failed request raises its
-    UserError."""
+    """n rollouts of every row on `server`, seeded `seed` as `AgentRunner.run` seeds them
+    (`server_seed`), at most `concurrency` of them at once; the trajectories of every row, in
+    order. on_call(i) after each reply; on_done(i, trajectories) once row i's rollouts have
+    all finished. A failed request raises its UserError."""
     async def main():
         limit = asyncio.Semaphore(concurrency)
-        left = [len(s) for s in seeds]
-        results: list[list] = [[None] * len(s) for s in seeds]
+        left = [n] * len(rows)
+        results: list[list] = [[None] * n for _ in rows]
 
         async def one(i: int, j: int):
             async with limit:
-                policy = ServerPolicy(server, None, seeds[i][j],
+                policy = ServerPolicy(server, None, seed, i, j,
                                       on_call and (lambda: on_call(i)))
                 results[i][j] = trajectory_of(await agent.rollout(rows[i], policy),
                                               policy.calls, rows[i])
@@ -147,8 +169,7 @@ def run_on_server(server: Server, agent, rows: list, seeds: list[list[int | None
             if not left[i] and on_done is not None:
                 on_done(i, results[i])
 
-        tasks = [asyncio.ensure_future(one(i, j)) for i in range(len(rows))
-                 for j in range(len(seeds[i]))]
+        tasks = [asyncio.ensure_future(one(i, j)) for i in range(len(rows)) for j in range(n)]
         try:
             await asyncio.gather(*tasks)
         finally:

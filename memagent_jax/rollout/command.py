@@ -129,7 +129,7 @@ def _run(args) -> None:
             from memagent_jax.rollout.client import run_on_server
 
             agent = _Shown(MemAgent(config, tokenizer), show)
-            (trajectory,), = run_on_server(_server(args), agent, [sample], [[None]])
+            (trajectory,), = run_on_server(_server(args), agent, [sample], args.seed)
         else:
             trajectory = _run_locally(args, agent, params, sample, show)
         record = trajectory.record()
@@ -181,7 +181,7 @@ def _run_agent(args) -> None:
     if args.url:
         from memagent_jax.rollout.client import run_on_server
 
-        (trajectory,), = run_on_server(_server(args), agent, [row], [[None]])
+        (trajectory,), = run_on_server(_server(args), agent, [row], args.seed)
     else:
         from memagent_jax.engine.engine_api import EngineConfig
         from memagent_jax.engine.factory import load_policy

@@ -3,15 +3,18 @@
 What is trained is what was generated (verl's agent loop: token in, token out). A call's prompt
 is its messages through the chat template, except where it continues an earlier call of the
 same rollout (its messages are that call's messages, that call's reply, then more: a tool
-result, a user turn): then the prompt is the earlier prompt's ids, the ids the engine generated
-for that reply, then the template's own text for what follows, tokenized. So a reply the
-template would render otherwise (a merge the tokenizer never makes, thinking the template
-strips, a reply cut at its cap) reaches the next call, and the training row, as the ids it was.
+result, a user turn; the latest such call, `continued`): then the prompt is the earlier
+prompt's ids, the ids the engine generated for that reply, then the template's own text for
+what follows, tokenized. So a reply the template would render otherwise (a merge the tokenizer
+never makes, thinking the template strips, a reply cut at its cap) reaches the next call, and
+the training row, as the ids it was. A server's calls (text, no ids) continue one another the
+same way (`rollout/client.py`), so their conversations group as the engine's do.
 
 `conversation_turns` turns a conversation the agent returns into `Turn`s: each chain of calls
 that continue one another is one row, its prompt the first call's, its response everything
 after, with 1 in `response_mask` on the generated ids only (prompt, user and tool tokens carry
-no loss). A one-call conversation is that call's prompt and reply, as MemAgent's turns are.
+no loss); a server's chain is one row of text, its last reply the row's. A one-call
+conversation is that call's prompt and reply, as MemAgent's turns are.
 """
 
 from __future__ import annotations
@@ -51,22 +54,20 @@ class ChatPrompts:
         """(the prompt ids of `messages`, the earlier call they continue or None)."""
         _check_messages(messages)
         for call in reversed(earlier):
-            continued = self._continue(call, messages, template_vars)
-            if continued is not None:
-                return continued, call
+            if continues(messages, template_vars, call):
+                ids = self._continue(call, messages, template_vars)
+                if ids is not None:
+                    return ids, call
         return chat_ids(self.tokenizer, messages, **template_vars), None
 
     def _continue(self, call: Call, messages: list[dict], template_vars: dict
                   ) -> list[int] | None:
-        """The ids of `messages` as a continuation of `call`, or None where they do not
-        continue it (or the template renders the earlier part differently once more follows)."""
-        if (call.reply is None or call.messages is None or call.reply.token_ids is None
-                or call.template_vars != template_vars):
+        """The ids of `messages`, which continue `call`, built on its ids; None where its
+        reply has no ids, or the template renders the earlier part differently once more
+        follows."""
+        if call.reply.token_ids is None:
             return None
         m = len(call.messages)
-        if (len(messages) <= m + 1 or not is_reply(messages[m], call.reply)
-                or messages[:m] != call.messages):
-            return None
         head = messages[:m] + [{"role": "assistant", "content": _REPLY}]
         closed = self._render(head, False, template_vars)
         full = self._render(head + messages[m + 1:], True, template_vars)
@@ -92,6 +93,23 @@ class ChatPrompts:
         if token not in self._stop_text:
             self._stop_text[token] = self.tokenizer.decode([token])
         return self._stop_text[token]
+
+
+def continues(messages: list[dict], template_vars: dict, call: Call) -> bool:
+    """Whether `messages` continue `call` (module docstring): its messages, its reply, then
+    more, with the same template variables."""
+    if call.reply is None or call.messages is None or call.template_vars != template_vars:
+        return False
+    m = len(call.messages)
+    return (len(messages) > m + 1 and is_reply(messages[m], call.reply)
+            and messages[:m] == call.messages)
+
+
+def continued(messages: list[dict], template_vars: dict, earlier: list[Call]) -> Call | None:
+    """The latest of `earlier` that `messages` continue (`continues`), or None: the call a
+    text-only policy's call extends, as `ChatPrompts.prompt` extends it in ids."""
+    return next((call for call in reversed(earlier)
+                 if continues(messages, template_vars, call)), None)
 
 
 def is_reply(message, reply: Reply) -> bool:
@@ -152,10 +170,11 @@ def _call_of(message, conversation, k, calls: dict[Reply, Call]) -> Call | None:
 
 def _turn(chain: list[Call], kind: str, memory: str | None, messages) -> Turn:
     first, last = chain[0], chain[-1]
-    if last.reply.token_ids is None:  # a server's reply: text only, nothing to train
+    if last.reply.token_ids is None:  # a server's replies: text only, nothing to train
+        counts = [c.reply.completion_tokens for c in chain]
         return Turn(kind, [], [], [], last.reply.finish_reason, last.reply.text, memory,
                     caps=tuple(c.max_tokens for c in chain), messages=messages,
-                    server_tokens=last.reply.completion_tokens)
+                    server_tokens=None if None in counts else sum(counts))
     prompt = list(first.prompt_ids)
     if len(chain) == 1:
         return Turn(kind, prompt, list(last.reply.token_ids), list(last.reply.logprobs),

@@ -1,10 +1,10 @@
 """A `Generation` run on the engine worker, answered as OpenAI answers.
 
 `prepare` turns the request's prompts into token ids (chat: through the chat template; on the
-`Encoder`'s threads) and checks them: words the tokenizer cannot represent (400 naming them,
-and the message and role where the chat template writes a role it cannot), ids past the
-model's embedding rows, and the engine's length (400 `context_length_exceeded`, as OpenAI
-words it).
+`Encoder`'s threads) and checks them: words the tokenizer cannot represent in the text it reads
+(chat: the prompt the template renders, as the local engine reads it; 400 naming them, and the
+message and role where the chat template writes a role it cannot), ids past the model's
+embedding rows, and the engine's length (400 `context_length_exceeded`, as OpenAI words it).
 An `Exchange` submits one job per prompt (its n samples prefilled once) and turns the job
 events the engine thread sends into `Update`s, one choice's new text and tokens at a time; it
 cancels a prompt's job once every choice of it has met a stop string, and all of its jobs when
@@ -185,24 +185,41 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
 
 
 def _chat_prompt(messages: list[dict], template_vars: dict, tokenizer) -> list[int]:
-    """The conversation through the chat template. UserError naming the message whose
-    content, or whose role as the template writes it, the tokenizer cannot read."""
-    for i, message in enumerate(messages):
-        check_representable(tokenizer, message["content"], f"messages[{i}].content")
+    """The conversation through the chat template: the ids the engine reads. What is judged
+    is the prompt the template renders, not the messages' raw text (a template may rewrite
+    it: one that collapses whitespace reads '\\n\\n' as ' '), so this takes what the local
+    engine takes. Where the tokenizer cannot read part of that prompt (its unknown token, or
+    pieces no model has rows for), a UserError names the message at fault: one whose own
+    unreadable words are in the prompt, one whose role the template writes and the tokenizer
+    cannot read, one the template writes as it is; else the prompt itself."""
     ids = chat_ids(tokenizer, messages, **template_vars)
     unk = unknown_id(tokenizer)
-    if any(t == unk or t >= PIECE_IDS for t in ids):  # from the template's own text
-        markup = tokenizer.apply_chat_template(
-            [{**m, "content": ""} for m in messages], tokenize=False,
-            add_generation_prompt=True, **template_vars)
-        readable = [r for r in ROLES if not unreadable_parts(tokenizer, r)]
-        for i, message in enumerate(messages):
-            role = message["role"]
-            if role not in readable and role in markup:
-                raise UserError(
-                    f"messages[{i}].role: the chat template writes the role {role!r}, which "
-                    f"the tokenizer has no token for (the roles this model reads: "
-                    f"{', '.join(readable) or 'none'})")
+    if not any(t == unk or t >= PIECE_IDS for t in ids):
+        return ids
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True, **template_vars)
+    unread = set(unreadable_parts(tokenizer, rendered))
+    own = [unreadable_parts(tokenizer, message["content"]) for message in messages]
+    for i, parts in enumerate(own):
+        if unread.intersection(parts):
+            check_representable(tokenizer, messages[i]["content"], f"messages[{i}].content")
+    markup = tokenizer.apply_chat_template(
+        [{**m, "content": ""} for m in messages], tokenize=False,
+        add_generation_prompt=True, **template_vars)
+    readable = [r for r in ROLES if not unreadable_parts(tokenizer, r)]
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if role not in readable and role in markup:
+            raise UserError(
+                f"messages[{i}].role: the chat template writes the role {role!r}, which "
+                f"the tokenizer has no token for (the roles this model reads: "
+                f"{', '.join(readable) or 'none'})")
+    # Whitespace is named with the words around it, which in the prompt may be the
+    # template's: a message written as it is, unreadable alone, is the one.
+    for i, parts in enumerate(own):
+        if parts and messages[i]["content"] in rendered:
+            check_representable(tokenizer, messages[i]["content"], f"messages[{i}].content")
+    check_representable(tokenizer, rendered, "messages, as the chat template renders them")
     return ids
 
 

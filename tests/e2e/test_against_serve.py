@@ -8,6 +8,7 @@
   back with our tokenizer. Its settings come from the environment (its utils/envs.py): the
   chunk and reply budgets are set to the model's (memagent.json). It samples at the
   temperature it is given: 0 here, as the eval config's greedy decoding.
+- `eval` with `model.url` answers as `eval` here, MemAgent by its own method or as any agent.
 - `run --url` takes the budgets the model was trained with (memagent.json beside the
   tokenizer), as local `run` does: the same memories and answers, and --json records with the
   same keys; also on a document of every word the model reads, whose role words ("user",
@@ -53,23 +54,36 @@ def _original_client(monkeypatch, port: int, chunk_tokens: int, reply_tokens: in
     return importlib.import_module("utils.recurrent_boxed"), importlib.import_module("utils")
 
 
-@pytest.mark.slow
-def test_the_originals_evaluation_client_against_serve_answers_as_our_eval(server, tmp_path,
-                                                                            monkeypatch):
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    """(a synthetic set of 6 multikey documents of 1K tokens in the original's layout, the
+    eval config's arguments for it, `eval`'s samples of it on the local engine by row)."""
+    tmp_path = tmp_path_factory.mktemp("evaluated")
     data = tmp_path / "data"
     assert main(["data", "synthetic", "--task", "multikey", "--lengths", "1024",
                  "--num-samples", "6", "--seed", "9", "--out", str(data)]) == 0
-    with open(data / "eval_multikey_1024.json") as f:
+    config = ["--config", str(ROOT / "configs" / "eval" / "memagent_tiny.yaml"),
+              f"data.sets=[{data / 'eval_multikey_1024.json'}]"]
+    assert main(["eval", *config, f"output_dir={tmp_path / 'ours'}"]) == 0
+    return data / "eval_multikey_1024.json", config, _samples(tmp_path / "ours")
+
+
+def _samples(out) -> dict:
+    with open(out / "samples" / "eval_multikey_1024.jsonl") as f:
+        return {r["row"]: {k: r[k] for k in ("runs", "turns", "context_tokens")}
+                for r in map(json.loads, f)}
+
+
+@pytest.mark.slow
+def test_the_originals_evaluation_client_against_serve_answers_as_our_eval(server, evaluated,
+                                                                            monkeypatch):
+    path, _, samples = evaluated
+    with open(path) as f:
         items = json.load(f)
     model = resolve("memagent-tiny")
     limits = budgets(model)
     assert limits["max_final_tokens"] <= limits["max_memory_tokens"]
-
-    out = tmp_path / "ours"
-    assert main(["eval", "--config", str(ROOT / "configs" / "eval" / "memagent_tiny.yaml"),
-                 f"data.sets=[{data / 'eval_multikey_1024.json'}]", f"output_dir={out}"]) == 0
-    with open(out / "samples" / "eval_multikey_1024.jsonl") as f:
-        ours = {r["row"]: r["runs"][0]["pred"] for r in map(json.loads, f)}
+    ours = {row: sample["runs"][0]["pred"] for row, sample in samples.items()}
 
     tokenizer = AutoTokenizer.from_pretrained(model)   # as ruler_hqa.py loads it
     recurrent, original = _original_client(monkeypatch, server.port, limits["chunk_tokens"],
@@ -93,6 +107,20 @@ def test_the_originals_evaluation_client_against_serve_answers_as_our_eval(serve
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("method", [[], ["method=agent",
+                                         "agent={module: memagent_jax.agents.memagent}"]])
+def test_eval_through_model_url_answers_as_eval_here(server, evaluated, tmp_path, monkeypatch,
+                                                     method):
+    """MemAgent against serve, by its own method and as any agent is run (`method: agent`, its
+    module named): every answer, reply, token count and turn count as the local engine's."""
+    _, config, ours = evaluated
+    monkeypatch.setenv("MEMAGENT_API_KEY", API_KEY)
+    assert main(["eval", *config, *method, f"model.url={server.url}", "model.served_name=m",
+                 f"output_dir={tmp_path}"]) == 0
+    assert _samples(tmp_path) == ours
+
+
+@pytest.mark.slow
 def test_run_against_serve_reads_as_run_here(server, tmp_path, monkeypatch):
     monkeypatch.setenv("API_KEY", API_KEY)
     records = {"local": [], "url": []}
@@ -113,7 +141,8 @@ def test_run_against_serve_reads_as_run_here(server, tmp_path, monkeypatch):
         assert local.keys() == remote.keys()
         assert len(local["turns"]) == 1500 // 256 + 2   # 256-token chunks, and the answer
         assert [t.keys() for t in local["turns"]] == [t.keys() for t in remote["turns"]]
-        assert (local["memories"], local["answer"]) == (remote["memories"], remote["answer"])
+        assert (local["memories"], local["answer"], local["final_reply"]) == (
+            remote["memories"], remote["answer"], remote["final_reply"])
     assert sum(r["answer"].strip() == synthetic.make_sample(
         "multikey", 1500, FRESH_SEED, 100 + i).answer for i, r in enumerate(records["url"])) >= 1
 

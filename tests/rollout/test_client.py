@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from memagent_jax.rollout.client import Server, run_on_server
+from memagent_jax.rollout.client import Server, run_on_server, server_seed
 
 SERVER = Server("http://127.0.0.1:1/v1", "m")
 
@@ -49,16 +49,14 @@ async def _three_calls(row, policy):
 
 def test_each_call_of_a_seeded_rollout_asks_a_seed_of_its_own(answers):
     """A rollout's calls are sampled apart (one seed for all would draw alike where their
-    prompts agree), the same on a rerun; a rollout without a seed sends none."""
-    run_on_server(SERVER, _agent(_three_calls), [ROW], [[5]])
+    prompts agree), each with the engine's seed of that call (`server_seed`), the same on a
+    rerun."""
+    run_on_server(SERVER, _agent(_three_calls), [ROW], 5)
     seeds = [b.get("seed") for b in answers.bodies]
-    assert len(seeds) == 3 and None not in seeds and len(set(seeds)) == 3
+    assert seeds == [server_seed(5, 0, 0, k) for k in range(3)] and len(set(seeds)) == 3
     answers.bodies.clear()
-    run_on_server(SERVER, _agent(_three_calls), [ROW], [[5]])
+    run_on_server(SERVER, _agent(_three_calls), [ROW], 5)
     assert [b.get("seed") for b in answers.bodies] == seeds
-    answers.bodies.clear()
-    run_on_server(SERVER, _agent(_three_calls), [ROW], [[None]])
-    assert len(answers.bodies) == 3 and not any("seed" in b for b in answers.bodies)
 
 
 def test_tools_are_openais_field_and_other_template_variables_chat_template_kwargs(answers):
@@ -72,7 +70,7 @@ def test_tools_are_openais_field_and_other_template_variables_chat_template_kwar
                                   tools=tools, enable_thinking=False)
         return [[reply.message]]
 
-    run_on_server(SERVER, _agent(with_tools), [ROW], [[None]])
+    run_on_server(SERVER, _agent(with_tools), [ROW], 0)
     (body,) = answers.bodies
     assert (body.get("tools"), body.get("chat_template_kwargs")) == (
         tools, {"enable_thinking": False})

@@ -112,11 +112,12 @@ def test_url_mode_sends_exactly_the_expected_prompts(model_dir, doc, capsys, mon
     assert first["body"]["model"] == "served-model" and first["body"]["max_tokens"] == 32
     assert (first["body"]["temperature"], first["body"]["top_p"]) == (0.7, 0.95)
     assert server.requests[-1]["body"]["max_tokens"] == 16
+    # each call the seed the engine samples it with (--seed 0, row 0, rollout 0, call k)
+    assert [r["body"]["seed"] for r in server.requests] == [
+        call_seed(0, 0, 0, k)[0] for k in range(len(expected))]
     assert capsys.readouterr().out.strip().splitlines()[-1] == "Paris"
 
 
-@pytest.mark.xfail(strict=True, reason="issue 81: run --url sends no seed; the server road "
-                   "is to seed every call as the engine's runner does (runner.call_seed)")
 def test_url_mode_seeds_every_call_as_the_engine_does(model_dir, doc):
     server = _ChatServer()
     try:
@@ -404,7 +405,8 @@ def test_another_agent_runs_against_a_server_and_locally(model_dir, capsys):
     (request,) = server.requests
     assert request["body"]["messages"] == [{"role": "user", "content": "You are presented "
                                             "with a problem and a previous memory"}]
-    assert (request["body"]["max_tokens"], request["body"]["temperature"]) == (7, 0.3)
+    assert (request["body"]["max_tokens"], request["body"]["temperature"],
+            request["body"]["seed"]) == (7, 0.3, call_seed(0, 0, 0, 0)[0])
     assert record["final_reply"] == "no" and record["turns"][0]["kind"] == "final"
     assert record["turns"][0]["messages"][-1] == {"role": "assistant", "content": "no"}
     assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",

@@ -1,17 +1,22 @@
 """serve's `prepare` on its own (no engine): what a request's prompts are refused for, and
 the message naming it, on memagent-tiny's tokenizer (a word vocabulary whose chat template
-writes the roles) and on the tests' word-level one (which reads unknown words as [UNK])."""
+writes the roles), the lookup task's (whose template collapses whitespace) and on the tests'
+word-level one (which reads unknown words as [UNK])."""
 
 import asyncio
 import types
 
 import pytest
 
+from memagent_jax.agents.tool_calling import system_prompt
+from memagent_jax.lookup import task
+from memagent_jax.lookup.tools import TOOL
 from memagent_jax.model_dir import resolve
+from memagent_jax.rollout.chat import chat_ids
 from memagent_jax.serve.encoding import Encoder
 from memagent_jax.serve.protocol import APIError, Generation
 from memagent_jax.serve.respond import Served, prepare
-from memagent_jax.tokenizer import load_tokenizer
+from memagent_jax.tokenizer import load_tokenizer, unreadable_parts
 
 
 @pytest.fixture(scope="module")
@@ -43,12 +48,30 @@ def _chat(*messages) -> Generation:
      "no token for (the roles this model reads: user, assistant)"),
     ([("user", "what is the  code")],  # the spaces, not the words around them
      "messages[0].content: the tokenizer has no token for '  ' between 'the' and 'code'"),
-    ([("user", "what is the code ")],
-     "messages[0].content: the tokenizer has no token for ' ' after 'code' at the end"),
+    ([("user", "the code"), ("assistant", "is"), ("user", "what is the  code")],
+     "messages[2].content: the tokenizer has no token for '  ' between 'the' and 'code'"),
 ])
 def test_memagent_tiny_refusals_name_the_message_and_what_is_wrong(tiny, messages, message):
     assert _prepare(tiny, _chat(*messages)).startswith(message)
     assert isinstance(_prepare(tiny, _chat(("user", "what is the code"))), list)
+
+
+def test_what_is_judged_is_the_prompt_the_chat_template_renders(tiny, tmp_path):
+    """What the local engine reads is taken: the tool agent's system prompt (line breaks
+    between words the lookup tokenizer reads only as one space) through the lookup model's
+    template, which collapses whitespace; a space before memagent-tiny's `</s>`, which it
+    reads. A word no template removes is still refused, the message holding it named."""
+    lookup = load_tokenizer(task.write_tokenizer(str(tmp_path / "lookup")))
+    system = system_prompt([TOOL])
+    assert unreadable_parts(lookup, system)  # the raw text alone would be refused
+    for tokenizer, messages in [
+            (lookup, [("system", system), ("user", "what is the code of nakodo ?")]),
+            (tiny, [("user", "what is the code ")])]:
+        chat = [{"role": r, "content": c} for r, c in messages]
+        assert _prepare(tokenizer, _chat(*messages)) == [chat_ids(tokenizer, chat)]
+    refused = _prepare(lookup, _chat(("system", system), ("user", "the code of zebrafoo ?")))
+    assert refused.startswith("messages[1].content: the tokenizer has no token for "
+                              "'zebrafoo'"), refused
 
 
 def test_every_message_is_read_not_the_last_alone(word_tokenizer):
