@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Turn
 from memagent_jax.rollout.templates import chat_ids
 
@@ -49,7 +50,7 @@ class ChatPrompts:
     def prompt(self, messages: list[dict], template_vars: dict, earlier: list[Call]
                ) -> tuple[list[int], Call | None]:
         """(the prompt ids of `messages`, the earlier call they continue or None)."""
-        _check_messages(messages)
+        check_messages(messages, "policy.chat's messages")
         for call in reversed(earlier):
             continued = self._continue(call, messages, template_vars)
             if continued is not None:
@@ -102,14 +103,16 @@ def is_reply(message, reply: Reply) -> bool:
                                         and message.get("content") == reply.text)
 
 
-def _check_messages(messages) -> None:
+def check_messages(messages, what: str) -> None:
+    """UserError naming `what` (a call's messages, a returned conversation) unless `messages`
+    is a non-empty list of chat messages: dicts with string 'role' and 'content'."""
     if not isinstance(messages, list) or not messages:
-        raise TypeError(f"chat messages must be a non-empty list of {{'role', 'content'}} "
-                        f"dicts, got {messages!r:.100}")
+        raise UserError(f"{what} must be a non-empty list of {{'role', 'content'}} dicts, got "
+                        f"{messages!r:.100}")
     for k, message in enumerate(messages):
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), str)):
-            raise TypeError(f"chat message {k} must be a dict with string 'role' and "
+            raise UserError(f"{what}, message {k} must be a dict with string 'role' and "
                             f"'content', got {message!r:.100}")
 
 

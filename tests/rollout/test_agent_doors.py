@@ -1,0 +1,41 @@
+"""The doors a user's own agent meets (issue 81), each through `memagent-jax run --agent` as
+the user meets it: one line on stderr naming the thing at fault, exit status 2, nothing on
+stdout. An agent's return value is checked where every road reads it (`runner.trajectory_of`),
+so `train` and `eval` say the same."""
+
+import sys
+import types
+
+from memagent_jax.cli import main
+
+PREFIX = "memagent-jax: error: "
+QUESTION = "what is the answer"
+
+
+def _agent(name, rollout) -> str:
+    """A module `name` defining `rollout`, importable as an agent's module."""
+    module = types.ModuleType(name)
+    module.rollout = rollout
+    sys.modules[name] = module
+    return name
+
+
+async def _no_roles(row, policy):
+    reply = await policy.chat([{"role": "user", "content": row.question}], max_tokens=3)
+    return [[{"content": row.question}, {"content": reply.text}]]
+
+
+def _run(capsys, *flags) -> tuple[int, str, list[str]]:
+    """`run` with the flags: (exit status, stdout, stderr's lines)."""
+    code = main(["run", "--question", QUESTION, "--temperature", "0", *flags])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err.strip().splitlines()
+
+
+def test_an_agent_returning_messages_without_roles_is_one_line_naming_them(model_dir, capsys):
+    """(Exit 0 and an empty answer before; a traceback in `train`. What else an agent may
+    return wrong is checked in test_agents.py, on the runner that every road shares.)"""
+    name = _agent("doors_no_roles", _no_roles)
+    assert _run(capsys, "--model", model_dir, "--agent", name, "--max-len", "64") == (2, "", [
+        f"{PREFIX}conversation 0, message 0 must be a dict with string 'role' and 'content', "
+        f"got {{'content': '{QUESTION}'}} (in agent {name}, rollout 0 of row 0)"])
