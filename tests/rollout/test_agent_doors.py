@@ -6,6 +6,8 @@ so `train` and `eval` say the same."""
 import sys
 import types
 
+import pytest
+
 from memagent_jax.cli import main
 
 PREFIX = "memagent-jax: error: "
@@ -39,3 +41,26 @@ def test_an_agent_returning_messages_without_roles_is_one_line_naming_them(model
     assert _run(capsys, "--model", model_dir, "--agent", name, "--max-len", "64") == (2, "", [
         f"{PREFIX}conversation 0, message 0 must be a dict with string 'role' and 'content', "
         f"got {{'content': '{QUESTION}'}} (in agent {name}, rollout 0 of row 0)"])
+
+
+def test_a_rollout_that_is_not_async_is_refused_when_the_agent_loads(model_dir, capsys):
+    def rollout(row, policy):
+        return [[{"role": "user", "content": row.question}]]
+
+    name = _agent("doors_not_async", rollout)
+    assert _run(capsys, "--model", model_dir, "--agent", name, "--max-len", "64") == (2, "", [
+        f"{PREFIX}--agent: agent.module: {name}.rollout is not a coroutine function: the "
+        "runner awaits it, so it must be `async def rollout(row, policy)`"])
+
+
+@pytest.mark.parametrize("section, message", [
+    ("{modul: doors_no_roles}", "agent.modul: unknown key (did you mean 'agent.module'?)"),
+    ("{tools: [json:dumps]}", "agent.tools: the section names no module (`module: "
+                              "my_package.my_agent`); without one its agent is MemAgent, "
+                              "whose settings are the `memagent` section"),
+])
+def test_an_agent_section_without_module_says_so(model_dir, capsys, section, message):
+    """(It spoke of MemAgent's section, as if the user had meant MemAgent.)"""
+    _agent("doors_no_roles", _no_roles)
+    assert _run(capsys, "--model", model_dir, "--agent", section) == (2, "", [
+        f"{PREFIX}--agent: {message}"])

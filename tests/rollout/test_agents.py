@@ -253,9 +253,13 @@ def _module(name, **attributes):
      "agent.tools[0]", "names no function"),
     ({"module": "memagent_jax.rollout.memagent", "chunk_tokens": 5}, "agent.chunk_tokens",
      "MemAgent's settings are the `memagent` section"),
+    ({"modul": "agents_test_bare"}, "agent.modul", "unknown key (did you mean 'agent.module'?)"),
+    ({"module": "agents_test_sync"}, "agent.module",
+     "agents_test_sync.rollout is not a coroutine function"),
 ])
 def test_an_agent_section_is_checked_as_every_config_key(section, key, message):
     _module("agents_test_bare", rollout=_two_views)
+    _module("agents_test_sync", rollout=lambda row, policy: [[]])
     with pytest.raises(ConfigError) as error:
         load_agent(section, None)
     assert key in str(error.value) and message in str(error.value)
