@@ -173,9 +173,9 @@ def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
         tokens = agent.max_len(tokenizer)
         return tokens, "agent", f"{agent.name} makes conversations of up to {tokens} tokens"
     if engine.max_len is None:
-        raise ConfigError("engine.max_len", f"agent {agent.name} does not say how long its "
-                                            "conversations get (max_len(tokenizer)): set "
-                                            "engine.max_len")
+        raise ConfigError("engine.max_len", f"must be set: agent {agent.name} does not say "
+                                            "how long its conversations get (it defines no "
+                                            "max_len(tokenizer))")
     return engine.max_len, "engine.max_len", str(engine.max_len)
 
 

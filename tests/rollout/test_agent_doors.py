@@ -64,3 +64,11 @@ def test_an_agent_section_without_module_says_so(model_dir, capsys, section, mes
     _agent("doors_no_roles", _no_roles)
     assert _run(capsys, "--model", model_dir, "--agent", section) == (2, "", [
         f"{PREFIX}--agent: {message}"])
+
+
+def test_an_agent_without_a_length_asks_for_the_flag(model_dir, capsys):
+    """(It named the config key engine.max_len, which `run` has no way to set.)"""
+    name = _agent("doors_no_roles", _no_roles)
+    assert _run(capsys, "--model", model_dir, "--agent", name) == (2, "", [
+        f"{PREFIX}--max-len must be set: agent {name} does not say how long its "
+        "conversations get (it defines no max_len(tokenizer))"])
