@@ -3,14 +3,19 @@ the user meets it: one line on stderr naming the thing at fault, exit status 2, 
 stdout. An agent's return value is checked where every road reads it (`runner.trajectory_of`),
 so `train` and `eval` say the same."""
 
+import os
 import sys
 import types
 
 import pytest
 
+from memagent_jax.agents.tool_calling import tool
 from memagent_jax.cli import main
+from memagent_jax.lookup.task import words
 
 PREFIX = "memagent-jax: error: "
+LOOKUP_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "lookup",
+                            "start")
 QUESTION = "what is the answer"
 
 
@@ -72,3 +77,41 @@ def test_an_agent_without_a_length_asks_for_the_flag(model_dir, capsys):
     assert _run(capsys, "--model", model_dir, "--agent", name) == (2, "", [
         f"{PREFIX}--max-len must be set: agent {name} does not say how long its "
         "conversations get (it defines no max_len(tokenizer))"])
+
+
+SCHEMA = {"name": "lookup", "description": "Look up the code of a key.",
+          "parameters": {"type": "object",
+                         "properties": {"key": {"type": "string", "description": "the key"}},
+                         "required": ["key"]}}
+
+
+@tool({**SCHEMA, "description": "Look up the zorblax code of a key."})
+def described_in_other_words(key: str) -> str:
+    return "no such key ."
+
+
+@tool(SCHEMA)
+def answering_in_other_words(key: str) -> str:
+    return "the code is zorblax ."
+
+
+@pytest.mark.parametrize("tool_function, message", [
+    (described_in_other_words, "messages[0].content (system)"),  # the tools' declaration
+    (answering_in_other_words, "messages[3].content (tool)"),  # the first call's result
+])
+def test_a_word_the_tokenizer_cannot_read_names_the_word_and_its_message(capsys, tool_function,
+                                                                         message):
+    """The tool agent on the lookup model, whose word-level tokenizer reads the tools' system
+    prompt as its chat template renders it (whitespace collapsed), and which calls the tool
+    first: a word outside its vocabulary, in the tool's schema or in its result, is named with
+    the message it is in, as `serve` names one. (It was `token id 1048779 is outside the
+    model's vocabulary of 4096 ids`.)"""
+    agent = ("{module: memagent_jax.agents.tool_calling, max_length: 512, "
+             f"tools: ['{__name__}:{tool_function.__name__}']}}")
+    code = main(["run", "--model", LOOKUP_MODEL, "--agent", agent, "--question",
+                 f"what is the code of {words()[0][0]} ?", "--temperature", "0"])
+    captured = capsys.readouterr()
+    assert (code, captured.out, captured.err.strip().splitlines()) == (2, "", [
+        f"{PREFIX}{message}: the tokenizer has no token for 'zorblax' (it reads them as pieces "
+        "no model has rows for; `memagent-jax vocab --model MODEL` lists the words a model "
+        "reads) (in agent tool_calling, rollout 0 of row 0)"])
