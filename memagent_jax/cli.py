@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except UserError as e:
-        print(f"memagent-jax: error: {e}", file=sys.stderr)
+        # Notes say where it arose (the agent and row a rollout of which raised it: runner.py).
+        where = "; ".join(getattr(e, "__notes__", ()))
+        print(f"memagent-jax: error: {e}{f' ({where})' if where else ''}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # stdout's reader stopped early (`| head`): as a shell's SIGPIPE
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error at exit

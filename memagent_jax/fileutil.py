@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import uuid
+from typing import Any
 
 from memagent_jax.errors import UserError
 
@@ -22,6 +24,33 @@ def check_input_file(path: str) -> None:
                         "a file")
     if not os.path.isfile(path):
         raise UserError(f"{path}: not found")
+
+
+def json_lines(path: str) -> list[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of a JSON-lines file, in order; UserError
+    naming the file, and the line and column where one is not valid JSON, or that the file is
+    not UTF-8 text."""
+    with open(path, encoding="utf-8") as f:
+        try:
+            lines = f.readlines()
+        except UnicodeDecodeError as e:
+            raise UserError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
+    values = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            values.append((number, json.loads(line)))
+        except json.JSONDecodeError as e:
+            # e.msg alone can stop mid-sentence ("Invalid control character at"); e.pos is the
+            # column in this line (the line is the whole JSON text), past its text where the
+            # line was cut short.
+            at = "" if e.msg.endswith(" at") else " at"
+            column = (f"column {e.pos + 1}" if e.pos < len(line.rstrip())
+                      else "the end of the line")
+            raise UserError(f"{path} line {number}: not valid JSON: {e.msg}{at} {column}"
+                            ) from None
+    return values
 
 
 def check_output_file(path: str) -> None:

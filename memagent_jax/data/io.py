@@ -11,6 +11,7 @@ file is either complete or absent (and a full disk is one line naming it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -19,7 +20,7 @@ from typing import Callable, Iterable
 
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
-from memagent_jax.fileutil import atomic_file
+from memagent_jax.fileutil import atomic_file, json_lines
 
 _LOCAL_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 HUB_TIMEOUT_S = 3  # how long `load_from_hub` waits for a connection to the hub
@@ -39,14 +40,57 @@ def load_source(source: str, split: str | None = None, name: str | None = None,
             raise UserError(f"{source}: expected .json, .jsonl or .parquet files of one kind")
         builder = _LOCAL_BUILDERS[kinds.pop()]
         try:
-            return datasets.load_dataset(builder, data_files=paths, split="train")
+            with quiet(datasets):
+                return datasets.load_dataset(builder, data_files=paths, split="train")
         except Exception as e:  # noqa: BLE001 - pyarrow/json errors of many types
-            raise UserError(f"{source}: cannot read ({type(e).__name__}: "
-                            f"{str(e).splitlines()[0] if str(e) else ''})") from None
+            raise UserError(unreadable_json(paths) or (
+                f"{source}: cannot read ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''})")) from None
     if len(paths) != 1 or not looks_like_hub_id(source):
         raise UserError(f"{source}: file not found")
     return load_from_hub(lambda: datasets.load_dataset(source, name or default_name,
                                                        split=split or default_split), source)
+
+
+@contextlib.contextmanager
+def quiet(datasets):
+    """`datasets` logging nothing, its errors included, while it reads: a file it cannot read
+    is one line of ours (`unreadable_json`), not its log lines and then ours."""
+    previous = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(previous)
+
+
+def unreadable_json(paths: list[str]) -> str | None:
+    """Why `datasets` read no records from these local files, as one line naming the first
+    .json or .jsonl file that is empty, or not valid JSON (and where: `json_lines`); None where
+    each parses (it failed for another reason)."""
+    for path in paths:
+        ext = os.path.splitext(path)[1].lower()
+        if ext not in (".json", ".jsonl") or not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except UnicodeDecodeError as e:
+            return f"{path}: not UTF-8 text (byte offset {e.start})"
+        if not text.strip():
+            return f"{path}: the file is empty (no records)"
+        if ext == ".json":
+            try:
+                json.loads(text)
+                continue
+            except json.JSONDecodeError as e:
+                if e.msg != "Extra data":  # else JSON lines, as `datasets` reads .json too
+                    return f"{path}: not valid JSON ({e.msg} at line {e.lineno})"
+        try:
+            json_lines(path)
+        except UserError as e:
+            return str(e)
+    return None
 
 
 def load_from_hub(load: Callable, what: str):
@@ -98,23 +142,16 @@ def read_set(path: str) -> list[dict]:
         return pq.read_table(path).to_pylist()
     if ext not in (".json", ".jsonl"):
         raise UserError(f"{path}: expected a .json, .jsonl or .parquet evaluation set")
-    with open(path, encoding="utf-8") as f:
-        if ext == ".json":
+    if ext == ".json":
+        with open(path, encoding="utf-8") as f:
             try:
                 records = json.load(f)
             except json.JSONDecodeError as e:
                 raise UserError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
-            if not isinstance(records, list):
-                raise UserError(f"{path}: expected a JSON list of records")
-            return records
-        records = []
-        for number, line in enumerate(f, start=1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise UserError(f"{path} line {number}: not valid JSON ({e.msg})") from None
+        if not isinstance(records, list):
+            raise UserError(f"{path}: expected a JSON list of records")
         return records
+    return [record for _, record in json_lines(path)]
 
 
 def write_set(path: str, records: Iterable[dict]) -> int:

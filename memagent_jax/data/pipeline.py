@@ -32,7 +32,7 @@ import functools
 import os
 from typing import Any, Sequence
 
-from memagent_jax.data.io import load_from_hub, looks_like_hub_id
+from memagent_jax.data.io import load_from_hub, looks_like_hub_id, quiet, unreadable_json
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
 
@@ -81,22 +81,23 @@ def load_source(spec: str, split: str = "train", key: str = "data",
                         ".jsonl file")
     with needs("train", "reading training data"):
         import datasets
-    previous = datasets.logging.get_verbosity()
-    datasets.logging.set_verbosity_error()
     datasets.disable_progress_bars()  # the trainer has its own progress bar
     try:
         if kind is not None:
             load = functools.partial(datasets.load_dataset, kind, data_files=spec, split="train")
         else:
             load = functools.partial(datasets.load_dataset, spec, split=split)
-        dataset = load() if local else load_from_hub(load, f"{key}: '{spec}'")
+        with quiet(datasets):
+            dataset = load() if local else load_from_hub(load, f"{key}: '{spec}'")
     except UserError:
         raise
     except Exception as e:  # noqa: BLE001 - datasets raises many kinds; the user needs one line
+        files = ([spec] if os.path.isfile(spec) else
+                 sorted(os.path.join(d, n) for d, _, names in os.walk(spec) for n in names))
+        problem = unreadable_json(files)
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise UserError(f"{key}: cannot read '{spec}' (split '{split}'): {message}") from None
-    finally:
-        datasets.logging.set_verbosity(previous)
+        raise UserError(f"{key}: {problem}" if problem else
+                        f"{key}: cannot read '{spec}' (split '{split}'): {message}") from None
     if isinstance(dataset, datasets.DatasetDict):  # a directory whose files name splits
         if split not in dataset:
             raise UserError(f"{key}: '{spec}' has no split '{split}' "

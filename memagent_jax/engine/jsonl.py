@@ -6,7 +6,7 @@ import json
 import math
 
 from memagent_jax.errors import UserError
-from memagent_jax.fileutil import atomic_file, check_input_file
+from memagent_jax.fileutil import atomic_file, check_input_file, json_lines
 from memagent_jax.tokenizer import check_representable, undecodable_ids
 
 
@@ -16,25 +16,8 @@ def read_prompts(path: str, tokenizer, vocab_size: int) -> list[list[int]]:
     lines are skipped. Errors name the file and line number."""
     check_input_file(path)
     prompts = []
-    with open(path, encoding="utf-8", errors="strict") as f:
-        try:
-            lines = f.readlines()
-        except UnicodeDecodeError as e:
-            raise UserError(f"{path}: not UTF-8 text (byte offset {e.start})") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, item in json_lines(path):
         where = f"{path} line {number}"
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            # e.msg alone can stop mid-sentence ("Invalid control character at"); e.pos is
-            # the column in this line (the line is the whole JSON text), past its text where
-            # the line was cut short.
-            at = "" if e.msg.endswith(" at") else " at"
-            column = (f"column {e.pos + 1}" if e.pos < len(line.rstrip())
-                      else "the end of the line")
-            raise UserError(f"{where}: not valid JSON: {e.msg}{at} {column}") from None
         if not isinstance(item, dict) or ("prompt" in item) == ("prompt_ids" in item):
             raise UserError(f"{where}: expected an object with exactly one of 'prompt' or "
                             "'prompt_ids'")

@@ -33,7 +33,9 @@ agent added), never the text re-tokenized.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
+import inspect
 from typing import Any, Protocol
 
 from memagent_jax.errors import ConfigError
@@ -219,7 +221,15 @@ def load_agent(section: dict, config) -> Any:
     """The agent a config's `agent` section names (module docstring), built from its other keys
     against `config` (the whole TrainConfig or EvalConfig). A module with `rollout` only takes
     no settings; a module that moved is found by its old name too (`MOVED_MODULES`). Errors
-    are ConfigErrors naming `agent.module` or the setting."""
+    are ConfigErrors naming `agent.module` or the setting; a section of settings without
+    `module` (a misspelled one) is one, not settings for MemAgent."""
+    if section and "module" not in section:
+        key = next(iter(section))
+        raise ConfigError(f"{SECTION}.{key}", "unknown key (did you mean 'agent.module'?)"
+                          if difflib.get_close_matches(key, ["module"], cutoff=0.6) else
+                          "the section names no module (`module: my_package.my_agent`); "
+                          "without one its agent is MemAgent, whose settings are the "
+                          "`memagent` section")
     name = section.get("module", DEFAULT_MODULE)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{SECTION}.module", f"must name a module with rollout(row, policy) "
@@ -244,6 +254,12 @@ def load_agent(section: dict, config) -> Any:
     if not callable(getattr(agent, "rollout", None)):
         raise ConfigError(f"{SECTION}.module", f"{name}.build returned {type(agent).__name__}, "
                                                "which has no rollout(row, policy)")
+    if not inspect.iscoroutinefunction(agent.rollout):
+        rollout = (f"{name}.rollout" if isinstance(agent, _FunctionAgent) else
+                   f"the rollout of {name}.build's {type(agent).__name__}")
+        raise ConfigError(f"{SECTION}.module", f"{rollout} is not a coroutine function: the "
+                                               "runner awaits it, so it must be `async def "
+                                               "rollout(row, policy)`")
     agent.name = getattr(agent, "name", None) or name
     return agent
 

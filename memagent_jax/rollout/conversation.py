@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Turn
 from memagent_jax.rollout.chat import chat_ids
+from memagent_jax.tokenizer import PIECE_IDS, check_representable
 
 # Rendered in place of a reply's content to find where the template's text after a reply
 # begins; no template writes it.
@@ -51,14 +53,18 @@ class ChatPrompts:
 
     def prompt(self, messages: list[dict], template_vars: dict, earlier: list[Call]
                ) -> tuple[list[int], Call | None]:
-        """(the prompt ids of `messages`, the earlier call they continue or None)."""
-        _check_messages(messages)
+        """(the prompt ids of `messages`, the earlier call they continue or None); text
+        outside a word tokenizer's vocabulary is a UserError naming its message
+        (`check_readable`)."""
+        check_messages(messages, "policy.chat's messages")
         for call in reversed(earlier):
             if continues(messages, template_vars, call):
                 ids = self._continue(call, messages, template_vars)
                 if ids is not None:
                     return ids, call
-        return chat_ids(self.tokenizer, messages, **template_vars), None
+        ids = chat_ids(self.tokenizer, messages, **template_vars)
+        check_readable(self.tokenizer, ids, messages, template_vars)
+        return ids, None
 
     def _continue(self, call: Call, messages: list[dict], template_vars: dict
                   ) -> list[int] | None:
@@ -80,9 +86,9 @@ class ChatPrompts:
             stop = self._decoded_stop(generated[-1])
             if after.startswith(stop):
                 after = after[len(stop):]
-        text = after + full[len(closed):]
-        return (list(call.prompt_ids) + list(generated)
-                + list(self.tokenizer.encode(text, add_special_tokens=False)))
+        added = list(self.tokenizer.encode(after + full[len(closed):], add_special_tokens=False))
+        check_readable(self.tokenizer, added, messages, template_vars, first=m + 1)
+        return list(call.prompt_ids) + list(generated) + added
 
     def _render(self, messages, generation_prompt: bool, template_vars: dict) -> str:
         return self.tokenizer.apply_chat_template(messages, tokenize=False,
@@ -120,15 +126,40 @@ def is_reply(message, reply: Reply) -> bool:
                                         and message.get("content") == reply.text)
 
 
-def _check_messages(messages) -> None:
+def check_messages(messages, what: str) -> None:
+    """UserError naming `what` (a call's messages, a returned conversation) unless `messages`
+    is a non-empty list of chat messages: dicts with string 'role' and 'content'."""
     if not isinstance(messages, list) or not messages:
-        raise TypeError(f"chat messages must be a non-empty list of {{'role', 'content'}} "
-                        f"dicts, got {messages!r:.100}")
+        raise UserError(f"{what} must be a non-empty list of {{'role', 'content'}} dicts, got "
+                        f"{messages!r:.100}")
     for k, message in enumerate(messages):
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
                 or not isinstance(message.get("content"), str)):
-            raise TypeError(f"chat message {k} must be a dict with string 'role' and "
+            raise UserError(f"{what}, message {k} must be a dict with string 'role' and "
                             f"'content', got {message!r:.100}")
+
+
+def check_readable(tokenizer, ids: list[int], messages: list[dict], template_vars: dict,
+                   first: int = 0) -> None:
+    """Where `ids` (a chat prompt's, or what messages[first:] added to an earlier call's) hold
+    a word tokenizer's pieces of text outside its vocabulary (from `PIECE_IDS` on: no model has
+    rows for them), a UserError naming the first of those messages that holds such text as the
+    chat template renders it (whitespace a template collapses is no fault), and the words
+    (`check_representable`, as `serve` names them); else naming the rendered prompt. (Text read
+    as the unknown token reaches the model as that token, as it did.)"""
+    if not ids or max(ids) < PIECE_IDS:
+        return
+    for i in range(first, len(messages)):
+        message = messages[i]
+        try:
+            text = tokenizer.apply_chat_template([message], tokenize=False, **template_vars)
+        except Exception:  # noqa: BLE001 - a template that renders no such message alone
+            text = message["content"]
+        if max(tokenizer.encode(text, add_special_tokens=False), default=0) >= PIECE_IDS:
+            check_representable(tokenizer, text, f"messages[{i}].content ({message['role']})")
+    check_representable(tokenizer, tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, **template_vars),
+        "the prompt as the chat template renders it")
 
 
 def conversation_turns(conversation: list[dict], calls: dict[Reply, Call], kind: str

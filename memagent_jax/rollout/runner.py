@@ -45,7 +45,12 @@ from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models.qwen import Qwen
 from memagent_jax.rollout.agent_api import Reply, Rollout, Trajectory
 from memagent_jax.rollout.answers import final_answer
-from memagent_jax.rollout.conversation import Call, ChatPrompts, conversation_turns
+from memagent_jax.rollout.conversation import (
+    Call,
+    ChatPrompts,
+    check_messages,
+    conversation_turns,
+)
 
 # on_call(row index): after every reply, before its rollout sees it.
 OnCall = Callable[[int], None]
@@ -294,22 +299,31 @@ class _Run:
 def trajectory_of(result, calls: dict[Reply, Call], row) -> Trajectory:
     """A rollout of `row`'s result (a `Rollout` or a bare list of conversations) as its
     Trajectory: each conversation's rows (`conversation_turns`), the final one's labelled
-    "final" and its last reply's answer."""
+    "final" and its last reply's answer. Anything else, a conversation that is no list of chat
+    messages, or one that holds no reply of this rollout's calls (nothing in it is trained), is
+    a UserError saying which (the runner names the agent and the row)."""
     rollout = result if isinstance(result, Rollout) else Rollout(result)
     conversations = rollout.conversations
-    if not isinstance(conversations, list) or not conversations or not all(
-            isinstance(c, list) for c in conversations):
-        raise TypeError("an agent returns a Rollout or a non-empty list of conversations "
-                        f"(lists of chat messages), got {result!r:.200}")
+    if not isinstance(conversations, list) or not conversations:
+        shown = "None" if result is None else f"a {type(result).__name__} ({result!r:.80})"
+        raise UserError(f"the rollout returned {shown}, not its conversations: an agent "
+                        "returns a Rollout or a non-empty list of conversations (lists of chat "
+                        "messages, its replies among them)")
     if not -len(conversations) <= rollout.final < len(conversations):
-        raise TypeError(f"Rollout.final {rollout.final} is not a conversation's index (there "
+        raise UserError(f"Rollout.final {rollout.final} is not a conversation's index (there "
                         f"are {len(conversations)})")
     final = rollout.final % len(conversations)
     turns = []
     for k, conversation in enumerate(conversations):
-        turns += conversation_turns(conversation, calls, "final" if k == final else "turn")
+        check_messages(conversation, f"conversation {k}")
+        rows = conversation_turns(conversation, calls, "final" if k == final else "turn")
+        if not rows:
+            raise UserError(f"conversation {k} holds no reply of this rollout's chat calls (the "
+                            "assistant messages policy.chat returned: reply.message), so "
+                            "nothing in it would be trained")
+        turns += rows
     trajectory = Trajectory(_problem(row), turns, metrics=dict(rollout.metrics))
-    trajectory.answer = final_answer(trajectory.final_reply) if turns else None
+    trajectory.answer = final_answer(trajectory.final_reply)
     return trajectory
 
 
@@ -411,7 +425,7 @@ def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
         tokens = agent.max_len(tokenizer)
         return tokens, "agent", f"{agent.name} makes conversations of up to {tokens} tokens"
     if engine.max_len is None:
-        raise ConfigError("engine.max_len", f"agent {agent.name} does not say how long its "
-                                            "conversations get (max_len(tokenizer)): set "
-                                            "engine.max_len")
+        raise ConfigError("engine.max_len", f"must be set: agent {agent.name} does not say "
+                                            "how long its conversations get (it defines no "
+                                            "max_len(tokenizer))")
     return engine.max_len, "engine.max_len", str(engine.max_len)

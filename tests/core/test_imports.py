@@ -35,7 +35,7 @@ ALLOWED = {
     "models": {"distributed", "errors", "fileutil", "model_dir"},
     "engine": {"errors", "fileutil", "hostmemory", "model_dir", "models", "runconfig",
                "tokenizer"},
-    "rollout": {"distributed", "engine", "errors", "models"},
+    "rollout": {"distributed", "engine", "errors", "models", "tokenizer"},
     "agents": {"engine", "errors", "model_dir", "models", "rollout", "runconfig", "tokenizer"},
     "data": {"agents", "errors", "extras", "fileutil", "tokenizer"},
     "eval": {"agents", "console", "data", "distributed", "engine", "errors", "extras",

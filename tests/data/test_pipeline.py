@@ -116,3 +116,36 @@ def test_an_existing_verl_data_set_loads_unchanged(tmp_path, layout):
     assert example.extra_info["tools_kwargs"]["calc"]["create_kwargs"] == {"ground_truth": "72"}
     with pytest.raises(UserError, match="lacks the field\\(s\\) context"):
         pipeline.load_source(str(path), key="data.train[0]", required=("context",))
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("rows.jsonl", json.dumps(VERL_ROW) + '\n{"data_source": "x", "prompt": [}\n',
+     " line 2: not valid JSON: Expecting value at column 33"),
+    ("rows.jsonl", "", ": the file is empty (no records)"),
+    ("rows.jsonl", "\n  \n", ": the file is empty (no records)"),
+    ("rows.json", f"[\n{json.dumps(VERL_ROW)},\n]\n",
+     ": not valid JSON (Expecting value at line 3)"),
+    ("rows.json", json.dumps(VERL_ROW) + "\n{oops\n",  # JSON lines, as `datasets` reads .json
+     " line 2: not valid JSON: Expecting property name enclosed in double quotes at column 2"),
+])
+@pytest.mark.parametrize("command", ["train", "data"])
+def test_a_malformed_or_empty_json_file_is_one_line_naming_it(tmp_path, capsys, command, name,
+                                                             content, problem):
+    """Through `train` (data.train) and a data command (--source): one line naming the file
+    and the line, exit 2, nothing written. (`datasets` said "An error occurred while generating
+    the dataset" after two log lines of its own, and `StopIteration` for an empty file.)"""
+    from memagent_jax.cli import main
+    path = tmp_path / name
+    path.write_text(content)
+    out = tmp_path / "out"
+    if command == "train":
+        code = main(["train", "--config", "configs/train/tiny_cpu.yaml", "model.tokenizer=x",
+                     f"data.train=[{path}]", f"output_dir={out}"])
+        where = "data.train[0]: "
+    else:
+        code = main(["data", "ruler-hqa", "--source", str(path), "--num-docs", "12",
+                     "--out", str(out)])
+        where = ""
+    assert (code, capsys.readouterr().err.splitlines()) == (
+        2, [f"memagent-jax: error: {where}{path}{problem}"])
+    assert not out.exists()

@@ -19,7 +19,7 @@ from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import PromptTooLong, Scheduler
-from memagent_jax.errors import ConfigError
+from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
@@ -129,18 +129,33 @@ def test_a_failing_agent_names_itself_and_the_row_and_leaves_the_runner_clean(to
 
 
 @pytest.mark.parametrize("returned, message", [
-    (None, "returns a Rollout or a non-empty list of conversations"),
-    ([], "returns a Rollout or a non-empty list of conversations"),
+    (None, "the rollout returned None, not its conversations: an agent returns a Rollout or "
+           "a non-empty list of conversations"),
+    ([], "the rollout returned a list ([]), not its conversations"),
+    ("text", "the rollout returned a str (' the'), not its conversations"),  # 48-line tracebacks
+    ("message", "the rollout returned a dict ({'role': 'assistant', 'content': ' the'}), not "),
+    ("no_reply", "conversation 0 holds no reply of this rollout's chat calls"),
+    ([["x"]], "conversation 0, message 0 must be a dict with string 'role' and 'content', got "
+              "'x'"),
     (Rollout([[]], final=3), "Rollout.final 3 is not a conversation's index"),
 ])
 def test_what_an_agent_returns_is_checked(tokenizer, returned, message):
-    runner, _ = _runner(tokenizer, lambda prompt: [EOS])
+    """An agent's mistake is the user's: a UserError (one line from the CLI) naming it, the
+    runner's note naming the agent and the row."""
+    runner, _ = _runner(tokenizer, lambda prompt: _ids(tokenizer, "the") + [EOS])
 
     async def agent(row, policy):
-        return returned
+        asked = [{"role": "user", "content": row.question}]
+        reply = await policy.chat(asked, max_tokens=2)
+        made = {"text": reply.text, "message": dict(reply.message),
+                "no_reply": [asked + [{"role": "assistant", "content": "made up"}]]}
+        return made[returned] if isinstance(returned, str) else returned
 
-    with pytest.raises(TypeError, match=message):
-        runner.run(None, types.SimpleNamespace(rollout=agent), _rows(1), SamplingParams(0.0))
+    with pytest.raises(UserError) as error:
+        runner.run(None, types.SimpleNamespace(rollout=agent, name="mine"), _rows(1),
+                   SamplingParams(0.0))
+    assert message in str(error.value), str(error.value)
+    assert error.value.__notes__ == ["in agent mine, rollout 0 of row 0"]
 
 
 def test_a_prompt_past_the_engine_is_the_agents_to_handle(tokenizer):
@@ -238,9 +253,13 @@ def _module(name, **attributes):
      "agent.tools[0]", "names no function"),
     ({"module": "memagent_jax.agents.memagent", "chunk_tokens": 5}, "agent.chunk_tokens",
      "MemAgent's settings are the `memagent` section"),
+    ({"modul": "agents_test_bare"}, "agent.modul", "unknown key (did you mean 'agent.module'?)"),
+    ({"module": "agents_test_sync"}, "agent.module",
+     "agents_test_sync.rollout is not a coroutine function"),
 ])
 def test_an_agent_section_is_checked_as_every_config_key(section, key, message):
     _module("agents_test_bare", rollout=_two_views)
+    _module("agents_test_sync", rollout=lambda row, policy: [[]])
     with pytest.raises(ConfigError) as error:
         load_agent(section, None)
     assert key in str(error.value) and message in str(error.value)
