@@ -40,6 +40,7 @@ checkpointed with its data position, and the command exits 143 for SIGTERM, 130 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -249,8 +250,9 @@ class Trainer:
         if self.step >= config.steps:
             self._say(f"already at step {self.step} of {config.steps}: nothing to do")
         # SIGTERM and Ctrl-C alike only ask for a stop (`stop`) from here until the last
-        # checkpoint has committed (close), so neither cuts a step or a write short.
-        with self.preemption:
+        # checkpoint has committed (close), so neither cuts a step or a write short. A step
+        # that fails closes too: the checkpoints before it have committed when it reports.
+        with self.preemption, contextlib.closing(self):
             if config.validation.at_start and self.step == 0:
                 self._log(0, self.validate(0))
             with progress_bar(total=config.steps, initial=self.step, desc="train",
@@ -262,7 +264,6 @@ class Trainer:
                     if (self.step < config.steps and not self.stopped
                             and self.preemption.reached()):
                         self.stop(self.step)
-            self.close()
         if self.stopped:
             raise Interrupted(self._stop_line, self.preemption.signal_number)
         if record:

@@ -2,18 +2,21 @@
 stand there, its `train` command run as it stands (on a tiny random model and a few rows of the
 built-in lookup task). First with a reward that raises on one row: the run stops before that
 step is applied, in one line naming the function and the row, the step before it
-checkpointed; then, the reward fixed (the page's), the same command resumes and finishes."""
+checkpointed (committed before the error is reported, however slow the commit); then, the
+reward fixed (the page's), the same command resumes and finishes."""
 
 import json
 import os
 import re
 import shlex
 import sys
+import threading
 
 import pytest
 
 from memagent_jax.cli import main
 from memagent_jax.lookup.task import write_task
+from memagent_jax.rl.checkpointing import Checkpointer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PREFIX = "memagent-jax: error: "
@@ -52,8 +55,33 @@ def module_dir(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
+@pytest.fixture
+def slow_commits(monkeypatch):
+    """Orbax commits a checkpoint (renames its temporary directory to the step) only once
+    the trainer waits for it, or after 60 s: a loaded machine, where the next step's error
+    can come before the commit of the step before it."""
+    import orbax.checkpoint as ocp
+
+    waited = threading.Event()
+    finalize, wait = ocp.CheckpointManager._finalize, Checkpointer.wait
+
+    def late_finalize(manager, *args, **kwargs):
+        waited.wait(60)
+        return finalize(manager, *args, **kwargs)
+
+    def waiting(checkpointer):
+        waited.set()
+        wait(checkpointer)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "_finalize", late_finalize)
+    monkeypatch.setattr(Checkpointer, "wait", waiting)
+    yield
+    waited.set()  # a commit nobody waited for ends now
+
+
 @pytest.mark.slow
-def test_the_documented_agent_trains_as_the_page_says(tmp_path, module_dir, capsys):
+def test_the_documented_agent_trains_as_the_page_says(tmp_path, module_dir, slow_commits,
+                                                      capsys):
     files, argv = _page()
     assert set(files) == {"my_agent.py", "my_reward.py"}
     (module_dir / "my_agent.py").write_text(files["my_agent.py"])

@@ -22,10 +22,25 @@ def raises_on_row_2(data_source, solution_str, ground_truth, extra_info):
     return 0.5
 
 
+HANG_S = 5.0  # well past the tests' reward.timeout_s of 1 s; a test that waits it out fails
+
+
 def hangs(data_source, solution_str, ground_truth, extra_info):
-    time.sleep(60)
+    time.sleep(HANG_S)
     return 1.0
 
 
 def says_yes(data_source, solution_str, ground_truth, extra_info):
     return "yes"
+
+
+def row_says(data_source, solution_str, ground_truth, extra_info):
+    """Whatever the row's extra_info holds under "score" (a reward's possible return values)."""
+    return extra_info["score"]
+
+
+def truth_as_stored(data_source, solution_str, ground_truth, extra_info):
+    """1 where ground_truth is the row's `reward_model.ground_truth` as it was written (kept
+    in extra_info["stored"]): a string stays a string, a number a number."""
+    stored = extra_info["stored"]
+    return float(type(ground_truth) is type(stored) and ground_truth == stored)

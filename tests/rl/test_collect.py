@@ -202,6 +202,18 @@ def test_overlong_penalty_judges_each_turn_against_its_own_cap(case):
                                   [[expected[0]] * 2, [expected[1]] * 2])
 
 
+def test_a_reply_whose_cap_is_below_the_buffer_slopes_over_its_whole_cap():
+    """overlong.buffer 8 over replies capped at 16 and 4 (the config bounds the buffer by
+    MemAgent's caps only: another agent's replies may ask for fewer tokens, a tool agent's
+    max_tokens of 64 under the default buffer of 256). The reply capped at 4 slopes over its
+    whole cap, -L / 4. q1: 14 of 16 (-(14 - 8) / 8 = -0.75), 1 of 4 (-0.25): -0.75. q3: 3
+    of 16 (0), 2 of 4 (-0.5): -0.5."""
+    groups = ScriptedRunner({"q1": [(14, 1)] * 2, "q3": [(3, 2)] * 2}, 16, 4).run(
+        None, None, ["q1", "q3"], SamplingParams(seed=0), n=2)
+    np.testing.assert_array_equal(overlong_penalties(groups, 8, 1.0),
+                                  [[-0.75, -0.75], [-0.5, -0.5]])
+
+
 @pytest.mark.parametrize("case", list(OVERLONG_CASES))
 def test_collected_rewards_are_the_verifiers_plus_each_turns_overlong_penalty(case):
     """q1 scores [1, 0], q3 [0, 1]; the penalties above are added (memagent.max_memory_tokens,

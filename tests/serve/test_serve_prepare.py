@@ -98,3 +98,12 @@ def test_more_prompts_than_the_server_takes_in_flight_can_never_be_taken(word_to
     assert "more than this server takes in flight (2, its --max-requests)" in _prepare(
         word_tokenizer, gen, max_requests=2)
     assert len(_prepare(word_tokenizer, gen, max_requests=3)) == 3
+
+
+def test_without_max_tokens_a_prompt_must_leave_room_for_one_token(word_tokenizer):
+    """max_tokens None asks for what the length (512) leaves: a prompt of 512 token ids leaves
+    nothing and is refused, OpenAI's words; one of 511 leaves one token."""
+    assert _prepare(word_tokenizer, Generation("completion", "m", ([3] * 512,))) == (
+        "This model's maximum context length is 512 tokens. However, you requested 512 tokens "
+        "in the prompt. Please reduce the length of the prompt or completion.")
+    assert _prepare(word_tokenizer, Generation("completion", "m", ([3] * 511,))) == [[3] * 511]

@@ -2,6 +2,7 @@
 time, stops accepting connections at once, and every request in flight ends either whole or
 with an explicit error, never as a cut-off success. And serve refuses a multi-process job."""
 
+import asyncio
 import http.client
 import json
 import os
@@ -112,24 +113,52 @@ def test_a_signal_under_load_ends_every_request_cleanly_and_exits_0(model_dir, s
 SHUTDOWN_TIMEOUT, MARGIN_S = 1.0, 3.0
 
 
+def _health(app) -> int:
+    """GET /health's status, asked of the application itself: once shutdown begins, uvicorn
+    takes no new connection to ask it over."""
+    sent: list = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                     "method": "GET", "scheme": "http", "path": "/health",
+                     "raw_path": b"/health", "query_string": b"", "root_path": "",
+                     "headers": [], "server": ("127.0.0.1", 80),
+                     "client": ("127.0.0.1", 1)}, receive, send))
+    return sent[0]["status"]
+
+
 @pytest.mark.slow  # a server of its own: ~15 s
 def test_at_the_deadline_every_request_in_flight_gets_the_503_and_the_server_stops(
         model_dir, monkeypatch):
     """--shutdown-timeout after shutdown begins, every request still answering ends at once
-    with OpenAI's 503 JSON (a stream with its error event): one decoding, one streaming and
-    one whose prompt is still being tokenized; the server has stopped within the timeout and
-    MARGIN_S."""
-    from memagent_jax.serve import respond
+    with OpenAI's 503 JSON (a stream with its error event): one decoding, one streaming, one
+    whose prompt is still being tokenized, and a stream whose sending is held up (as for a
+    client that stopped reading), whose job leaves the engine at the deadline all the same;
+    the server has stopped within the timeout and MARGIN_S. /health says 503 from the
+    moment shutdown begins."""
+    from memagent_jax.serve import app, respond
 
-    release = threading.Event()
-    check = respond.check_representable
+    release, held = threading.Event(), threading.Event()
+    check, streamed = respond.check_representable, app.stream
 
     def stuck(tokenizer, text, what):  # a prompt that takes minutes to tokenize
         if text.startswith("memory"):
             release.wait(60)
         check(tokenizer, text, what)
 
+    async def held_up(exchange, model):  # "the answer"'s events wait until `held` is set
+        async for event in streamed(exchange, model):
+            yield event
+            while exchange.gen.prompts == ("the answer",) and not held.is_set():
+                await asyncio.sleep(0.01)
+
     monkeypatch.setattr(respond, "check_representable", stuck)
+    monkeypatch.setattr(app, "stream", held_up)
     outcomes = {}
 
     def ask(name, port, prompt, stream=False):
@@ -150,24 +179,38 @@ def test_at_the_deadline_every_request_in_flight_gets_the_503_and_the_server_sto
             clients = [threading.Thread(target=ask, args=(name, server.port, prompt, stream))
                        for name, prompt, stream in [("decoding", "hello world", False),
                                                     ("streaming", "hello world", True),
+                                                    ("held", "the answer", True),
                                                     ("tokenizing", "memory " * 10, False)]]
             # The stuck prompt last: it holds the tokenizing thread the small prompts share,
             # so sent first it would keep the others from ever starting (a loaded machine
             # reorders threads started together).
-            for client in clients[:2]:
+            for client in clients[:3]:
                 client.start()
             deadline = time.monotonic() + 60
-            while len(steps) < 20 and time.monotonic() < deadline:  # both replies decoding
+            while (server.worker.stats.in_flight < 3 or len(steps) < 20) and (
+                    time.monotonic() < deadline):  # the three replies decoding
                 time.sleep(0.05)
-            clients[2].start()
+            clients[3].start()
             time.sleep(0.5)
-            began = time.monotonic()
-            server.shutdown()
+            try:
+                health = [_health(server.app)]
+                began = time.monotonic()
+                server.shutdown()
+                health.append(_health(server.app))
+                while server.worker.stats.in_flight and (
+                        time.monotonic() < began + SHUTDOWN_TIMEOUT + MARGIN_S):
+                    time.sleep(0.01)
+                freed = time.monotonic() - began if not server.worker.stats.in_flight else None
+            finally:
+                held.set()
         stopped = time.monotonic() - began
         for client in clients:
             client.join(30)
     finally:
         release.set()
+    assert health == [200, 503]
+    assert freed is not None, "a held-up stream's job was still in the engine after the deadline"
+    assert SHUTDOWN_TIMEOUT <= freed < SHUTDOWN_TIMEOUT + MARGIN_S
     assert stopped < SHUTDOWN_TIMEOUT + MARGIN_S
     shut = {"message": "The server is shutting down; the request was not finished",
             "type": "server_error", "param": None, "code": "shutting_down"}
@@ -176,9 +219,10 @@ def test_at_the_deadline_every_request_in_flight_gets_the_503_and_the_server_sto
         assert (status, kind, json.loads(body)) == (503, "application/json",
                                                     {"error": shut}), outcomes[name]
         assert SHUTDOWN_TIMEOUT <= at - began < SHUTDOWN_TIMEOUT + MARGIN_S
-    status, _, body, _ = outcomes["streaming"]
-    events = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
-    assert status == 200 and json.loads(events[-1]) == {"error": shut}
+    for name in ("streaming", "held"):
+        status, _, body, _ = outcomes[name]
+        events = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
+        assert status == 200 and json.loads(events[-1]) == {"error": shut}, outcomes[name]
 
 
 def test_serve_refuses_a_multi_process_job(model_dir, monkeypatch, capsys):

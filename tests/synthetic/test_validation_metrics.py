@@ -92,3 +92,35 @@ def test_one_chunk_documents_carry_nothing_and_a_fact_left_unread_is_left_out(ag
     fact = next(f.text for f in document.facts if f.needed)
     assert plugin.validation_metrics(cut, [_example(index, document)],
                                      [[_trajectory([fact, fact])]]) == {}
+
+
+def test_each_read_is_traced_against_its_own_chunks_whatever_the_plugin_read_before(agent):
+    """One plugin (a run's: it keeps the chunks each validation read makes) given two
+    documents under one index (validation files each count their rows from 0), then the
+    second read by an agent of 128-word chunks: each is traced against the chunks its own
+    agent makes of its own document."""
+    def fact_in_chunk(document, chunk):  # the needed fact's words all in chunk `chunk` of 64
+        fact = next(f.text.split() for f in document.facts if f.needed)
+        words = document.context.split()
+        start = next(i for i in range(len(words)) if words[i:i + len(fact)] == fact)
+        return start // 64 == chunk == (start + len(fact) - 1) // 64
+
+    documents = [(d, next(f.text for f in d.facts if f.needed)) for i in range(200)
+                 for d in [synthetic.make_sample("multikey", 256, 1, i)]]
+    doc_a, fact_a = next((d, f) for d, f in documents if fact_in_chunk(d, 0))
+    doc_b, fact_b = next((d, f) for d, f in documents if fact_in_chunk(d, 1))
+    wide = MemAgent(dataclasses.replace(BUDGETS, chunk_tokens=128), agent.tokenizer,
+                    agent.stop_ids)
+    reads = [  # (agent, document, memories, the metrics counted by hand)
+        # due after chunk 1 of 4; held then, lost at 2, held again at 3
+        (agent, doc_a, [fact_a, "", fact_a, fact_a], {"fact_carried_turns": 2,
+                                                      "fact_loss_rate": 0.5}),
+        # due after chunk 2 of 4 (words 64-127); held from then on: 2 turns carried
+        (agent, doc_b, ["", fact_b, fact_b, fact_b], {"fact_carried_turns": 2,
+                                                      "fact_loss_rate": 0.0}),
+        # due after chunk 1 of 2 (words 0-127); lost at 2
+        (wide, doc_b, [fact_b, ""], {"fact_carried_turns": 1, "fact_loss_rate": 1.0})]
+    plugin = SyntheticPlugin(PluginSection())
+    for reader, document, memories, expected in reads:
+        assert plugin.validation_metrics(reader, [_example(0, document)],
+                                         [[_trajectory(memories)]]) == expected
