@@ -5,9 +5,10 @@ Per step: draw rows (grain iterator) -> n rollouts per row of the config's agent
 with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
 (collect.py) -> group advantages -> training rows (one per conversation) -> `Learner.update`
 (PPO mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
-TensorBoard scalars and one JSON line per step. The step's kind (steps.py) is built once: with
-`learner.loss: sft` the rollouts are a plugin's (rl/plugin.py) target trajectories instead (a
-supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out a
+TensorBoard scalars and one JSON line per step. The step's kind (steps.py, the learner's)
+collects and groups its batch: with `learner.loss: sft` the rollouts are a plugin's
+(rl/plugin.py) target trajectories instead (a supervised step, no sampling) with its extra
+rows beside them; a DAPO step rolls out a
 plugin's starts beside the drawn rows (which the plugin may make by rolling out the current
 policy on the same runner: `StepContext.rollout`). Rollouts decode with the engine's copy of
 `learner.params` (`Engine.place`): the learner's own arrays where they are stored in the
@@ -76,7 +77,7 @@ from memagent_jax.rl.config import (
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.scoring import Rewarder
-from memagent_jax.rl.steps import make_step
+from memagent_jax.rl.steps import StepInputs
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.factory import build_runner, load_policy
 from memagent_jax.rollout.sampling import SamplingParams
@@ -209,7 +210,6 @@ class Trainer:
                          "checkpointing the last finished step (Ctrl-C again changes nothing; "
                          "kill -9 stops at once and keeps only the newest checkpoint)")
         self.plugin = config.loaded_plugin
-        self.step_kind = make_step(config, self.agent, self.runner, self.rewarder, self.plugin)
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
@@ -303,9 +303,11 @@ class Trainer:
         # so that a resumed run makes the same ones.
         context = plugin.StepContext(self.agent, config.seed * 1_000_003 + step,
                                      self.learner.logprobs, rollout)
+        inputs = StepInputs(config, self.runner, self.rewarder, self.plugin, self.learner.params,
+                            self.iterator, context, seed_for_try, on_call,
+                            functools.partial(self.compute_advantages, step))
         try:
-            batch = self.step_kind.collect(self.learner.params, self.iterator, context,
-                                           seed_for_try, on_call)
+            batch = self.learner.kind.collect(inputs)
         except _Preempted:
             self.rng = at_start[0]
             self.iterator.set_state(at_start[1])
@@ -316,8 +318,7 @@ class Trainer:
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
-            groups, advantages = self.step_kind.groups(
-                batch, context, functools.partial(self.compute_advantages, step))
+            groups, advantages = self.learner.kind.groups(batch, inputs)
             rows = rows_from_trajectories(groups, advantages)
             update_start = time.perf_counter()
             metrics = self.learner.update(rows)
