@@ -30,8 +30,8 @@ from typing import Any, ClassVar, Literal
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.rollout.engine_api import EngineConfig
-from memagent_jax.rollout.factory import ModelSection
-from memagent_jax.rollout.memagent import MemAgentConfig
+from memagent_jax.rollout.memagent_config import MemAgentConfig
+from memagent_jax.rollout.model_section import ModelSection
 from memagent_jax.runconfig import at_least, probability
 
 

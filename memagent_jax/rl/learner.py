@@ -46,7 +46,8 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from memagent_jax.models.qwen import Params, Qwen, Remat, split_params
+from memagent_jax.models.config import Remat
+from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl import batching
 from memagent_jax.rl.config import LearnerConfig

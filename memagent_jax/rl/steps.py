@@ -1,20 +1,22 @@
 """A training step's kinds, one object per kind, registered under the `learner.loss` that
 names it (`STEP_KINDS`). A kind says what a step collects, how it groups what it collected for
-the learner, and the loss the learner minimises on it:
+the learner, the loss the learner minimises on it, and what it needs:
 
 - `DapoStep` (`dapo`): collects the agent's rollouts on the runner, scored, shaped and
   filtered (collect.py), a plugin's starts in place of as many drawn rows; groups them as
   sampled, each trajectory's advantage its group's (the trainer's `compute_advantages`); its
   loss is DAPO's clipped policy loss (`dapo.policy_loss`) against old log-probabilities
-  recomputed or the rollout's, with a KL reference where `kl_coef` != 0.
+  recomputed or the rollout's, with a KL reference where `kl_coef` != 0; it needs no plugin.
 - `SupervisedStep` (`sft`): collects the plugin's target trajectory for each drawn row
   (nothing is sampled); groups them with the plugin's extra trajectories, each with
   advantage 1; its loss is the negative log-likelihood of their replies
-  (`supervised.sft_loss`): no old log-probabilities, no reference, entropy a metric only.
+  (`supervised.sft_loss`): no old log-probabilities, no reference, entropy a metric only; it
+  needs a plugin.
 
 The learner builds its kind from its section (`step_kind`) and asks it what an update needs
 (`recompute_old`, `reference`, `entropy_in_loss`, `metrics`) and for the `loss`; the trainer
-calls the same object's `collect` and `groups` with each step's `StepInputs`.
+calls the same object's `collect` and `groups` with each step's `StepInputs`; the build step
+(rl/build.py) checks what it needs (`needs_plugin`) before anything is read.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class StepInputs:
 
 class DapoStep:
     """`learner.loss: dapo` (module docstring)."""
+    needs_plugin = None  # what a plugin is for, where the kind needs one
 
     def __init__(self, config: LearnerConfig):
         self.config = config
@@ -100,6 +103,7 @@ class DapoStep:
 
 class SupervisedStep:
     """`learner.loss: sft` (module docstring)."""
+    needs_plugin = "a supervised step trains on the trajectories a plugin makes"
     recompute_old = reference = entropy_in_loss = False
     metrics = LOSS_METRICS
 
