@@ -6,7 +6,9 @@ nested sections, values parsed as YAML) fill it. Everything is checked before an
 an unknown key, or a value of the wrong type, is a `UserError` naming the file, the key and the
 value. A section's own checks (its `__post_init__`, raising `ConfigError` through `at_least`,
 `probability` or with `config_key`) run as it is built, and again, with every other
-section's, in `check` (after a config was changed in code). A section class names itself in
+section's, in `check` (after a config was changed in code); what a command builds from a
+loaded config (an agent, a plugin) checks inside `located`, its errors naming the file too.
+A section class names itself in
 `SECTION` (its key in the YAML files). A command's top-level schema names its command in
 `COMMAND` and, in `OTHER_CONFIGS`, the top-level keys only another command's configs have,
 so that a file given to the wrong command is named as what it is. A key a section no longer
@@ -20,6 +22,7 @@ and why; a file giving that value, as an older run's saved config does for every
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 import os
@@ -33,6 +36,7 @@ from memagent_jax.errors import ConfigError, UserError
 
 T = TypeVar("T")
 BASE_KEY = "base"  # a config file's key naming the file it changes (`_read`)
+_SOURCE = "_config_source"  # where a loaded config's values came from (`located`)
 
 
 def load_config(schema: type[T], path: str | None = None, overrides: list[str] = ()) -> T:
@@ -51,7 +55,20 @@ def load_config(schema: type[T], path: str | None = None, overrides: list[str] =
     source = path or "command line"
     if len(files) > 1:  # a bad key may be in any of them
         source += f" (over {', '.join(files[1:])})"
-    return _build(schema, values, source, "")
+    config = _build(schema, values, source, "")
+    object.__setattr__(config, _SOURCE, source)  # not a field: no key, no part of equality
+    return config
+
+
+@contextlib.contextmanager
+def located(config):
+    """Where a command checks a loaded config beyond its schema (building what its sections
+    name: an agent, a plugin), a `ConfigError` raised inside is a `UserError` naming where the
+    config's values came from, as `load_config`'s own checks are."""
+    try:
+        yield
+    except ConfigError as e:
+        raise UserError(f"{_at(getattr(config, _SOURCE, ''))}{e}") from None
 
 
 def _read(path: str, chain: tuple[str, ...]) -> tuple[dict, list[str]]:

@@ -12,7 +12,8 @@ import torch
 
 from memagent_jax.cli import main
 from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import ModelSection, build_engine, load_policy
+from memagent_jax.engine.factory import build_engine, load_policy
+from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.models.sharding import job_mesh
 from memagent_jax.serve.command import OpenAIServer, parse_mesh
 from memagent_jax.tokenizer import load_tokenizer

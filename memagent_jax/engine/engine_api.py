@@ -15,13 +15,13 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Sequence
 
-from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError
 from memagent_jax.runconfig import at_least
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # JAX loads with an engine, not with a config that holds this one's
     import jax.numpy as jnp
 
+    from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.models.qwen import KVCache
 
 

@@ -29,7 +29,7 @@ from typing import Any, ClassVar, Literal
 
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import ModelSection
+from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.runconfig import at_least, probability

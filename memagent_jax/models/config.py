@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, Literal
 
 from memagent_jax.errors import UserError
 
@@ -27,6 +27,8 @@ ARCHITECTURES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "yarn")
 # How the model attends from position 0 (prefill, the training forward): see `qwen.Qwen`.
 ATTENTION_CHOICES = ("xla", "dot_product", "cudnn", "splash")
+# What the backward keeps of each layer's forward (`qwen.REMAT_POLICIES`; `learner.remat`).
+Remat = Literal["none", "matmuls", "full"]
 # Keys this class models itself; everything else in a source config.json is carried over verbatim.
 _MODELED_KEYS = {
     "architectures", "model_type", "vocab_size", "hidden_size", "intermediate_size",

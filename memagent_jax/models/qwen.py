@@ -40,7 +40,7 @@ The price is compile time that grows with depth (benchmarks/compile_time.py).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,7 @@ from memagent_jax.models.attention import (
     attend_fused,
     segment_starts,
 )
-from memagent_jax.models.config import ATTENTION_CHOICES, ModelConfig
+from memagent_jax.models.config import ATTENTION_CHOICES, ModelConfig, Remat
 from memagent_jax.models.flash_gpu import flash_gpu_causal
 from memagent_jax.models.rope import apply_rope, inverse_frequencies
 from memagent_jax.models.splash import splash_causal
@@ -77,7 +77,6 @@ ReadCacheFn = Callable[[jnp.ndarray, jnp.ndarray, jnp.ndarray, jnp.ndarray], jnp
 REMAT_POLICIES = {"none": None,
                   "matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
                   "full": jax.checkpoint_policies.nothing_saveable}
-Remat = Literal["none", "matmuls", "full"]
 
 # jax.nn.dot_product_attention's `implementation` for the fused choices of ATTENTION_CHOICES.
 _FUSED = {"dot_product": None, "cudnn": "cudnn"}

@@ -19,18 +19,15 @@ Two layouts share the one mesh:
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from memagent_jax.errors import UserError
 from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.mesh_axes import MESH_AXES, resolve_axes
 from memagent_jax.models.qwen import Params, param_specs
 
-MESH_AXES = ("data", "fsdp", "tensor")
-DEFAULT_MESH = {"data": 1, "fsdp": -1, "tensor": 1}
 # A logical axis maps to one mesh axis, or to several (split over their product, the longest
 # leading run of them whose product divides the dimension).
 Rules = Mapping[str, "str | tuple[str, ...] | None"]
@@ -50,37 +47,11 @@ def make_mesh(axes: Mapping[str, int] | None = None, devices=None, source: str =
 
 def job_mesh(axes: Mapping[str, int] | None, source: str = "mesh") -> Mesh | None:
     """The mesh inference commands run on: `axes` over every device of the job when given;
-    else one device for a one-process job, and DEFAULT_MESH over all devices for a
+    else one device for a one-process job, and `mesh_axes.DEFAULT_MESH` over all devices for a
     multi-process one (a model on one host's device would leave the other hosts out)."""
     if axes or jax.process_count() > 1:
         return make_mesh(axes, source=source)
     return None
-
-
-def resolve_axes(axes: Mapping[str, int] | None, device_count: int,
-                 source: str = "mesh") -> dict[str, int]:
-    """Every mesh axis's size on `device_count` devices: one size may be -1 (the devices left
-    over); axes not given have size 1; None is DEFAULT_MESH. `source` names the config key in
-    errors (UserError)."""
-    axes = dict(DEFAULT_MESH if axes is None else axes)
-    for name, size in axes.items():
-        if name not in MESH_AXES:
-            raise UserError(f"{source}: unknown mesh axis '{name}' (known: "
-                            f"{', '.join(MESH_AXES)})")
-        if not isinstance(size, int) or (size < 1 and size != -1):
-            raise UserError(f"{source}.{name}: size must be a positive integer or -1, got {size!r}")
-    free = [n for n, s in axes.items() if s == -1]
-    if len(free) > 1:
-        raise UserError(f"{source}: only one axis may be -1, got {', '.join(free)}")
-    fixed = math.prod(s for s in axes.values() if s != -1)
-    if free:
-        if device_count % fixed:
-            raise UserError(f"{source}: {device_count} devices do not divide by {fixed}")
-        axes[free[0]] = device_count // fixed
-    if math.prod(axes.values()) != device_count:
-        raise UserError(f"{source}: axis sizes {axes} need {math.prod(axes.values())} devices, "
-                        f"found {device_count}")
-    return {name: axes.get(name, 1) for name in MESH_AXES}
 
 
 def partition_spec(shape: tuple[int, ...], logical_axes: tuple[str | None, ...], mesh: Mesh,

@@ -38,7 +38,7 @@ def add_parsers(sub) -> None:
 
 def _train(args) -> None:
     from memagent_jax.rl.config import load_train_config
-    config = load_train_config(args.config, args.overrides)  # every key checked, no device yet
+    config = load_train_config(args.config, args.overrides)  # plain data, every key checked
     start(args, auto=config.distributed)
     from memagent_jax.rl.trainer import train
     train(config)

@@ -1,9 +1,13 @@
 """The training run's config schema (`memagent-jax train --config FILE key=value ...`).
 
+Plain data: loading a config imports no agent, plugin, model code, JAX or runner. The trainer
+builds what its `agent`, `plugin` and `learner.loss` name in a step of its own (rl/build.py),
+whose checks name the key as these do.
+
 Sections, each a dataclass read by `runconfig.load_config` (unknown keys and wrong types are
 errors naming the key), each checking its own values as it is built:
     model       which weights: an HF/checkpoint directory, or a preset with random weights
-                (`engine.factory.ModelSection`, shared with eval)
+                (`engine.model_section.ModelSection`, shared with eval)
     mesh        device mesh axis sizes (data, fsdp, tensor; -1 takes the remaining devices)
     agent       the agent a step rolls out: its module and its own keys (rollout/agent_api.py;
                 none: MemAgent)
@@ -23,8 +27,10 @@ errors naming the key), each checking its own values as it is built:
 plus steps, prompts_per_step, seed, output_dir, log_dir, distributed, compilation_cache_dir.
 
 `TrainConfig`'s own check covers what spans sections; `check_devices(config, devices)` checks
-the batches against the mesh over the job's devices. Files (data, model,
-tokenizer) are checked by the trainer, still before any model is loaded.
+the batches against the mesh over the job's devices. What the agent and plugin check of the
+rest (their sections' keys, the overlong buffer against the agent's reply caps) is checked as
+they are built (rl/build.py), and files (data, model, tokenizer) by the trainer, still before
+any model is loaded.
 
 A run keeps its resolved config in `output_dir/config.yaml` (`CONFIG_FILE`); resuming from a
 checkpoint, it may change only the keys in `RESUMABLE`.
@@ -37,18 +43,14 @@ import math
 import os
 from typing import Any, ClassVar, Literal
 
-from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import ModelSection
+from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.errors import ConfigError
-from memagent_jax.models.qwen import Remat
-from memagent_jax.models.sharding import DEFAULT_MESH, resolve_axes
-from memagent_jax.rl.plugin import Plugin
-from memagent_jax.rl.plugin import load as load_plugin
+from memagent_jax.models.config import Remat
+from memagent_jax.models.mesh_axes import DEFAULT_MESH, resolve_axes
 from memagent_jax.rl.scoring import RewardSection
-from memagent_jax.rollout.agent_api import load_agent
-from memagent_jax.runconfig import at_least, load_config, probability, to_dict
+from memagent_jax.runconfig import at_least, load_config, probability
 
 CONFIG_FILE = "config.yaml"  # the run's resolved config, in its output_dir
 
@@ -318,18 +320,6 @@ class TrainConfig:
                                   f"rollout.temperature ({self.rollout.temperature}): the "
                                   "learner scores tokens under the distribution they were "
                                   "sampled from")
-        # The agent and the plugin, built once for these settings (`runconfig.check` runs
-        # this again: a config changed since is built again, its sections checked again).
-        settings = repr(to_dict(self))
-        if getattr(self, "_built_for", None) != settings:
-            self._agent = load_agent(self.agent, self)  # its section's keys checked
-            self._plugin = load_plugin(self)
-            self._built_for = settings
-        if self.overlong.enabled and isinstance(self._agent, MemAgent):
-            cap = min(self.memagent.max_memory_tokens, self.memagent.max_final_tokens)
-            if not 1 <= self.overlong.buffer <= cap:
-                raise ConfigError("overlong.buffer", f"must be in 1..{cap} (the smaller reply "
-                                                     f"cap), got {self.overlong.buffer}")
         if (self.validation.every or self.validation.at_start) and not self.data.val:
             raise ConfigError("data.val", "validation is on (validation.every / at_start) but "
                                           "no validation source is given")
@@ -341,16 +331,6 @@ class TrainConfig:
     @property
     def logs_dir(self) -> str:
         return self.log_dir or os.path.join(self.output_dir, "logs")
-
-    @property
-    def loaded_agent(self):
-        """The `agent` section's agent, built when this config was."""
-        return self._agent
-
-    @property
-    def loaded_plugin(self) -> Plugin | None:
-        """The `plugin` section's plugin, built when this config was (None: no section)."""
-        return self._plugin
 
 
 def load_train_config(path: str | None, overrides: list[str] = ()) -> TrainConfig:

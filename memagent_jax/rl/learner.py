@@ -46,14 +46,15 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from memagent_jax.models.qwen import Params, Qwen, Remat, split_params
+from memagent_jax.models.config import Remat
+from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.models.sharding import batch_sharding
 from memagent_jax.rl import batching
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.dapo import rollout_mismatch, truncated_is_weights
 from memagent_jax.rl.logprobs import token_logprobs
-from memagent_jax.rl.objectives import MISMATCH_METRICS, objective
 from memagent_jax.rl.rows import TrainingRows
+from memagent_jax.rl.steps import MISMATCH_METRICS, step_kind
 
 
 class Learner:
@@ -75,7 +76,7 @@ class Learner:
     def __init__(self, model: Qwen, config: LearnerConfig = LearnerConfig(), mesh=None,
                  seed: int = 0):
         self.config, self.mesh, self.seed = config, mesh, seed
-        self.objective = objective(config)  # what `update` minimises (rl/objectives.py)
+        self.kind = step_kind(config)  # the step's kind: what `update` minimises (steps.py)
         self.vocab_size = model.config.vocab_size
         self.graphdef, params = split_params(model)
         stored = {jnp.dtype(x.dtype).name for x in jax.tree.leaves(params)}
@@ -115,7 +116,7 @@ class Learner:
         # A copy even when no cast is needed: the policy's own buffers are donated by every
         # update.
         self._ref_params = (self._make(cast, self._param_shardings, self._params)
-                            if self.objective.reference else None)
+                            if self.kind.reference else None)
         # The micro-batch's arrays (batching.FIELDS): what `update` gathers, `compiled` shapes.
         self._fields = batching.batch_fields(config, reference=self._ref_params is not None)
 
@@ -239,7 +240,7 @@ class Learner:
             raise ValueError(f"training rows hold token id {outside[0]}, outside the model's "
                              f"vocabulary of {self.vocab_size} ids")
         config = self.config
-        recompute = self.objective.recompute_old
+        recompute = self.kind.recompute_old
         reference = [] if self._ref_params is None else [self._ref_params]
         computed = self._logprobs_under(rows, [self._params] * recompute + reference)
         old = computed[0] if recompute else rows.rollout_logprobs
@@ -337,9 +338,9 @@ class Learner:
 
     def _loss_fn(self, params, batch):
         logp, entropy = self._token_logprobs(params, batch, self.config.remat, True)
-        if not self.objective.entropy_in_loss:
+        if not self.kind.entropy_in_loss:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
-        return self.objective.loss(logp, batch, entropy)
+        return self.kind.loss(logp, batch, entropy)
 
     def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish):
         """One micro-batch: accumulate its gradient; if `finish`, apply the mini-batch's update
@@ -374,8 +375,7 @@ class Learner:
 
     def _metric_names(self) -> tuple[str, ...]:
         """The loss's metrics, summed over a mini-batch's micro-batches."""
-        return ("loss", "pg_loss", "clip_fraction", "dual_clip_fraction", "approx_kl", "kl",
-                "entropy") + (MISMATCH_METRICS if self.objective.mismatch_in_loss else ())
+        return self.kind.metrics
 
     def _update_metric_names(self) -> tuple[str, ...]:
         return self._metric_names() + ("grad_norm", "lr", "skipped")

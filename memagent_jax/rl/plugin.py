@@ -3,9 +3,8 @@
 The core trainer knows no task. A run whose config has a `plugin` section names a module in
 `plugin.module`; the module's `build(settings, config)` parses the section's other keys (its
 own schema, checked against the rest of the TrainConfig; errors are `ConfigError`s naming
-`plugin.KEY`) and returns a `Plugin`, built once, as the TrainConfig is
-(`TrainConfig.loaded_plugin`). The trainer then asks it, each step, for what the experiment
-adds:
+`plugin.KEY`) and returns a `Plugin`, built once, by the trainer's build step (rl/build.py).
+The trainer then asks it, each step, for what the experiment adds:
 - a supervised step (`learner.loss: sft`) trains on `target(agent, example)`, one trajectory
   per drawn example, instead of sampled rollouts, and on `extra_trajectories(step)` beside
   them;
@@ -83,10 +82,6 @@ def load(config) -> Plugin | None:
     (None: no section)."""
     section = config.plugin
     if not section:
-        if config.learner.loss == "sft":
-            raise ConfigError("learner.loss", "a supervised step trains on the trajectories a "
-                                              "plugin makes: set plugin.module (e.g. "
-                                              "memagent_jax.synthetic.plugin)")
         return None
     name = section.get("module")
     if not isinstance(name, str) or not name:

@@ -5,9 +5,10 @@ Per step: draw rows (grain iterator) -> n rollouts per row of the config's agent
 with the learner's current parameters -> rewards, overlong shaping, dynamic sampling
 (collect.py) -> group advantages -> training rows (one per conversation) -> `Learner.update`
 (PPO mini-batches) -> periodic validation with the lenient metrics -> Orbax checkpoint ->
-TensorBoard scalars and one JSON line per step. The step's kind (steps.py) is built once: with
-`learner.loss: sft` the rollouts are a plugin's (rl/plugin.py) target trajectories instead (a
-supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out a
+TensorBoard scalars and one JSON line per step. The agent and plugin the config names are built
+first (rl/build.py); the step's kind (steps.py, the learner's) collects and groups its batch:
+with `learner.loss: sft` the rollouts are a plugin's (rl/plugin.py) target trajectories
+instead (a supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out a
 plugin's starts beside the drawn rows (which the plugin may make by rolling out the current
 policy on the same runner: `StepContext.rollout`). Rollouts decode with the engine's copy of
 `learner.params` (`Engine.place`): the learner's own arrays where they are stored in the
@@ -68,6 +69,7 @@ from memagent_jax.models import checkpoint
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl import plugin
 from memagent_jax.rl.advantages import group_advantages
+from memagent_jax.rl.build import build_run
 from memagent_jax.rl.checkpointing import Checkpointer, committed_steps
 from memagent_jax.rl.config import (
     CONFIG_FILE,
@@ -79,7 +81,7 @@ from memagent_jax.rl.config import (
 from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.scoring import Rewarder
-from memagent_jax.rl.steps import make_step
+from memagent_jax.rl.steps import StepInputs
 from memagent_jax.rl.tensorboard import ScalarWriter
 from memagent_jax.rollout.runner import build_runner
 from memagent_jax.runconfig import check, differences, to_dict, write_config
@@ -92,6 +94,8 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         check(config)
         self.config = config
+        run = build_run(config)           # the agent and plugin it names (no device)
+        self.agent, self.plugin = run.agent, run.plugin
         startup.start(startup.Launch(auto=config.distributed))
         if config.compilation_cache_dir:
             jax.config.update("jax_compilation_cache_dir", config.compilation_cache_dir)
@@ -118,7 +122,7 @@ class Trainer:
         """Reads the data sources and the tokenizer, and checks that the output directories
         can be made: every file the run needs, and every optional package; no device."""
         data = self.config.data
-        fields = tuple(getattr(self.config.loaded_agent, "required_fields", ()))
+        fields = tuple(getattr(self.agent, "required_fields", ()))
         sources = [pipeline.load_source(s, data.train_split, key=f"data.train[{i}]",
                                         required=fields) for i, s in enumerate(data.train)]
         self.train_data = pipeline.concatenate(sources)
@@ -171,8 +175,7 @@ class Trainer:
 
     def _announce(self) -> None:
         """What the run is about to do, before the model loads (process 0)."""
-        c, m = self.config, self.config.model
-        agent = c.loaded_agent
+        c, m, agent = self.config, self.config.model, self.agent
         data = f"{', '.join(c.data.train)} ({len(self.train_data)} rows)"
         if c.data.val:
             data += f"; validation {c.data.val} ({len(self.val_examples)} rows used)"
@@ -196,7 +199,6 @@ class Trainer:
         policy = load_policy(config.model, self.tokenizer, self.mesh)
         self._write_model_files(policy.config)
         self.learner = Learner(policy.model, config.learner, mesh=self.mesh, seed=config.seed)
-        self.agent = config.loaded_agent
         self.runner = build_runner(self.agent, policy.model, self.tokenizer, config.engine,
                                    self.mesh, policy.stop_ids)
         self.rewarder = Rewarder(config.reward)
@@ -210,8 +212,6 @@ class Trainer:
             on_interrupt="Ctrl-C: stopping at the next turn or step boundary, then "
                          "checkpointing the last finished step (Ctrl-C again changes nothing; "
                          "kill -9 stops at once and keeps only the newest checkpoint)")
-        self.plugin = config.loaded_plugin
-        self.step_kind = make_step(config, self.agent, self.runner, self.rewarder, self.plugin)
 
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
@@ -223,8 +223,7 @@ class Trainer:
             return
         m = self.config.model
         sources = [m.tokenizer, m.path, m.path and model_dir.side_files_dir(m.path)]
-        agent = self.config.loaded_agent
-        files = agent.model_files() if hasattr(agent, "model_files") else {}
+        files = self.agent.model_files() if hasattr(self.agent, "model_files") else {}
         checkpoint.write_model_files(model_config, directory, [d for d in sources if d], files)
 
     def _restore_if_any(self) -> None:
@@ -305,9 +304,11 @@ class Trainer:
         # so that a resumed run makes the same ones.
         context = plugin.StepContext(self.agent, config.seed * 1_000_003 + step,
                                      self.learner.logprobs, rollout)
+        inputs = StepInputs(config, self.runner, self.rewarder, self.plugin, self.learner.params,
+                            self.iterator, context, seed_for_try, on_call,
+                            functools.partial(self.compute_advantages, step))
         try:
-            batch = self.step_kind.collect(self.learner.params, self.iterator, context,
-                                           seed_for_try, on_call)
+            batch = self.learner.kind.collect(inputs)
         except _Preempted:
             self.rng = at_start[0]
             self.iterator.set_state(at_start[1])
@@ -318,8 +319,7 @@ class Trainer:
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
         if batch.groups:
-            groups, advantages = self.step_kind.groups(
-                batch, context, functools.partial(self.compute_advantages, step))
+            groups, advantages = self.learner.kind.groups(batch, inputs)
             rows = rows_from_trajectories(groups, advantages)
             update_start = time.perf_counter()
             metrics = self.learner.update(rows)

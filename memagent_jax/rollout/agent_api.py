@@ -23,6 +23,8 @@ settings) or `build(settings, config)`, which checks the section's other keys (e
   engine; without it `engine.max_len` must be set), or `engine_need(tokenizer) -> (tokens,
   the setting that asks for them, how)` where errors should name a setting;
 - `required_fields`: the data-row fields it reads beyond verl's (`data.pipeline`);
+- `reply_caps() -> {setting: max_tokens}`: the caps its replies are asked with, by the
+  setting that sets each (training checks `overlong.buffer` against the smallest);
 - `model_files() -> {file name: JSON-able}`: files a training run writes beside its model.
 
 What is trained (`rl/rows.py`) is what was generated: each conversation becomes a `Turn`, its

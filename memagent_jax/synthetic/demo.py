@@ -36,7 +36,8 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     from memagent_jax.agents.memagent.config import MemAgentConfig
     from memagent_jax.commandline import from_flags
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import ModelSection, load_policy
+    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.model_section import ModelSection
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.tokenizer import check_representable
 

@@ -1,5 +1,5 @@
 """Every file under configs/ loads against its schema (no device, no data read): train/,
-synthetic/ and lookup/ as training configs, with the experiments' plugins and agents built;
+synthetic/ and lookup/ as training configs, their agents and plugins built (`build_run`);
 eval/ as evaluation configs. A file added to configs/ is loaded here without being listed.
 A file that names a `base` gives only keys that change what its base resolves to."""
 
@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from memagent_jax.eval.config import EvalConfig
+from memagent_jax.rl.build import build_run
 from memagent_jax.rl.config import load_train_config
-from memagent_jax.rl.plugin import load as load_plugin
 from memagent_jax.runconfig import load_config, to_dict
 from memagent_jax.synthetic.plugin import PluginSection
 
@@ -59,7 +59,7 @@ def test_the_config_loads(name):
         assert config.data.sets and config.output_dir
         return
     config = load_train_config(path)
-    plugin = load_plugin(config)
+    plugin = build_run(config).plugin
     stem = os.path.basename(name)[:-5]
     if name.startswith(os.path.join("synthetic", "rl_only")):  # RL-only rungs need no plugin
         assert config.output_dir == f"runs/{os.path.basename(os.path.dirname(name))}/{stem}"
@@ -147,5 +147,5 @@ def test_the_honest_rl_only_ladder_is_a_chain_from_the_rl_only_start_with_its_ta
         assert rung.overlong.enabled and not rung.dynamic_sampling.enabled
         assert rung.memagent.gates == ("keep", "exit")  # the plugin for its metrics alone:
         assert rung.plugin == {"module": "memagent_jax.synthetic.plugin"}
-        assert rung.loaded_plugin.section == PluginSection()  # no rows, no starts
+        assert build_run(rung).plugin.section == PluginSection()  # no rows, no starts
     assert [r.memagent.max_chunks for r in rungs] == [1, 8, 32, 128, 256]

@@ -23,7 +23,8 @@ from memagent_jax.agents.tool_calling import parse_tool_call, system_prompt, wit
 from memagent_jax.cli import main
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import ModelSection, build_engine, load_policy
+from memagent_jax.engine.factory import build_engine, load_policy
+from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.lookup import task

@@ -16,7 +16,6 @@ from memagent_jax.data.needle import write_task
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
-from memagent_jax.runconfig import check
 
 PLUGIN = "tests.rl.example_plugin"
 
@@ -105,12 +104,3 @@ def test_the_plugins_section_is_checked_as_a_config_section(config_file, capsys)
     assert err == (f"memagent-jax: error: {config_file}: unknown key 'plugin.extras' (did you "
                    "mean 'plugin.extra'?)\n")
 
-
-def test_the_plugin_is_built_once_and_again_only_for_changed_settings(config_file, tmp_path):
-    config = load_train_config(config_file, [f"output_dir={tmp_path}", f"plugin.module={PLUGIN}"])
-    built = config.loaded_plugin
-    check(config)  # what the trainer runs first
-    assert config.loaded_plugin is built
-    config.plugin["starts"] = 1
-    check(config)
-    assert config.loaded_plugin is not built and config.loaded_plugin.section.starts == 1

@@ -16,6 +16,7 @@ import yaml
 from memagent_jax.cli import main
 from memagent_jax.data.needle import write_task
 from memagent_jax.errors import UserError
+from memagent_jax.rl.build import build_run
 from memagent_jax.rl.config import check_devices, load_train_config
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.runconfig import check
@@ -120,6 +121,8 @@ SYNTHETIC = "plugin.module=memagent_jax.synthetic.plugin"  # the experiment's pl
     (["engine.prefill_rows=0"], "engine.prefill_rows: must be at least 1"),
     (["model.attention=flash"], "model.attention: must be one of"),
     (["learner.copy_rows=8"], "unknown key 'learner.copy_rows'"),
+    (["overlong.enabled=true", "overlong.buffer=9"], "overlong.buffer: must be in 1..8 (the "
+     "agent's smallest reply cap, memagent.max_memory_tokens), got 9"),
     (["learner.loss=sft"], "learner.loss: a supervised step trains on the trajectories a "
                            "plugin makes"),
     (["plugin.copy_rows=8"], "plugin.module: must name a module with build(settings, config)"),
@@ -231,6 +234,29 @@ def test_a_removed_learner_key_loads_at_its_one_value_and_is_named_at_another(
         load_train_config(str(old))
 
 
+def test_loading_a_train_config_imports_no_jax_agent_plugin_or_runner():
+    """A train config is plain data: loading the shipped ones (MemAgent's with the synthetic
+    plugin, the tool agent's with the lookup plugin) in a fresh process imports no JAX, model,
+    runner, agent or plugin module; the trainer builds those (rl/build.py)."""
+    heavy = ("jax", "flax", "memagent_jax.models.qwen", "memagent_jax.engine.engine",
+             "memagent_jax.engine.scheduler", "memagent_jax.rollout.runner",
+             "memagent_jax.agents.memagent.agent", "memagent_jax.agents.tool_calling",
+             "memagent_jax.rl.plugin", "memagent_jax.synthetic", "memagent_jax.lookup")
+    configs = [os.path.join(CONFIGS, *name) for name in (
+        ("synthetic", "08_dapo.yaml"), ("lookup", "00_format.yaml"), ("train", "tiny_cpu.yaml"))]
+    code = """if True:
+        import json, sys
+        from memagent_jax.rl.config import load_train_config
+        for path in sys.argv[2:]:
+            load_train_config(path)
+        print(json.dumps([h for h in json.loads(sys.argv[1]) if any(
+            m == h or m.startswith(h + ".") for m in sys.modules)]))"""
+    run = subprocess.run([sys.executable, "-c", code, json.dumps(heavy), *configs],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == []
+
+
 def test_device_checks():
     config = load_train_config(None, ["model.preset=tiny", "model.tokenizer=x",
                                       "data.train=[x]", "prompts_per_step=6"])
@@ -250,8 +276,9 @@ def test_device_checks():
 def test_validate_rejects_inconsistent_sections():
     config = load_train_config(None, ["model.preset=tiny", "model.tokenizer=x", "data.train=[x]"])
     config.overlong.enabled, config.overlong.buffer = True, 5000
+    check(config)  # the agent's reply caps are checked where it is built
     with pytest.raises(UserError, match=r"overlong.buffer: must be in 1..1024"):
-        check(config)
+        build_run(config)
     config.overlong.enabled = False
     config.rollout.top_p = 0.0
     with pytest.raises(UserError, match=r"rollout.top_p: must be in \(0, 1\]"):

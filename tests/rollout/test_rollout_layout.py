@@ -128,7 +128,8 @@ def test_run_reads_documents_on_the_mesh_as_one_device_does():
     what it reads, unlike a random model's) over four synthetic documents, n 2 at temperature
     1, on 4 slots (so prompts wait): prefilled 4 a call on the mesh, one a call on one device:
     every turn's tokens, and log-probs within 1e-4."""
-    from memagent_jax.engine.factory import ModelSection, load_policy
+    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.model_section import ModelSection
     from memagent_jax.synthetic import tasks as synthetic
 
     section = ModelSection(path="memagent-tiny")

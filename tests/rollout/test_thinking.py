@@ -157,7 +157,8 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     the replies, and the loop answers from its final reply."""
     from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import ModelSection, load_policy
+    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.model_section import ModelSection
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))
     tokenizer = section.load_tokenizer(required=True)

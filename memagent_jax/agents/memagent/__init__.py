@@ -5,13 +5,19 @@ names (`agent: {module: memagent_jax.agents.memagent}`, the default): its settin
 
 from __future__ import annotations
 
-from memagent_jax.agents.memagent.agent import MemAgent
+from typing import TYPE_CHECKING
+
 from memagent_jax.errors import ConfigError
+
+if TYPE_CHECKING:  # the agent (and JAX) load when it is built, not with a config's settings
+    from memagent_jax.agents.memagent.agent import MemAgent
 
 
 def build(settings: dict, config) -> MemAgent:
     """The agent of `agent: {module: memagent_jax.agents.memagent}` (the default): its
     settings are the config's `memagent` section, so the `agent` section takes none."""
+    from memagent_jax.agents.memagent.agent import MemAgent
+
     if settings:
         raise ConfigError(f"agent.{next(iter(settings))}", "MemAgent's settings are the "
                                                            "`memagent` section")

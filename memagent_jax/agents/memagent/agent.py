@@ -147,6 +147,12 @@ class MemAgent:
                "tokens (" + " + ".join(f"{part} {n}" for part, n in parts.items()) + ")")
         return sum(parts.values()), f"memagent.{budget}", why
 
+    def reply_caps(self) -> dict[str, int]:
+        """The max_tokens its replies are asked with, by the setting that caps them (the
+        agent interface's optional `reply_caps`)."""
+        return {"memagent.max_memory_tokens": self.config.max_memory_tokens,
+                "memagent.max_final_tokens": self.config.max_final_tokens}
+
     def model_files(self) -> dict[str, dict]:
         """memagent.json: the budgets and `thinking` setting a model was trained with, which
         `run` and `demo` default to (max_chunks, a training-time cut, left out)."""
