@@ -27,16 +27,16 @@ READ_BYTES_PER_TOKEN = 700
 
 def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1):
     """The agent `model` (a directory or a shipped model's name) runs on synthetic documents of
-    `task` and `length` tokens: (policy, agent, its MemAgentConfig). budgets: MemAgentConfig
-    fields given on the command line (None: the model's own). UserError for an unknown task or
-    model, a tokenizer that cannot represent the documents' words, or a length below one
-    chunk."""
+    `task` and `length` tokens: (the loaded model, agent, its MemAgentConfig). budgets:
+    MemAgentConfig fields given on the command line (None: the model's own). UserError for an
+    unknown task or model, a tokenizer that cannot represent the documents' words, or a length
+    below one chunk."""
     from memagent_jax import model_dir
     from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.agents.memagent.config import MemAgentConfig
     from memagent_jax.commandline import from_flags
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import ModelSection, load_policy
+    from memagent_jax.engine.factory import ModelSection, load_model_section
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.tokenizer import check_representable
 
@@ -57,11 +57,11 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
         raise UserError(f"--length {length}: below one chunk of {config.chunk_tokens} tokens "
                         f"(a {task} document needs at least "
                         f"{max(config.chunk_tokens, synthetic.min_length(task))})")
-    policy = load_policy(section, tokenizer)
-    agent = from_flags(build_agent, model=policy.model, tokenizer=tokenizer, memagent=config,
+    loaded = load_model_section(section, tokenizer)
+    agent = from_flags(build_agent, model=loaded.model, tokenizer=tokenizer, memagent=config,
                        engine=from_flags(EngineConfig, slots=slots), mesh=None,
-                       stop_ids=policy.stop_ids)
-    return policy, agent, config
+                       stop_ids=loaded.stop_ids)
+    return loaded, agent, config
 
 
 def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
@@ -76,7 +76,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     synthetic.check_memory(f"--length {length}: a document of {length:,} tokens takes about "
                            f"{READ_BYTES_PER_TOKEN} bytes a token to read (the tokenizer's, "
                            "mostly)", READ_BYTES_PER_TOKEN * length)
-    policy, agent, config = load_agent(model, task, length, budgets)
+    loaded, agent, config = load_agent(model, task, length, budgets)
     seed = secrets.randbelow(10 ** 6) if seed is None else seed
     poll()
     document = synthetic.make_sample(task, length, seed, 0, poll)
@@ -92,7 +92,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
             bar.update(1)
             poll()
 
-        (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0),
+        (trajectory,), = agent.run(loaded.params, [sample], SamplingParams(0.0),
                                    on_turn=on_turn)
     seconds = time.perf_counter() - start
 

@@ -157,17 +157,17 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     the replies, and the loop answers from its final reply."""
     from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import ModelSection, load_policy
+    from memagent_jax.engine.factory import ModelSection, load_model_section
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))
     tokenizer = section.load_tokenizer(required=True)
-    policy = load_policy(section, tokenizer)
+    loaded = load_model_section(section, tokenizer)
     off = MemAgentConfig(chunk_tokens=16, max_memory_tokens=6, max_final_tokens=6,
                          max_problem_tokens=8, thinking="off")
-    agent = build_agent(policy.model, tokenizer, off, EngineConfig(slots=1), None,
-                        policy.stop_ids)
+    agent = build_agent(loaded.model, tokenizer, off, EngineConfig(slots=1), None,
+                        loaded.stop_ids)
     sample = agent.read("what is the answer", _document(40))
-    (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0))
+    (trajectory,), = agent.run(loaded.params, [sample], SamplingParams(0.0))
     turns = trajectory.turns
     assert [t.kind for t in turns] == ["update"] * 3 + ["final"]
     think_block = _ids(tokenizer, "<think> </think>")
@@ -179,8 +179,8 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     assert trajectory.answer == final_answer(turns[-1].reply)
 
     keep = MemoryAgent(agent.scheduler, MemAgent(MemAgentConfig(**{
-        **off.__dict__, "thinking": "keep"}), tokenizer, policy.stop_ids))
-    (kept,), = keep.run(policy.params, [sample], SamplingParams(0.0))
+        **off.__dict__, "thinking": "keep"}), tokenizer, loaded.stop_ids))
+    (kept,), = keep.run(loaded.params, [sample], SamplingParams(0.0))
     assert turns[0].prompt_ids == kept.turns[0].prompt_ids + think_block
     assert all(think_block[0] not in t.prompt_ids for t in kept.turns)
 
