@@ -81,8 +81,10 @@ def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | N
 
 class ServerPolicy:
     """One rollout's handle on a server (module docstring). Call k (from 1) asks for seed + k
-    (seed None: no seed, the server's own draw)."""
+    (seed None: no seed, the server's own draw). The server's context length is its own: a
+    prompt too long for it is its HTTP error, not `PromptTooLong` (max_len None)."""
     takes_ids = False
+    max_len = None
 
     def __init__(self, server: Server, tokenizer, seed: int | None = None,
                  on_call: Callable[[], None] | None = None):

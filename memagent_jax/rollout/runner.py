@@ -43,7 +43,14 @@ from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Completion, Request, Scheduler
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models.qwen import Qwen
-from memagent_jax.rollout.agent_api import Reply, Rollout, Trajectory
+from memagent_jax.rollout.agent_api import (
+    RECORD_KEYS,
+    TURN_RECORD_KEYS,
+    Reply,
+    Rollout,
+    Trajectory,
+    check_info,
+)
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.conversation import Call, ChatPrompts, conversation_turns
 
@@ -294,7 +301,7 @@ class _Run:
 def trajectory_of(result, calls: dict[Reply, Call], row) -> Trajectory:
     """A rollout of `row`'s result (a `Rollout` or a bare list of conversations) as its
     Trajectory: each conversation's rows (`conversation_turns`), the final one's labelled
-    "final" and its last reply's answer."""
+    "final" and its last reply's answer, the agent's metrics and info."""
     rollout = result if isinstance(result, Rollout) else Rollout(result)
     conversations = rollout.conversations
     if not isinstance(conversations, list) or not conversations or not all(
@@ -305,10 +312,14 @@ def trajectory_of(result, calls: dict[Reply, Call], row) -> Trajectory:
         raise TypeError(f"Rollout.final {rollout.final} is not a conversation's index (there "
                         f"are {len(conversations)})")
     final = rollout.final % len(conversations)
+    check_info(rollout.info, "Rollout.info", RECORD_KEYS)
     turns = []
     for k, conversation in enumerate(conversations):
+        check_info(getattr(conversation, "info", {}), f"conversation {k}'s info",
+                   TURN_RECORD_KEYS)
         turns += conversation_turns(conversation, calls, "final" if k == final else "turn")
-    trajectory = Trajectory(_problem(row), turns, metrics=dict(rollout.metrics))
+    trajectory = Trajectory(_problem(row), turns, metrics=dict(rollout.metrics),
+                            info=dict(rollout.info))
     trajectory.answer = final_answer(trajectory.final_reply) if turns else None
     return trajectory
 
@@ -357,8 +368,9 @@ def replay(agent, row, answer: Callable[[int, list[dict] | None], list[int]], to
 
 
 class _ReplayPolicy:
-    """`replay`'s handle: `EnginePolicy`'s prompts, given replies."""
+    """`replay`'s handle: `EnginePolicy`'s prompts, given replies (no engine: no max_len)."""
     takes_ids = True
+    max_len = None
 
     def __init__(self, answer, tokenizer, stop_ids):
         self.answer, self.tokenizer, self.stop_ids = answer, tokenizer, tuple(stop_ids)

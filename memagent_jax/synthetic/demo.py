@@ -69,6 +69,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
     budgets: as `load_agent` takes them. poll: called while the document is built, once it is
     tokenized and after every turn (the command's check for Ctrl-C, which raises)."""
+    from memagent_jax.agents.memagent.agent import memories_of
     from memagent_jax.console import progress_bar
     from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
@@ -101,7 +102,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
         chunk = first_token(words, fact.text.split()) // config.chunk_tokens + 1
         print(f"  fact in chunk {chunk:>5}: {fact.text}" + ("   <- needed" if fact.needed else ""))
     print("memory, at the turns where it changed:")
-    memories = trajectory.memories
+    memories = memories_of(trajectory)
     changes = [(i, m) for i, m in enumerate(memories) if i == 0 or m != memories[i - 1]]
     for i, memory in changes[:show]:
         print(f"  after chunk {i + 1:>5}: {abbreviate(memory)}")

@@ -216,6 +216,8 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
               budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
     """Reads the documents, prints a line each and the summary (progress on stderr); writes
     the traces as JSON lines to `out` when given (process 0 of a multi-process job)."""
+    from memagent_jax.agents.memagent.agent import memories_of
+
     agent, config, documents, samples, trajectories = read_greedily(
         model, task, length, seed, num_samples, budgets, slots, out)
     traces = []
@@ -223,7 +225,7 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
             zip(trajectories, documents, samples)):
         traces.append(trace_document(
             index, document, [agent.tokenizer.decode(c) for c in sample.chunks],
-            trajectory.memories, (trajectory.answer or "").strip(), config.chunk_tokens,
+            memories_of(trajectory), (trajectory.answer or "").strip(), config.chunk_tokens,
             trajectory.metrics))
         print(describe(traces[-1]))
     for line in summarize(traces, config.chunk_tokens):

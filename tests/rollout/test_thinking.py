@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, memories_of
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.templates import final_prompt, update_prompt
 from memagent_jax.cli import main
@@ -76,7 +76,7 @@ def test_each_setting_carries_its_memory_and_renders_its_prompts(qwen3, thinking
     assert [t.reply for t in turns] == [THOUGHT, THOUGHT, FINAL]
     assert [t.response_ids for t in turns] == [_ids(qwen3, r) + [EOS]
                                                for r in (THOUGHT, THOUGHT, FINAL)]
-    assert trajectory.memories == [memory, memory]
+    assert memories_of(trajectory) == [memory, memory]
     assert trajectory.answer == "hello"
 
     chunks = [qwen3.decode(list(c)) for c in sample.chunks]
@@ -110,7 +110,7 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(word_token
         (trajectory,), = agent.run(None, [agent.read(QUESTION, _document(3 * C))],
                                    SamplingParams(0.0))
         read[thinking] = ([(t.prompt_ids, t.response_ids, t.reply) for t in trajectory.turns],
-                          trajectory.memories, trajectory.answer)
+                          memories_of(trajectory), trajectory.answer)
     assert read["keep"] == read["strip"] == read["off"]
     assert read["keep"][1] == ["hello world", "world the", "the answer"]
 
@@ -175,7 +175,7 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     assert turns[0].prompt_ids == chat_prompt_ids(tokenizer, update_prompt(
         "what is the answer", "No previous memory", tokenizer.decode(list(sample.chunks[0]))),
         "off")
-    assert trajectory.memories == [t.reply for t in turns[:-1]]
+    assert memories_of(trajectory) == [t.reply for t in turns[:-1]]
     assert trajectory.answer == final_answer(turns[-1].reply)
 
     keep = MemoryAgent(agent.scheduler, MemAgent(MemAgentConfig(**{
