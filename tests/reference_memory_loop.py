@@ -76,7 +76,7 @@ class _Run:
                 memory, skip_special_tokens=True)
         self.trajectory.turns.append(Turn(self.kind, self.prompt_ids, completion.token_ids,
                                           completion.logprobs, completion.finish_reason, reply,
-                                          text))
+                                          {"memory": text}))
         if self.advance(memory):
             self.scheduler.submit(self.request(sampling),
                                   lambda c: self.finish_turn(c[0], sampling))

@@ -12,7 +12,7 @@ import torch
 
 from memagent_jax.cli import main
 from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import build_engine, load_policy
+from memagent_jax.engine.factory import build_engine, load_model_section
 from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.models.sharding import job_mesh
 from memagent_jax.serve.command import OpenAIServer, parse_mesh
@@ -40,10 +40,10 @@ def serving(model_dir, mesh=None, api_key=API_KEY, **options):
     mesh: a `--mesh` value (as "data=2,fsdp=4") to spread the model over the 8 test devices."""
     section = ModelSection(path=model_dir)
     device_mesh = job_mesh(parse_mesh(mesh), source="--mesh")
-    policy = load_policy(section, section.load_tokenizer(required=True), device_mesh)
-    engine = build_engine(policy.model, EngineConfig(slots=SLOTS, max_len=MAX_LEN,
+    loaded = load_model_section(section, section.load_tokenizer(required=True), device_mesh)
+    engine = build_engine(loaded.model, EngineConfig(slots=SLOTS, max_len=MAX_LEN,
                                                      top_logprobs=5), device_mesh, MAX_LEN)
-    server = OpenAIServer(policy, engine, names=("m",), max_len=MAX_LEN, port=0,
+    server = OpenAIServer(loaded, engine, names=("m",), max_len=MAX_LEN, port=0,
                           api_key=api_key, log_level="warning",
                           **{"shutdown_timeout": 5, **options})
     thread = threading.Thread(target=server.run, daemon=True)

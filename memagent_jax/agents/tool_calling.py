@@ -29,9 +29,8 @@ import json
 import re
 from typing import Any, Callable, ClassVar
 
-from memagent_jax.engine.scheduler import PromptTooLong
 from memagent_jax.errors import ConfigError
-from memagent_jax.rollout.agent_api import Rollout
+from memagent_jax.rollout.agent_api import PromptTooLong, Rollout
 from memagent_jax.runconfig import at_least, build_section
 
 _CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)

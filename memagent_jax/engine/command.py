@@ -54,7 +54,7 @@ def add_parsers(sub) -> None:
 def _generate(args) -> None:
     from memagent_jax.console import progress_bar
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import build_engine, load_policy
+    from memagent_jax.engine.factory import build_engine, load_model_section
     from memagent_jax.engine.jsonl import read_prompts, write_completions
     from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.engine.scheduler import Request, complete
@@ -85,13 +85,13 @@ def _generate(args) -> None:
     engine_config = dataclasses.replace(engine_config, slots=min(args.slots, len(prompts)))
     start(args)
     mesh = job_mesh(None)
-    policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
+    loaded = from_flags(load_model_section, section=model, tokenizer=tokenizer, mesh=mesh)
     longest = max(len(p) for p in prompts)
-    engine = from_flags(build_engine, model=policy.model, config=engine_config, mesh=mesh,
+    engine = from_flags(build_engine, model=loaded.model, config=engine_config, mesh=mesh,
                         tokens=longest + args.max_new_tokens, key="max_new_tokens",
                         why=f"{args.max_new_tokens} with prompts of up to {longest} tokens")
     requests = [Request(tuple(p), args.max_new_tokens, SamplingParams(
-        args.temperature, args.top_p, args.top_k, args.seed + i), policy.stop_ids)
+        args.temperature, args.top_p, args.top_k, args.seed + i), loaded.stop_ids)
         for i, p in enumerate(prompts)]
     # Ctrl-C and SIGTERM only set the notice's flag while the engine runs; the next step
     # stops. A KeyboardInterrupt could land in an XLA compile, which goes on in XLA's threads
@@ -107,7 +107,7 @@ def _generate(args) -> None:
                 raise Interrupted(f"{cause}; nothing was written ({args.out} is written once "
                                   "every prompt has finished)", notice.signal_number)
 
-        results = complete(engine, policy.params, requests, on_done=lambda i, c: bar.update(1),
+        results = complete(engine, loaded.params, requests, on_done=lambda i, c: bar.update(1),
                            poll=stop_if_signalled)
     rows = []
     for (completion,) in results:

@@ -1,5 +1,7 @@
 """The engine's contract, apart from its kernels: its config, the types it hands the
-scheduler, and the `DecodeEngine` protocol (JetStream's `engine_api`). Loading a train, eval or
+scheduler, the `DecodeEngine` protocol (JetStream's `engine_api`), and `PromptTooLong`, the
+error a call whose prompt leaves no room for a reply raises (in the agent that made it:
+rollout/agent_api.py names it too). Loading a train, eval or
 serve config imports this, never the Pallas kernels `engine/engine.py` compiles.
 
 `DecodeEngine` is the interface the scheduler drives: `prefill(params, prompts)` runs up to
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Sequence
 
-from memagent_jax.errors import ConfigError
+from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.runconfig import at_least
 
 if TYPE_CHECKING:  # JAX loads with an engine, not with a config that holds this one's
@@ -23,6 +25,10 @@ if TYPE_CHECKING:  # JAX loads with an engine, not with a config that holds this
 
     from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.models.qwen import KVCache
+
+
+class PromptTooLong(UserError):
+    """A prompt that leaves no room for a reply within the engine's max_len."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,11 +1,11 @@
-"""Where every front end gets its model and its engine: `load_policy`, `build_engine`.
+"""Where every front end gets its model and its engine: `load_model_section`, `build_engine`.
 
-`run`, `generate`, `serve`, `eval` and `train` load a model with `load_policy` (the `model`
-section of their config, or their flags) and assemble the engine with `build_engine`
-(`rollout.runner.build_runner` does so for an agent, the engine sized for the longest
-conversation the agent says it makes). Every engine is checked against the model's window and
-the devices' memory before it allocates (`sizing`). Nothing else builds an agent's engine;
-only engine-level tests and benchmarks build an `Engine` directly.
+`run`, `generate`, `serve`, `eval` and `train` load a model with `load_model_section` (the
+`model` section of their config, or their flags: a `LoadedModel`) and assemble the engine with
+`build_engine` (`rollout.runner.build_runner` does so for an agent, the engine sized for the
+longest conversation the agent says it makes). Every engine is checked against the model's
+window and the devices' memory before it allocates (`sizing`). Nothing else builds an agent's
+engine; only engine-level tests and benchmarks build an `Engine` directly.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # the engine (and its kernels) load when one is built, not wi
     from memagent_jax.engine.engine import Engine
 
 
-class Policy(NamedTuple):
+class LoadedModel(NamedTuple):
     """A loaded model: its module (parameters on the mesh), config, tokenizer (None without
     tokenizer files) and stop ids (the model directory's EOS ids, else the tokenizer's)."""
     model: Qwen
@@ -48,8 +48,8 @@ def default_dtype() -> str:
     return "float32" if jax.default_backend() == "cpu" else "bfloat16"
 
 
-def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None = None
-                ) -> Policy:
+def load_model_section(section: ModelSection, tokenizer,
+                       mesh: jax.sharding.Mesh | None = None) -> LoadedModel:
     """Loads the section's weights (or the preset's random ones) onto `mesh` (None: one
     device), stored in its param_dtype, computing in its compute_dtype; `tokenizer` is what
     `section.load_tokenizer` gave."""
@@ -70,7 +70,7 @@ def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None
                                                  f"the model's {config.vocab_size} embedding rows")
         if not stops and tokenizer.eos_token_id is not None:
             stops = (int(tokenizer.eos_token_id),)
-    return Policy(model, config, tokenizer, stops)
+    return LoadedModel(model, config, tokenizer, stops)
 
 
 def build_engine(model: Qwen, config: EngineConfig, mesh: jax.sharding.Mesh | None,

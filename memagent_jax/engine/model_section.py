@@ -1,6 +1,6 @@
 """The `model` section of the train and eval configs: which weights and which tokenizer.
 
-Read without JAX or the engine (a config is plain data): `engine.factory.load_policy` loads
+Read without JAX or the engine (a config is plain data): `engine.factory.load_model_section` loads
 what it names.
 """
 

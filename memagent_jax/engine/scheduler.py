@@ -35,13 +35,9 @@ from typing import Callable
 import jax
 import numpy as np
 
-from memagent_jax.engine.engine_api import DecodeEngine, StepLogprobs
+from memagent_jax.engine.engine_api import DecodeEngine, PromptTooLong, StepLogprobs
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import UserError
-
-
-class PromptTooLong(UserError):
-    """A prompt that leaves no room for a reply within the engine's max_len."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,7 +27,7 @@ from typing import Callable
 import jax
 
 from memagent_jax.agents.memagent.agent import build_agent
-from memagent_jax.engine.factory import Policy, build_engine, load_policy
+from memagent_jax.engine.factory import LoadedModel, build_engine, load_model_section
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.errors import UserError
@@ -74,10 +74,10 @@ def _count(tokenizer, texts: list[str]) -> list[int]:
     return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def _load(config: EvalConfig, tokenizer) -> tuple[Policy, jax.sharding.Mesh | None]:
-    """The model section's policy, and the config's mesh (None: one device) it is on."""
+def _load(config: EvalConfig, tokenizer) -> tuple[LoadedModel, jax.sharding.Mesh | None]:
+    """The model section's loaded model, and the config's mesh (None: one device) it is on."""
     mesh = job_mesh(config.mesh, source="mesh")
-    return load_policy(config.model, tokenizer, mesh), mesh
+    return load_model_section(config.model, tokenizer, mesh), mesh
 
 
 class MemAgentMethod:
@@ -99,10 +99,10 @@ class MemAgentMethod:
                             f"memagent.max_problem_tokens = {budget}")
 
     def start(self) -> None:
-        policy, mesh = _load(self.config, self.tokenizer)
-        self.agent = build_agent(policy.model, self.tokenizer, self.config.memagent,
-                                 self.config.engine, mesh, policy.stop_ids)
-        self.params = policy.params
+        loaded, mesh = _load(self.config, self.tokenizer)
+        self.agent = build_agent(loaded.model, self.tokenizer, self.config.memagent,
+                                 self.config.engine, mesh, loaded.stop_ids)
+        self.params = loaded.params
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
@@ -169,13 +169,13 @@ class FullContextMethod:
             raise UserError(f"{where}: row {row}: the context is empty")
 
     def start(self) -> None:
-        policy, mesh = _load(self.config, self.tokenizer)
-        needed = self.needed_length(policy.config)
-        self.engine = build_engine(policy.model, self.config.engine, mesh, needed,
+        loaded, mesh = _load(self.config, self.tokenizer)
+        needed = self.needed_length(loaded.config)
+        self.engine = build_engine(loaded.model, self.config.engine, mesh, needed,
                                    "full_context.max_input_tokens",
                                    f"{self.max_input} makes prompts and replies of up to "
                                    f"{needed} tokens")
-        self.params, self.stop_ids = policy.params, policy.stop_ids
+        self.params, self.stop_ids = loaded.params, loaded.stop_ids
         # engine.max_len, when set, may hold less than the model window
         budget = self._budget(self.engine.config.max_len, "engine.max_len")
         self.max_input = min(self.max_input, budget)
@@ -254,10 +254,10 @@ class AgentMethod:
             if hasattr(self.agent, "setup"):
                 self.agent.setup(self.tokenizer, ())
             return
-        policy, mesh = _load(self.config, self.tokenizer)
-        self.runner = build_runner(self.agent, policy.model, self.tokenizer, self.config.engine,
-                                   mesh, policy.stop_ids)
-        self.params = policy.params
+        loaded, mesh = _load(self.config, self.tokenizer)
+        self.runner = build_runner(self.agent, loaded.model, self.tokenizer, self.config.engine,
+                                   mesh, loaded.stop_ids)
+        self.params = loaded.params
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:

@@ -144,7 +144,9 @@ def supervised_batch(iterator, prompts: int, rewarder: Rewarder,
 def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.ndarray
                   ) -> dict[str, float]:
     """Means over every sampled trajectory: rewards, lengths (generated tokens), turns
-    (conversations), replies, truncations, and the agent's own metrics (`agent/NAME`)."""
+    (conversations), replies, truncations, and the agent's own metrics (`agent/NAME`);
+    `rollout/memory_length`, the mean length of MemAgent's memory updates (turns of kind
+    "update"; `memagent-jax curves` draws it), only where there are any."""
     trajectories = [t for group in groups for t in group]
     turns = [turn for t in trajectories for turn in t.turns]
     updates = [c.generated_tokens for c in turns if c.kind == "update"]
@@ -156,11 +158,12 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
 
     agent = {f"agent/{name}": mean([t.metrics[name] for t in trajectories if name in t.metrics])
              for name in dict.fromkeys(k for t in trajectories for k in t.metrics)}
+    memory = {"rollout/memory_length": mean(updates)} if updates else {}
     return {**agent,
         "reward/mean": mean(raw), "reward/std": float(np.std(raw)) if raw.size else 0.0,
         "reward/shaped_mean": mean(shaped),
         "rollout/response_length": mean(responses),
-        "rollout/memory_length": mean(updates),
+        **memory,
         "rollout/final_length": mean(finals),
         "rollout/prompt_length": mean([len(c.prompt_ids) for c in turns]),
         "rollout/turns": mean([len(t.turns) for t in trajectories]),

@@ -8,9 +8,9 @@ The trainer then asks it, each step, for what the experiment adds:
 - a supervised step (`learner.loss: sft`) trains on `target(agent, example)`, one trajectory
   per drawn example, instead of sampled rollouts, and on `extra_trajectories(step)` beside
   them;
-- a DAPO step rolls out `starts(step)`'s prompts, which come with their own samples (a read
-  that begins inside a document, from a given memory: `Sample.initial_memory`), in place of as
-  many drawn ones;
+- a DAPO step rolls out `starts(step)`'s prompts, which come with their own rows (whatever
+  the agent's `rollout` reads: for MemAgent a `Sample`, a read that begins inside a document
+  from a given memory), in place of as many drawn ones;
 - a validation read adds `validation_metrics(agent, examples, groups)` to the trainer's own
   (`val/NAME`): what only the experiment can score, such as how its documents' facts fare.
 A step's `StepContext` gives the plugin what it may use: the agent, a seed, and the current
@@ -30,7 +30,6 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError
@@ -46,8 +45,8 @@ class StepContext:
     for the synthetic plugin); seed: a function of (run seed, step) only, so that a
     resumed run draws the same rows; logprobs: rows -> [R, T] float32 log-probabilities of
     their response tokens under the current parameters (0 elsewhere); rollout(rows,
-    sampling): [R] trajectories, one rollout of the agent on each of `rows` (what the agent
-    reads: a MemAgent `Sample`) under the current parameters, on the step's own runner, sampled
+    sampling): [R] trajectories, one rollout of the agent on each of `rows` (whatever its
+    `rollout` reads) under the current parameters, on the step's own runner, sampled
     with `sampling` and nothing else (no call may change it), each call seeded from its seed as
     the step's rollouts are (`rollout.runner.call_seed`): the same parameters, rows and seed
     give the same trajectories. A stop (SIGTERM, Ctrl-C) ends it as it ends the step's."""
@@ -67,9 +66,10 @@ class Plugin(Protocol):
     def extra_trajectories(self, step: StepContext) -> list[Trajectory]:
         """Trajectories a supervised step trains on beside its examples' targets."""
 
-    def starts(self, step: StepContext) -> tuple[list[Example], list[Sample]]:
+    def starts(self, step: StepContext) -> tuple[list[Example], list]:
         """Prompts a DAPO step rolls out in its first round in place of as many drawn ones:
-        their examples (to score the answers against) and samples."""
+        their examples (to score the answers against) and their rows (what the agent's
+        `rollout` reads, one an example)."""
 
     def validation_metrics(self, agent, examples: list[Example],
                            groups: list[list[Trajectory]]) -> dict[str, float]:

@@ -59,7 +59,7 @@ from memagent_jax.console import announce, progress_bar
 from memagent_jax.data import pipeline
 from memagent_jax.distributed import collectives, startup
 from memagent_jax.distributed.preemption import PreemptionNotice
-from memagent_jax.engine.factory import load_policy
+from memagent_jax.engine.factory import load_model_section
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError, Interrupted, UserError
 from memagent_jax.eval.metrics import qa_scores
@@ -196,11 +196,11 @@ class Trainer:
         config = self.config
         self.mesh = make_mesh(self.mesh_axes, source="mesh")
         collectives.check_shared_directory(config.checkpoint_dir, "checkpoint directory")
-        policy = load_policy(config.model, self.tokenizer, self.mesh)
-        self._write_model_files(policy.config)
-        self.learner = Learner(policy.model, config.learner, mesh=self.mesh, seed=config.seed)
-        self.runner = build_runner(self.agent, policy.model, self.tokenizer, config.engine,
-                                   self.mesh, policy.stop_ids)
+        loaded = load_model_section(config.model, self.tokenizer, self.mesh)
+        self._write_model_files(loaded.config)
+        self.learner = Learner(loaded.model, config.learner, mesh=self.mesh, seed=config.seed)
+        self.runner = build_runner(self.agent, loaded.model, self.tokenizer, config.engine,
+                                   self.mesh, loaded.stop_ids)
         self.rewarder = Rewarder(config.reward)
         self.iterator = pipeline.training_iterator(self.train_data, config.seed,
                                                    shuffle=config.data.shuffle)

@@ -5,13 +5,16 @@ returns its conversations.
 
 `await policy.chat(messages, max_tokens=N)` takes OpenAI-style chat messages
 (`[{"role": ..., "content": ...}, ...]`) and returns a `Reply`: the reply's text, the token ids
-the engine generated, their behaviour log-probabilities and the finish reason. The agent
-appends `reply.message` to its messages, adds tool results or user turns, calls again, and
-returns every conversation it wants trained (one turn; a multi-turn tool conversation; or
-several context-independent conversations, as MemAgent's turns). It writes no batching,
-padding or tokenization: the rollout runner (`rollout/runner.py`) runs hundreds of rollouts
-at once on one event loop, their calls sharing the engine's slots through the scheduler, and
-`rollout/remote.py` runs the same function against an OpenAI-compatible server.
+the engine generated, their behaviour log-probabilities and the finish reason. A call whose
+prompt leaves no room for a reply within `policy.max_len` raises `PromptTooLong` (the engine's
+contract defines it, engine/engine_api.py; it is importable from here) in the agent, which may
+end its conversation there. The agent appends `reply.message` to its messages, adds tool
+results or user turns, calls again, and returns every conversation it wants trained (one turn;
+a multi-turn tool conversation; or several context-independent conversations, as MemAgent's
+turns). It writes no batching, padding or tokenization: the rollout runner
+(`rollout/runner.py`) runs hundreds of rollouts at once on one event loop, their calls sharing
+the engine's slots through the scheduler, and `rollout/client.py` runs the same function
+against an OpenAI-compatible server.
 
 A module names an agent in a config's `agent` section (`agent: {module: my_package.my_agent,
 ...its settings}`, `load_agent`). It defines either `rollout(row, policy)` (an agent without
@@ -29,7 +32,8 @@ settings) or `build(settings, config)`, which checks the section's other keys (e
 
 What is trained (`rl/rows.py`) is what was generated: each conversation becomes a `Turn`, its
 tokens the ids the engine produced for every reply (and, between replies, the ids of what the
-agent added), never the text re-tokenized.
+agent added), never the text re-tokenized. What an agent notes beside its conversations (JSON:
+`Conversation.info`, `Rollout.info`) rides along into `run --json`'s record, untrained.
 """
 
 from __future__ import annotations
@@ -38,8 +42,9 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
+from memagent_jax.engine.engine_api import PromptTooLong as PromptTooLong  # agents catch it
 from memagent_jax.errors import ConfigError
 
 SECTION = "agent"
@@ -82,13 +87,14 @@ class Reply:
 
 
 class Conversation(list):
-    """A list of chat messages with a label: `kind` (the `Turn.kind` its row gets; default
-    "turn", and "final" for a rollout's final conversation) and `memory` (MemAgent's update
-    turns: the memory the reply became)."""
+    """A list of chat messages with labels: `kind` (the `Turn.kind` its row gets; default
+    "turn", and "final" for a rollout's final conversation) and `info` (`Turn.info`: what the
+    agent notes of this conversation, JSON-able; MemAgent: {"memory": the memory the reply
+    became})."""
 
-    def __init__(self, messages=(), kind: str | None = None, memory: str | None = None):
+    def __init__(self, messages=(), kind: str | None = None, info: dict | None = None):
         super().__init__(messages)
-        self.kind, self.memory = kind, memory
+        self.kind, self.info = kind, dict(info or {})
 
 
 @dataclasses.dataclass
@@ -96,17 +102,25 @@ class Rollout:
     """What an agent returns for one row (a bare list of conversations means
     `Rollout(conversations)`). final: the conversation whose last reply is the answer the
     reward reads; metrics: the agent's own numbers, averaged over trajectories into the step's
-    metrics as `agent/NAME`."""
+    metrics as `agent/NAME`; info: what else the agent notes of the rollout, JSON-able
+    (`Trajectory.info`, `run --json`'s record; MemAgent: {"memories": [...]})."""
     conversations: list[list[dict]]
     final: int = -1
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    info: dict = dataclasses.field(default_factory=dict)
 
 
 class Policy(Protocol):
     """The handle an agent calls. takes_ids: whether `prompt_ids` are honoured and replies carry
-    token ids (the engine: True; a server: False); tokenizer: the policy's."""
+    token ids (the engine: True; a server: False); tokenizer: the policy's (None on a server,
+    which takes text); max_len: the most tokens a call's prompt and reply take together (a
+    prompt that leaves no room raises `PromptTooLong`; None where the handle does not know: a
+    server, a replay)."""
     takes_ids: bool
     tokenizer: Any
+
+    @property
+    def max_len(self) -> int | None: ...
 
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
                    prompt_ids: list[int] | None = None, temperature: float | None = None,
@@ -118,6 +132,11 @@ class Policy(Protocol):
         prompt as ids instead, for a workflow that splices ids (MemAgent); template_vars: the
         chat template's extra variables (enable_thinking, tools, ...)."""
 
+    async def once(self, fn: Callable, *args) -> Any:
+        """fn(*args) computed on process 0 only, its (picklable) result on every process: for a
+        tool or value that reads time, randomness or I/O (every process runs every rollout
+        and must make the same calls)."""
+
 
 @dataclasses.dataclass
 class Turn:
@@ -127,15 +146,15 @@ class Turn:
     response_logprobs, each generated id's behaviour log-probability (0 elsewhere);
     response_mask, 1 on generated ids (None: all of them, a one-reply conversation); caps, each
     reply's max_tokens; kind, the row's label ("final" for the answer's conversation; MemAgent:
-    "update" or "final"); reply, the last reply's text; memory, MemAgent's memory after an
-    update turn; messages, the conversation as the agent returned it."""
+    "update" or "final"); reply, the last reply's text; info, the agent's notes on the
+    conversation (`Conversation.info`); messages, the conversation as the agent returned it."""
     kind: str
     prompt_ids: list[int]
     response_ids: list[int]
     response_logprobs: list[float]
     finish_reason: str
     reply: str
-    memory: str | None = None
+    info: dict = dataclasses.field(default_factory=dict)
     response_mask: list[int] | None = None
     caps: tuple[int, ...] = ()
     messages: list[dict] | None = None
@@ -168,16 +187,12 @@ class Turn:
 class Trajectory:
     """One rollout of one row: its turns (conversations) in the agent's order, the answer
     (`\\boxed{}` content, or the reply after `rollout.answers.final_answer`) of its final
-    turn, and the agent's metrics."""
+    turn, and the agent's metrics and notes (`Rollout.metrics`, `Rollout.info`)."""
     problem: str
     turns: list[Turn] = dataclasses.field(default_factory=list)
     answer: str | None = None
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
-
-    @property
-    def memories(self) -> list[str]:
-        """MemAgent's memories as carried from turn to turn (after `thinking: strip`)."""
-        return [t.memory for t in self.turns if t.kind == "update"]
+    info: dict = dataclasses.field(default_factory=dict)
 
     @property
     def final_turn(self) -> Turn | None:
@@ -193,25 +208,42 @@ class Trajectory:
     def record(self) -> dict:
         """`run --json`'s record (`run_record`)."""
         return run_record(self.problem, self.answer, [
-            {"kind": t.kind, "reply": t.reply, "memory": t.memory,
+            {"kind": t.kind, "reply": t.reply, **t.info,
              "finish_reason": t.finish_reason, "response_tokens": t.generated_tokens,
              **({"messages": [dict(m) for m in t.messages]}
                 if t.messages and len(t.messages) > 1 else {})}
-            for t in self.turns], self.metrics)
+            for t in self.turns], self.metrics, self.info)
+
+
+# `run_record`'s own keys, of the record and of its turns: an agent's info names none of them.
+RECORD_KEYS = frozenset({"problem", "answer", "final_reply", "finish_reason", "final_tokens",
+                         "turns", "metrics"})
+TURN_RECORD_KEYS = frozenset({"kind", "reply", "finish_reason", "response_tokens", "messages"})
+
+
+def check_info(info, where: str, taken: frozenset[str]) -> None:
+    """Raises TypeError unless `info` (an agent's `Rollout.info` or `Conversation.info`, named
+    by `where`) is a dict whose keys are strings its record does not already use (`taken`)."""
+    if not isinstance(info, dict) or not all(isinstance(k, str) for k in info):
+        raise TypeError(f"{where} must be a dict with string keys, got {info!r:.100}")
+    clash = sorted(taken & info.keys())
+    if clash:
+        raise TypeError(f"{where} names {', '.join(map(repr, clash))}, which run --json's "
+                        "record uses itself; give it another name")
 
 
 def run_record(problem: str, answer: str | None, turns: list[dict],
-               metrics: dict | None = None) -> dict:
+               metrics: dict | None = None, info: dict | None = None) -> dict:
     """One rollout as `run --json` prints it, the same on the local engine and against a
-    server: turns are {"kind", "reply" (the last reply), "memory" (MemAgent's update turns:
-    the new memory; else None), "finish_reason", "response_tokens" (generated tokens; None
-    when a server does not report usage), and "messages" (the conversation, where it holds
-    more than its reply)}; "memories" are the update turns' memories,
-    "final_reply", "finish_reason" and "final_tokens" the final turn's; "metrics" the agent's
-    own (only when it reports any)."""
+    server: turns are {"kind", "reply" (the last reply), the agent's notes on the conversation
+    (`Turn.info`'s keys; MemAgent: "memory"), "finish_reason", "response_tokens" (generated
+    tokens; None when a server does not report usage), and "messages" (the conversation,
+    where it holds more than its reply)}; after "problem" and "answer" the agent's notes on
+    the rollout (`Rollout.info`'s keys; MemAgent: "memories"); "final_reply",
+    "finish_reason" and "final_tokens" the final turn's; "metrics" the agent's own (only when
+    it reports any)."""
     final = next((t for t in turns if t["kind"] == "final"), turns[-1] if turns else {})
-    record = {"problem": problem, "answer": answer,
-              "memories": [t["memory"] for t in turns if t["kind"] == "update"],
+    record = {"problem": problem, "answer": answer, **(info or {}),
               "final_reply": final.get("reply", ""), "finish_reason": final.get("finish_reason"),
               "final_tokens": final.get("response_tokens"), "turns": turns}
     if metrics:

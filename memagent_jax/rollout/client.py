@@ -98,8 +98,10 @@ def server_seed(seed: int, row: int, trajectory: int, call: int) -> int:
 
 class ServerPolicy:
     """The handle of rollout `index` of row `row` on a server, in a run seeded `seed` (module
-    docstring)."""
+    docstring). The server's context length is its own: a prompt too long for it is its
+    HTTP error, not `PromptTooLong` (max_len None)."""
     takes_ids = False
+    max_len = None
 
     def __init__(self, server: Server, tokenizer, seed: int, row: int = 0, index: int = 0,
                  on_call: Callable[[], None] | None = None):

@@ -184,7 +184,7 @@ def _run_agent(args) -> None:
         (trajectory,), = run_on_server(_server(args), agent, [row], args.seed)
     else:
         from memagent_jax.engine.engine_api import EngineConfig
-        from memagent_jax.engine.factory import load_policy
+        from memagent_jax.engine.factory import load_model_section
         from memagent_jax.models.sharding import job_mesh
         from memagent_jax.rollout.runner import build_runner
 
@@ -192,12 +192,12 @@ def _run_agent(args) -> None:
         tokenizer = from_flags(model.load_tokenizer, required=True)
         start(args)
         mesh = job_mesh(None)
-        policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-        runner = from_flags(build_runner, agent=agent, model=policy.model,
+        loaded = from_flags(load_model_section, section=model, tokenizer=tokenizer, mesh=mesh)
+        runner = from_flags(build_runner, agent=agent, model=loaded.model,
                             tokenizer=tokenizer, engine=EngineConfig(slots=1,
                                                                      max_len=args.max_len),
-                            mesh=mesh, stop_ids=policy.stop_ids)
-        (trajectory,), = runner.run(policy.params, agent, [row],
+                            mesh=mesh, stop_ids=loaded.stop_ids)
+        (trajectory,), = runner.run(loaded.params, agent, [row],
                                     SamplingParams(args.temperature, args.top_p, seed=args.seed))
     record = trajectory.record()
     if args.verbose:
@@ -225,15 +225,15 @@ def _local_agent(model, config, tokenizer, sample):
     sized for this sample's turns (`build_agent`'s sample), not the longest the budgets allow."""
     from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.factory import load_model_section
     from memagent_jax.models.sharding import job_mesh
 
     mesh = job_mesh(None)
-    policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-    agent = from_flags(build_agent, model=policy.model, tokenizer=tokenizer, memagent=config,
-                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=policy.stop_ids,
+    loaded = from_flags(load_model_section, section=model, tokenizer=tokenizer, mesh=mesh)
+    agent = from_flags(build_agent, model=loaded.model, tokenizer=tokenizer, memagent=config,
+                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=loaded.stop_ids,
                        sample=sample)
-    return agent, policy.params
+    return agent, loaded.params
 
 
 def _run_locally(args, agent, params, sample, show):

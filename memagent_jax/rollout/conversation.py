@@ -166,7 +166,8 @@ def conversation_turns(conversation: list[dict], calls: dict[Reply, Call], kind:
                        ) -> list[Turn]:
     """The rows of one conversation (module docstring), in order; `calls` maps this rollout's
     replies to their calls; kind: the rows' `Turn.kind` unless the conversation says
-    (`Conversation.kind`). Assistant messages that are no reply of this rollout are prompt."""
+    (`Conversation.kind`); each row's `Turn.info` is the conversation's `Conversation.info`.
+    Assistant messages that are no reply of this rollout are prompt."""
     found = []
     for k, message in enumerate(conversation):
         call = _call_of(message, conversation, k, calls)
@@ -184,8 +185,8 @@ def conversation_turns(conversation: list[dict], calls: dict[Reply, Call], kind:
             call = call.parent
         chains.append(chain[::-1])
     label = getattr(conversation, "kind", None) or kind
-    memory = getattr(conversation, "memory", None)
-    return [_turn(chain, label, memory, list(conversation)) for chain in reversed(chains)]
+    info = getattr(conversation, "info", {})
+    return [_turn(chain, label, dict(info), list(conversation)) for chain in reversed(chains)]
 
 
 def _call_of(message, conversation, k, calls: dict[Reply, Call]) -> Call | None:
@@ -199,17 +200,17 @@ def _call_of(message, conversation, k, calls: dict[Reply, Call]) -> Call | None:
                  and call.messages == list(conversation[:k])), None)
 
 
-def _turn(chain: list[Call], kind: str, memory: str | None, messages) -> Turn:
+def _turn(chain: list[Call], kind: str, info: dict, messages) -> Turn:
     first, last = chain[0], chain[-1]
     if last.reply.token_ids is None:  # a server's replies: text only, nothing to train
         counts = [c.reply.completion_tokens for c in chain]
-        return Turn(kind, [], [], [], last.reply.finish_reason, last.reply.text, memory,
+        return Turn(kind, [], [], [], last.reply.finish_reason, last.reply.text, info,
                     caps=tuple(c.max_tokens for c in chain), messages=messages,
                     server_tokens=None if None in counts else sum(counts))
     prompt = list(first.prompt_ids)
     if len(chain) == 1:
         return Turn(kind, prompt, list(last.reply.token_ids), list(last.reply.logprobs),
-                    last.reply.finish_reason, last.reply.text, memory,
+                    last.reply.finish_reason, last.reply.text, info,
                     caps=(last.max_tokens,), messages=messages)
     response = list(last.prompt_ids[len(prompt):]) + list(last.reply.token_ids)
     mask, logprobs = [0] * len(response), [0.0] * len(response)
@@ -218,4 +219,4 @@ def _turn(chain: list[Call], kind: str, memory: str | None, messages) -> Turn:
         for t, logprob in enumerate(call.reply.logprobs):
             mask[start + t], logprobs[start + t] = 1, logprob
     return Turn(kind, prompt, response, logprobs, last.reply.finish_reason, last.reply.text,
-                memory, mask, tuple(c.max_tokens for c in chain), messages)
+                info, mask, tuple(c.max_tokens for c in chain), messages)

@@ -43,7 +43,14 @@ from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Completion, Request, Scheduler
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models.qwen import Qwen
-from memagent_jax.rollout.agent_api import Reply, Rollout, Trajectory
+from memagent_jax.rollout.agent_api import (
+    RECORD_KEYS,
+    TURN_RECORD_KEYS,
+    Reply,
+    Rollout,
+    Trajectory,
+    check_info,
+)
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.conversation import (
     Call,
@@ -299,9 +306,10 @@ class _Run:
 def trajectory_of(result, calls: dict[Reply, Call], row) -> Trajectory:
     """A rollout of `row`'s result (a `Rollout` or a bare list of conversations) as its
     Trajectory: each conversation's rows (`conversation_turns`), the final one's labelled
-    "final" and its last reply's answer. Anything else, a conversation that is no list of chat
-    messages, or one that holds no reply of this rollout's calls (nothing in it is trained), is
-    a UserError saying which (the runner names the agent and the row)."""
+    "final" and its last reply's answer, the agent's metrics and info. Anything else, a
+    conversation that is no list of chat messages, or one that holds no reply of this rollout's
+    calls (nothing in it is trained), is a UserError saying which (the runner names the agent
+    and the row)."""
     rollout = result if isinstance(result, Rollout) else Rollout(result)
     conversations = rollout.conversations
     if not isinstance(conversations, list) or not conversations:
@@ -313,16 +321,20 @@ def trajectory_of(result, calls: dict[Reply, Call], row) -> Trajectory:
         raise UserError(f"Rollout.final {rollout.final} is not a conversation's index (there "
                         f"are {len(conversations)})")
     final = rollout.final % len(conversations)
+    check_info(rollout.info, "Rollout.info", RECORD_KEYS)
     turns = []
     for k, conversation in enumerate(conversations):
         check_messages(conversation, f"conversation {k}")
+        check_info(getattr(conversation, "info", {}), f"conversation {k}'s info",
+                   TURN_RECORD_KEYS)
         rows = conversation_turns(conversation, calls, "final" if k == final else "turn")
         if not rows:
             raise UserError(f"conversation {k} holds no reply of this rollout's chat calls (the "
                             "assistant messages policy.chat returned: reply.message), so "
                             "nothing in it would be trained")
         turns += rows
-    trajectory = Trajectory(_problem(row), turns, metrics=dict(rollout.metrics))
+    trajectory = Trajectory(_problem(row), turns, metrics=dict(rollout.metrics),
+                            info=dict(rollout.info))
     trajectory.answer = final_answer(trajectory.final_reply)
     return trajectory
 
@@ -371,8 +383,9 @@ def replay(agent, row, answer: Callable[[int, list[dict] | None], list[int]], to
 
 
 class _ReplayPolicy:
-    """`replay`'s handle: `EnginePolicy`'s prompts, given replies."""
+    """`replay`'s handle: `EnginePolicy`'s prompts, given replies (no engine: no max_len)."""
     takes_ids = True
+    max_len = None
 
     def __init__(self, answer, tokenizer, stop_ids):
         self.answer, self.tokenizer, self.stop_ids = answer, tokenizer, tuple(stop_ids)

@@ -1,10 +1,10 @@
 """`memagent-jax serve`: its flags, the engine behind uvicorn, and how the server stops.
 
 The command loads the model and builds the engine with the factories every command uses
-(`engine.factory.load_policy`, `build_engine`); `OpenAIServer` puts the worker, the app and
-uvicorn together on a socket bound before anything is served (port 0: any free one). Standard
-library only at import (the CLI builds its parser from this module): JAX, the engine and the
-HTTP stack load when the command runs.
+(`engine.factory.load_model_section`, `build_engine`); `OpenAIServer` puts the worker, the app
+and uvicorn together on a socket bound before anything is served (port 0: any free one).
+Standard library only at import (the CLI builds its parser from this module): JAX, the engine
+and the HTTP stack load when the command runs.
 
 Shutdown, on SIGTERM or SIGINT (or `shutdown()` from another thread): uvicorn stops accepting
 connections and /health answers 503; requests in flight get `shutdown_timeout` seconds to
@@ -35,7 +35,7 @@ from memagent_jax.extras import needs
 
 if TYPE_CHECKING:  # annotations only: importing them imports JAX
     from memagent_jax.engine.engine import Engine
-    from memagent_jax.engine.factory import Policy
+    from memagent_jax.engine.factory import LoadedModel
 
 
 def add_parsers(sub) -> None:
@@ -76,7 +76,7 @@ def add_parsers(sub) -> None:
 
 def _serve(args) -> None:
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import build_engine, load_policy
+    from memagent_jax.engine.factory import build_engine, load_model_section
     from memagent_jax.models.loading import read_config
     from memagent_jax.models.sharding import job_mesh
 
@@ -101,12 +101,12 @@ def _serve(args) -> None:
                                prefill_rows=args.prefill_rows,
                                top_logprobs=min(args.max_logprobs, model_config.vocab_size))
     mesh = job_mesh(parse_mesh(args.mesh), source="--mesh")
-    policy = from_flags(load_policy, section=model, tokenizer=tokenizer, mesh=mesh)
-    engine = from_flags(build_engine, model=policy.model, config=engine_config, mesh=mesh,
+    loaded = from_flags(load_model_section, section=model, tokenizer=tokenizer, mesh=mesh)
+    engine = from_flags(build_engine, model=loaded.model, config=engine_config, mesh=mesh,
                         tokens=max_len, why=f"{max_len} (the model's context window, the "
                                             "default)")
     names = served_names(args.model, args.served_model_name)
-    server = OpenAIServer(policy, engine, names=names, max_len=max_len, host=args.host,
+    server = OpenAIServer(loaded, engine, names=names, max_len=max_len, host=args.host,
                           port=args.port,
                           # set but empty: no key (a key of "" refuses every client sending one)
                           api_key=args.api_key or os.environ.get("MEMAGENT_API_KEY") or None,
@@ -165,7 +165,7 @@ class OpenAIServer:
     engine's KV length may round it up); max_requests: requests in flight (decoding or
     waiting for a slot) before new ones get 429."""
 
-    def __init__(self, policy: Policy, engine: Engine, *, names: tuple[str, ...],
+    def __init__(self, loaded: LoadedModel, engine: Engine, *, names: tuple[str, ...],
                  max_len: int, host: str = "127.0.0.1", port: int = 8000,
                  api_key: str | None = None, max_requests: int = 1024,
                  shutdown_timeout: float = 30.0, log_level: str = "info"):
@@ -180,12 +180,12 @@ class OpenAIServer:
         self.shutdown_timeout = shutdown_timeout
         # The decode step and the shortest prompt bucket compile now, not on the first
         # request; longer buckets compile when first used.
-        params = engine.place(policy.params)  # once: every request decodes with this copy
+        params = engine.place(loaded.params)  # once: every request decodes with this copy
         engine.warm_up(params, [1])
         self.worker = EngineWorker(engine, params, max_requests)
-        self.encoder = Encoder(policy.tokenizer, max_len)
-        served = Served(self.worker, policy.tokenizer, names, max_len, policy.stop_ids,
-                        engine.config.top_logprobs, policy.config.vocab_size, self.encoder)
+        self.encoder = Encoder(loaded.tokenizer, max_len)
+        served = Served(self.worker, loaded.tokenizer, names, max_len, loaded.stop_ids,
+                        engine.config.top_logprobs, loaded.config.vocab_size, self.encoder)
         self._served = served
         self.app = build_app(served, api_key, on_startup=self.worker.start,
                              on_shutdown=self._stop_worker)

@@ -27,16 +27,16 @@ READ_BYTES_PER_TOKEN = 700
 
 def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1):
     """The agent `model` (a directory or a shipped model's name) runs on synthetic documents of
-    `task` and `length` tokens: (policy, agent, its MemAgentConfig). budgets: MemAgentConfig
-    fields given on the command line (None: the model's own). UserError for an unknown task or
-    model, a tokenizer that cannot represent the documents' words, or a length below one
-    chunk."""
+    `task` and `length` tokens: (the loaded model, agent, its MemAgentConfig). budgets:
+    MemAgentConfig fields given on the command line (None: the model's own). UserError for an
+    unknown task or model, a tokenizer that cannot represent the documents' words, or a length
+    below one chunk."""
     from memagent_jax import model_dir
     from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.agents.memagent.config import MemAgentConfig
     from memagent_jax.commandline import from_flags
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.factory import load_model_section
     from memagent_jax.engine.model_section import ModelSection
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.tokenizer import check_representable
@@ -58,11 +58,11 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
         raise UserError(f"--length {length}: below one chunk of {config.chunk_tokens} tokens "
                         f"(a {task} document needs at least "
                         f"{max(config.chunk_tokens, synthetic.min_length(task))})")
-    policy = load_policy(section, tokenizer)
-    agent = from_flags(build_agent, model=policy.model, tokenizer=tokenizer, memagent=config,
+    loaded = load_model_section(section, tokenizer)
+    agent = from_flags(build_agent, model=loaded.model, tokenizer=tokenizer, memagent=config,
                        engine=from_flags(EngineConfig, slots=slots), mesh=None,
-                       stop_ids=policy.stop_ids)
-    return policy, agent, config
+                       stop_ids=loaded.stop_ids)
+    return loaded, agent, config
 
 
 def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
@@ -70,6 +70,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
     budgets: as `load_agent` takes them. poll: called while the document is built, once it is
     tokenized and after every turn (the command's check for Ctrl-C, which raises)."""
+    from memagent_jax.agents.memagent.agent import memories_of
     from memagent_jax.console import progress_bar
     from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
@@ -77,7 +78,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     synthetic.check_memory(f"--length {length}: a document of {length:,} tokens takes about "
                            f"{READ_BYTES_PER_TOKEN} bytes a token to read (the tokenizer's, "
                            "mostly)", READ_BYTES_PER_TOKEN * length)
-    policy, agent, config = load_agent(model, task, length, budgets)
+    loaded, agent, config = load_agent(model, task, length, budgets)
     seed = secrets.randbelow(10 ** 6) if seed is None else seed
     poll()
     document = synthetic.make_sample(task, length, seed, 0, poll)
@@ -93,7 +94,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
             bar.update(1)
             poll()
 
-        (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0),
+        (trajectory,), = agent.run(loaded.params, [sample], SamplingParams(0.0),
                                    on_turn=on_turn)
     seconds = time.perf_counter() - start
 
@@ -102,7 +103,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
         chunk = first_token(words, fact.text.split()) // config.chunk_tokens + 1
         print(f"  fact in chunk {chunk:>5}: {fact.text}" + ("   <- needed" if fact.needed else ""))
     print("memory, at the turns where it changed:")
-    memories = trajectory.memories
+    memories = memories_of(trajectory)
     changes = [(i, m) for i, m in enumerate(memories) if i == 0 or m != memories[i - 1]]
     for i, memory in changes[:show]:
         print(f"  after chunk {i + 1:>5}: {abbreviate(memory)}")

@@ -64,7 +64,8 @@ def loop_trajectory(agent: MemoryAgent, example: Example, sample, replies: list[
         memory = previous if i in kept else reply
         held = tokenizer.decode(memory) if i in kept else text
         trajectory.turns.append(Turn(kind, prompt, [*reply, end], [0.0] * (len(reply) + 1),
-                                     "stop", text, held if kind == "update" else None))
+                                     "stop", text,
+                                     {"memory": held if kind == "update" else None}))
     trajectory.answer = example.ground_truths[0]
     return trajectory
 
@@ -133,7 +134,7 @@ def update_turn(agent: MemoryAgent, question: str, problem, memory: list[int], c
     text = agent.tokenizer.decode(reply[:-1])
     return Trajectory(question, [Turn(
         "update", agent.prompts.update(problem, memory, chunk), reply, [0.0] * len(reply),
-        "stop", text, text)])
+        "stop", text, {"memory": text})])
 
 
 def end_token(agent: MemoryAgent) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
-from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.agent import MemoryAgent, memories_of
 from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
 from memagent_jax.engine.sampling import SamplingParams
@@ -139,7 +139,7 @@ class SyntheticPlugin:
             document = sample_of(example.question, example.context, example.ground_truths[0])
             chunks = self._chunk_texts(agent, example, document)
             for trajectory in group if chunks else ():
-                facts = trace_document(example.index, document, chunks, trajectory.memories,
+                facts = trace_document(example.index, document, chunks, memories_of(trajectory),
                                        "", agent.config.chunk_tokens).facts
                 carried += sum(f.carried for f in facts)
                 dropped += sum(f.dropped for f in facts)

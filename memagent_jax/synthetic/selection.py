@@ -138,6 +138,8 @@ def run_selection(model: str, task: str, length: int, seed: int, num_samples: in
                   ) -> list[DocumentSelection]:
     """Reads the documents greedily, prints the summary (progress on stderr); writes a record a
     document as JSON lines to `out` when given (process 0 of a multi-process job)."""
+    from memagent_jax.agents.memagent.agent import memories_of
+
     _, _, documents, _, trajectories = read_greedily(
         model, task, length, seed, num_samples, budgets, slots, out,
         ", greedy: the memory the answer is read from")
@@ -145,7 +147,7 @@ def run_selection(model: str, task: str, length: int, seed: int, num_samples: in
     for index, (trajectory, document) in enumerate(zip(trajectories, documents)):
         updates = [t.generated_tokens for t in trajectory.turns if t.kind == "update"]
         selections.append(document_selection(
-            index, document, (trajectory.memories or [""])[-1],
+            index, document, (memories_of(trajectory) or [""])[-1],
             sum(updates) / max(len(updates), 1), (trajectory.answer or "").strip()))
     for line in summarize(selections):
         print(line)

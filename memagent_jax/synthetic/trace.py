@@ -189,14 +189,14 @@ def read_greedily(model: str, task: str, length: int, seed: int, num_samples: in
     if out:
         check_output_file(out)
         check_new_files([out], "--out")
-    policy, agent, config = load_agent(model, task, length, budgets, slots)
+    loaded, agent, config = load_agent(model, task, length, budgets, slots)
     documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
     samples = [agent.read(d.question, d.context) for d in documents]
     print(f"{num_samples} {task} documents of {length:,} tokens (seed {seed}), read "
           f"{config.chunk_tokens} tokens a turn by {model}{heading}")
     with progress_bar(total=sum(len(s.chunks) + 1 for s in samples), desc="reading",
                       unit="turn") as bar:
-        groups = agent.run(policy.params, samples, SamplingParams(0.0),
+        groups = agent.run(loaded.params, samples, SamplingParams(0.0),
                            on_turn=lambda i, turn: bar.update(1))
     return agent, config, documents, samples, [trajectory for (trajectory,) in groups]
 
@@ -216,6 +216,8 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
               budgets: dict, slots: int, out: str | None = None) -> list[DocumentTrace]:
     """Reads the documents, prints a line each and the summary (progress on stderr); writes
     the traces as JSON lines to `out` when given (process 0 of a multi-process job)."""
+    from memagent_jax.agents.memagent.agent import memories_of
+
     agent, config, documents, samples, trajectories = read_greedily(
         model, task, length, seed, num_samples, budgets, slots, out)
     traces = []
@@ -223,7 +225,7 @@ def run_trace(model: str, task: str, length: int, seed: int, num_samples: int,
             zip(trajectories, documents, samples)):
         traces.append(trace_document(
             index, document, [agent.tokenizer.decode(c) for c in sample.chunks],
-            trajectory.memories, (trajectory.answer or "").strip(), config.chunk_tokens,
+            memories_of(trajectory), (trajectory.answer or "").strip(), config.chunk_tokens,
             trajectory.metrics))
         print(describe(traces[-1]))
     for line in summarize(traces, config.chunk_tokens):

@@ -113,6 +113,7 @@ def test_the_documented_agent_trains_as_the_page_says(tmp_path, module_dir, slow
     for record in records:
         assert record["rollout/trajectories"] == 8 and record["time/reward_s"] > 0
         assert 0 <= record["agent/tool_calls"] <= 2 and record["learner/rows"] == 8
+        assert "rollout/memory_length" not in record  # MemAgent's: this agent has no memory
         # one row a rollout: every reply of a conversation, its tool results masked
         assert record["rollout/replies"] >= 1
     assert records[1]["examples"] == [2, 3]

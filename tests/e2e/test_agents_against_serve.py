@@ -23,7 +23,7 @@ from memagent_jax.agents.tool_calling import parse_tool_call, system_prompt, wit
 from memagent_jax.cli import main
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import build_engine, load_policy
+from memagent_jax.engine.factory import build_engine, load_model_section
 from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Scheduler
@@ -50,7 +50,7 @@ def server():
 def local():
     """(a runner on the engine shape the server has, the model's parameters)."""
     section = ModelSection(path=MODEL)
-    policy = load_policy(section, section.load_tokenizer(required=True), None)
+    policy = load_model_section(section, section.load_tokenizer(required=True), None)
     engine = build_engine(policy.model, EngineConfig(slots=SLOTS, max_len=MAX_LEN), None,
                           MAX_LEN)
     return AgentRunner(Scheduler(engine), policy.tokenizer, policy.stop_ids), policy.params

@@ -111,6 +111,15 @@ def test_statistics_cover_every_sampled_trajectory_not_only_the_kept_ones():
     assert (stats["dynamic/kept_groups"], stats["dynamic/tries"]) == (2, 3)
 
 
+def test_an_agent_without_memory_updates_logs_no_memory_length():
+    """Memory length is MemAgent's (its update turns'): the statistics of a single-turn
+    agent's rollouts, and so its steps.jsonl, have none."""
+    groups = [[Trajectory("q", [_turn("final", "\\boxed{paris}", 4, 8)], "paris")] * 2]
+    stats = collect.rollout_stats(groups, np.ones(2), np.ones(2))
+    assert stats["rollout/final_length"] == 4 and stats["rollout/turns"] == 1
+    assert "rollout/memory_length" not in stats
+
+
 def test_dynamic_sampling_stops_after_max_tries_with_what_it_kept():
     """Nothing informative in 2 rounds of 2 prompts: an empty batch, and q1 (informative) is
     never drawn, because a third round is not run."""

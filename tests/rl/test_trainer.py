@@ -194,20 +194,20 @@ def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
     same weights, one a call: the same tokens, log-probs within 1e-3, the same rewards."""
     from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.data import pipeline
-    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.factory import load_model_section
     from memagent_jax.rl.collect import collect_batch
 
     config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
         f"output_dir={tmp_path / 'run'}", "mesh={data: 2, fsdp: 2, tensor: 2}",
         "engine.slots=8", "engine.prefill_rows=4", "dynamic_sampling.enabled=false"])
     trainer = Trainer(config)
-    policy = load_policy(config.model, trainer.tokenizer, None)
+    loaded = load_model_section(config.model, trainer.tokenizer, None)
     # x 10: context-dependent distributions (tests/rollout/test_rollout_layout.py, _sharp)
     sharp = jax.tree.map(lambda x: 10 * x, trainer.learner.params)
     params = jax.device_put(jax.device_get(sharp), jax.devices()[0])
-    alone = build_agent(policy.model, trainer.tokenizer, config.memagent,
+    alone = build_agent(loaded.model, trainer.tokenizer, config.memagent,
                         dataclasses.replace(config.engine, prefill_rows=1), None,
-                        policy.stop_ids)
+                        loaded.stop_ids)
     batches = [collect_batch(runner, trainer.agent, weights, pipeline.training_iterator(
         trainer.train_data, config.seed, shuffle=config.data.shuffle), config,
         trainer.rewarder, lambda k: 11 + k)

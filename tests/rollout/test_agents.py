@@ -18,13 +18,13 @@ from memagent_jax.data.needle import needle_rows, write_tokenizer
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.engine.scheduler import PromptTooLong, Scheduler
+from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.agent_api import Conversation, Rollout, load_agent
+from memagent_jax.rollout.agent_api import Conversation, PromptTooLong, Rollout, load_agent
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ReplyEngine
@@ -70,8 +70,8 @@ def test_memagent_through_the_interface_is_the_former_loop_byte_for_byte(tokeniz
             assert len(a.turns) == len(b.turns)
             for x, y in zip(a.turns, b.turns):
                 assert (x.kind, x.prompt_ids, x.response_ids, x.finish_reason, x.reply,
-                        x.memory) == (y.kind, y.prompt_ids, y.response_ids, y.finish_reason,
-                                      y.reply, y.memory)
+                        x.info) == (y.kind, y.prompt_ids, y.response_ids, y.finish_reason,
+                                      y.reply, y.info)
                 assert np.asarray(x.response_logprobs, np.float32).tobytes() == \
                     np.asarray(y.response_logprobs, np.float32).tobytes()
                 assert x.response_mask is None  # one reply: every response id trained

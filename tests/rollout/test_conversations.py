@@ -13,9 +13,15 @@ from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.rl.rows import rows_from_trajectories
-from memagent_jax.rollout.agent_api import AssistantMessage, Trajectory, Turn
+from memagent_jax.rollout.agent_api import (
+    AssistantMessage,
+    Conversation,
+    Rollout,
+    Trajectory,
+    Turn,
+)
 from memagent_jax.rollout.chat import chat_ids
-from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.rollout.runner import AgentRunner, trajectory_of
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ReplyEngine
 
@@ -156,3 +162,34 @@ def test_a_record_holds_a_conversations_messages_where_there_is_more_than_the_re
     assert "messages" not in one
     assert more["messages"] == [_user("the river"),
                                 {"role": "assistant", "content": "an old mill"}]
+
+
+async def _noting(row, policy):
+    """Two conversations with notes: the first's on the conversation, the rollout's own."""
+    first = await policy.chat([_user("the river")], max_tokens=4)
+    second = await policy.chat([_user("the mill")], max_tokens=4)
+    return Rollout([Conversation([first.message], info={"seen": "river"}), [second.message]],
+                   info={"asked": 2})
+
+
+def test_an_agents_notes_reach_its_turns_and_record_and_no_other_keys(tokenizer):
+    """`Conversation.info` becomes its turn's `info` and keys of that turn's record,
+    `Rollout.info` the trajectory's and keys of the record, after the answer; a conversation
+    without notes, and a trajectory without them, have no keys of theirs (no "memory")."""
+    trajectory = _run(tokenizer, _noting)
+    assert [t.info for t in trajectory.turns] == [{"seen": "river"}, {}]
+    record = trajectory.record()
+    assert list(record)[:4] == ["problem", "answer", "asked", "final_reply"]
+    assert record["asked"] == 2 and record["turns"][0]["seen"] == "river"
+    assert list(record["turns"][1]) == ["kind", "reply", "finish_reason", "response_tokens"]
+
+
+@pytest.mark.parametrize("rollout, message", [
+    (Rollout([[_user("q")]], info={"answer": "x"}), "Rollout.info names 'answer'"),
+    (Rollout([Conversation([_user("q")], info={"kind": "x"})]), "conversation 0's info names "
+                                                                 "'kind'"),
+    (Rollout([[_user("q")]], info=["x"]), "Rollout.info must be a dict"),
+])
+def test_notes_that_would_overwrite_the_records_own_keys_are_refused(rollout, message):
+    with pytest.raises(TypeError, match=message):
+        trajectory_of(rollout, {}, types.SimpleNamespace(question="q"))

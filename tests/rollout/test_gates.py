@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, memories_of
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.templates import (
     GATE_WORDS,
@@ -100,7 +100,7 @@ def test_keep_carries_the_memory_and_exit_answers_from_it_on_the_engine(tokenize
     assert "reply with the single word keep" in prompts[0]
     # After "keep" and after "exit" the memory is the first reply's, unchanged.
     assert [_memory_of(p) for p in prompts] == [_bare(INITIAL_MEMORY)] + [_bare(SCRIPT[0])] * 3
-    assert [_bare(m) for m in trajectory.memories] == [_bare(SCRIPT[0])] * 3
+    assert [_bare(m) for m in memories_of(trajectory)] == [_bare(SCRIPT[0])] * 3
     assert trajectory.metrics == {"chunks_read": 3.0, "keeps": 1.0, "exits": 1.0}
     assert trajectory.answer.strip() == "apple"
     # Every turn is trained, the gates' one-word replies too.

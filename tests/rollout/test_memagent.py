@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, build_agent
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, build_agent, memories_of
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.reading import Sample, chunk_ids, read_sample
 from memagent_jax.agents.memagent.templates import (
@@ -82,7 +82,7 @@ def test_conversations_are_exactly_the_originals(word_tokenizer, length):
     assert turns[-1].kind == "final"
     assert turns[-1].prompt_ids == chat_prompt_ids(word_tokenizer,
                                                    final_prompt("what is it", memory))
-    assert trajectory.memories == [t.reply for t in turns[:-1]]
+    assert memories_of(trajectory) == [t.reply for t in turns[:-1]]
 
 
 def test_a_sample_can_start_from_a_memory_of_its_own(word_tokenizer):

@@ -128,7 +128,7 @@ def test_run_reads_documents_on_the_mesh_as_one_device_does():
     what it reads, unlike a random model's) over four synthetic documents, n 2 at temperature
     1, on 4 slots (so prompts wait): prefilled 4 a call on the mesh, one a call on one device:
     every turn's tokens, and log-probs within 1e-4."""
-    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.factory import load_model_section
     from memagent_jax.engine.model_section import ModelSection
     from memagent_jax.synthetic import tasks as synthetic
 
@@ -138,11 +138,11 @@ def test_run_reads_documents_on_the_mesh_as_one_device_does():
     documents = [synthetic.make_sample("multikey", 1024, 9, i) for i in range(4)]
     results = []
     for mesh, rows in ((None, 1), (make_mesh(AXES), 4)):
-        policy = load_policy(section, tokenizer, mesh)
-        agent = build_agent(policy.model, tokenizer, budgets,
-                            EngineConfig(slots=4, prefill_rows=rows), mesh, policy.stop_ids)
+        loaded = load_model_section(section, tokenizer, mesh)
+        agent = build_agent(loaded.model, tokenizer, budgets,
+                            EngineConfig(slots=4, prefill_rows=rows), mesh, loaded.stop_ids)
         samples = [agent.read(d.question, d.context) for d in documents]
-        groups = agent.run(policy.params, samples, SamplingParams(1.0, seed=3), n=2)
+        groups = agent.run(loaded.params, samples, SamplingParams(1.0, seed=3), n=2)
         results.append([t for group in groups for trajectory in group for t in trajectory.turns])
     assert [t.response_ids for t in results[0]] == [t.response_ids for t in results[1]]
     for a, b in zip(*results):

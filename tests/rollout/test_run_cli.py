@@ -17,6 +17,11 @@ from tests.hf_reference import write_tiny_model
 
 PREFIX = "memagent-jax: error: "
 WORDS = ["hello", "world", "the", "answer", "is", "memory"]
+# MemAgent's `run --json` record and turns, key for key in order (as before agents' notes
+# became `info`: its memories are the only ones).
+RECORD_KEYS = ["problem", "answer", "memories", "final_reply", "finish_reason", "final_tokens",
+               "turns"]
+TURN_KEYS = ["kind", "reply", "memory", "finish_reason", "response_tokens"]
 
 
 @pytest.fixture
@@ -319,6 +324,9 @@ def test_local_run_prints_the_answer_or_with_json_only_the_record(model_dir, doc
     record = json.loads(capsys.readouterr().out)  # stdout is exactly one JSON document
     assert [c["kind"] for c in record["turns"]] == ["update"] * 3 + ["final"]
     assert record["memories"] == [c["reply"] for c in record["turns"][:3]]
+    assert list(record) == RECORD_KEYS
+    assert [list(c) for c in record["turns"]] == [TURN_KEYS] * 4
+    assert record["turns"][-1]["memory"] is None
     assert record["answer"] is None  # random model: no \boxed{}
     assert main(args) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -409,6 +417,11 @@ def test_another_agent_runs_against_a_server_and_locally(model_dir, capsys):
             request["body"]["seed"]) == (7, 0.3, call_seed(0, 0, 0, 0)[0])
     assert record["final_reply"] == "no" and record["turns"][0]["kind"] == "final"
     assert record["turns"][0]["messages"][-1] == {"role": "assistant", "content": "no"}
+    # An agent without a memory has no memory in its record (MemAgent's: RECORD_KEYS).
+    assert list(record) == ["problem", "answer", "final_reply", "finish_reason", "final_tokens",
+                            "turns"]
+    assert list(record["turns"][0]) == ["kind", "reply", "finish_reason", "response_tokens",
+                                        "messages"]
     assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",
                  "--question", "what is the secret code ?", "--temperature", "0"]) == 2
     assert capsys.readouterr().err.strip().endswith(
@@ -416,8 +429,10 @@ def test_another_agent_runs_against_a_server_and_locally(model_dir, capsys):
         "context window of 512 tokens (config.json max_position_embeddings)")
     assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",
                  "--question", "what is the secret code ?", "--temperature", "0",
-                 "--max-len", "64"]) == 0
-    assert capsys.readouterr().out.strip()
+                 "--max-len", "64", "--json"]) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert local["final_reply"] and list(local) == list(record)
+    assert list(local["turns"][0]) == list(record["turns"][0])
     assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",
                  "--question", "q", "--chunk-tokens", "8"]) == 2
     assert capsys.readouterr().err.strip().endswith(

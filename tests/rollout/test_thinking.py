@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, memories_of
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.templates import final_prompt, update_prompt
 from memagent_jax.cli import main
@@ -76,7 +76,7 @@ def test_each_setting_carries_its_memory_and_renders_its_prompts(qwen3, thinking
     assert [t.reply for t in turns] == [THOUGHT, THOUGHT, FINAL]
     assert [t.response_ids for t in turns] == [_ids(qwen3, r) + [EOS]
                                                for r in (THOUGHT, THOUGHT, FINAL)]
-    assert trajectory.memories == [memory, memory]
+    assert memories_of(trajectory) == [memory, memory]
     assert trajectory.answer == "hello"
 
     chunks = [qwen3.decode(list(c)) for c in sample.chunks]
@@ -110,7 +110,7 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(word_token
         (trajectory,), = agent.run(None, [agent.read(QUESTION, _document(3 * C))],
                                    SamplingParams(0.0))
         read[thinking] = ([(t.prompt_ids, t.response_ids, t.reply) for t in trajectory.turns],
-                          trajectory.memories, trajectory.answer)
+                          memories_of(trajectory), trajectory.answer)
     assert read["keep"] == read["strip"] == read["off"]
     assert read["keep"][1] == ["hello world", "world the", "the answer"]
 
@@ -157,18 +157,18 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     the replies, and the loop answers from its final reply."""
     from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.engine.engine_api import EngineConfig
-    from memagent_jax.engine.factory import load_policy
+    from memagent_jax.engine.factory import load_model_section
     from memagent_jax.engine.model_section import ModelSection
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))
     tokenizer = section.load_tokenizer(required=True)
-    policy = load_policy(section, tokenizer)
+    loaded = load_model_section(section, tokenizer)
     off = MemAgentConfig(chunk_tokens=16, max_memory_tokens=6, max_final_tokens=6,
                          max_problem_tokens=8, thinking="off")
-    agent = build_agent(policy.model, tokenizer, off, EngineConfig(slots=1), None,
-                        policy.stop_ids)
+    agent = build_agent(loaded.model, tokenizer, off, EngineConfig(slots=1), None,
+                        loaded.stop_ids)
     sample = agent.read("what is the answer", _document(40))
-    (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0))
+    (trajectory,), = agent.run(loaded.params, [sample], SamplingParams(0.0))
     turns = trajectory.turns
     assert [t.kind for t in turns] == ["update"] * 3 + ["final"]
     think_block = _ids(tokenizer, "<think> </think>")
@@ -176,12 +176,12 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     assert turns[0].prompt_ids == chat_prompt_ids(tokenizer, update_prompt(
         "what is the answer", "No previous memory", tokenizer.decode(list(sample.chunks[0]))),
         "off")
-    assert trajectory.memories == [t.reply for t in turns[:-1]]
+    assert memories_of(trajectory) == [t.reply for t in turns[:-1]]
     assert trajectory.answer == final_answer(turns[-1].reply)
 
     keep = MemoryAgent(agent.scheduler, MemAgent(MemAgentConfig(**{
-        **off.__dict__, "thinking": "keep"}), tokenizer, policy.stop_ids))
-    (kept,), = keep.run(policy.params, [sample], SamplingParams(0.0))
+        **off.__dict__, "thinking": "keep"}), tokenizer, loaded.stop_ids))
+    (kept,), = keep.run(loaded.params, [sample], SamplingParams(0.0))
     assert turns[0].prompt_ids == kept.turns[0].prompt_ids + think_block
     assert all(think_block[0] not in t.prompt_ids for t in kept.turns)
 

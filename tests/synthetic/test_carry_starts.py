@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pytest
 
+from memagent_jax.agents.memagent.agent import memories_of
 from memagent_jax.agents.memagent.templates import TokenPrompts
 from memagent_jax.cli import main
 from memagent_jax.engine.sampling import SamplingParams
@@ -146,7 +147,7 @@ def test_policy_starts_begin_from_the_policys_memory_at_the_chunks_hardest_to_ke
                                  [*junk, end]).turns[0] for c in sample.chunks[:-1]]
             turns.append(update_turn(agent, sample.problem, sample.problem_ids, junk,
                                      list(sample.chunks[-1]), [*memory, end]).turns[0])
-            turns.append(dataclasses.replace(turns[-1], kind="final", memory=None))
+            turns.append(dataclasses.replace(turns[-1], kind="final", info={"memory": None}))
             trajectories.append(Trajectory(sample.problem, turns))
         return trajectories
 
@@ -209,7 +210,8 @@ def test_policy_starts_through_the_engine_begin_from_the_memory_the_model_wrote(
         last = [t for t in trajectory.turns if t.kind == "update"][-1]
         memory = list(sample.initial_memory)
         assert memory and last.response_ids[:len(memory)] == memory
-        assert agent.tokenizer.decode(memory, skip_special_tokens=True) == trajectory.memories[-1]
+        assert (agent.tokenizer.decode(memory, skip_special_tokens=True)
+                == memories_of(trajectory)[-1])
     assert starts(11) == (examples, samples)  # a resumed step makes the same starts
     assert [s.initial_memory for s in starts(12)[1]] != [s.initial_memory for s in samples]
 
@@ -256,7 +258,7 @@ def test_a_dapo_step_with_carry_from_policy_runs_its_starts_from_the_policys_mem
     reads, (examples, samples) = made
     assert len(reads) == 2 and len(samples) == 1 and examples[0].index == -1
     memory = list(samples[0].initial_memory)
-    assert decode[0](memory, skip_special_tokens=True) == reads[0].memories[-1]
+    assert decode[0](memory, skip_special_tokens=True) == memories_of(reads[0])[-1]
     assert len(record["examples"]) == 1 and "reward/starts_mean" in record
     assert record["rollout/trajectories"] == 4 and np.isfinite(record["learner/loss"])
     # the drawn document: 2 chunks and the answer; the start: its 2 chunks and the answer

@@ -330,8 +330,8 @@ def test_keep_rows_reply_keep_at_random_and_carry_the_memory_as_the_agent_does(g
                           gated.stop_ids)
         assert [t.prompt_ids for t in replayed.turns[:len(updates)]] == \
             [t.prompt_ids for t in updates]
-        assert [t.memory for t in replayed.turns[:len(updates)]] == \
-            [t.memory for t in updates]
+        assert [t.info for t in replayed.turns[:len(updates)]] == \
+            [t.info for t in updates]
         first = kept[0] if kept else len(replies)
         assert replies[:first] == [t.response_ids for t in plain.turns[:first]]
     assert 0.15 < kept_turns / turns < 0.35 and kept_with_fact > 0, (kept_turns, turns)

@@ -46,7 +46,7 @@ def _first_chunk_documents(length):
 
 
 def _trajectory(memories):
-    turns = [Turn("update", [1], [2], [0.0], "stop", m, memory=m) for m in memories]
+    turns = [Turn("update", [1], [2], [0.0], "stop", m, {"memory": m}) for m in memories]
     return Trajectory("q", turns + [Turn("final", [1], [2], [0.0], "stop", "x")], "x")
 
 

@@ -75,6 +75,14 @@ def memory_turns(chunks, memory) -> Generator[tuple, object, None]:
     yield "final", memory, None
 
 
+def memories_of(trajectory: Trajectory) -> list[str]:
+    """The memory MemAgent carries after each update turn of `trajectory`, as text (its
+    `Turn.info["memory"]`): the reply (under `thinking: strip` what follows its last
+    </think>), or after a gate's reply ("keep", "exit") the memory before it. A read that
+    exits has no update turns for the chunks it left."""
+    return [t.info["memory"] for t in trajectory.turns if t.kind == "update"]
+
+
 class MemAgent:
     """MemAgent as an agent (module docstring): `rollout(row, policy)` for a `Sample` or a
     data row with `question` and `context` (read as training reads them: `read_sample` not
@@ -188,7 +196,9 @@ class MemAgent:
     async def rollout(self, row, policy, on_turn: Callable[[Turn], None] | None = None
                       ) -> Rollout:
         """Every turn of one read of `row` (a Sample, or a row with question and context);
-        on_turn(turn) after each. With gates on, the rollout's metrics are its chunks read and
+        on_turn(turn) after each. Each conversation's info is {"memory": the memory after it
+        (`memories_of`; the final turn's None)}, the rollout's {"memories": every update turn's}
+        (`run --json`'s record). With gates on, the rollout's metrics are its chunks read and
         its "keep" and "exit" replies."""
         sample = row if isinstance(row, Sample) else self.read(row.question, row.context,
                                                                strict=False)
@@ -235,7 +245,7 @@ class MemAgent:
                 text = memory if isinstance(memory, str) else self.tokenizer.decode(
                     memory, skip_special_tokens=True)
                 new_memory = memory if gate == "keep" else StopReading(memory)
-            conversation = Conversation([reply.message], kind, text)
+            conversation = Conversation([reply.message], kind, {"memory": text})
             conversations.append(conversation)
             if on_turn is not None:
                 on_turn(conversation_turns(conversation, policy.calls, kind)[0])
@@ -243,7 +253,8 @@ class MemAgent:
         if gated:
             metrics = {"chunks_read": float(len(conversations) - 1),
                        **{f"{gate}s": float(n) for gate, n in gated.items()}}
-        return Rollout(conversations, metrics=metrics)
+        return Rollout(conversations, metrics=metrics, info={"memories": [
+            c.info["memory"] for c in conversations if c.kind == "update"]})
 
 
 class MemoryAgent(MemAgent):
