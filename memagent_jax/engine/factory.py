@@ -71,9 +71,10 @@ class ModelSection:
             except UserError as e:
                 raise ConfigError("model.preset", str(e)) from None
         directory = self.tokenizer or self.path
+        assert directory is not None  # a preset has a tokenizer (__post_init__)
         tokenizer = load_tokenizer(directory) if os.path.isdir(directory) else None
         if tokenizer is None and required:
-            if not self.tokenizer and not is_model_directory(self.path):  # say that first
+            if not self.tokenizer and not is_model_directory(directory):  # say that first
                 raise ConfigError("model.path", f"'{self.path}' is not a model directory (no "
                                                 "config.json, not a memagent-jax checkpoint)")
             key = "model.tokenizer" if self.tokenizer else "model.path"
@@ -114,6 +115,7 @@ def load_policy(section: ModelSection, tokenizer, mesh: jax.sharding.Mesh | None
                                    attention=section.attention)
         stops = stop_token_ids(section.path, config.extra.get("eos_token_id"))
     else:
+        assert section.preset is not None  # exactly one of path and preset (__post_init__)
         config = preset_config(section.preset, dtype=stored)
         model = random_model(config, seed=section.init_seed, dtype=compute,
                              attention=section.attention, mesh=mesh)

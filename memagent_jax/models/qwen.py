@@ -80,7 +80,7 @@ REMAT_POLICIES = {"none": None,
 Remat = Literal["none", "matmuls", "full"]
 
 # jax.nn.dot_product_attention's `implementation` for the fused choices of ATTENTION_CHOICES.
-_FUSED = {"dot_product": None, "cudnn": "cudnn"}
+_FUSED: dict[str, Literal["cudnn"] | None] = {"dot_product": None, "cudnn": "cudnn"}
 
 
 class KVCache(NamedTuple):
