@@ -173,7 +173,7 @@ class Trajectory:
     @property
     def memories(self) -> list[str]:
         """MemAgent's memories as carried from turn to turn (after `thinking: strip`)."""
-        return [t.memory for t in self.turns if t.kind == "update"]
+        return [t.memory or "" for t in self.turns if t.kind == "update"]
 
     @property
     def final_turn(self) -> Turn | None:

@@ -26,7 +26,7 @@ one, its engine sized for the longest turn.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Generator, NamedTuple
+from typing import Any, Callable, Generator, NamedTuple
 
 import jax
 
@@ -187,6 +187,8 @@ class MemAgent:
         sample = row if isinstance(row, Sample) else self.read(row.question, row.context,
                                                                strict=False)
         config, ids = self.config, policy.takes_ids
+        chunks: list | tuple  # of token ids, or (a server) of text; likewise each memory
+        memory: Any
         if ids:
             chunks, memory = sample.chunks, (self.prompts.initial_memory
                                              if sample.initial_memory is None
@@ -197,7 +199,8 @@ class MemAgent:
             memory = (INITIAL_MEMORY if sample.initial_memory is None
                       else self.tokenizer.decode(sample.initial_memory))
         workflow = memory_turns(chunks, memory)
-        conversations, new_memory = [], None
+        conversations: list[list[dict]] = []
+        new_memory: list[int] | str | StopReading | None = None
         gated = dict.fromkeys(config.gates, 0)
         while True:
             try:
@@ -263,7 +266,7 @@ class MemoryAgent(MemAgent):
 
 
 class _NumberedSample(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the field, where tuple has a method
     sample: Sample
 
     @property
