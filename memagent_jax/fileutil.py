@@ -93,7 +93,7 @@ def check_new_output(out_dir: str, name: str = "output") -> None:
                         "choose a new path")
 
 
-def is_disk_full(error: BaseException) -> bool:
+def is_disk_full(error: BaseException | None) -> bool:
     """Whether `error`, or an error it was raised from, says the file system is out of space
     (ENOSPC, or EDQUOT: a quota): an OSError with that errno, or the C library's text for it
     in another type's message, which is how TensorStore (under Orbax: a ValueError) and

@@ -109,7 +109,10 @@ def side_files_dir(path: str) -> str:
 
 def config_path(path: str) -> str:
     """A checkpoint's model_config.json."""
-    return os.path.join(locate(path).files_dir, CONFIG_FILE)
+    where = locate(path)
+    if where is None:
+        raise UserError(f"{path}: not a memagent-jax checkpoint")
+    return os.path.join(where.files_dir, CONFIG_FILE)
 
 
 def side_dirs(model_path: str) -> list[str]:

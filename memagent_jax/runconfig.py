@@ -28,7 +28,7 @@ import difflib
 import os
 import types
 import typing
-from typing import Any, TypeVar
+from typing import Any, Sequence, TypeVar
 
 import yaml
 
@@ -39,7 +39,7 @@ BASE_KEY = "base"  # a config file's key naming the file it changes (`_read`)
 _SOURCE = "_config_source"  # where a loaded config's values came from (`located`)
 
 
-def load_config(schema: type[T], path: str | None = None, overrides: list[str] = ()) -> T:
+def load_config(schema: type[T], path: str | None = None, overrides: Sequence[str] = ()) -> T:
     """The schema's instance from the YAML file at `path` (None: defaults) and overrides."""
     values, files = _read(path, ()) if path is not None else ({}, [])
     for item in overrides:
@@ -296,8 +296,9 @@ def _check_command(schema: type, unknown: list[str], source: str) -> None:
         found = [repr(key) for key in unknown if key in keys]
         if found:
             shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+            ours = getattr(schema, "COMMAND")  # a schema with OTHER_CONFIGS names its own
             raise UserError(f"{_at(source)}a config for `memagent-jax {command}` (it has "
-                            f"{shown}), not for `memagent-jax {schema.COMMAND}`: run it with "
+                            f"{shown}), not for `memagent-jax {ours}`: run it with "
                             f"`memagent-jax {command} --config`")
 
 
@@ -357,7 +358,7 @@ def _convert(kind, value, source: str, key: str) -> Any:
             except UserError:
                 continue
         raise _type_error(source, key, value, " or ".join(_name(o) for o in options))
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         if not isinstance(value, dict):
             raise _type_error(source, key, value, "a mapping")
         return _build(kind, value, source, key + ".")

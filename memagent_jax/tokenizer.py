@@ -71,7 +71,7 @@ def unknown_id(tokenizer) -> int | None:
         return tokenizer.unk_token_id
     backend = getattr(tokenizer, "backend_tokenizer", None)
     token = getattr(getattr(backend, "model", None), "unk_token", None)
-    return backend.token_to_id(token) if token else None
+    return backend.token_to_id(token) if token and backend is not None else None
 
 
 def unreadable_parts(tokenizer, text: str) -> list[str]:

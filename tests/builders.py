@@ -144,6 +144,7 @@ class ScriptedEngine(DecodeEngine):
     def __init__(self, tokenizer, max_len=4096, slots=2, repeat=1):
         self.tokenizer, self.repeat = tokenizer, repeat
         self.config = EngineConfig(slots=slots, max_len=max_len)
+        self.max_len = max_len
         self.vocab_size = len(tokenizer.get_vocab())
         self.prefill_count = 0
 

@@ -46,7 +46,7 @@ def tool(schema: dict | None = None) -> Callable:
     """Declares a function a tool with its JSON schema ({"name", "description", "parameters"};
     None: derived from its signature and docstring)."""
     def declare(fn: Callable) -> Callable:
-        fn.tool_schema = schema
+        setattr(fn, "tool_schema", schema)  # a function attribute, which mypy cannot type
         return fn
     return declare
 

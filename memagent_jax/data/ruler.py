@@ -155,19 +155,23 @@ def _niah_plan(spec: NiahSpec, rng: random.Random, essay: list[str] | None) -> _
     query = asked[0] if len(asked) == 1 else ", ".join(asked[:-1]) + ", and " + asked[-1]
     question = (f"What are all the special magic {spec.value_type} for {query} mentioned in "
                 "the provided text?")
+    filler: Callable[[int], list[str]]
     if spec.haystack == "needle":
         distractors: list[str] = []
         distractor_rng = random.Random(rng.getrandbits(64))
 
-        def filler(n: int) -> list[str]:
+        def grow(n: int) -> list[str]:
             while len(distractors) < n:  # one lazily grown, deterministic sequence
                 key = _key(distractor_rng, spec.key_type)
                 if key not in keys:
                     distractors.append(_needle(key, _value(distractor_rng, spec.value_type),
                                                spec.value_type))
             return distractors[:n]
+        filler = grow
     else:
-        filler = _cycle(list(_NOISE) if spec.haystack == "noise" else essay)
+        units = list(_NOISE) if spec.haystack == "noise" else essay
+        assert units is not None  # an essay task's caller gives its essay (`ruler_records`)
+        filler = _cycle(units)
     return _Plan(filler, needles, [rng.random() for _ in needles],
                  "\n" if spec.haystack == "needle" else " ", question,
                  [v for k in asked for v in values[k]])
@@ -246,6 +250,7 @@ def _fit(plan: _Plan, count: Callable[[str], int], target: int, task: str) -> tu
             break
         step = round((target - tokens) / rate)
         n = max(1, n + (step or (1 if tokens < target else -1)))
+    assert best is not None  # the loop ran
     n, text, tokens = best
     if abs(tokens - target) > TOLERANCE * target:
         raise UserError(f"{task}: cannot build a context of {target} tokens (+-5%) from "

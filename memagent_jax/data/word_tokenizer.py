@@ -60,7 +60,7 @@ def build(words: list[str], roles: tuple[str, ...], chat_template: str):
     vocab = {space + w if w in bpe_words else w: i for i, w in enumerate(words)}
     pieces = [c for c in sorted(pre_tokenizers.ByteLevel.alphabet())
               if c not in dropped and c not in vocab]
-    merges = {}
+    merges: dict[tuple[str, str], None] = {}  # ordered, once each
     for w in words:
         if w in bpe_words:
             token = space + w

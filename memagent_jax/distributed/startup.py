@@ -173,13 +173,13 @@ def cpu_where_no_accelerator() -> None:
 
 def _coordinates(launch: Launch) -> tuple[str | None, int | None, int | None]:
     """(coordinator, count, index) from the flags, else the environment; all or none."""
-    given = {"--coordinator": launch.coordinator, "--num-processes": launch.num_processes,
-             "--process-id": launch.process_id}
-    if all(v is None for v in given.values()):
-        env = {name: os.environ.get(name) for name in _ENV}
-        if all(v is None for v in env.values()):
+    names: tuple[str, ...] = ("--coordinator", "--num-processes", "--process-id")
+    address, count, index = launch.coordinator, launch.num_processes, launch.process_id
+    if address is None and count is None and index is None:
+        env = {name: os.environ[name] for name in _ENV if name in os.environ}
+        if not env:
             return None, None, None
-        missing = [name for name, v in env.items() if v is None]
+        missing = [name for name in _ENV if name not in env]
         if missing:
             raise UserError(f"{', '.join(missing)} not set: a multi-process job needs all of "
                             f"{', '.join(_ENV)}")
@@ -188,13 +188,11 @@ def _coordinates(launch: Launch) -> tuple[str | None, int | None, int | None]:
         except ValueError:
             raise UserError(f"{_ENV[1]}={env[_ENV[1]]!r}, {_ENV[2]}={env[_ENV[2]]!r}: expected "
                             "integers") from None
-        given = {_ENV[0]: env[_ENV[0]], _ENV[1]: count, _ENV[2]: index}
-    missing = [name for name, v in given.items() if v is None]
-    if missing:
+        names, address = _ENV, env[_ENV[0]]
+    if address is None or count is None or index is None:
+        missing = [name for name, v in zip(names, (address, count, index)) if v is None]
         raise UserError(f"{', '.join(missing)} missing: a multi-process job needs "
-                        f"{', '.join(given)}")
-    address, count, index = given.values()
-    names = list(given)
+                        f"{', '.join(names)}")
     if count < 1 or not 0 <= index < count:
         raise UserError(f"{names[2]} {index} is not in 0..{count - 1} ({names[1]} {count})")
     if ":" not in address:

@@ -38,7 +38,7 @@ from memagent_jax.engine.sampling import SamplingParams, request_key, sample, to
 from memagent_jax.models.attention import attend_cache_ragged
 from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from memagent_jax.models.qwen import KVCache, Params, Qwen, ReadCacheFn, split_params
-from memagent_jax.models.sharding import ROLLOUT_RULES, param_shardings, partition_spec
+from memagent_jax.models.sharding import ROLLOUT_RULES, SLOT_AXES, param_shardings, partition_spec
 
 # The share of the cache the busy slots fill together below which a decode step reads each
 # slot to its own length: on CPU the ragged read's loops cost a tenth more than the dense read
@@ -71,6 +71,7 @@ class Engine:
         if config.max_len is None:
             raise ValueError("Engine needs config.max_len (see EngineConfig.sized_for)")
         self.config = config
+        self.max_len: int = config.max_len
         self.model_config = model.config
         self.vocab_size = model.config.vocab_size
         self.mesh = mesh
@@ -178,6 +179,8 @@ class Engine:
                sample_index: int = 0) -> tuple[DecodeState, jax.Array, jax.Array]:
         """See `DecodeEngine.insert`; `sampling.seed` is required (the scheduler draws one for
         requests without). `state` is donated (its cache first grown to hold the prefix)."""
+        if sampling.seed is None:
+            raise ValueError("Engine.insert needs sampling.seed")
         state = self._fit(state, prefix.keys[0].shape[1], shrink=False)
         key = request_key(sampling.seed, sample_index)
         temperature, top_p = jnp.float32(sampling.temperature), jnp.float32(sampling.top_p)
@@ -195,8 +198,8 @@ class Engine:
         least twice as long), reading each slot only to its own position where the busy
         slots fill under RAGGED_BELOW of the cache together (one long slot beside short ones)
         and the platform has a ragged read, else every slot's whole cache."""
-        if not 1 <= length <= self.config.max_len:
-            raise ValueError(f"generate: length {length} is outside 1..{self.config.max_len}")
+        if not 1 <= length <= self.max_len:
+            raise ValueError(f"generate: length {length} is outside 1..{self.max_len}")
         state = self._fit(state, length, shrink=True)
         sparse = (filled is not None and self._ragged is not None
                   and filled < RAGGED_BELOW * self.config.slots * state.cache.length)
@@ -267,7 +270,7 @@ class Engine:
         for bucket in buckets:
             # A token short of the bucket (where that is still the bucket): its first step then
             # runs on the cache length that holds the bucket, where a prompt of it starts.
-            n = min(bucket, self.config.max_len - 1)
+            n = min(bucket, self.max_len - 1)
             if n > 1 and self.prefill_bucket(n - 1) == bucket:
                 n -= 1
             prompt = [0] * n
@@ -303,7 +306,7 @@ class Engine:
         """The decode state's shapes and shardings at the longest cache."""
         return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                             jax.eval_shape(functools.partial(self.init_decode_state,
-                                                              self.config.max_len)),
+                                                              self.max_len)),
                             self._state_sharding)
 
     def _placer(self, sharding: jax.sharding.Sharding):
@@ -331,7 +334,7 @@ class Engine:
     def _slot_mesh_axes(self) -> tuple[str, ...]:
         """The mesh axes slots split over: ROLLOUT_RULES' batch axes, and tensor where it
         cannot split the KV heads (attention data-parallel)."""
-        axes = tuple(ROLLOUT_RULES["batch"])
+        axes = SLOT_AXES
         tensor = 1 if self.mesh is None else self.mesh.shape.get("tensor", 1)
         return axes + ("tensor",) if self.model_config.num_kv_heads % tensor else axes
 
@@ -350,12 +353,15 @@ class Engine:
                                             lambda index: host[index])
 
     def _decode_state_sharding(self) -> DecodeState:
+        # Shardings where the fields' types say arrays: jit's out_shardings take a tree of the
+        # state's structure (hence the ignores).
         layers = self.model_config.num_layers
         if self.mesh is None:
             device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-            return DecodeState(cache=KVCache((device,) * layers, (device,) * layers),
-                               **dict.fromkeys(DecodeState._fields[1:], device))
-        c, slots, length = self.model_config, self.config.slots, self.config.max_len
+            return DecodeState(
+                cache=KVCache((device,) * layers, (device,) * layers),  # type: ignore[arg-type]
+                **dict.fromkeys(DecodeState._fields[1:], device))  # type: ignore[arg-type]
+        c, slots, length = self.model_config, self.config.slots, self.max_len
         spec = functools.partial(partition_spec, mesh=self.mesh,
                                  rules={**ROLLOUT_RULES, "batch": self._slot_axes})
         # Keys and values differ only in the order of their last two, unsplit, dimensions.
@@ -364,8 +370,9 @@ class Engine:
         row = NamedSharding(self.mesh, spec((slots,), ("batch",)))
         keys = NamedSharding(self.mesh, spec((slots, 2), ("batch", None)))
         per_slot = dict.fromkeys(DecodeState._fields[1:], row)  # [S] each, but the keys
-        return DecodeState(cache=KVCache((cache,) * layers, (cache,) * layers),
-                           **{**per_slot, "keys": keys})
+        return DecodeState(
+            cache=KVCache((cache,) * layers, (cache,) * layers),  # type: ignore[arg-type]
+            **{**per_slot, "keys": keys})  # type: ignore[arg-type]
 
     # ---- pure functions (jitted in __init__) -----------------------------------------------
 
@@ -418,7 +425,7 @@ class Engine:
             read_cache)
         tokens, logprobs = sample(logits, state.temperature, state.top_p, state.top_k,
                                   state.keys, state.steps)
-        positions = jnp.minimum(state.positions + 1, self.config.max_len - 1)
+        positions = jnp.minimum(state.positions + 1, self.max_len - 1)
         state = state._replace(cache=cache, tokens=tokens, positions=positions,
                                steps=state.steps + 1)
         return state, tokens, self._with_top(logprobs, logits, state.temperature,

@@ -68,10 +68,13 @@ class EngineConfig:
         default a cache of at most a quarter more than its longest slot needs; a config that
         lists its buckets lists the cache lengths it compiles with them), or max_len alone
         when it is at most 1024 (below that the cache costs little beside the weights)."""
-        return tuple(b for b in self.buckets() if b >= min(1024, self.max_len))
+        buckets = self.buckets()
+        return tuple(b for b in buckets if b >= min(1024, buckets[-1]))
 
     def buckets(self) -> tuple[int, ...]:
-        """The prompt lengths a prefill is padded to, ascending; the last is max_len."""
+        """The prompt lengths a prefill is padded to, ascending; the last is max_len (which a
+        sized config has set)."""
+        assert self.max_len is not None, "an unsized EngineConfig (see sized_for)"
         if self.prefill_buckets:
             return tuple(sorted(set(self.prefill_buckets) | {self.max_len}))
         return default_prefill_buckets(self.max_len)
@@ -149,6 +152,7 @@ class DecodeEngine(Protocol):
     > 0, logprobs is a `StepLogprobs`. Prompt ids are in [0, vocab_size): the scheduler refuses
     others before they reach the engine."""
     config: EngineConfig
+    max_len: int  # config.max_len, which an engine needs set (`EngineConfig.sized_for`)
     vocab_size: int
 
     def check_params(self, params) -> None:

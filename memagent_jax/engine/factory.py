@@ -60,6 +60,7 @@ def load_model_section(section: ModelSection, tokenizer,
                                    attention=section.attention)
         stops = stop_token_ids(section.path, config.extra.get("eos_token_id"))
     else:
+        assert section.preset is not None  # exactly one of path and preset (__post_init__)
         config = preset_config(section.preset, dtype=stored)
         model = random_model(config, seed=section.init_seed, dtype=compute,
                              attention=section.attention, mesh=mesh)

@@ -58,11 +58,12 @@ class ModelSection:
             except UserError as e:
                 raise ConfigError("model.preset", str(e)) from None
         directory = self.tokenizer or self.path
+        assert directory is not None  # a preset has a tokenizer (__post_init__)
         tokenizer = load_tokenizer(directory) if os.path.isdir(directory) else None
         if tokenizer is None and required:
             from memagent_jax.models.loading import is_model_directory  # imports JAX: not at load
 
-            if not self.tokenizer and not is_model_directory(self.path):  # say that first
+            if not self.tokenizer and not is_model_directory(directory):  # say that first
                 raise ConfigError("model.path", f"'{self.path}' is not a model directory (no "
                                                 "config.json, not a memagent-jax checkpoint)")
             key = "model.tokenizer" if self.tokenizer else "model.path"

@@ -30,7 +30,7 @@ import dataclasses
 import functools
 import itertools
 import secrets
-from typing import Callable
+from typing import Callable, cast
 
 import jax
 import numpy as np
@@ -114,7 +114,7 @@ class Scheduler:
 
     def check(self, request: Request) -> None:
         """Raises UserError if the engine cannot serve the request."""
-        limit = self.engine.config.max_len
+        limit = self.engine.max_len
         if not request.prompt_ids:
             raise UserError("empty prompt")
         vocab = self.engine.vocab_size
@@ -234,7 +234,7 @@ class Scheduler:
                     self._take_prefix(request_id), self.state, slot, request.sampling,
                     request.first_index + sample_index)
                 limit = min(request.max_new_tokens,
-                            self.engine.config.max_len - len(request.prompt_ids))
+                            self.engine.max_len - len(request.prompt_ids))
                 active = _Active(request_id, sample_index, slot, limit)
                 self._slots[slot] = active
                 self._unread.append(([(0, active)], token, logprob))
@@ -271,19 +271,21 @@ class Scheduler:
     def _read(self, unread: _Unread) -> None:
         samples, tokens, logprobs = unread
         tokens, logprobs = jax.device_get((tokens, logprobs))
-        top_ids = top = None
+        top_ids: np.ndarray | None = None
+        top: np.ndarray | None = None
         if isinstance(logprobs, StepLogprobs):
-            logprobs, top_ids, top = logprobs
-            k = np.shape(top)[-1]
-            top_ids, top = np.reshape(top_ids, (-1, k)), np.reshape(top, (-1, k))
+            k = np.shape(logprobs.top)[-1]
+            top_ids, top = np.reshape(logprobs.top_ids, (-1, k)), np.reshape(logprobs.top, (-1, k))
+            logprobs = logprobs.chosen
         tokens, logprobs = np.reshape(tokens, -1), np.reshape(logprobs, -1)
         for index, active in samples:
             # A token past its stop, or of a cancelled request: discarded.
             if active.completion.finish_reason or active.request_id not in self.requests:
                 continue
-            wanted = top is not None and self.requests[active.request_id].sampling.top_logprobs
-            alternatives = (tuple(top_ids[index].tolist()), tuple(top[index].tolist())
-                            ) if wanted else None
+            alternatives = None
+            if top_ids is not None and top is not None and (
+                    self.requests[active.request_id].sampling.top_logprobs):
+                alternatives = (tuple(top_ids[index].tolist()), tuple(top[index].tolist()))
             self._append(active, int(tokens[index]), float(logprobs[index]), alternatives)
 
     def _append(self, active: _Active, token: int, logprob: float,
@@ -316,7 +318,7 @@ class Scheduler:
             callback = self._callbacks.pop(request_id, None)
             if callback is not None:
                 del self.results[request_id]
-                callback(results)
+                callback(cast("list[Completion]", results))  # each filled (checked above)
 
 
 def complete(engine: DecodeEngine, params, requests: list[Request],

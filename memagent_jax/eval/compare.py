@@ -221,8 +221,8 @@ def main(dirs: list[str], headline: str = "em", out: str | None = None) -> str:
     """The CLI entry: reads one or two output directories, returns (and writes to `out`) the
     Markdown."""
     runs = [read_run(d) for d in dirs]
-    text = paired_markdown(*runs, headline) if len(runs) == 2 else single_markdown(*runs,
-                                                                                   headline)
+    text = (paired_markdown(runs[0], runs[1], headline) if len(runs) == 2
+            else single_markdown(runs[0], headline))
     if out:
         with atomic_file(out) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.write(text)

@@ -134,13 +134,15 @@ class EvalConfig:
     @property
     def row_name(self) -> str:
         return (self.model.name or self.model.preset
-                or os.path.basename(os.path.normpath(self.model.path)))
+                or os.path.basename(os.path.normpath(self.model.path or "")))
 
     def identity(self) -> dict:
         """The settings a run's results depend on: a resumed run must match them.
         `memagent.thinking` is named only when it is not "keep" (full_context reads it too),
         so runs from before the setting existed resume under its default."""
-        method = {"memagent": self.memagent, "full_context": self.full_context}.get(self.method)
+        sections: dict[str, MemAgentConfig | FullContextSection] = {
+            "memagent": self.memagent, "full_context": self.full_context}
+        method = sections.get(self.method)
         settings = dataclasses.asdict(method) if method is not None else dict(self.agent)
         settings.pop("thinking", None)
         thinking = self.memagent.thinking

@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import zlib
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 
@@ -36,6 +36,9 @@ from memagent_jax.models.sharding import job_mesh
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.chat import chat_prompt_ids
 from memagent_jax.rollout.runner import build_runner
+
+if TYPE_CHECKING:
+    from memagent_jax.engine.engine import Engine
 
 # The original's full-context prompt (MemAgent taskutils/memory_eval/utils/boxed.py).
 FULL_CONTEXT_TEMPLATE = """Please read the following text and answer the question below.
@@ -83,7 +86,9 @@ def _load(config: EvalConfig, tokenizer) -> tuple[LoadedModel, jax.sharding.Mesh
 class MemAgentMethod:
     def __init__(self, config: EvalConfig, tokenizer):
         self.config, self.tokenizer = config, tokenizer
-        self.agent, self.params = None, None
+        # Set by start: a MemoryAgent and its parameters (ServerMemAgentMethod: a MemAgent).
+        self.agent: Any = None
+        self.params: Any = None
 
     def check(self, where: str, row: int, record: dict) -> None:
         # What the agent's strict read (agents.memagent.reading.read_sample) refuses, before
@@ -112,7 +117,8 @@ class MemAgentMethod:
         add_turns(n * sum(turns))
         finals: dict[int, list[Answer]] = collections.defaultdict(list)
         gates = self.config.memagent.gates
-        counted = collections.defaultdict(collections.Counter)  # with gates: over n reads
+        # With gates: over n reads.
+        counted: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
 
         def turn_done(i: int, turn) -> None:
             on_turn()
@@ -144,7 +150,9 @@ class FullContextMethod:
         self.thinking = config.memagent.thinking
         self.overhead = len(chat_prompt_ids(tokenizer, "", self.thinking))  # template, system
         self.max_input: int | None = config.full_context.max_input_tokens
-        self.engine, self.params, self.stop_ids = None, None, ()
+        self.engine: Engine | None = None  # start's
+        self.params: Any = None
+        self.stop_ids: tuple[int, ...] = ()
 
     def _budget(self, window: int, what: str) -> int:
         """User-message tokens left in `window` KV entries after the chat template, the reply
@@ -177,7 +185,8 @@ class FullContextMethod:
                                    f"{needed} tokens")
         self.params, self.stop_ids = loaded.params, loaded.stop_ids
         # engine.max_len, when set, may hold less than the model window
-        budget = self._budget(self.engine.config.max_len, "engine.max_len")
+        budget = self._budget(self.engine.max_len, "engine.max_len")
+        assert self.max_input is not None  # needed_length's
         self.max_input = min(self.max_input, budget)
 
     def prompt_ids(self, record: dict) -> tuple[list[int], int]:
@@ -188,6 +197,7 @@ class FullContextMethod:
         text = (FULL_CONTEXT_TEMPLATE.replace("$DOC$", record["context"].strip())
                 .replace("$Q$", record["input"].strip()))
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert self.max_input is not None, "start (needed_length) sets max_input"
         limit = self.max_input + self.overhead + 64  # what max_len was sized for
         budget = self.max_input
         for _ in range(8):
@@ -228,6 +238,7 @@ class FullContextMethod:
                                       len(completion.token_ids)))
             on_done(batch[i][0], answers, {"context_tokens": tokens[i], "turns": 1})
 
+        assert self.engine is not None, "run after start"
         complete(self.engine, self.params, requests, on_done=request_done)
 
 

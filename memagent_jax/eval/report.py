@@ -58,7 +58,7 @@ def build_table(summaries: list[dict], published: bool) -> dict:
     for s in summaries:
         for column in s["columns"]:
             lengths.setdefault(column["label"], column.get("nominal_tokens") or column["tokens"])
-    labels = sorted(lengths, key=lengths.get)
+    labels = sorted(lengths, key=lengths.__getitem__)
     rows = [{"model": s["model"], "method": s["method"],
              "values": {label: next((c["accuracy"] for c in s["columns"]
                                      if c["label"] == label), None) for label in labels}}

@@ -14,6 +14,7 @@ def server_of(config: EvalConfig) -> Server:
     model.path) with the key in the environment, every call sampled as the `sampling` section
     says (temperature, top_p, top_k)."""
     model, s = config.model, config.sampling
+    assert model.url is not None, "a config without model.url runs the local engine"
     name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
     return Server(model.url, name, api_key_from_env(), temperature=s.temperature,
                   top_p=s.top_p, top_k=s.top_k)

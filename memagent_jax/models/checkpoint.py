@@ -116,6 +116,8 @@ def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
     shardings). A checkpoint whose tree differs from the targets' (another depth, or an older
     memagent-jax layout) is a UserError naming the first parameter that differs."""
     where = locate(ckpt_dir)
+    if where is None:
+        raise UserError(f"{ckpt_dir}: not a memagent-jax checkpoint")
     path = os.path.abspath(where.params)
     # The handler, not a Checkpointer: that would look for a training step's metadata inside
     # its state item and warn that it is missing.

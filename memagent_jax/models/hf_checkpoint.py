@@ -79,9 +79,9 @@ def read_params(hf_dir: str, config: ModelConfig, targets: Params) -> Params:
     """Loads every parameter onto its target (a `Params` tree of ShapeDtypeStructs with
     shardings)."""
     infos = scan_weights(hf_dir)
-    targets = mapping.flatten(targets)
-    plan = _check_tensors(infos, config, targets, hf_dir)
-    return mapping.nest({ours: _build(row, infos[name], targets[ours])
+    flat: dict[str, Any] = mapping.flatten(targets)  # ShapeDtypeStructs
+    plan = _check_tensors(infos, config, flat, hf_dir)
+    return mapping.nest({ours: _build(row, infos[name], flat[ours])
                          for row, ours, name in plan})
 
 

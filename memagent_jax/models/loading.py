@@ -81,6 +81,7 @@ def build_model(config: ModelConfig, params: Params, dtype: str = "float32",
     is run), on the mesh they are sharded on."""
     sharding = getattr(params["embed"], "sharding", None)
     mesh = sharding.mesh if isinstance(sharding, jax.sharding.NamedSharding) else None
+    mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None  # an array's is concrete
     abstract = nnx.eval_shape(lambda: Qwen(config, dtype=dtype, param_dtype=config.dtype,
                                             attention=attention, mesh=mesh, rngs=nnx.Rngs(0)))
     return nnx.merge(nnx.graphdef(abstract), params)

@@ -40,7 +40,7 @@ The price is compile time that grows with depth (benchmarks/compile_time.py).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -79,7 +79,7 @@ REMAT_POLICIES = {"none": None,
                   "full": jax.checkpoint_policies.nothing_saveable}
 
 # jax.nn.dot_product_attention's `implementation` for the fused choices of ATTENTION_CHOICES.
-_FUSED = {"dot_product": None, "cudnn": "cudnn"}
+_FUSED: dict[str, Literal["cudnn"] | None] = {"dot_product": None, "cudnn": "cudnn"}
 
 
 class KVCache(NamedTuple):

@@ -106,4 +106,4 @@ def write_file(path: str, tensors: Iterable[tuple[str, np.dtype, tuple[int, ...]
                                      f"planned {shape} {dtype}")
             # f.write, not ndarray.tofile: tofile reports a full disk as "N requested and
             # M written", without the errno that says the disk is full.
-            f.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+            f.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)

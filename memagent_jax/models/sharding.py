@@ -34,7 +34,8 @@ Rules = Mapping[str, "str | tuple[str, ...] | None"]
 RULES: Rules = {
     "vocab": "tensor", "embed": "fsdp", "heads": "tensor", "kv_heads": "tensor", "mlp": "tensor",
 }
-ROLLOUT_RULES: Rules = {**RULES, "embed": None, "batch": ("data", "fsdp")}
+SLOT_AXES = ("data", "fsdp")  # the mesh axes the engine's slots split over
+ROLLOUT_RULES: Rules = {**RULES, "embed": None, "batch": SLOT_AXES}
 
 
 def make_mesh(axes: Mapping[str, int] | None = None, devices=None, source: str = "mesh") -> Mesh:

@@ -54,7 +54,7 @@ def splash_causal(q: jnp.ndarray, k: jnp.ndarray, v: jnp.ndarray, mesh: Mesh | N
         warnings.warn("attention 'splash' off TPU runs Pallas's interpret mode: exact, but "
                       "for tests only (use 'xla' or 'cudnn' here)", stacklevel=2)
     batch_axes, head_axis = kernel_axes(mesh, b, hq, hkv)
-    heads = 1 if head_axis is None else mesh.shape[head_axis]
+    heads = 1 if head_axis is None or mesh is None else mesh.shape[head_axis]
     kernel = _kernel(padded, hq, heads, interpret)
     def run(kernel, q, k, v, ids):
         if ids is None:

@@ -151,7 +151,7 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
     turns = [turn for t in trajectories for turn in t.turns]
     updates = [c.generated_tokens for c in turns if c.kind == "update"]
     finals = [c.generated_tokens for c in turns if c.kind == "final"]
-    responses = [c.generated_tokens for c in turns]
+    responses = [c.generated_tokens or 0 for c in turns]  # None: a server's, uncounted
 
     def mean(values):
         return float(np.mean(values)) if len(values) else 0.0

@@ -41,7 +41,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Sequence
 
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.engine.engine_api import EngineConfig
@@ -164,6 +164,7 @@ class LearnerConfig:
             return self.lr * step / self.warmup_steps
         if self.lr_schedule == "constant":
             return self.lr
+        assert self.total_steps is not None  # the cosine schedule's (`__post_init__`)
         # Clipped: verl's cosine rises again past total_steps.
         progress = min(1.0, (step - self.warmup_steps) / (self.total_steps - self.warmup_steps))
         return self.lr * (self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 *
@@ -333,7 +334,7 @@ class TrainConfig:
         return self.log_dir or os.path.join(self.output_dir, "logs")
 
 
-def load_train_config(path: str | None, overrides: list[str] = ()) -> TrainConfig:
+def load_train_config(path: str | None, overrides: Sequence[str] = ()) -> TrainConfig:
     """The config from YAML + overrides, every section checked (no device is touched)."""
     return load_config(TrainConfig, path, list(overrides))
 

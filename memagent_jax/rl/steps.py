@@ -112,10 +112,10 @@ class SupervisedStep:
 
     def collect(self, step: StepInputs) -> RolloutBatch:
         return supervised_batch(step.iterator, step.config.prompts_per_step, step.rewarder,
-                                functools.partial(step.plugin.target, step.context.agent))
+                                functools.partial(_plugin(step).target, step.context.agent))
 
     def groups(self, batch: RolloutBatch, step: StepInputs) -> tuple[list, np.ndarray]:
-        groups = batch.groups + [[t] for t in step.plugin.extra_trajectories(step.context)]
+        groups = batch.groups + [[t] for t in _plugin(step).extra_trajectories(step.context)]
         return groups, np.ones(sum(len(g) for g in groups))
 
     def loss(self, logp, batch: dict, entropy):
@@ -130,3 +130,9 @@ STEP_KINDS: dict[str, type[DapoStep] | type[SupervisedStep]] = {
 def step_kind(config: LearnerConfig) -> StepKind:
     """The kind `config.loss` names, built for the learner's section."""
     return STEP_KINDS[config.loss](config)
+
+
+def _plugin(step: StepInputs) -> Plugin:
+    """The step's plugin, which a kind that `needs_plugin` has (`rl/build.py` checks)."""
+    assert step.plugin is not None, "a supervised step without its plugin"
+    return step.plugin

@@ -231,7 +231,7 @@ class Trainer:
         if latest is not None:
             state, meta = self.checkpointer.restore(self.learner.state(), self.iterator, latest)
             self.learner.restore(state)
-            self.rng = jax.random.wrap_key_data(np.asarray(meta["rng"], np.uint32))
+            self.rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
             self.step = int(meta["step"])
             self._say(f"resuming from step {self.step} ({self.config.checkpoint_dir}/"
                       f"{latest})")
@@ -263,7 +263,7 @@ class Trainer:
                     if (self.step < config.steps and not self.stopped
                             and self.preemption.reached()):
                         self.stop(self.step)
-        if self.stopped:
+        if self._stop_line is not None:  # self.stopped
             raise Interrupted(self._stop_line, self.preemption.signal_number)
         if record:
             summary = [f"reward {record['reward/mean']:.3f}"] + (

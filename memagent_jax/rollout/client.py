@@ -25,7 +25,7 @@ import json
 import os
 import urllib.error
 import urllib.request
-from typing import Callable
+from typing import Any, Callable
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Trajectory
@@ -116,8 +116,9 @@ class ServerPolicy:
                    **template_vars) -> Reply:
         if messages is None:
             raise ValueError("a server takes chat messages, not prompt_ids alone")
-        given = {k: v for k, v in (("temperature", temperature), ("top_p", top_p),
-                                   ("top_k", top_k)) if v is not None}
+        given: dict[str, Any] = {k: v for k, v in (("temperature", temperature),
+                                                   ("top_p", top_p), ("top_k", top_k))
+                                 if v is not None}
         server = dataclasses.replace(self.server, **given) if given else self.server
         seed = server_seed(self.seed, self.row, self.index, len(self._made))
         call = Call(list(messages), template_vars, [], max_tokens,

@@ -51,12 +51,12 @@ class ChatPrompts:
         self.tokenizer, self.stop_ids = tokenizer, frozenset(stop_ids)
         self._stop_text: dict[int, str] = {}
 
-    def prompt(self, messages: list[dict], template_vars: dict, earlier: list[Call]
+    def prompt(self, messages: list[dict] | None, template_vars: dict, earlier: list[Call]
                ) -> tuple[list[int], Call | None]:
         """(the prompt ids of `messages`, the earlier call they continue or None); text
         outside a word tokenizer's vocabulary is a UserError naming its message
         (`check_readable`)."""
-        check_messages(messages, "policy.chat's messages")
+        messages = check_messages(messages, "policy.chat's messages")
         for call in reversed(earlier):
             if continues(messages, template_vars, call):
                 ids = self._continue(call, messages, template_vars)
@@ -71,7 +71,7 @@ class ChatPrompts:
         """The ids of `messages`, which continue `call`, built on its ids; None where its
         reply has no ids, or the template renders the earlier part differently once more
         follows."""
-        if call.reply.token_ids is None:
+        if call.reply is None or call.reply.token_ids is None or call.messages is None:
             return None
         m = len(call.messages)
         head = messages[:m] + [{"role": "assistant", "content": _REPLY}]
@@ -126,9 +126,10 @@ def is_reply(message, reply: Reply) -> bool:
                                         and message.get("content") == reply.text)
 
 
-def check_messages(messages, what: str) -> None:
-    """UserError naming `what` (a call's messages, a returned conversation) unless `messages`
-    is a non-empty list of chat messages: dicts with string 'role' and 'content'."""
+def check_messages(messages, what: str) -> list[dict]:
+    """`messages`, or a UserError naming `what` (a call's messages, a returned conversation)
+    unless they are a non-empty list of chat messages: dicts with string 'role' and
+    'content'."""
     if not isinstance(messages, list) or not messages:
         raise UserError(f"{what} must be a non-empty list of {{'role', 'content'}} dicts, got "
                         f"{messages!r:.100}")
@@ -137,6 +138,7 @@ def check_messages(messages, what: str) -> None:
                 or not isinstance(message.get("content"), str)):
             raise UserError(f"{what}, message {k} must be a dict with string 'role' and "
                             f"'content', got {message!r:.100}")
+    return messages
 
 
 def check_readable(tokenizer, ids: list[int], messages: list[dict], template_vars: dict,
@@ -196,27 +198,41 @@ def _call_of(message, conversation, k, calls: dict[Reply, Call]) -> Call | None:
     if not (isinstance(message, dict) and message.get("role") == "assistant"):
         return None
     return next((call for call in calls.values()
-                 if call.reply.text == message.get("content")
+                 if call.reply is not None and call.reply.text == message.get("content")
                  and call.messages == list(conversation[:k])), None)
 
 
 def _turn(chain: list[Call], kind: str, info: dict, messages) -> Turn:
     first, last = chain[0], chain[-1]
-    if last.reply.token_ids is None:  # a server's replies: text only, nothing to train
-        counts = [c.reply.completion_tokens for c in chain]
-        return Turn(kind, [], [], [], last.reply.finish_reason, last.reply.text, info,
+    replies = [_answered(c) for c in chain]
+    reply = replies[-1]
+    if reply.token_ids is None:  # a server's replies: text only, nothing to train
+        counts = [r.completion_tokens for r in replies if r.completion_tokens is not None]
+        return Turn(kind, [], [], [], reply.finish_reason, reply.text, info,
                     caps=tuple(c.max_tokens for c in chain), messages=messages,
-                    server_tokens=None if None in counts else sum(counts))
+                    server_tokens=sum(counts) if len(counts) == len(chain) else None)
     prompt = list(first.prompt_ids)
     if len(chain) == 1:
-        return Turn(kind, prompt, list(last.reply.token_ids), list(last.reply.logprobs),
-                    last.reply.finish_reason, last.reply.text, info,
+        return Turn(kind, prompt, list(reply.token_ids), _logprobs(reply),
+                    reply.finish_reason, reply.text, info,
                     caps=(last.max_tokens,), messages=messages)
-    response = list(last.prompt_ids[len(prompt):]) + list(last.reply.token_ids)
+    response = list(last.prompt_ids[len(prompt):]) + list(reply.token_ids)
     mask, logprobs = [0] * len(response), [0.0] * len(response)
-    for call in chain:
+    for call, r in zip(chain, replies):
         start = len(call.prompt_ids) - len(prompt)
-        for t, logprob in enumerate(call.reply.logprobs):
+        for t, logprob in enumerate(_logprobs(r)):
             mask[start + t], logprobs[start + t] = 1, logprob
-    return Turn(kind, prompt, response, logprobs, last.reply.finish_reason, last.reply.text,
+    return Turn(kind, prompt, response, logprobs, reply.finish_reason, reply.text,
                 info, mask, tuple(c.max_tokens for c in chain), messages)
+
+
+def _answered(call: Call) -> Reply:
+    """The reply of a call a conversation holds (every one is answered)."""
+    assert call.reply is not None, "a conversation holds a call not answered yet"
+    return call.reply
+
+
+def _logprobs(reply: Reply) -> list[float]:
+    """An engine reply's log-probabilities (it has them with its ids)."""
+    assert reply.logprobs is not None, "an engine reply without log-probabilities"
+    return list(reply.logprobs)

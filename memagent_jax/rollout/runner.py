@@ -125,7 +125,7 @@ class EnginePolicy:
     @property
     def max_len(self) -> int:
         """The engine's most tokens a call's prompt and reply may take together."""
-        return self._run.runner.scheduler.engine.config.max_len
+        return self._run.runner.scheduler.engine.max_len
 
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
                    prompt_ids: list[int] | None = None, temperature: float | None = None,
@@ -227,8 +227,8 @@ class _Run:
         return [[t.result() for t in group] for group in tasks]
 
     def _failed(self, task: asyncio.Task) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.failures.append(task.exception())
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self.failures.append(error)
 
     async def _rollout(self, i: int, policy: EnginePolicy) -> Trajectory:
         row = self.rows[i]

@@ -100,7 +100,9 @@ def build_app(served: Served, api_key: str | None, on_startup=None, on_shutdown=
                 Route("/v1/models", models),
                 Route("/v1/chat/completions", chat, methods=["POST"]),
                 Route("/v1/completions", completions, methods=["POST"])],
-        exception_handlers={APIError: _api_error, HTTPException: _http_error,
+        # Starlette types every handler as taking any Exception; each here takes its own.
+        exception_handlers={APIError: _api_error,  # type: ignore[dict-item]
+                            HTTPException: _http_error,  # type: ignore[dict-item]
                             Exception: _server_error},
         lifespan=lifespan)
     app.state.draining = False

@@ -20,6 +20,7 @@ each step's requests; that is not built yet.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import socket
@@ -202,7 +203,7 @@ class OpenAIServer:
         # uvicorn's own limit, a backstop: past it, it cancels the requests left (a plain-text
         # 500 and a traceback), which the deadline at shutdown_timeout leaves none of.
         config = uvicorn.Config(self.app, log_level=log_level,
-                                timeout_graceful_shutdown=shutdown_timeout + 10)
+                                timeout_graceful_shutdown=math.ceil(shutdown_timeout) + 10)
         self._uvicorn = _uvicorn_server(config, self._begin_shutdown)
         self._abort_timer: threading.Timer | None = None
 

@@ -207,6 +207,7 @@ def _prompts(prompt: Any, vocab_size: int) -> tuple:
             raise bad(f"{where}: token ids must be integers in [0, {vocab_size})", "prompt")
         return value
 
+    prompts: tuple[str | list[int], ...]
     if isinstance(prompt, str):
         prompts = (prompt,)
     elif isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):

@@ -23,7 +23,7 @@ import json
 import math
 import time
 import uuid
-from typing import AsyncIterator, Awaitable, Callable, TypeVar
+from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, TypeVar
 
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request
@@ -44,7 +44,7 @@ class Served:
     one reported); max_len: the engine's KV length (prompt + reply); tokenizer: decodes
     replies, on the event loop; encoder: tokenizes prompts, on threads of its own."""
     worker: EngineWorker
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer
     names: tuple[str, ...]
     max_len: int
     stop_ids: tuple[int, ...]
@@ -228,7 +228,7 @@ class Exchange:
     watched for the client's disconnect."""
 
     def __init__(self, served: Served, gen: Generation, prompts: list[list[int]],
-                 receive: Callable[[], Awaitable[dict]]):
+                 receive: Callable[[], Awaitable[MutableMapping[str, Any]]]):
         self.served, self.gen, self.prompts = served, gen, prompts
         self.choices = [Choice(i, TextStream(served.tokenizer, gen.stop))
                         for i in range(len(prompts) * gen.n)]

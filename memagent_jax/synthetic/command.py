@@ -164,7 +164,8 @@ def _synthetic(args) -> None:
     check_new_files([train_path] if args.layout == "train" else list(eval_paths.values()),
                     "--out")
     tokenizer = os.path.join(args.out, "tokenizer")
-    current, written = train_path, []  # the file being written, those complete
+    current = train_path  # the file being written
+    written: list[str] = []  # those complete
 
     def kept() -> str:
         return f"{current} was not written" + (f" ({', '.join(written)} complete)"

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
-from memagent_jax.agents.memagent.agent import MemoryAgent, memories_of
+from memagent_jax.agents.memagent.agent import MemAgent, memories_of
 from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
 from memagent_jax.engine.sampling import SamplingParams
@@ -98,7 +98,7 @@ class SyntheticPlugin:
         self.section, self.sampling = section, sampling
         self._read: dict[tuple, list[str] | None] = {}   # `_chunk_texts`'s, by example
 
-    def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
+    def target(self, agent: MemAgent, example: Example) -> Trajectory:
         s = self.section
         if s.target == "format_all_facts":
             return format_all_facts_trajectory(agent, example, s.keep_share, s.final_reply)
@@ -106,6 +106,7 @@ class SyntheticPlugin:
 
     def extra_trajectories(self, step: StepContext) -> list[Trajectory]:
         s, agent, seed = self.section, step.agent, step.seed
+        assert isinstance(agent, MemAgent), "the synthetic tasks train MemAgent"
         return (rows.copy_trajectories(agent.tokenizer, s.copy_rows, s.copy_span, seed,
                                        s.copy_span_min, s.copy_gap, s.copy_prefix, s.copy_draw)
                 + rows.recall_trajectories(agent.tokenizer, s.recall_rows, s.recall_facts, seed)
@@ -118,15 +119,17 @@ class SyntheticPlugin:
         if not s.carry_starts:
             return [], []
         tasks = TASKS if s.start_task == "any" else (s.start_task,)
+        agent = step.agent
+        assert isinstance(agent, MemAgent), "the synthetic tasks train MemAgent"
         if s.carry_from == "policy":
             return policy_carry_starts(
-                step.agent, s.carry_starts, s.start_chunks, s.start_pool, seed=step.seed,
+                agent, s.carry_starts, s.start_chunks, s.start_pool, seed=step.seed,
                 logprobs=step.logprobs, rollout=step.rollout,
                 sampling=dataclasses.replace(self.sampling, seed=step.seed), tasks=tasks)
-        return carry_starts(step.agent, s.carry_starts, s.start_chunks, s.start_pool,
+        return carry_starts(agent, s.carry_starts, s.start_chunks, s.start_pool,
                             seed=step.seed, logprobs=step.logprobs, tasks=tasks)
 
-    def validation_metrics(self, agent: MemoryAgent, examples: list[Example],
+    def validation_metrics(self, agent: MemAgent, examples: list[Example],
                            groups: list[list[Trajectory]]) -> dict[str, float]:
         """The needed facts' turns over the read (`trace.turn_losses`, summed over every
         trajectory and needed fact): `fact_carried_turns`, the turns taken that follow one
@@ -138,7 +141,9 @@ class SyntheticPlugin:
         for example, group in zip(examples, groups):
             document = sample_of(example.question, example.context, example.ground_truths[0])
             chunks = self._chunk_texts(agent, example, document)
-            for trajectory in group if chunks else ():
+            if not chunks:  # a needed fact left unread
+                continue
+            for trajectory in group:
                 facts = trace_document(example.index, document, chunks, memories_of(trajectory),
                                        "", agent.config.chunk_tokens).facts
                 carried += sum(f.carried for f in facts)
@@ -146,7 +151,7 @@ class SyntheticPlugin:
         return {"fact_carried_turns": float(carried),
                 "fact_loss_rate": dropped / carried} if carried else {}
 
-    def _chunk_texts(self, agent: MemoryAgent, example: Example, document) -> list[str] | None:
+    def _chunk_texts(self, agent: MemAgent, example: Example, document) -> list[str] | None:
         """The chunks `agent` reads of a validation example, as text (kept: a run's validation
         set is fixed); None when they leave out a needed fact."""
         key = (agent.config, example.index, example.context)  # budgets cut the chunks

@@ -26,7 +26,7 @@ one, its engine sized for the longest turn.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Generator, NamedTuple
+from typing import Any, Callable, Generator, NamedTuple
 
 import jax
 
@@ -203,6 +203,8 @@ class MemAgent:
         sample = row if isinstance(row, Sample) else self.read(row.question, row.context,
                                                                strict=False)
         config, ids = self.config, policy.takes_ids
+        chunks: list | tuple  # of token ids, or (a server) of text; likewise each memory
+        memory: Any
         if ids:
             chunks, memory = sample.chunks, (self.prompts.initial_memory
                                              if sample.initial_memory is None
@@ -213,7 +215,9 @@ class MemAgent:
             memory = (INITIAL_MEMORY if sample.initial_memory is None
                       else self.tokenizer.decode(sample.initial_memory))
         workflow = memory_turns(chunks, memory)
-        conversations, new_memory = [], None
+        conversations: list[list[dict]] = []
+        memories: list[str | None] = []  # each update turn's, as the record shows them
+        new_memory: list[int] | str | StopReading | None = None
         gated = dict.fromkeys(config.gates, 0)
         while True:
             try:
@@ -247,14 +251,15 @@ class MemAgent:
                 new_memory = memory if gate == "keep" else StopReading(memory)
             conversation = Conversation([reply.message], kind, {"memory": text})
             conversations.append(conversation)
+            if kind == "update":
+                memories.append(text)
             if on_turn is not None:
                 on_turn(conversation_turns(conversation, policy.calls, kind)[0])
         metrics = {}
         if gated:
             metrics = {"chunks_read": float(len(conversations) - 1),
                        **{f"{gate}s": float(n) for gate, n in gated.items()}}
-        return Rollout(conversations, metrics=metrics, info={"memories": [
-            c.info["memory"] for c in conversations if c.kind == "update"]})
+        return Rollout(conversations, metrics=metrics, info={"memories": memories})
 
 
 class MemoryAgent(MemAgent):
@@ -280,7 +285,7 @@ class MemoryAgent(MemAgent):
 
 
 class _NumberedSample(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # the field, where tuple has a method
     sample: Sample
 
     @property

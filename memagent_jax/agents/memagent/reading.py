@@ -82,7 +82,7 @@ def chunk_text(document: str, starts: list[int], positions: list[int]) -> str:
     chunks' texts join into the document's, and a character read as two tokens is not split
     (both tokens start where it does)."""
     runs, first = [], positions[0]
-    for previous, position in zip(positions, positions[1:] + [None]):
+    for previous, position in zip(positions, positions[1:] + [-1]):  # -1: past the last
         if position != previous + 1:
             runs.append(document[starts[first]:starts[previous + 1]])
             first = position
