@@ -250,8 +250,7 @@ class AgentMethod:
             return
         policy, mesh = _load(self.config, self.tokenizer)
         self.runner = build_runner(self.agent, policy.model, self.tokenizer, self.config.engine,
-                                   mesh, policy.stop_ids)
-        self.params = policy.params
+                                   mesh, policy.stop_ids).with_params(policy.params)
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
@@ -282,5 +281,5 @@ class AgentMethod:
             run_on_server(self.server, self.agent, rows, server_seeds(s, set_name, batch),
                           max(1, self.config.data.batch_size), call, done)
             return
-        self.runner.run(self.params, self.agent, rows,
-                        SamplingParams(s.temperature, s.top_p, s.top_k, seed), s.n, call, done)
+        self.runner.run(self.agent, rows, SamplingParams(s.temperature, s.top_p, s.top_k, seed),
+                        s.n, call, done)

@@ -11,7 +11,8 @@ returns every conversation it wants trained (one turn; a multi-turn tool convers
 several context-independent conversations, as MemAgent's turns). It writes no batching,
 padding or tokenization: the rollout runner (`rollout/runner.py`) runs hundreds of rollouts
 at once on one event loop, their calls sharing the engine's slots through the scheduler, and
-`rollout/remote.py` runs the same function against an OpenAI-compatible server.
+`rollout/client.py` runs the same function against an OpenAI-compatible server (both behind
+the rollout contract, `rollout/rollouts.py`).
 
 A module names an agent in a config's `agent` section (`agent: {module: my_package.my_agent,
 ...its settings}`, `load_agent`). It defines either `rollout(row, policy)` (an agent without
@@ -20,8 +21,9 @@ settings) or `build(settings, config)`, which checks the section's other keys (e
 - `setup(tokenizer, stop_ids)`: once, before any rollout (and before `max_len` or
   `engine_need`), with the policy's tokenizer;
 - `max_len(tokenizer) -> int`: the most tokens one of its conversations can reach (sizes the
-  engine; without it `engine.max_len` must be set), or `engine_need(tokenizer) -> (tokens,
-  the setting that asks for them, how)` where errors should name a setting;
+  engine; without it `engine.max_len` must be set), or `engine_need(tokenizer, row=None) ->
+  (tokens, the setting that asks for them, how)` where errors should name a setting (with a
+  row: that row's conversations', which `run` sizes its engine by);
 - `required_fields`: the data-row fields it reads beyond verl's (`data.pipeline`);
 - `model_files() -> {file name: JSON-able}`: files a training run writes beside its model.
 

@@ -197,8 +197,8 @@ def _run_agent(args) -> None:
                             tokenizer=tokenizer, engine=EngineConfig(slots=1,
                                                                      max_len=args.max_len),
                             mesh=mesh, stop_ids=policy.stop_ids)
-        (trajectory,), = runner.run(policy.params, agent, [row],
-                                    SamplingParams(args.temperature, args.top_p, seed=args.seed))
+        (trajectory,), = runner.with_params(policy.params).run(
+            agent, [row], SamplingParams(args.temperature, args.top_p, seed=args.seed))
     record = trajectory.record()
     if args.verbose:
         for turn in trajectory.turns:

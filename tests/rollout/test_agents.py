@@ -93,7 +93,7 @@ def test_an_agents_conversations_become_its_rows(tokenizer):
 
     runner, engine = _runner(tokenizer, reply)
     agent = types.SimpleNamespace(rollout=_two_views, name="two_views")
-    groups = runner.run(None, agent, _rows(3), SamplingParams(0.0), n=2)
+    groups = runner.run(agent, _rows(3), SamplingParams(0.0), n=2)
     for group in groups:
         for trajectory in group:
             final, aside = trajectory.turns
@@ -121,11 +121,11 @@ def test_a_failing_agent_names_itself_and_the_row_and_leaves_the_runner_clean(to
 
     agent = types.SimpleNamespace(rollout=flaky, name="flaky")
     with pytest.raises(KeyError) as error:
-        runner.run(None, agent, _rows(3), SamplingParams(0.0), n=2)
+        runner.run(agent, _rows(3), SamplingParams(0.0), n=2)
     assert "in agent flaky, rollout 0 of row 1" in error.value.__notes__
     assert runner.scheduler.idle
     agent.rollout = _two_views
-    assert len(runner.run(None, agent, _rows(2), SamplingParams(0.0))) == 2
+    assert len(runner.run(agent, _rows(2), SamplingParams(0.0))) == 2
 
 
 @pytest.mark.parametrize("returned, message", [
@@ -140,7 +140,7 @@ def test_what_an_agent_returns_is_checked(tokenizer, returned, message):
         return returned
 
     with pytest.raises(TypeError, match=message):
-        runner.run(None, types.SimpleNamespace(rollout=agent), _rows(1), SamplingParams(0.0))
+        runner.run(types.SimpleNamespace(rollout=agent), _rows(1), SamplingParams(0.0))
 
 
 def test_a_prompt_past_the_engine_is_the_agents_to_handle(tokenizer):
@@ -155,7 +155,7 @@ def test_a_prompt_past_the_engine_is_the_agents_to_handle(tokenizer):
         reply = await policy.chat(prompt_ids=[5], max_tokens=1)
         return [[reply.message]]
 
-    runner.run(None, types.SimpleNamespace(rollout=long), _rows(1), SamplingParams(0.0))
+    runner.run(types.SimpleNamespace(rollout=long), _rows(1), SamplingParams(0.0))
     assert seen and "does not fit the engine's maximum length" in seen[0]
 
 
@@ -170,10 +170,10 @@ def test_a_call_may_sample_otherwise_except_in_training(tokenizer):
         return [[reply.message]]
 
     agent = types.SimpleNamespace(rollout=greedy_answer, name="greedy_answer")
-    runner.run(None, agent, _rows(1), SamplingParams(1.0))
+    runner.run(agent, _rows(1), SamplingParams(1.0))
     assert asked == [" the"]
     with pytest.raises(ValueError, match=r"in training a call samples as rollout\.\* says"):
-        runner.run(None, agent, _rows(1), SamplingParams(1.0), fixed_sampling=True)
+        runner.with_params(None, fixed_sampling=True).run(agent, _rows(1), SamplingParams(1.0))
 
 
 def lookup_tool(key: str) -> str:

@@ -85,6 +85,7 @@ class MemAgent:
 
     def __init__(self, config: MemAgentConfig, tokenizer=None, stop_ids: tuple[int, ...] = ()):
         self.config = config
+        self._read: tuple[object, Sample] | None = None  # `sample`'s last row and its read
         if tokenizer is not None:
             self.setup(tokenizer, stop_ids)
 
@@ -136,11 +137,12 @@ class MemAgent:
                            max_problem_tokens=len(sample.problem_ids))
         return budgets
 
-    def engine_need(self, tokenizer, sample: Sample | None = None) -> tuple[int, str, str]:
+    def engine_need(self, tokenizer, row=None) -> tuple[int, str, str]:
         """(KV entries the longest turn needs (`turn_parts`: of any turn the budgets allow, or
-        with a sample of that sample's), the largest budget's key, how it makes them):
+        with a row of that row's sample), the largest budget's key, how it makes them):
         `rollout.runner.engine_need`. After `setup`, whose tokenizer this is (the agent
         interface passes it; the prompts built there are the ones sized)."""
+        sample = None if row is None else self.sample(row)
         parts, budgets = self.turn_parts(sample), self._turn_budgets(sample)
         budget = max(budgets, key=budgets.__getitem__)
         why = (f"{budgets[budget]} makes turns of up to {sum(parts.values())} "
@@ -179,13 +181,22 @@ class MemAgent:
         """`read_sample` with this agent's tokenizer and budgets."""
         return read_sample(self.tokenizer, problem, document, self.config, strict)
 
+    def sample(self, row) -> Sample:
+        """What the rollout reads of `row`: a Sample as it is, a row with question and context
+        read as training reads them (`read`, not strict), the last row's read kept (a row's n
+        rollouts read it once)."""
+        if isinstance(row, Sample):
+            return row
+        if self._read is None or self._read[0] is not row:
+            self._read = row, self.read(row.question, row.context, strict=False)
+        return self._read[1]
+
     async def rollout(self, row, policy, on_turn: Callable[[Turn], None] | None = None
                       ) -> Rollout:
-        """Every turn of one read of `row` (a Sample, or a row with question and context);
-        on_turn(turn) after each. With gates on, the rollout's metrics are its chunks read and
-        its "keep" and "exit" replies."""
-        sample = row if isinstance(row, Sample) else self.read(row.question, row.context,
-                                                               strict=False)
+        """Every turn of one read of `row` (a Sample, or a row with question and context,
+        `sample`); on_turn(turn) after each. With gates on, the rollout's metrics are its
+        chunks read and its "keep" and "exit" replies."""
+        sample = self.sample(row)
         config, ids = self.config, policy.takes_ids
         if ids:
             chunks, memory = sample.chunks, (self.prompts.initial_memory
@@ -257,9 +268,9 @@ class MemoryAgent(MemAgent):
         `sampling.seed` (None: a fresh one), the sample, the trajectory and the turn
         (`runner.call_seed`), so the result does not depend on how samples share the slots.
         on_turn(sample index, turn) after every turn."""
-        return self.runner.run(params, _Numbered(self, on_turn),
-                               [_NumberedSample(i, s) for i, s in enumerate(samples)],
-                               sampling, n)
+        return self.runner.with_params(params).run(
+            _Numbered(self, on_turn), [_NumberedSample(i, s) for i, s in enumerate(samples)],
+            sampling, n)
 
 
 class _NumberedSample(NamedTuple):
