@@ -24,6 +24,8 @@ settings) or `build(settings, config)`, which checks the section's other keys (e
   engine; without it `engine.max_len` must be set), or `engine_need(tokenizer, row=None) ->
   (tokens, the setting that asks for them, how)` where errors should name a setting (with a
   row: that row's conversations', which `run` sizes its engine by);
+- `check_row(where, index, row, tokenizer)`: raises UserError naming `where` and `index` for
+  a row it cannot run (`eval` checks every row before the model loads);
 - `required_fields`: the data-row fields it reads beyond verl's (`data.pipeline`);
 - `model_files() -> {file name: JSON-able}`: files a training run writes beside its model.
 

@@ -44,7 +44,7 @@ from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.factory import build_engine
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Scheduler
-from memagent_jax.errors import ConfigError
+from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.models.qwen import Qwen
 from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory, Turn
 from memagent_jax.rollout.conversation import conversation_turns
@@ -190,6 +190,20 @@ class MemAgent:
         if self._read is None or self._read[0] is not row:
             self._read = row, self.read(row.question, row.context, strict=False)
         return self._read[1]
+
+    def check_row(self, where: str, index: int, row, tokenizer) -> None:
+        """What a strict read (`read_sample`) refuses in row `index` of `where` (an eval set),
+        before any model loads: UserError for an empty question or context, or a question
+        over max_problem_tokens."""
+        if not row.question.strip():
+            raise UserError(f"{where}: row {index}: the question is empty")
+        if not row.context.strip():
+            raise UserError(f"{where}: row {index}: the context is empty")
+        tokens = len(tokenizer(row.question, add_special_tokens=False)["input_ids"])
+        budget = self.config.max_problem_tokens
+        if tokens > budget:
+            raise UserError(f"{where}: row {index}: the question has {tokens} tokens, over "
+                            f"memagent.max_problem_tokens = {budget}")
 
     async def rollout(self, row, policy, on_turn: Callable[[Turn], None] | None = None
                       ) -> Rollout:
