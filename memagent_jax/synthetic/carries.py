@@ -120,7 +120,7 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
 
     if num_samples < 1:
         raise UserError(f"--num-samples must be at least 1, got {num_samples}")
-    policy, agent, config = load_agent(model, task, length, budgets)
+    policy, _, agent, config = load_agent(model, task, length, budgets)
     carries = [c for i in range(num_samples)
                for c in carry_turns(agent, synthetic.make_sample(task, length, seed, i), i)]
     print(f"{len(carries)} carries in {num_samples} {task} documents of {length:,} tokens "

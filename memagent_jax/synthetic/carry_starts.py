@@ -30,7 +30,7 @@ from typing import Callable
 
 import numpy as np
 
-from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
 from memagent_jax.engine.sampling import SamplingParams
@@ -51,7 +51,7 @@ from memagent_jax.synthetic.trace import holds
 Logprobs = Callable[[TrainingRows], np.ndarray]
 
 
-def carry_starts(agent: MemoryAgent, count: int, chunks: int, pool: int, seed: int,
+def carry_starts(agent: MemAgent, count: int, chunks: int, pool: int, seed: int,
                  logprobs: Logprobs, tasks: tuple[str, ...] = TASKS
                  ) -> tuple[list[Example], list[Sample]]:
     """`count` carry starts from the oracle's memory, drawn by `seed` from documents of `tasks`
@@ -71,7 +71,7 @@ def carry_starts(agent: MemoryAgent, count: int, chunks: int, pool: int, seed: i
     return [e for e, _ in starts], [s for _, s in starts]
 
 
-def policy_carry_starts(agent: MemoryAgent, count: int, chunks: int, pool: int, seed: int,
+def policy_carry_starts(agent: MemAgent, count: int, chunks: int, pool: int, seed: int,
                         logprobs: Logprobs, rollouts: Rollouts, sampling: SamplingParams,
                         tasks: tuple[str, ...] = TASKS, on_call: OnCall | None = None
                         ) -> tuple[list[Example], list[Sample]]:
@@ -100,7 +100,7 @@ def policy_carry_starts(agent: MemoryAgent, count: int, chunks: int, pool: int, 
     return [e for e, _ in starts], [s for _, s in starts]
 
 
-def memory_after(agent: MemoryAgent, trajectory: Trajectory) -> list[int]:
+def memory_after(agent: MemAgent, trajectory: Trajectory) -> list[int]:
     """The memory `agent` carries after the last update turn of `trajectory`, in ids: the last
     update reply that is no gate ("keep", "exit": the memory before it goes on), as the agent
     makes a memory of it; the initial memory's where there is none."""
@@ -117,7 +117,7 @@ def _read_to_facts(state: DocumentState) -> Sample:
     return Sample(state.question, state.problem, chunks, sum(len(c) for c in chunks))
 
 
-def _start(agent: MemoryAgent, state: DocumentState, index: int, memory: list[int],
+def _start(agent: MemAgent, state: DocumentState, index: int, memory: list[int],
            candidates: list[str], chunks: int, logprobs: Logprobs) -> tuple[Example, Sample]:
     """The carry start of document `index` from `memory` (ids): the `chunks` of `candidates`
     (texts of chunk_tokens tokens) whose weakest token of the memory kept unchanged,

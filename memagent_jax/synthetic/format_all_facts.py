@@ -35,7 +35,7 @@ from typing import Callable
 
 import numpy as np
 
-from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.templates import GATE_WORDS
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rollout.agent_api import Trajectory
@@ -45,7 +45,7 @@ from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
 KEEP = GATE_WORDS[0]  # the keep gate's one-word reply
 
 
-def format_all_facts_trajectory(agent: MemoryAgent, example: Example, keep_share: float = 0.0,
+def format_all_facts_trajectory(agent: MemAgent, example: Example, keep_share: float = 0.0,
                                 final_reply: str = "restate") -> Trajectory:
     """The trajectory of `example` (module docstring), in `agent`'s tokens, chunks and prompts:
     one update turn a chunk, then the final turn where the memory can show every fact (else

@@ -26,7 +26,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
-from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rollout.agent_api import Trajectory
@@ -34,7 +34,7 @@ from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
 from memagent_jax.synthetic.tasks import oracle_memories
 
 
-def format_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
+def format_trajectory(agent: MemAgent, example: Example) -> Trajectory:
     """The format-only trajectory of `example` (module docstring), in `agent`'s tokens, chunks
     and prompts. Raises UserError when the row records no facts."""
     facts = facts_of(example)
@@ -69,7 +69,7 @@ class DrawnMemories(NamedTuple):
     kept: frozenset[int] = frozenset()
 
 
-def drawn_memories(agent: MemoryAgent, example: Example, keep_share: float = 0.0
+def drawn_memories(agent: MemAgent, example: Example, keep_share: float = 0.0
                    ) -> DrawnMemories:
     """The update-turn memories of `example`'s format-only trajectory (module docstring): each
     drawn from the previous one's lines and the chunk's whole sentences by a generator seeded

@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
-from memagent_jax.agents.memagent.agent import MemoryAgent, memory_turns
+from memagent_jax.agents.memagent.agent import MemAgent, memory_turns
 from memagent_jax.data.pipeline import Example
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.synthetic.tasks import TASKS, make_sample, oracle_memories
 
 
-def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
+def oracle_trajectory(agent: MemAgent, example: Example) -> Trajectory:
     """The oracle trajectory of `example` (module docstring), in `agent`'s tokens, chunks and
     prompts. Raises UserError when the row records no facts."""
     facts = facts_of(example)
@@ -43,7 +43,7 @@ def oracle_trajectory(agent: MemoryAgent, example: Example) -> Trajectory:
     return loop_trajectory(agent, example, sample, replies)
 
 
-def loop_trajectory(agent: MemoryAgent, example: Example, sample, replies: list[list[int]],
+def loop_trajectory(agent: MemAgent, example: Example, sample, replies: list[list[int]],
                     final_memory: list[int] | None = None,
                     kept: frozenset[int] = frozenset()) -> Trajectory:
     """`agent`'s own loop over `sample` with the given replies (ids; one per chunk, then the
@@ -90,7 +90,7 @@ class DocumentState(NamedTuple):
     memories: list[str]
 
 
-def document_state(agent: MemoryAgent, rng, seed: int, index: int,
+def document_state(agent: MemAgent, rng, seed: int, index: int,
                    tasks: tuple[str, ...] = TASKS) -> DocumentState:
     """Document `index` of a task drawn by `rng` from `tasks` (1,024 tokens: four chunks of
     256; seed -1 - `seed`). The seed is negated so that no data set of a step's seed (1, 2,
@@ -104,7 +104,7 @@ def document_state(agent: MemoryAgent, rng, seed: int, index: int,
                          sample.chunks, memories)
 
 
-def first_facts(agent: MemoryAgent, rng, seed: int):
+def first_facts(agent: MemAgent, rng, seed: int):
     """Yields (index, DocumentState, at, fact, before) for documents 0, 1, ... drawn by `rng`
     and `seed` (`document_state`; a caller may draw from `rng` between documents): the chunk
     `at` where the oracle's memory first takes a fact, that fact, and the oracle's memory
@@ -121,13 +121,13 @@ def first_facts(agent: MemoryAgent, rng, seed: int):
         index += 1
 
 
-def memory_ids(agent: MemoryAgent, memory: str) -> list[int]:
+def memory_ids(agent: MemAgent, memory: str) -> list[int]:
     """A memory's ids: its text's, or the initial memory's when it is empty."""
     return (agent.tokenizer(memory, add_special_tokens=False)["input_ids"] if memory
             else list(agent.prompts.initial_memory))
 
 
-def update_turn(agent: MemoryAgent, question: str, problem, memory: list[int], chunk,
+def update_turn(agent: MemAgent, question: str, problem, memory: list[int], chunk,
                 reply: list[int]) -> Trajectory:
     """A trajectory of one update turn of `agent`: `reply` to (problem, memory, chunk)."""
     text = agent.tokenizer.decode(reply[:-1])
@@ -136,7 +136,7 @@ def update_turn(agent: MemoryAgent, question: str, problem, memory: list[int], c
         "stop", text, text)])
 
 
-def end_token(agent: MemoryAgent) -> int:
+def end_token(agent: MemAgent) -> int:
     """The token an oracle reply ends with: end-of-text where it stops the engine."""
     tokenizer = agent.tokenizer
     return (tokenizer.eos_token_id if tokenizer.eos_token_id in agent.stop_ids

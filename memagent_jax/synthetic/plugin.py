@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar, Literal
 
-from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.reading import Sample
 from memagent_jax.data.pipeline import Example
 from memagent_jax.engine.sampling import SamplingParams
@@ -98,7 +98,7 @@ class SyntheticPlugin:
         self.section, self.sampling = section, sampling
         self._read: dict[tuple, list[str] | None] = {}   # `_chunk_texts`'s, by example
 
-    def target(self, agent: MemoryAgent, example: Example) -> Trajectory:
+    def target(self, agent: MemAgent, example: Example) -> Trajectory:
         s = self.section
         if s.target == "format_all_facts":
             return format_all_facts_trajectory(agent, example, s.keep_share, s.final_reply)
@@ -127,7 +127,7 @@ class SyntheticPlugin:
         return carry_starts(step.agent, s.carry_starts, s.start_chunks, s.start_pool,
                             seed=step.seed, logprobs=step.logprobs, tasks=tasks)
 
-    def validation_metrics(self, agent: MemoryAgent, examples: list[Example],
+    def validation_metrics(self, agent: MemAgent, examples: list[Example],
                            groups: list[list[Trajectory]]) -> dict[str, float]:
         """The needed facts' turns over the read (`trace.turn_losses`, summed over every
         trajectory and needed fact): `fact_carried_turns`, the turns taken that follow one
@@ -147,7 +147,7 @@ class SyntheticPlugin:
         return {"fact_carried_turns": float(carried),
                 "fact_loss_rate": dropped / carried} if carried else {}
 
-    def _chunk_texts(self, agent: MemoryAgent, example: Example, document) -> list[str] | None:
+    def _chunk_texts(self, agent: MemAgent, example: Example, document) -> list[str] | None:
         """The chunks `agent` reads of a validation example, as text (kept: a run's validation
         set is fixed); None when they leave out a needed fact."""
         key = (agent.config, example.index, example.context)  # budgets cut the chunks

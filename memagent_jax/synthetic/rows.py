@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from memagent_jax.agents.memagent.agent import MemoryAgent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.rl.rows import TrainingRows, rows_from_trajectories
 from memagent_jax.rollout.agent_api import Trajectory, Turn
 from memagent_jax.synthetic.oracle import (
@@ -83,7 +83,7 @@ def recall_trajectories(tokenizer, count: int, facts: int, seed: int) -> list[Tr
     return trajectories
 
 
-def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Trajectory]:
+def fact_trajectories(agent: MemAgent, count: int, seed: int) -> list[Trajectory]:
     """`count` one-turn trajectories: the update turn of `agent` at the chunk where the oracle's
     memory first takes a fact in a synthetic document (`oracle.first_facts`, drawn by `seed`),
     given the oracle's memory before that chunk, and the oracle's reply, the memory with the
@@ -108,7 +108,7 @@ def fact_trajectories(agent: MemoryAgent, count: int, seed: int) -> list[Traject
     return trajectories
 
 
-def carry_trajectories(agent: MemoryAgent, count: int, pool: int, seed: int,
+def carry_trajectories(agent: MemAgent, count: int, pool: int, seed: int,
                        logprobs: Callable[[TrainingRows], np.ndarray],
                        cut: bool = False) -> list[Trajectory]:
     """The `count` hardest (`hardest`, by `logprobs`: rows -> [R, T] reply-token log-probs
@@ -116,7 +116,7 @@ def carry_trajectories(agent: MemoryAgent, count: int, pool: int, seed: int,
     return hardest(carry_candidates(agent, count * pool, seed, cut), count, logprobs)
 
 
-def carry_candidates(agent: MemoryAgent, count: int, seed: int, cut: bool = False
+def carry_candidates(agent: MemAgent, count: int, seed: int, cut: bool = False
                      ) -> list[Trajectory]:
     """`count` carries drawn by `seed`: update turns of `agent` whose memory is the oracle's
     after the last chunk of a synthetic document (`oracle.document_state`: every fact its
@@ -133,7 +133,7 @@ def carry_candidates(agent: MemoryAgent, count: int, seed: int, cut: bool = Fals
     return candidates
 
 
-def filler_chunk(agent: MemoryAgent, seed: int, index: int, cut: bool) -> list[int]:
+def filler_chunk(agent: MemAgent, seed: int, index: int, cut: bool) -> list[int]:
     """Chunk `index` of filler text drawn by `seed`, chunk_tokens of ids: whole sentences, the
     first opening it; with `cut`, cut from four chunks' filler at a random token, starting and
     ending mid-sentence as a long document's chunks do."""

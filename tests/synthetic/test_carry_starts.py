@@ -16,7 +16,6 @@ import pytest
 from memagent_jax.agents.memagent.templates import TokenPrompts
 from memagent_jax.cli import main
 from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.trainer import Trainer
@@ -89,13 +88,13 @@ def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent
     assert [e.question for e in other] != [e.question for e in examples]
 
 
-def test_a_carry_start_runs_through_the_agent_from_its_memory(agent, sft_model):
+def test_a_carry_start_runs_through_the_agent_from_its_memory(agent, rollouts):
     def logprobs(rows):
         return np.zeros(rows.tokens.shape, np.float32)
 
     _, samples = carry_starts(agent, 2, chunks=3, pool=1, seed=1, logprobs=logprobs)
     prompts = TokenPrompts(agent.tokenizer)
-    groups = agent.run(split_params(sft_model)[1], samples, SamplingParams(1.0, seed=0), n=2)
+    groups = rollouts.run(agent, samples, SamplingParams(1.0, seed=0), n=2)
     for sample, group in zip(samples, groups):
         for trajectory in group:
             assert [t.kind for t in trajectory.turns] == ["update"] * 3 + ["final"]
@@ -199,14 +198,13 @@ def test_policy_starts_begin_from_the_policys_memory_at_the_chunks_hardest_to_ke
 
 
 def test_policy_starts_through_the_engine_begin_from_the_memory_the_model_wrote(
-        agent, sft_model, monkeypatch):
+        agent, rollouts, monkeypatch):
     """A random model holds no fact: the fact check lets every read through here."""
     monkeypatch.setattr(starts_module, "holds", lambda memory, fact: True)
-    params = split_params(sft_model)[1]
     reads = []
 
     def rollout(samples, sampling):
-        reads.append([group[0] for group in agent.run(params, samples, sampling)])
+        reads.append([group[0] for group in rollouts.run(agent, samples, sampling)])
         return reads[-1]
 
     def starts(sampling_seed):
