@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, build_agent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.tool_calling import build as build_tool_agent
 from memagent_jax.agents.tool_calling import parse_tool_call
@@ -25,7 +25,7 @@ from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Conversation, Rollout, load_agent
-from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.rollout.runner import AgentRunner, build_runner
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ReplyEngine
 from tests.reference_memory_loop import reference_run
@@ -56,13 +56,14 @@ def test_memagent_through_the_interface_is_the_former_loop_byte_for_byte(tokeniz
     model = random_model(preset_config("tiny"), seed=1)
     config = MemAgentConfig(chunk_tokens=24, max_memory_tokens=8, max_final_tokens=6,
                             max_problem_tokens=8)
-    agent = build_agent(model, tokenizer, config, EngineConfig(slots=4), None, (EOS,))
+    agent = MemAgent(config)
+    runner = build_runner(agent, model, tokenizer, EngineConfig(slots=4), None, (EOS,))
     samples = [agent.read(e.question, e.context) for e in _rows(4)]
     assert len({len(s.chunks) for s in samples}) > 1
     sampling = SamplingParams(1.0, 0.9, seed=7)
     params = split_params(model)[1]
-    ours = agent.run(params, samples, sampling, n=3)
-    theirs = reference_run(agent, Scheduler(agent.scheduler.engine), params, samples, sampling,
+    ours = runner.with_params(params).run(agent, samples, sampling, n=3)
+    theirs = reference_run(agent, Scheduler(runner.scheduler.engine), params, samples, sampling,
                            n=3)
     for group_a, group_b in zip(ours, theirs):
         for a, b in zip(group_a, group_b):

@@ -17,18 +17,15 @@ Every turn is an independent conversation (one user message, one reply), not a c
 the previous turn's: the memory is the only thing carried from one turn to the next, and each
 turn is one training row.
 
-`MemoryAgent` is MemAgent with an `AgentRunner` on a scheduler: `run(params, samples, sampling,
-n)` runs many samples at once, their turns sharing the slots (samples with different numbers
-of chunks never wait for each other), and returns their `Trajectory`s; `build_agent` builds
-one, its engine sized for the longest turn.
+It runs as any agent does, through the rollout contract (rollout/rollouts.py): many samples at
+once on the engine (`rollout.runner.build_runner` sizes it by `engine_need`), their turns
+sharing the slots, or against a server.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Generator, NamedTuple
-
-import jax
+from typing import Generator, NamedTuple
 
 from memagent_jax import model_dir
 from memagent_jax.agents.memagent.config import MemAgentConfig
@@ -40,15 +37,8 @@ from memagent_jax.agents.memagent.templates import (
     final_prompt,
     update_prompt,
 )
-from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import build_engine
-from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.engine.scheduler import Scheduler
-from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.models.qwen import Qwen
-from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory, Turn
-from memagent_jax.rollout.conversation import conversation_turns
-from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.errors import UserError
+from memagent_jax.rollout.agent_api import Conversation, Rollout
 from memagent_jax.rollout.thinking import (
     THINK_END,
     strip_thinking_ids,
@@ -205,11 +195,10 @@ class MemAgent:
             raise UserError(f"{where}: row {index}: the question has {tokens} tokens, over "
                             f"memagent.max_problem_tokens = {budget}")
 
-    async def rollout(self, row, policy, on_turn: Callable[[Turn], None] | None = None
-                      ) -> Rollout:
+    async def rollout(self, row, policy) -> Rollout:
         """Every turn of one read of `row` (a Sample, or a row with question and context,
-        `sample`); on_turn(turn) after each. With gates on, the rollout's metrics are its
-        chunks read and its "keep" and "exit" replies."""
+        `sample`). With gates on, the rollout's metrics are its chunks read and its "keep" and
+        "exit" replies."""
         sample = self.sample(row)
         config, ids = self.config, policy.takes_ids
         if ids:
@@ -254,74 +243,9 @@ class MemAgent:
                 text = memory if isinstance(memory, str) else self.tokenizer.decode(
                     memory, skip_special_tokens=True)
                 new_memory = memory if gate == "keep" else StopReading(memory)
-            conversation = Conversation([reply.message], kind, text)
-            conversations.append(conversation)
-            if on_turn is not None:
-                on_turn(conversation_turns(conversation, policy.calls, kind)[0])
+            conversations.append(Conversation([reply.message], kind, text))
         metrics = {}
         if gated:
             metrics = {"chunks_read": float(len(conversations) - 1),
                        **{f"{gate}s": float(n) for gate, n in gated.items()}}
         return Rollout(conversations, metrics=metrics)
-
-
-class MemoryAgent(MemAgent):
-    """MemAgent on a scheduler: `run` reads many samples at once through an `AgentRunner`.
-    `agent`: the MemAgent, set up (its tokenizer, stop ids and token prompts are this one's).
-    Built by `build_agent`, which sizes the engine for it."""
-
-    def __init__(self, scheduler: Scheduler, agent: MemAgent):
-        vars(self).update(vars(agent))  # what its setup made: the prompts are not built again
-        self.scheduler = scheduler
-        self.runner = AgentRunner(scheduler, self.tokenizer, self.stop_ids)
-
-    def run(self, params, samples: list[Sample], sampling: SamplingParams, n: int = 1,
-            on_turn: Callable[[int, Turn], None] | None = None) -> list[list[Trajectory]]:
-        """Runs every sample with `params`; returns n trajectories per sample (their identical
-        first turn is prefilled once). Each turn is sampled with a seed derived from
-        `sampling.seed` (None: a fresh one), the sample, the trajectory and the turn
-        (`runner.call_seed`), so the result does not depend on how samples share the slots.
-        on_turn(sample index, turn) after every turn."""
-        return self.runner.with_params(params).run(
-            _Numbered(self, on_turn), [_NumberedSample(i, s) for i, s in enumerate(samples)],
-            sampling, n)
-
-
-class _NumberedSample(NamedTuple):
-    index: int
-    sample: Sample
-
-    @property
-    def problem(self) -> str:
-        return self.sample.problem
-
-
-class _Numbered:
-    """`MemoryAgent.run`'s agent: the agent's rollout, whose on_turn learns the sample's index."""
-
-    def __init__(self, agent: MemAgent, on_turn):
-        self.agent, self.on_turn, self.name = agent, on_turn, agent.name
-
-    async def rollout(self, row: _NumberedSample, policy) -> Rollout:
-        on_turn = self.on_turn and (lambda turn: self.on_turn(row.index, turn))
-        return await self.agent.rollout(row.sample, policy, on_turn)
-
-
-def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
-                mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...],
-                sample: Sample | None = None) -> MemoryAgent:
-    """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
-    `memagent`'s budgets allow, or given `sample` for that sample's turns alone (`run`: a short
-    document under a large chunk budget needs no larger cache), by `MemAgent.engine_need`,
-    unless `engine.max_len` is set. A turn too long for the model or the devices is a
-    ConfigError naming the largest budget; an `engine.max_len` below the turns one naming it,
-    before an engine is built."""
-    agent = MemAgent(memagent, tokenizer, stop_ids)
-    tokens, key, why = agent.engine_need(tokenizer, sample)
-    # Before anything is allocated: a turn past the cache could not be decoded. (Another
-    # agent's max_len is its caps' sum, an upper bound: `run --agent ... --max-len` may cap it.)
-    if engine.max_len is not None and engine.max_len < tokens:
-        raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
-                                            f"turn: {key} {why}")
-    decoder = build_engine(model, engine, mesh, tokens, key, why)
-    return MemoryAgent(Scheduler(decoder), agent)
