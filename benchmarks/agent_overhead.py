@@ -1,8 +1,9 @@
 """What the agent interface costs MemAgent: the memory loop through it against the loop it
 replaced, and both against the engine's own time.
 
-- Ours: `MemoryAgent.run` (MemAgent's rollout on the `AgentRunner`: an asyncio task per
-  trajectory, every call queued and submitted between engine steps).
+- Ours: `AgentRunner.run` (MemAgent's rollout on the rollout contract's engine
+  implementation: an asyncio task per trajectory, every call queued and submitted between
+  engine steps).
 - Peer: the loop as a43aa52 ran it (tests/reference_memory_loop.py: each next turn submitted
   from the last one's completion callback), on a scheduler of the same engine.
 - Limit: the engine's own time in the same run (every prefill, insert and decode step timed,
@@ -37,13 +38,14 @@ import numpy as np  # noqa: E402
 from machine import cpu_model_name  # noqa: E402  beside this script
 from memory_loop import Timed, documents  # noqa: E402
 
-from memagent_jax.agents.memagent.agent import build_agent  # noqa: E402
+from memagent_jax.agents.memagent.agent import MemAgent  # noqa: E402
 from memagent_jax.agents.memagent.config import MemAgentConfig  # noqa: E402
 from memagent_jax.engine.engine_api import EngineConfig  # noqa: E402
 from memagent_jax.engine.sampling import SamplingParams  # noqa: E402
 from memagent_jax.engine.scheduler import Scheduler  # noqa: E402
 from memagent_jax.models.loading import load_model  # noqa: E402
 from memagent_jax.models.qwen import split_params  # noqa: E402
+from memagent_jax.rollout.runner import build_runner  # noqa: E402
 from memagent_jax.tokenizer import load_tokenizer  # noqa: E402
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer  # noqa: E402
 from tests.reference_memory_loop import reference_run  # noqa: E402
@@ -76,14 +78,15 @@ def main() -> None:
     config = MemAgentConfig(chunk_tokens=args.chunk_tokens, max_memory_tokens=args.memory_tokens,
                             max_final_tokens=16, max_problem_tokens=16)
     # No stop id: every reply runs to its cap, so both loops do the same work.
-    agent = build_agent(model, tokenizer, config,
-                        EngineConfig(slots=args.batch * args.n), None, ())
+    agent = MemAgent(config)
+    runner = build_runner(agent, model, tokenizer, EngineConfig(slots=args.batch * args.n),
+                          None, ()).with_params(params)
     samples = [agent.read(q, d) for q, d in documents(words, args.batch, args.length, 0)]
     sampling = SamplingParams(1.0, seed=0)
-    engine = agent.scheduler.engine
+    engine = runner.scheduler.engine
 
     def ours():
-        return agent.run(params, samples, sampling, n=args.n)
+        return runner.run(agent, samples, sampling, n=args.n)
 
     def peer():
         return reference_run(agent, Scheduler(engine), params, samples, sampling, n=args.n)

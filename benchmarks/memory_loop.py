@@ -11,11 +11,12 @@ that, and the speed against a straightforward `transformers` implementation of t
   This model does emit EOS in some turns, so by default neither side stops at it: every turn
   generates exactly its cap and the work per chunk is fixed (`--stop-at-eos` stops both at
   EOS). The mean update-reply length of every run is printed to check that.
-- Ours: `build_agent(model, tokenizer, config, EngineConfig(slots=batch, ...))` (the engine
-  sized as every front end sizes it), all `batch` documents in one `agent.run(params, ...,
-  SamplingParams(temperature=0.0))`; `engine.warm_up(params, ...)` (compilation) and one
-  untimed 2-chunk run are excluded. Document tokens/s = batch x length / wall time, which
-  includes tokenizing the documents and every turn's chat-template prompt.
+- Ours: `build_runner(MemAgent(config), model, tokenizer, EngineConfig(slots=batch, ...))`
+  (the engine sized as every front end sizes it), all `batch` documents in one
+  `runner.run(agent, ..., SamplingParams(temperature=0.0))`; `engine.warm_up(params, ...)`
+  (compilation) and one untimed 2-chunk run are excluded. Document tokens/s = batch x
+  length / wall time, which includes tokenizing the documents and every turn's chat-template
+  prompt.
 - Peer: the loop written directly on transformers (`PeerLoop`): per chunk index, every
   document's update prompt (the same `templates` functions, so identical token ids), left-padded
   into one batch, one `model.generate(max_new_tokens=cap, do_sample=False)`, replies decoded as
@@ -52,7 +53,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from machine import cpu_model_name  # noqa: E402  beside this script
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, build_agent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.reading import read_sample
 from memagent_jax.agents.memagent.templates import TokenPrompts
@@ -61,6 +62,7 @@ from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
+from memagent_jax.rollout.runner import AgentRunner, build_runner
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
@@ -94,12 +96,12 @@ class Timed:
         return timed
 
 
-def run_ours(agent: MemoryAgent, params, samples) -> tuple[float, float, float]:
-    """(wall s, process cpu s, mean update-reply tokens) of one agent.run over `samples`
+def run_ours(agent: MemAgent, runner: AgentRunner, samples) -> tuple[float, float, float]:
+    """(wall s, process cpu s, mean update-reply tokens) of one runner.run over `samples`
     ((question, document) pairs; reading them into chunks is timed too)."""
     wall, cpu = time.perf_counter(), time.process_time()
-    results = agent.run(params, [agent.read(q, d) for q, d in samples],
-                        SamplingParams(temperature=0.0))
+    results = runner.run(agent, [agent.read(q, d) for q, d in samples],
+                         SamplingParams(temperature=0.0))
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     replies = [len(c.response_ids) for (t,) in results for c in t.turns if c.kind == "update"]
     return wall, cpu, float(np.mean(replies))
@@ -249,15 +251,16 @@ def main() -> None:
     print(f"{'impl':13} {'batch':>5} {'doc tokens':>10} {'turns':>6} {'wall s':>8} {'cpu s':>8} "
           f"{'doc tok/s':>10} {'us/doc tok':>10} {'reply':>6}")
     for batch in args.batch_sizes:
-        agent = build_agent(model, tokenizer, config,
-                            EngineConfig(slots=batch, prefill_rows=min(args.prefill_rows, batch)),
-                            None, stop_ids)
-        engine = agent.scheduler.engine
+        agent = MemAgent(config)
+        runner = build_runner(agent, model, tokenizer,
+                              EngineConfig(slots=batch, prefill_rows=min(args.prefill_rows, batch)),
+                              None, stop_ids).with_params(params)
+        engine = runner.scheduler.engine
         start = time.perf_counter()
         engine.warm_up(params, prompt_lengths)
         # And one short untimed run, as the peer's warm-up call: first-use host costs
         # (tokenizer, chat template) stay out of the first timed length.
-        run_ours(agent, params, documents(words, batch, 2 * args.chunk_tokens, 0))
+        run_ours(agent, runner, documents(words, batch, 2 * args.chunk_tokens, 0))
         print(f"# batch {batch}: warm-up (compile, one 2-chunk run) "
               f"{time.perf_counter() - start:.1f} s, excluded")
         for length in args.lengths:
@@ -265,10 +268,10 @@ def main() -> None:
                 print(f"# skipped batch {batch} x {length} tokens (> --max-batch-tokens)")
                 continue
             samples = documents(words, batch, length, seed=length)
-            report("memagent_jax", batch, length, *run_ours(agent, params, samples))
+            report("memagent_jax", batch, length, *run_ours(agent, runner, samples))
             if args.profile and length == min(args.lengths):
                 timed = Timed(engine)
-                wall, _, _ = run_ours(agent, params, samples)
+                wall, _, _ = run_ours(agent, runner, samples)
                 del engine.prefill, engine.insert, engine.generate  # the class methods
                 parts = dict(timed.seconds, host=wall - sum(timed.seconds.values()))
                 print("#   profile (blocking): " + ", ".join(
@@ -279,7 +282,7 @@ def main() -> None:
                     f"host per turn {1e3 * parts['host'] / timed.calls['insert']:.2f} ms")
             if peer is not None and batch in args.peer_batch_sizes and length in args.peer_lengths:
                 report("transformers", batch, length, *peer.timed_run(samples))
-        del agent, engine
+        del agent, runner, engine
 
     print("\ntime per document token, longest / shortest length (goal <= 1.1), wall and cpu:")
     for batch in args.batch_sizes:

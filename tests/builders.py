@@ -266,3 +266,12 @@ class ReplyEngine(ScriptedEngine):
     def _script(self, prompt_ids):
         self.prefill_count += 1
         return list(self.reply(self.tokenizer.decode(list(prompt_ids))))
+
+
+def on_engine(engine, agent):
+    """(agent, an AgentRunner on a scheduler of `engine`, with the agent's tokenizer and stop
+    ids): an agent set up (MemAgent given its tokenizer) and where it runs, no model loaded."""
+    from memagent_jax.engine.scheduler import Scheduler
+    from memagent_jax.rollout.runner import AgentRunner
+
+    return agent, AgentRunner(Scheduler(engine), agent.tokenizer, agent.stop_ids)

@@ -1,15 +1,15 @@
-"""The ways an eval answers a question, on the local engine.
+"""The ways an eval answers a question, on the local engine or a server.
 
-- MemAgentMethod: the memory agent (`agents.memagent.agent.MemoryAgent`): chunk by chunk, then an
-  answer from the memory; n trajectories per question share the first prefill.
+- AgentMethod: an agent through the rollout contract (rollout/rollouts.py) on each record as a
+  data row (`data.pipeline.example_from_row`), n rollouts each, on the engine or on a server
+  (`model.url`): `method: memagent` runs MemAgent (the default agent, its settings the
+  `memagent` section), `method: agent` the `agent` section's agent; its final answer is
+  scored, its own metrics kept in the record.
 - FullContextMethod: the baseline of the paper's table: the whole context in one prompt (the
   original's "boxed" template), centre-truncated to the model window (first half + last half
   of the prompt's tokens, as the original), n samples per question.
-- AgentMethod (`method: agent`): the `agent` section's agent on each record as a data row
-  (`data.pipeline.example_from_row`), n rollouts each, on the engine or on a server
-  (`model.url`); its final answer is scored, its own metrics kept in the record.
 
-All are used the same way: `check(where, row, record)` on every sample before any device work;
+Both are used the same way: `check(where, row, record)` on every sample before any device work;
 `start()` loads the model (only when something is left to run); `run(set_name, batch, on_done,
 on_turn, add_turns)` over a batch of (row, record) pairs calls `on_done(row, answers, info)` as
 each question finishes (answers: one `Answer` per sample; info: context_tokens, turns),
@@ -19,22 +19,22 @@ each question finishes (answers: one `Answer` per sample; info: context_tokens, 
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import zlib
 from typing import TYPE_CHECKING, Any, Callable
 
 import jax
 
-from memagent_jax.agents.memagent.agent import build_agent
 from memagent_jax.engine.factory import LoadedModel, build_engine, load_model_section
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request, complete
 from memagent_jax.errors import UserError
 from memagent_jax.eval.config import EvalConfig, SamplingSection
 from memagent_jax.models.sharding import job_mesh
+from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.chat import chat_prompt_ids
+from memagent_jax.rollout.rollouts import Rollouts
 from memagent_jax.rollout.runner import build_runner
 
 if TYPE_CHECKING:
@@ -81,65 +81,6 @@ def _load(config: EvalConfig, tokenizer) -> tuple[LoadedModel, jax.sharding.Mesh
     """The model section's loaded model, and the config's mesh (None: one device) it is on."""
     mesh = job_mesh(config.mesh, source="mesh")
     return load_model_section(config.model, tokenizer, mesh), mesh
-
-
-class MemAgentMethod:
-    def __init__(self, config: EvalConfig, tokenizer):
-        self.config, self.tokenizer = config, tokenizer
-        # Set by start: a MemoryAgent and its parameters (ServerMemAgentMethod: a MemAgent).
-        self.agent: Any = None
-        self.params: Any = None
-
-    def check(self, where: str, row: int, record: dict) -> None:
-        # What the agent's strict read (agents.memagent.reading.read_sample) refuses, before
-        # any work
-        if not record["input"].strip():
-            raise UserError(f"{where}: row {row}: the question is empty")
-        if not record.get("context", "").strip():
-            raise UserError(f"{where}: row {row}: the context is empty")
-        tokens = _count(self.tokenizer, [record["input"]])[0]
-        budget = self.config.memagent.max_problem_tokens
-        if tokens > budget:
-            raise UserError(f"{where}: row {row}: the question has {tokens} tokens, over "
-                            f"memagent.max_problem_tokens = {budget}")
-
-    def start(self) -> None:
-        loaded, mesh = _load(self.config, self.tokenizer)
-        self.agent = build_agent(loaded.model, self.tokenizer, self.config.memagent,
-                                 self.config.engine, mesh, loaded.stop_ids)
-        self.params = loaded.params
-
-    def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
-            on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
-        s, n = self.config.sampling, self.config.sampling.n
-        samples = [self.agent.read(record["input"], record["context"]) for _, record in batch]
-        turns = [len(sample.chunks) + 1 for sample in samples]  # the chunks, then the answer
-        add_turns(n * sum(turns))
-        finals: dict[int, list[Answer]] = collections.defaultdict(list)
-        gates = self.config.memagent.gates
-        # With gates: over n reads.
-        counted: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-
-        def turn_done(i: int, turn) -> None:
-            on_turn()
-            if turn.kind != "final":
-                gate = gates and self.agent.gate(turn.reply)
-                counted[i].update(["chunks_read", *([gate + "s"] if gate else [])])
-                return
-            finals[i].append(Answer(final_answer(turn.reply), turn.reply, turn.finish_reason,
-                                    len(turn.response_ids)))
-            if len(finals[i]) == n:  # the question's last trajectory has answered
-                info = {"context_tokens": samples[i].document_tokens, "turns": turns[i]}
-                count = counted.pop(i)
-                if gates:  # an exit reads fewer chunks: the turns taken, and the gates
-                    info["turns"] = count["chunks_read"] / n + 1
-                    info["agent"] = {name: count[name] / n for name in
-                                     ("chunks_read", *(gate + "s" for gate in gates))}
-                on_done(batch[i][0], finals.pop(i), info)
-
-        sampling = SamplingParams(s.temperature, s.top_p, s.top_k,
-                                  batch_seed(s, set_name, batch))
-        self.agent.run(self.params, samples, sampling, n=n, on_turn=turn_done)
 
 
 class FullContextMethod:
@@ -244,31 +185,36 @@ class FullContextMethod:
 
 
 class AgentMethod:
-    """`method: agent` (module docstring)."""
+    """`method: memagent` and `method: agent` (module docstring)."""
 
     def __init__(self, config: EvalConfig, tokenizer):
         self.config, self.tokenizer = config, tokenizer
-        self.agent = config.loaded_agent
+        self.agent = config.loaded_agent if config.method == "agent" else load_agent({}, config)
+        self.rollouts: Rollouts  # start()'s
 
     def row(self, where: str, row: int, record: dict):
         from memagent_jax.data.pipeline import example_from_row
         return example_from_row(record, row, where)
 
     def check(self, where: str, row: int, record: dict) -> None:
-        self.row(where, row, record)
+        example = self.row(where, row, record)
+        if hasattr(self.agent, "check_row"):
+            self.agent.check_row(where, row, example, self.tokenizer)
 
     def start(self) -> None:
         if self.config.model.url:  # the server holds the model
             from memagent_jax.eval.servers import server_of
+            from memagent_jax.rollout.client import ServerRollouts
 
             self.server = server_of(self.config)
             if hasattr(self.agent, "setup"):
                 self.agent.setup(self.tokenizer, ())
+            self.rollouts = ServerRollouts(self.server, max(1, self.config.data.batch_size))
             return
         loaded, mesh = _load(self.config, self.tokenizer)
-        self.runner = build_runner(self.agent, loaded.model, self.tokenizer, self.config.engine,
-                                   mesh, loaded.stop_ids)
-        self.params = loaded.params
+        self.rollouts = build_runner(self.agent, loaded.model, self.tokenizer,
+                                     self.config.engine, mesh, loaded.stop_ids
+                                     ).with_params(loaded.params)
 
     def run(self, set_name: str, batch: list[tuple[int, dict]], on_done: OnDone,
             on_turn: Callable[[], None], add_turns: Callable[[int], None]) -> None:
@@ -280,8 +226,8 @@ class AgentMethod:
             on_turn()
 
         def done(i: int, trajectories) -> None:
-            answers = [Answer(t.answer, t.final_reply, t.final_turn.finish_reason,
-                              t.final_turn.generated_tokens or 0) for t in trajectories]
+            answers = [Answer(t.answer, t.final_reply, t.final_turn.finish_reason or "",
+                              self._tokens(t.final_turn)) for t in trajectories]
             names = dict.fromkeys(k for t in trajectories for k in t.metrics)
             metrics = {k: sum(t.metrics.get(k, 0.0) for t in trajectories) / len(trajectories)
                        for k in names}
@@ -292,11 +238,12 @@ class AgentMethod:
                 **({"agent": metrics} if metrics else {})})
 
         seed = batch_seed(s, set_name, batch)
-        if self.config.model.url:
-            from memagent_jax.rollout.client import run_on_server
+        self.rollouts.run(self.agent, rows, SamplingParams(s.temperature, s.top_p, s.top_k, seed),
+                          s.n, call, done)
 
-            run_on_server(self.server, self.agent, rows, seed, s.n,
-                          max(1, self.config.data.batch_size), call, done)
-            return
-        self.runner.run(self.params, self.agent, rows,
-                        SamplingParams(s.temperature, s.top_p, s.top_k, seed), s.n, call, done)
+    def _tokens(self, turn) -> int:
+        """A final turn's generated tokens; a server's without usage counts: the reply's in
+        our tokenizer."""
+        if turn.generated_tokens is not None:
+            return turn.generated_tokens
+        return len(self.tokenizer(turn.reply, add_special_tokens=False)["input_ids"])

@@ -29,8 +29,7 @@ from memagent_jax.console import announce, progress_bar
 from memagent_jax.distributed import collectives
 from memagent_jax.errors import Interrupted, UserError
 from memagent_jax.eval.config import EvalConfig
-from memagent_jax.eval.methods import AgentMethod, FullContextMethod, MemAgentMethod
-from memagent_jax.eval.remote import ServerMemAgentMethod
+from memagent_jax.eval.methods import AgentMethod, FullContextMethod
 from memagent_jax.eval.report import markdown, write_report
 from memagent_jax.eval.results import OutputDir, ResultLog
 from memagent_jax.eval.sets import EvalSet, load_sets
@@ -38,13 +37,9 @@ from memagent_jax.fileutil import check_output_dir
 
 
 def make_method(config: EvalConfig, tokenizer):
-    """The method a config names: the `agent` section's agent, the memory agent on a server
-    (model.url) or in process, or the full-context baseline."""
-    if config.method == "agent":
-        return AgentMethod(config, tokenizer)
-    if config.model.url:
-        return ServerMemAgentMethod(config, tokenizer)
-    return (MemAgentMethod if config.method == "memagent" else FullContextMethod)(config,
+    """The method a config names: an agent (MemAgent, or the `agent` section's) on the engine
+    or a server (model.url), or the full-context baseline."""
+    return (FullContextMethod if config.method == "full_context" else AgentMethod)(config,
                                                                                   tokenizer)
 
 

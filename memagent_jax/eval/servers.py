@@ -1,5 +1,5 @@
-"""The OpenAI-compatible server an evaluation with `model.url` asks: one way for every method
-that runs on a server (`method: memagent`, eval/remote.py; `method: agent`, eval/methods.py)."""
+"""The OpenAI-compatible server an evaluation with `model.url` asks (eval/methods.py's
+AgentMethod, `method: memagent` or `agent`)."""
 
 from __future__ import annotations
 

@@ -66,7 +66,8 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
                   starts: Callable[[], tuple[list[Example], list]] | None = None
                   ) -> RolloutBatch:
     """One step's batch (module docstring), sampled with `params`. runner: the
-    `AgentRunner` the agent's rollouts run on; config: the TrainConfig; seed_for_try(k): the
+    `AgentRunner` the agent's rollouts run on (`with_params(params, fixed_sampling=True)`, as
+    training samples); config: the TrainConfig; seed_for_try(k): the
     sampling seed of rollout round k; on_call(row): after every reply. starts(): rows that
     come with their own agent input (`Plugin.starts`: examples to score, and what the agent
     reads), run in the first round in place of as many drawn from `iterator`; later rounds
@@ -82,6 +83,7 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
     all_shaped: list = []
     started: Any = []
     tries, start, reward_time, starts_time = 0, time.perf_counter(), 0.0, 0.0
+    rollouts = runner.with_params(params, fixed_sampling=True)
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):
         need = wanted - len(kept_groups)
@@ -94,8 +96,7 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
         examples = examples + own_examples
         sampling = SamplingParams(rollout.temperature, rollout.top_p, rollout.top_k,
                                   seed=seed_for_try(tries))
-        groups = runner.run(params, agent, rows, sampling, n=rollout.n, on_call=on_call,
-                            fixed_sampling=True)
+        groups = rollouts.run(agent, rows, sampling, n=rollout.n, on_call=on_call)
         raw, seconds = rewarder.score(examples, groups)
         reward_time += seconds
         if own_examples:

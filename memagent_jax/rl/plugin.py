@@ -14,9 +14,9 @@ The trainer then asks it, each step, for what the experiment adds:
 - a validation read adds `validation_metrics(agent, examples, groups)` to the trainer's own
   (`val/NAME`): what only the experiment can score, such as how its documents' facts fare.
 A step's `StepContext` gives the plugin what it may use: the agent, a seed, and the current
-parameters through two callables (`logprobs`: teacher-forced rows scored; `rollout`: the agent
-run on given rows), so that a plugin can pick its rows by what the policy does now without
-holding parameters or an engine of its own.
+parameters through `logprobs` (teacher-forced rows scored) and `rollouts` (the rollout contract
+on the step's runner: the agent run on given rows), so that a plugin can pick its rows by what
+the policy does now without holding parameters or an engine of its own.
 The synthetic tasks' plugin (`memagent_jax.synthetic.plugin`: their supervised warm-up, carry
 starts, and the per-turn loss rate of a needed fact in validation) is the one shipped beside
 the lookup experiment's (`memagent_jax.lookup.plugin`).
@@ -31,10 +31,10 @@ from typing import Callable, Protocol
 import numpy as np
 
 from memagent_jax.data.pipeline import Example
-from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rows import TrainingRows
 from memagent_jax.rollout.agent_api import Trajectory
+from memagent_jax.rollout.rollouts import OnCall, Rollouts
 
 SECTION = "plugin"
 
@@ -44,16 +44,19 @@ class StepContext:
     """What a plugin may use in one step. agent: the config's agent (MemAgent
     for the synthetic plugin); seed: a function of (run seed, step) only, so that a
     resumed run draws the same rows; logprobs: rows -> [R, T] float32 log-probabilities of
-    their response tokens under the current parameters (0 elsewhere); rollout(rows,
-    sampling): [R] trajectories, one rollout of the agent on each of `rows` (whatever its
-    `rollout` reads) under the current parameters, on the step's own runner, sampled
-    with `sampling` and nothing else (no call may change it), each call seeded from its seed as
-    the step's rollouts are (`rollout.runner.call_seed`): the same parameters, rows and seed
-    give the same trajectories. A stop (SIGTERM, Ctrl-C) ends it as it ends the step's."""
+    their response tokens under the current parameters (0 elsewhere); rollouts: the rollout
+    contract (rollout/rollouts.py) on the step's own runner under the current parameters:
+    `rollouts.run(agent, rows, sampling, on_call=step.on_call)` runs the agent on `rows` (whatever
+    its `rollout` reads), sampled with `sampling` and nothing else (no call may
+    change it), each call seeded from its seed as the step's rollouts are
+    (`rollout.runner.call_seed`): the same parameters, rows and seed give the same
+    trajectories; on_call: the step's, through which a stop (SIGTERM, Ctrl-C) ends a run as it
+    ends the step's."""
     agent: object
     seed: int
     logprobs: Callable[[TrainingRows], np.ndarray]
-    rollout: Callable[[list, SamplingParams], list[Trajectory]]
+    rollouts: Rollouts
+    on_call: OnCall | None = None
 
 
 class Plugin(Protocol):

@@ -59,7 +59,7 @@ def rows_from_trajectories(trajectories: Sequence, advantages) -> TrainingRows:
     """One row per trained turn of every trajectory.
 
     trajectories: a flat list of `rollout.agent_api.Trajectory`, or a list of groups (lists) of
-    them, as `MemoryAgent.run` returns; advantages: one per trajectory, flat [N] or [G, n]
+    them, as `Rollouts.run` returns; advantages: one per trajectory, flat [N] or [G, n]
     matching the grouping. Every row carries its trajectory's whole advantage (the original).
     Turns without response tokens have nothing to train and are left out.
     """

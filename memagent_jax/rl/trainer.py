@@ -10,7 +10,7 @@ first (rl/build.py); the step's kind (steps.py, the learner's) collects and grou
 with `learner.loss: sft` the rollouts are a plugin's (rl/plugin.py) target trajectories
 instead (a supervised step, no sampling) with its extra rows beside them; a DAPO step rolls out a
 plugin's starts beside the drawn rows (which the plugin may make by rolling out the current
-policy on the same runner: `StepContext.rollout`). Rollouts decode with the engine's copy of
+policy on the same runner: `StepContext.rollouts`). Rollouts decode with the engine's copy of
 `learner.params` (`Engine.place`): the learner's own arrays where they are stored in the
 compute dtype and the rollout's layout (one device, float32 on CPU), else a device copy (bf16
 from float32 master weights, split over tensor only), made on the same mesh at each rollout
@@ -295,15 +295,12 @@ class Trainer:
             seeds.append(self._seed_for_try(_try))
             return seeds[-1]
 
-        def rollout(rows, sampling):  # a plugin's, as the step's own: a stop ends it too
-            return [group[0] for group in self.runner.run(
-                self.learner.params, self.agent, rows, sampling, n=1, on_call=on_call,
-                fixed_sampling=True)]
-
         # Seeds the rows a step makes itself (a plugin's): a function of the step alone,
-        # so that a resumed run makes the same ones.
-        context = plugin.StepContext(self.agent, config.seed * 1_000_003 + step,
-                                     self.learner.logprobs, rollout)
+        # so that a resumed run makes the same ones. Its reads sample as the step's own, and
+        # a stop ends them too (on_call).
+        context = plugin.StepContext(
+            self.agent, config.seed * 1_000_003 + step, self.learner.logprobs,
+            self.runner.with_params(self.learner.params, fixed_sampling=True), on_call)
         inputs = StepInputs(config, self.runner, self.rewarder, self.plugin, self.learner.params,
                             self.iterator, context, seed_for_try, on_call,
                             functools.partial(self.compute_advantages, step))
@@ -355,8 +352,8 @@ class Trainer:
         verifier), and the plugin's own metrics of the read (`val/NAME`)."""
         v, start = self.config.validation, time.perf_counter()
         sampling = SamplingParams(v.temperature, v.top_p, seed=self.config.seed + 1)
-        groups = self.runner.run(self.learner.params, self.agent, self.val_examples, sampling,
-                                 n=v.n)
+        groups = self.runner.with_params(self.learner.params).run(
+            self.agent, self.val_examples, sampling, n=v.n)
         scores = [qa_scores(t.answer, list(e.ground_truths))
                   for e, g in zip(self.val_examples, groups) for t in g]
         rewards, _ = self.rewarder.score(self.val_examples, groups)

@@ -14,7 +14,8 @@ a multi-turn tool conversation; or several context-independent conversations, as
 turns). It writes no batching, padding or tokenization: the rollout runner
 (`rollout/runner.py`) runs hundreds of rollouts at once on one event loop, their calls sharing
 the engine's slots through the scheduler, and `rollout/client.py` runs the same function
-against an OpenAI-compatible server.
+against an OpenAI-compatible server (both behind the rollout contract,
+`rollout/rollouts.py`).
 
 A module names an agent in a config's `agent` section (`agent: {module: my_package.my_agent,
 ...its settings}`, `load_agent`). It defines either `rollout(row, policy)` (an agent without
@@ -23,8 +24,11 @@ settings) or `build(settings, config)`, which checks the section's other keys (e
 - `setup(tokenizer, stop_ids)`: once, before any rollout (and before `max_len` or
   `engine_need`), with the policy's tokenizer;
 - `max_len(tokenizer) -> int`: the most tokens one of its conversations can reach (sizes the
-  engine; without it `engine.max_len` must be set), or `engine_need(tokenizer) -> (tokens,
-  the setting that asks for them, how)` where errors should name a setting;
+  engine; without it `engine.max_len` must be set), or `engine_need(tokenizer, row=None) ->
+  (tokens, the setting that asks for them, how)` where errors should name a setting (with a
+  row: that row's conversations', which `run` sizes its engine by);
+- `check_row(where, index, row, tokenizer)`: raises UserError naming `where` and `index` for
+  a row it cannot run (`eval` checks every row before the model loads);
 - `required_fields`: the data-row fields it reads beyond verl's (`data.pipeline`);
 - `reply_caps() -> {setting: max_tokens}`: the caps its replies are asked with, by the
   setting that sets each (training checks `overlong.buffer` against the smallest);

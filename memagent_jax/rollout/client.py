@@ -5,7 +5,8 @@
 (on a thread, so many rollouts' requests are in flight at once), as the original's evaluation
 sends its turns to vLLM or a hosted model. A chat API takes text, so its replies have text and
 no token ids, and an agent that splices ids (MemAgent) runs in text against it
-(`policy.takes_ids` is False). `run_on_server` runs an agent's rollouts with it. The URL is
+(`policy.takes_ids` is False). `run_on_server` runs an agent's rollouts with it;
+`ServerRollouts` is the rollout contract (rollout/rollouts.py) on it. The URL is
 the API base (".../v1", or an Azure deployment URL); the key comes from the environment
 (`api_key_from_env`).
 
@@ -23,6 +24,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import secrets
 import urllib.error
 import urllib.request
 from typing import Any, Callable
@@ -30,6 +32,7 @@ from typing import Any, Callable
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Trajectory
 from memagent_jax.rollout.conversation import Call, continued
+from memagent_jax.rollout.rollouts import OnCall, OnDone
 from memagent_jax.rollout.runner import call_seed, run_coroutine, trajectory_of
 
 # Where the client reads its key, first set (non-empty) first: the project's own variable,
@@ -208,3 +211,19 @@ def _key_hint(status: int, api_key: str | None) -> str:
         sent = next((f"the key sent was {v}'s" for v in API_KEY_VARIABLES
                      if os.environ.get(v) == api_key), "a key was sent")
     return f"; set {API_KEY_VARIABLES[0]} to the server's key ({sent})"
+
+
+class ServerRollouts:
+    """`Rollouts` (rollout/rollouts.py) against `server`: `run_on_server` with the run's
+    sampling, at most `concurrency` rollouts at once, each call seeded from `sampling.seed`
+    (None: a fresh one) as the engine seeds it (`server_seed`)."""
+
+    def __init__(self, server: Server, concurrency: int = 32):
+        self.server, self.concurrency = server, concurrency
+
+    def run(self, agent, rows: list, sampling, n: int = 1, on_call: OnCall | None = None,
+            on_done: OnDone | None = None) -> list[list[Trajectory]]:
+        server = dataclasses.replace(self.server, temperature=sampling.temperature,
+                                     top_p=sampling.top_p, top_k=sampling.top_k)
+        seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
+        return run_on_server(server, agent, rows, seed, n, self.concurrency, on_call, on_done)

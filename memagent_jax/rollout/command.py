@@ -70,69 +70,40 @@ def add_parsers(sub) -> None:
 
 
 def _run(args) -> None:
+    """One rollout of the agent on one row through the rollout contract (rollout/rollouts.py),
+    on the local engine or the --url server: MemAgent, its settings from the document flags
+    and its row the document read into chunks, or --agent's agent on a row of --question (and
+    --doc as its context). Prints the answer (or --json: the record)."""
     import json
 
-    from tqdm import tqdm
+    from memagent_jax.console import progress_bar
+    from memagent_jax.engine.sampling import SamplingParams
 
     given = [flag for flag, value in (("--dtype", args.dtype), ("--attention", args.attention))
              if value is not None]
     if args.url and given:
         raise UserError(f"{' and '.join(given)}: the --url server runs the model; the "
                         "local engine's settings do not apply to it")
-    if args.agent is not None:
-        return _run_agent(args)
-    if args.doc is None:
-        raise UserError("--doc is required (MemAgent reads a document; another agent: --agent)")
-    if args.max_len is not None:
-        raise UserError("--max-len is --agent's (MemAgent sizes its engine from its budgets)")
-
-    from memagent_jax.agents.memagent.config import MemAgentConfig
-    from memagent_jax.console import progress_bar
-    from memagent_jax.model_dir import resolve
-    from memagent_jax.tokenizer import load_tokenizer
-
     check_sampling(args.temperature, args.top_p)
     if not 0 < args.timeout < math.inf:
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
-    # With --url, --model names the served model and the tokenizer's directory (the model's,
-    # as a rule) holds the budgets it was trained with (memagent.json), as the model's does.
-    model_dir = resolve(os.path.expanduser(
-        (args.tokenizer or args.model) if args.url else args.model))
-    config = from_flags(MemAgentConfig.from_model, model_path=model_dir,
-                        chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
-                        max_final_tokens=args.max_final_tokens, thinking=args.thinking)
-    document = _read_document(args.doc)
-    if args.url:  # the tokenizer chunks the document
-        tokenizer_dir = model_dir
-        tokenizer = load_tokenizer(tokenizer_dir) if os.path.isdir(tokenizer_dir) else None
-        if tokenizer is None:
-            raise UserError(f"{tokenizer_dir}: no tokenizer files (tokenizer.json) to chunk "
-                            "the document with; pass --tokenizer DIR")
+    agent, document = _memagent(args) if args.agent is None else _other_agent(args)
+    model = None if args.url else model_section(args)
+    tokenizer = _tokenizer(args, model)
+    if args.agent is None:
+        row = _interruptible(_checked_sample, tokenizer, args.question, document, args.doc,
+                             agent.config)
+        calls = len(row.chunks) + 1
     else:
-        model = model_section(args)
-        tokenizer = from_flags(model.load_tokenizer, required=True)
-    sample = _interruptible(_checked_sample, tokenizer, args.question, document, args.doc,
-                            config)
-    if not args.url:
-        start(args)
-        agent, params = _local_agent(model, config, tokenizer, sample)
-    with progress_bar(total=len(sample.chunks) + 1, desc="chunks", unit="turn",
+        row, calls = _example(args.question, document), None
+    rollouts = _rollouts(args, agent, model, tokenizer, row)
+    with progress_bar(total=calls, desc="calls", unit="call",
                       disable=not collectives.is_main()) as bar:
-
-        def show(kind: str, reply: str) -> None:
-            bar.update(1)
-            if args.verbose:
-                tqdm.write(f"--- {kind} turn {bar.n}/{bar.total}:\n{reply}", file=sys.stderr)
-
-        if args.url:
-            from memagent_jax.agents.memagent.agent import MemAgent
-            from memagent_jax.rollout.client import run_on_server
-
-            agent = _Shown(MemAgent(config, tokenizer), show)
-            (trajectory,), = run_on_server(_server(args), agent, [sample], args.seed)
-        else:
-            trajectory = _run_locally(args, agent, params, sample, show)
-        record = trajectory.record()
+        (trajectory,), = rollouts.run(agent, [row], SamplingParams(
+            args.temperature, args.top_p, seed=args.seed), on_call=lambda _: bar.update(1))
+    if args.verbose:
+        _show_turns(trajectory.turns)
+    record = trajectory.record()
     if args.json:  # one JSON document on stdout, the answer in it
         print_once(json.dumps(record, ensure_ascii=False, indent=2))
     else:
@@ -141,21 +112,30 @@ def _run(args) -> None:
         print_once((answer if answer is not None else record["final_reply"]).strip())
 
 
-def _run_agent(args) -> None:
-    """`run --agent`: one rollout of the agent on a row of --question (and --doc as its
-    context), on the local engine or the --url server; prints the answer (or --json: the
-    record, each conversation's messages in it)."""
-    import json
+def _memagent(args):
+    """(MemAgent with the document flags' budgets over the model's memagent.json, the --doc
+    text)."""
+    from memagent_jax.agents.memagent.agent import MemAgent
+    from memagent_jax.agents.memagent.config import MemAgentConfig
 
+    if args.doc is None:
+        raise UserError("--doc is required (MemAgent reads a document; another agent: --agent)")
+    if args.max_len is not None:
+        raise UserError("--max-len is --agent's (MemAgent sizes its engine from its budgets)")
+    config = from_flags(MemAgentConfig.from_model, model_path=_model_dir(args),
+                        chunk_tokens=args.chunk_tokens, max_memory_tokens=args.max_memory_tokens,
+                        max_final_tokens=args.max_final_tokens, thinking=args.thinking)
+    return MemAgent(config), _read_document(args.doc)
+
+
+def _other_agent(args):
+    """(`run --agent`'s agent, the --doc text or "")."""
     import yaml
 
-    from memagent_jax.data.pipeline import Example
-    from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.errors import ConfigError
     from memagent_jax.rollout.agent_api import load_agent
     from memagent_jax.runconfig import load_yaml
 
-    check_sampling(args.temperature, args.top_p)
     for flag in ("chunk_tokens", "max_memory_tokens", "max_final_tokens", "thinking"):
         if getattr(args, flag) is not None:
             raise UserError(f"--{flag.replace('_', '-')} is MemAgent's; --agent takes its "
@@ -174,86 +154,80 @@ def _run_agent(args) -> None:
         raise UserError(f"--agent: {e}") from None
     if not args.question.strip():
         raise UserError("--question: the question is empty")
-    context = _read_document(args.doc) if args.doc else ""
-    prompt = ({"role": "user", "content": args.question},)
-    row = Example(0, "", args.question, context, (), prompt=prompt,
-                  fields={"prompt": list(prompt), "context": context})
+    return agent, _read_document(args.doc) if args.doc else ""
+
+
+def _model_dir(args) -> str:
+    """The directory of the model's side files: --model's; with --url, where --model names the
+    served model, the tokenizer's (the model's, as a rule), which holds the budgets it was
+    trained with (memagent.json) as the model's does."""
+    from memagent_jax.model_dir import resolve
+
+    return resolve(os.path.expanduser((args.tokenizer or args.model) if args.url else args.model))
+
+
+def _tokenizer(args, model):
+    """The local model's tokenizer; with --url, `_model_dir`'s (None where it has none: MemAgent
+    needs one, to chunk the document)."""
+    from memagent_jax.tokenizer import load_tokenizer
+
+    if model is not None:
+        return from_flags(model.load_tokenizer, required=True)
+    directory = _model_dir(args)
+    tokenizer = load_tokenizer(directory) if os.path.isdir(directory) else None
+    if tokenizer is None and args.agent is None:
+        raise UserError(f"{directory}: no tokenizer files (tokenizer.json) to chunk the "
+                        "document with; pass --tokenizer DIR")
+    return tokenizer
+
+
+def _example(question: str, context: str):
+    """`run --agent`'s row: the question as its prompt, the document as its context."""
+    from memagent_jax.data.pipeline import Example
+
+    prompt = ({"role": "user", "content": question},)
+    return Example(0, "", question, context, (), prompt=prompt,
+                   fields={"prompt": list(prompt), "context": context})
+
+
+def _rollouts(args, agent, model, tokenizer, row):
+    """Where the rollout runs: the --url server, or an engine on this job's devices sized for
+    `row` (a short document under a large chunk budget needs no larger cache)."""
     if args.url:
-        from memagent_jax.rollout.client import run_on_server
+        from memagent_jax.rollout.client import ServerRollouts
 
-        (trajectory,), = run_on_server(_server(args), agent, [row], args.seed)
-    else:
-        from memagent_jax.engine.engine_api import EngineConfig
-        from memagent_jax.engine.factory import load_model_section
-        from memagent_jax.models.sharding import job_mesh
-        from memagent_jax.rollout.runner import build_runner
-
-        model = model_section(args)
-        tokenizer = from_flags(model.load_tokenizer, required=True)
-        start(args)
-        mesh = job_mesh(None)
-        loaded = from_flags(load_model_section, section=model, tokenizer=tokenizer, mesh=mesh)
-        runner = from_flags(build_runner, agent=agent, model=loaded.model,
-                            tokenizer=tokenizer, engine=EngineConfig(slots=1,
-                                                                     max_len=args.max_len),
-                            mesh=mesh, stop_ids=loaded.stop_ids)
-        (trajectory,), = runner.run(loaded.params, agent, [row],
-                                    SamplingParams(args.temperature, args.top_p, seed=args.seed))
-    record = trajectory.record()
-    if args.verbose:
-        for turn in trajectory.turns:
-            for message in turn.messages or []:
-                print(f"--- {message['role']}:\n{message['content']}", file=sys.stderr)
-    if args.json:
-        print_once(json.dumps(record, ensure_ascii=False, indent=2))
-    else:
-        answer = record["answer"]
-        print_once((answer if answer is not None else record["final_reply"]).strip())
-
-
-def _server(args):
-    """`run --url`'s server: --model the served model's name, the key in the environment,
-    --timeout, and the sampling flags."""
-    from memagent_jax.rollout.client import Server, api_key_from_env
-
-    return Server(args.url, args.model, api_key_from_env(), args.timeout, args.temperature,
-                  args.top_p)
-
-
-def _local_agent(model, config, tokenizer, sample):
-    """(the memory agent, its parameters) for one sample, on this job's devices: the cache
-    sized for this sample's turns (`build_agent`'s sample), not the longest the budgets allow."""
-    from memagent_jax.agents.memagent.agent import build_agent
+        if tokenizer is not None and hasattr(agent, "setup"):
+            agent.setup(tokenizer, ())
+        return ServerRollouts(_server(args))
     from memagent_jax.engine.engine_api import EngineConfig
     from memagent_jax.engine.factory import load_model_section
     from memagent_jax.models.sharding import job_mesh
+    from memagent_jax.rollout.runner import build_runner
 
+    start(args)
     mesh = job_mesh(None)
     loaded = from_flags(load_model_section, section=model, tokenizer=tokenizer, mesh=mesh)
-    agent = from_flags(build_agent, model=loaded.model, tokenizer=tokenizer, memagent=config,
-                       engine=EngineConfig(slots=1), mesh=mesh, stop_ids=loaded.stop_ids,
-                       sample=sample)
-    return agent, loaded.params
+    runner = from_flags(build_runner, agent=agent, model=loaded.model, tokenizer=tokenizer,
+                        engine=EngineConfig(slots=1, max_len=args.max_len), mesh=mesh,
+                        stop_ids=loaded.stop_ids, row=row)
+    return runner.with_params(loaded.params)
 
 
-def _run_locally(args, agent, params, sample, show):
-    from memagent_jax.engine.sampling import SamplingParams
+def _show_turns(turns) -> None:
+    """`--verbose`: every turn (conversation) on stderr, its reply or, where it holds more,
+    its messages."""
+    for k, turn in enumerate(turns, 1):
+        said = ([f"[{m['role']}] {m['content']}" for m in turn.messages]
+                if turn.messages and len(turn.messages) > 1 else [turn.reply])
+        print(f"--- {turn.kind} turn {k}/{len(turns)}:", *said, sep="\n", file=sys.stderr)
 
-    sampling = SamplingParams(args.temperature, args.top_p, seed=args.seed)
-    (trajectory,) = agent.run(params, [sample], sampling,
-                              on_turn=lambda i, turn: show(turn.kind, turn.reply))[0]
-    return trajectory
 
+def _server(args):
+    """`run --url`'s server: --model the served model's name, the key in the environment and
+    --timeout (the sampling is the run's)."""
+    from memagent_jax.rollout.client import Server, api_key_from_env
 
-class _Shown:
-    """An agent whose every turn is shown (`run --verbose`, the progress bar)."""
-
-    def __init__(self, agent, show):
-        self.agent, self.show, self.name = agent, show, agent.name
-
-    async def rollout(self, row, policy):
-        return await self.agent.rollout(row, policy,
-                                        lambda turn: self.show(turn.kind, turn.reply))
+    return Server(args.url, args.model, api_key_from_env(), args.timeout)
 
 
 def _checked_sample(tokenizer, question: str, document: str, doc_path: str, config):

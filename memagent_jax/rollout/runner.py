@@ -1,6 +1,7 @@
 """Agents' rollouts on the engine: hundreds at once, on one event loop, sharing the slots.
 
-`AgentRunner.run(params, agent, rows, sampling, n)` runs n rollouts of every row, each an
+`AgentRunner` is the rollout contract (rollout/rollouts.py) on the engine:
+`runner.with_params(params).run(agent, rows, sampling, n)` runs n rollouts of every row, each an
 asyncio task of `agent.rollout(row, policy)` with a handle of its own (`EnginePolicy`). A chat
 call renders its prompt (`conversation.ChatPrompts`), is queued, and waits. The runner's loop
 lets every ready rollout run until it waits on a reply, submits the queued calls to the
@@ -21,12 +22,13 @@ naming the agent. `policy.once(fn, *args)` computes such a value on process 0 an
 process its result.
 
 `build_runner` assembles engine, scheduler and runner for an agent, the engine sized for the
-longest conversation the agent says it makes (`engine_need`).
+longest conversation the agent says it makes (`engine_need`), or one row's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import functools
 import secrets
@@ -58,11 +60,7 @@ from memagent_jax.rollout.conversation import (
     check_messages,
     conversation_turns,
 )
-
-# on_call(row index): after every reply, before its rollout sees it.
-OnCall = Callable[[int], None]
-# on_done(row index, its trajectories): once all of a row's rollouts have finished.
-OnDone = Callable[[int, list[Trajectory]], None]
+from memagent_jax.rollout.rollouts import OnCall, OnDone
 
 
 def call_seed(seed: int, row: int, trajectory: int, call: int) -> tuple[int, int]:
@@ -72,8 +70,11 @@ def call_seed(seed: int, row: int, trajectory: int, call: int) -> tuple[int, int
 
 
 class AgentRunner:
-    """Runs agents' rollouts on `scheduler` (module docstring). stop_ids end a reply; they,
-    end-of-text and padding are dropped from its text."""
+    """Runs agents' rollouts on `scheduler` (module docstring), sampling with `params` (set by
+    `with_params`). stop_ids end a reply; they, end-of-text and padding are dropped from its
+    text."""
+    params: Any = None
+    fixed_sampling = False
 
     def __init__(self, scheduler: Scheduler, tokenizer, stop_ids: tuple[int, ...]):
         self.scheduler, self.tokenizer, self.stop_ids = scheduler, tokenizer, tuple(stop_ids)
@@ -81,14 +82,22 @@ class AgentRunner:
             t for t in (tokenizer.pad_token_id, tokenizer.eos_token_id) if t is not None}
         self.prompts = ChatPrompts(tokenizer, self.stop_ids)
 
-    def run(self, params, agent, rows: list, sampling: SamplingParams, n: int = 1,
-            on_call: OnCall | None = None, on_done: OnDone | None = None,
-            fixed_sampling: bool = False) -> list[list[Trajectory]]:
-        """n trajectories of every row, sampled with `params` and `sampling` (its seed None:
-        a fresh one; a call may ask for another temperature, top-p or top-k unless
-        `fixed_sampling`: training, whose learner scores tokens under the rollout's). A rollout
-        that raises stops the run: its exception, with a note naming the agent and the row."""
-        run = _Run(self, params, agent, rows, sampling, n, on_call, on_done, fixed_sampling)
+    def with_params(self, params, fixed_sampling: bool = False) -> AgentRunner:
+        """This runner (its scheduler and engine) sampling with `params`. fixed_sampling
+        (training, whose learner scores tokens under the rollout's distribution): a call may
+        not ask for another temperature, top-p or top-k than the run's."""
+        runner = copy.copy(self)
+        runner.params, runner.fixed_sampling = params, fixed_sampling
+        return runner
+
+    def run(self, agent, rows: list, sampling: SamplingParams, n: int = 1,
+            on_call: OnCall | None = None, on_done: OnDone | None = None
+            ) -> list[list[Trajectory]]:
+        """`Rollouts.run` (rollout/rollouts.py): n trajectories of every row, sampled with
+        `self.params` and `sampling` (a call may ask for another temperature, top-p or top-k
+        unless `fixed_sampling`). A rollout that raises stops the run: its exception, with a
+        note naming the agent and the row."""
+        run = _Run(self, agent, rows, sampling, n, on_call, on_done)
         try:
             return run_coroutine(run.main)
         except BaseException:
@@ -164,12 +173,10 @@ class EnginePolicy:
 class _Run:
     """One `AgentRunner.run`."""
 
-    def __init__(self, runner: AgentRunner, params, agent, rows, sampling, n, on_call, on_done,
-                 fixed_sampling):
-        self.runner, self.params, self.agent, self.rows = runner, params, agent, rows
+    def __init__(self, runner: AgentRunner, agent, rows, sampling, n, on_call, on_done):
+        self.runner, self.agent, self.rows = runner, agent, rows
         self.seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
         self.sampling, self.n, self.on_call, self.on_done = sampling, n, on_call, on_done
-        self.fixed_sampling = fixed_sampling
         self.name = getattr(agent, "name", None) or type(agent).__name__
         self.queue: list[_Queued] = []
         self.once: list[tuple[Callable, asyncio.Future]] = []
@@ -183,7 +190,8 @@ class _Run:
                                    ("top_k", top_k)) if v is not None}
         if not given:
             return self.sampling
-        if self.fixed_sampling and any(getattr(self.sampling, k) != v for k, v in given.items()):
+        if self.runner.fixed_sampling and any(getattr(self.sampling, k) != v
+                                              for k, v in given.items()):
             raise ValueError(f"in training a call samples as rollout.* says (the learner "
                              f"scores its tokens under that distribution), not with {given}")
         if not (0 <= given.get("temperature", 0) and 0 < given.get("top_p", 1) <= 1
@@ -193,7 +201,7 @@ class _Run:
 
     async def main(self) -> list[list[Trajectory]]:
         scheduler = self.runner.scheduler
-        placed = scheduler.engine.place(self.params)
+        placed = scheduler.engine.place(self.runner.params)
         self.wake = asyncio.Event()
         tasks = [[asyncio.ensure_future(self._rollout(i, EnginePolicy(self, i, j)))
                   for j in range(self.n)] for i in range(len(self.rows))]
@@ -417,23 +425,31 @@ class _ReplayPolicy:
 
 
 def build_runner(agent, model: Qwen, tokenizer, engine: EngineConfig,
-                 mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...]) -> AgentRunner:
+                 mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...],
+                 row=None) -> AgentRunner:
     """An AgentRunner for `agent` on its own scheduler and engine, after `agent.setup`; the
-    engine sized for the longest conversation the agent makes (`engine_need`) unless
-    `engine.max_len` is set."""
+    engine sized for the longest conversation the agent makes (`engine_need`), or with `row`
+    for that row's alone (`run`: a short document under a large budget needs no larger cache),
+    unless `engine.max_len` is set. An `engine.max_len` below what an agent's `engine_need`
+    says its conversations take is a ConfigError naming it, before an engine is built (a
+    `max_len(tokenizer)` is a bound, which `run --agent ... --max-len` may lower)."""
     if hasattr(agent, "setup"):
         agent.setup(tokenizer, stop_ids)
-    tokens, key, why = engine_need(agent, tokenizer, engine)
+    tokens, key, why = engine_need(agent, tokenizer, engine, row)
+    if engine.max_len is not None and engine.max_len < tokens and hasattr(agent, "engine_need"):
+        raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
+                                            f"turn: {key} {why}")
     decoder = build_engine(model, engine, mesh, tokens, key, why)
     return AgentRunner(Scheduler(decoder), tokenizer, stop_ids)
 
 
-def engine_need(agent, tokenizer, engine: EngineConfig) -> tuple[int, str, str]:
+def engine_need(agent, tokenizer, engine: EngineConfig, row=None) -> tuple[int, str, str]:
     """(KV entries the agent's longest conversation needs, the setting that asks for them, how
-    it makes them): the agent's `engine_need(tokenizer)`, else its `max_len(tokenizer)`. An
-    agent that says neither is a ConfigError unless `engine.max_len` is set."""
+    it makes them): the agent's `engine_need(tokenizer)` (with `row`: `engine_need(tokenizer,
+    row)`, that row's), else its `max_len(tokenizer)`. An agent that says neither is a
+    ConfigError unless `engine.max_len` is set."""
     if hasattr(agent, "engine_need"):
-        return agent.engine_need(tokenizer)
+        return agent.engine_need(tokenizer) if row is None else agent.engine_need(tokenizer, row)
     if hasattr(agent, "max_len"):
         tokens = agent.max_len(tokenizer)
         return tokens, "agent", f"{agent.name} makes conversations of up to {tokens} tokens"

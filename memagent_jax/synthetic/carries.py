@@ -120,7 +120,7 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
 
     if num_samples < 1:
         raise UserError(f"--num-samples must be at least 1, got {num_samples}")
-    policy, agent, config = load_agent(model, task, length, budgets)
+    loaded, _, agent, config = load_agent(model, task, length, budgets)
     carries = [c for i in range(num_samples)
                for c in carry_turns(agent, synthetic.make_sample(task, length, seed, i), i)]
     print(f"{len(carries)} carries in {num_samples} {task} documents of {length:,} tokens "
@@ -131,7 +131,7 @@ def run_carries(model: str, task: str, length: int, seed: int, num_samples: int,
     if "keep" in agent.config.gates:
         keep_id, = agent.tokenizer("keep", add_special_tokens=False)["input_ids"]
     with progress_bar(total=len(carries), desc="scoring", unit="carry") as bar:
-        scores = score_carries(policy.model, carries, bar.update, keep_id)
+        scores = score_carries(loaded.model, carries, bar.update, keep_id)
     decode = agent.tokenizer.decode
     for index in range(num_samples):
         mine = [(c, s) for c, s in zip(carries, scores) if c.document == index]

@@ -12,7 +12,7 @@ its final answer's, as for any rollout; the rollout samples like the others
 - `carry_starts` (`oracle`): the oracle's memory after the document's last chunk, every fact
   the question needs and nothing else; the candidates are filler.
 - `policy_carry_starts` (`policy`): the policy's own. The current parameters
-  (`StepContext.rollout`), sampled as the step's rollouts are, read the document up to the chunk
+  (`StepContext.rollouts`), sampled as the step's rollouts are, read the document up to the chunk
   after which the oracle first holds every needed fact, and the memory they write there is the
   start's, as the policy carries it (the fact copied to the budget, padding, a distractor).
   A start whose memory does not hold every needed fact is dropped: its rollouts could not keep
@@ -36,6 +36,7 @@ from memagent_jax.data.pipeline import Example
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl.rows import TrainingRows
 from memagent_jax.rollout.agent_api import Trajectory
+from memagent_jax.rollout.rollouts import OnCall, Rollouts
 from memagent_jax.synthetic.oracle import (
     DocumentState,
     document_state,
@@ -71,20 +72,20 @@ def carry_starts(agent: MemAgent, count: int, chunks: int, pool: int, seed: int,
 
 
 def policy_carry_starts(agent: MemAgent, count: int, chunks: int, pool: int, seed: int,
-                        logprobs: Logprobs,
-                        rollout: Callable[[list, SamplingParams], list[Trajectory]],
-                        sampling: SamplingParams, tasks: tuple[str, ...] = TASKS
+                        logprobs: Logprobs, rollouts: Rollouts, sampling: SamplingParams,
+                        tasks: tuple[str, ...] = TASKS, on_call: OnCall | None = None
                         ) -> tuple[list[Example], list[Sample]]:
     """At most `count` carry starts from the policy's own memory (module docstring), as
     `carry_starts` returns them, from the first of 2 x `count` documents drawn by `seed` whose
     policy memory holds every needed fact, each with `chunks` chunks of filler or filler with
-    a distractor. rollout(samples, sampling): one trajectory of the agent on each sample under
-    the current parameters (`StepContext.rollout`); sampling: the reads' (its seed set: the
-    same parameters and seed give the same starts)."""
+    a distractor. rollouts: where the agent reads them under the current parameters, one
+    trajectory a document (`StepContext.rollouts`, with its on_call); sampling: the reads' (its
+    seed set: the same parameters and seed give the same starts)."""
     rng = np.random.default_rng(seed)
     size, decode = agent.config.chunk_tokens, agent.tokenizer.decode
     states = [document_state(agent, rng, seed, index, tasks) for index in range(2 * count)]
-    trajectories = rollout([_read_to_facts(state) for state in states], sampling)
+    trajectories = [group[0] for group in rollouts.run(
+        agent, [_read_to_facts(state) for state in states], sampling, on_call=on_call)]
     starts: list[tuple[Example, Sample]] = []
     for index, (state, trajectory) in enumerate(zip(states, trajectories)):
         needed = state.memories[-1].splitlines()

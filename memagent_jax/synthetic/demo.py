@@ -27,17 +27,20 @@ READ_BYTES_PER_TOKEN = 700
 
 def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1):
     """The agent `model` (a directory or a shipped model's name) runs on synthetic documents of
-    `task` and `length` tokens: (the loaded model, agent, its MemAgentConfig). budgets:
-    MemAgentConfig fields given on the command line (None: the model's own). UserError for an
-    unknown task or model, a tokenizer that cannot represent the documents' words, or a length
-    below one chunk."""
+    `task` and `length` tokens: (the loaded model, the rollouts it runs through (an engine of
+    `slots` slots sized for its budgets, the model's parameters), the agent, its
+    MemAgentConfig).
+    budgets: MemAgentConfig fields given on the command line (None: the model's own).
+    UserError for an unknown task or model, a tokenizer that cannot represent the documents'
+    words, or a length below one chunk."""
     from memagent_jax import model_dir
-    from memagent_jax.agents.memagent.agent import build_agent
+    from memagent_jax.agents.memagent.agent import MemAgent
     from memagent_jax.agents.memagent.config import MemAgentConfig
     from memagent_jax.commandline import from_flags
     from memagent_jax.engine.engine_api import EngineConfig
     from memagent_jax.engine.factory import load_model_section
     from memagent_jax.engine.model_section import ModelSection
+    from memagent_jax.rollout.runner import build_runner
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.tokenizer import check_representable
 
@@ -59,10 +62,11 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
                         f"(a {task} document needs at least "
                         f"{max(config.chunk_tokens, synthetic.min_length(task))})")
     loaded = load_model_section(section, tokenizer)
-    agent = from_flags(build_agent, model=loaded.model, tokenizer=tokenizer, memagent=config,
-                       engine=from_flags(EngineConfig, slots=slots), mesh=None,
-                       stop_ids=loaded.stop_ids)
-    return loaded, agent, config
+    agent = MemAgent(config)
+    runner = from_flags(build_runner, agent=agent, model=loaded.model, tokenizer=tokenizer,
+                        engine=from_flags(EngineConfig, slots=slots), mesh=None,
+                        stop_ids=loaded.stop_ids)
+    return loaded, runner.with_params(loaded.params), agent, config
 
 
 def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
@@ -78,7 +82,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     synthetic.check_memory(f"--length {length}: a document of {length:,} tokens takes about "
                            f"{READ_BYTES_PER_TOKEN} bytes a token to read (the tokenizer's, "
                            "mostly)", READ_BYTES_PER_TOKEN * length)
-    loaded, agent, config = load_agent(model, task, length, budgets)
+    _, rollouts, agent, config = load_agent(model, task, length, budgets)
     seed = secrets.randbelow(10 ** 6) if seed is None else seed
     poll()
     document = synthetic.make_sample(task, length, seed, 0, poll)
@@ -90,12 +94,11 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     poll()  # before the first turn, which compiles the model (seconds)
     start = time.perf_counter()
     with progress_bar(total=len(sample.chunks) + 1, desc="reading", unit="turn") as bar:
-        def on_turn(i, turn):
+        def on_call(_row):
             bar.update(1)
             poll()
 
-        (trajectory,), = agent.run(loaded.params, [sample], SamplingParams(0.0),
-                                   on_turn=on_turn)
+        (trajectory,), = rollouts.run(agent, [sample], SamplingParams(0.0), on_call=on_call)
     seconds = time.perf_counter() - start
 
     words = document.context.split()  # the synthetic tokenizer's tokens: one a word

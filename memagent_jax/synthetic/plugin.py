@@ -124,8 +124,9 @@ class SyntheticPlugin:
         if s.carry_from == "policy":
             return policy_carry_starts(
                 agent, s.carry_starts, s.start_chunks, s.start_pool, seed=step.seed,
-                logprobs=step.logprobs, rollout=step.rollout,
-                sampling=dataclasses.replace(self.sampling, seed=step.seed), tasks=tasks)
+                logprobs=step.logprobs, rollouts=step.rollouts,
+                sampling=dataclasses.replace(self.sampling, seed=step.seed), tasks=tasks,
+                on_call=step.on_call)
         return carry_starts(agent, s.carry_starts, s.start_chunks, s.start_pool,
                             seed=step.seed, logprobs=step.logprobs, tasks=tasks)
 

@@ -189,15 +189,15 @@ def read_greedily(model: str, task: str, length: int, seed: int, num_samples: in
     if out:
         check_output_file(out)
         check_new_files([out], "--out")
-    loaded, agent, config = load_agent(model, task, length, budgets, slots)
+    _, rollouts, agent, config = load_agent(model, task, length, budgets, slots)
     documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
     samples = [agent.read(d.question, d.context) for d in documents]
     print(f"{num_samples} {task} documents of {length:,} tokens (seed {seed}), read "
           f"{config.chunk_tokens} tokens a turn by {model}{heading}")
     with progress_bar(total=sum(len(s.chunks) + 1 for s in samples), desc="reading",
                       unit="turn") as bar:
-        groups = agent.run(loaded.params, samples, SamplingParams(0.0),
-                           on_turn=lambda i, turn: bar.update(1))
+        groups = rollouts.run(agent, samples, SamplingParams(0.0),
+                              on_call=lambda _row: bar.update(1))
     return agent, config, documents, samples, [trajectory for (trajectory,) in groups]
 
 

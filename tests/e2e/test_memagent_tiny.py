@@ -57,10 +57,10 @@ def test_vocab_lists_the_words_it_reads(capsys):
 
 
 def _readme_python_example() -> str:
-    """The README's Python example of the memory agent (the block that calls build_agent)."""
+    """The README's Python example of the memory agent (the block that calls build_runner)."""
     with open(os.path.join(ROOT, "README.md")) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
-    (block,) = [b for b in blocks if "build_agent(" in b]
+    (block,) = [b for b in blocks if "build_runner(" in b]
     return block
 
 

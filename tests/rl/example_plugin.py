@@ -1,7 +1,7 @@
 """A plugin that is not the synthetic one (rl/plugin.py's contract, exercised by
 tests/rl/test_plugin.py): the target answers each question in one final turn, the extra rows
 repeat the first drawn question's target, and a start reads one chunk from a given memory,
-which the step's own policy has read first (`StepContext.rollout`, greedy; kept in `rolled`);
+which the step's own policy has read first (`StepContext.rollouts`, greedy; kept in `rolled`);
 a validation read adds the number of its trajectories and of their turns (what it was given
 kept in `validated`)."""
 
@@ -51,7 +51,8 @@ class Plugin:
                                      strict=False)
             examples.append(Example(-1 - i, "needle", sample.problem, "", ("tiger",)))
             samples.append(dataclasses.replace(sample, initial_memory=memory))
-        self.rolled.append((samples, step.rollout(samples, SamplingParams(0.0))))
+        self.rolled.append((samples, [group[0] for group in step.rollouts.run(
+            step.agent, samples, SamplingParams(0.0), on_call=step.on_call)]))
         return examples, samples
 
     def validation_metrics(self, agent, examples: list[Example],

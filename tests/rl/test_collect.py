@@ -33,16 +33,19 @@ def _turn(kind, reply, tokens, cap):
 
 
 class ScriptedRunner:
-    """`AgentRunner`'s interface (run) replaying SCRIPT: each trajectory is one memory update
-    (asked with the memory cap) then the final answer (the final cap); lengths[q][j] = (update
-    tokens, final tokens) of question q's j-th trajectory. Records each run's questions and
-    sampling seed. Rows are drawn Examples or a start's question."""
+    """`AgentRunner`'s interface (with_params, run) replaying SCRIPT: each trajectory is one
+    memory update (asked with the memory cap) then the final answer (the final cap);
+    lengths[q][j] = (update tokens, final tokens) of question q's j-th trajectory. Records each
+    run's questions and sampling seed. Rows are drawn Examples or a start's question."""
 
     def __init__(self, lengths=None, memory_cap=8, final_cap=4):
         self.lengths, self.runs = lengths or {}, []
         self.caps = memory_cap, final_cap
 
-    def run(self, params, agent, rows, sampling, n=1, on_call=None, fixed_sampling=False):
+    def with_params(self, params, fixed_sampling=False):
+        return self
+
+    def run(self, agent, rows, sampling, n=1, on_call=None, on_done=None):
         samples = [getattr(row, "question", row) for row in rows]
         self.runs.append((samples, sampling.seed))
         groups = []
@@ -206,7 +209,7 @@ OVERLONG_CASES = {
 def test_overlong_penalty_judges_each_turn_against_its_own_cap(case):
     memory_cap, final_cap, q1, q3, expected = OVERLONG_CASES[case]
     groups = ScriptedRunner({"q1": [q1, q1], "q3": [q3, q3]}, memory_cap, final_cap).run(
-        None, None, ["q1", "q3"], SamplingParams(seed=0), n=2)
+        None, ["q1", "q3"], SamplingParams(seed=0), n=2)
     np.testing.assert_array_equal(overlong_penalties(groups, 2, 1.0),
                                   [[expected[0]] * 2, [expected[1]] * 2])
 
@@ -218,7 +221,7 @@ def test_a_reply_whose_cap_is_below_the_buffer_slopes_over_its_whole_cap():
     whole cap, -L / 4. q1: 14 of 16 (-(14 - 8) / 8 = -0.75), 1 of 4 (-0.25): -0.75. q3: 3
     of 16 (0), 2 of 4 (-0.5): -0.5."""
     groups = ScriptedRunner({"q1": [(14, 1)] * 2, "q3": [(3, 2)] * 2}, 16, 4).run(
-        None, None, ["q1", "q3"], SamplingParams(seed=0), n=2)
+        None, ["q1", "q3"], SamplingParams(seed=0), n=2)
     np.testing.assert_array_equal(overlong_penalties(groups, 8, 1.0),
                                   [[-0.75, -0.75], [-0.5, -0.5]])
 

@@ -59,7 +59,7 @@ def test_a_supervised_step_trains_on_the_plugins_targets_and_extra_rows(config_f
 
 
 def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file, tmp_path):
-    """The plugin's own rollout (`StepContext.rollout`) is the agent's on the step's runner
+    """The plugin's own rollout (`StepContext.rollouts`) is the agent's on the step's runner
     under the step's parameters: the same trajectories as the runner gives them. The step's
     validation read logs the plugin's metrics of it."""
     before, run_trainer = {}, Trainer.run
@@ -85,7 +85,8 @@ def test_a_dapo_step_rolls_out_the_plugins_starts_from_their_memory(config_file,
     assert 0.0 <= record["reward/starts_mean"] <= 1.0
     assert record["rollout/trajectories"] == 3 * 2
     ((samples, rolled),) = trainer.plugin.rolled
-    again = trainer.runner.run(before["params"], trainer.agent, samples, SamplingParams(0.0))
+    again = trainer.runner.with_params(before["params"]).run(trainer.agent, samples,
+                                                             SamplingParams(0.0))
     assert [[t.response_ids for t in g[0].turns] for g in again] == [
         [t.response_ids for t in trajectory.turns] for trajectory in rolled]
     assert [t.kind for t in rolled[0].turns] == ["update", "final"]

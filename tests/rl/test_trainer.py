@@ -192,10 +192,11 @@ def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
     at temperature 1, every group kept) on data 2 x fsdp 2 x tensor 2, 16 trajectories on 8
     slots, prompts prefilled 4 a call in the engine's own layout, and on one device from the
     same weights, one a call: the same tokens, log-probs within 1e-3, the same rewards."""
-    from memagent_jax.agents.memagent.agent import build_agent
+    from memagent_jax.agents.memagent.agent import MemAgent
     from memagent_jax.data import pipeline
     from memagent_jax.engine.factory import load_model_section
     from memagent_jax.rl.collect import collect_batch
+    from memagent_jax.rollout.runner import build_runner
 
     config = load_train_config(_write_config(task, tmp_path / "c.yaml"), [
         f"output_dir={tmp_path / 'run'}", "mesh={data: 2, fsdp: 2, tensor: 2}",
@@ -205,13 +206,13 @@ def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
     # x 10: context-dependent distributions (tests/rollout/test_rollout_layout.py, _sharp)
     sharp = jax.tree.map(lambda x: 10 * x, trainer.learner.params)
     params = jax.device_put(jax.device_get(sharp), jax.devices()[0])
-    alone = build_agent(loaded.model, trainer.tokenizer, config.memagent,
-                        dataclasses.replace(config.engine, prefill_rows=1), None,
-                        loaded.stop_ids)
+    alone = build_runner(MemAgent(config.memagent), loaded.model, trainer.tokenizer,
+                         dataclasses.replace(config.engine, prefill_rows=1), None,
+                         loaded.stop_ids)
     batches = [collect_batch(runner, trainer.agent, weights, pipeline.training_iterator(
         trainer.train_data, config.seed, shuffle=config.data.shuffle), config,
         trainer.rewarder, lambda k: 11 + k)
-        for runner, weights in ((trainer.runner, sharp), (alone.runner, params))]
+        for runner, weights in ((trainer.runner, sharp), (alone, params))]
     turns = [[t for group in b.groups for trajectory in group for t in trajectory.turns]
              for b in batches]
     assert [t.response_ids for t in turns[0]] == [t.response_ids for t in turns[1]]

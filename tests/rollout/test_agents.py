@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, build_agent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.tool_calling import build as build_tool_agent
 from memagent_jax.agents.tool_calling import parse_tool_call
@@ -25,7 +25,7 @@ from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Conversation, PromptTooLong, Rollout, load_agent
-from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.rollout.runner import AgentRunner, build_runner
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import EOS, ReplyEngine
 from tests.reference_memory_loop import reference_run
@@ -56,13 +56,14 @@ def test_memagent_through_the_interface_is_the_former_loop_byte_for_byte(tokeniz
     model = random_model(preset_config("tiny"), seed=1)
     config = MemAgentConfig(chunk_tokens=24, max_memory_tokens=8, max_final_tokens=6,
                             max_problem_tokens=8)
-    agent = build_agent(model, tokenizer, config, EngineConfig(slots=4), None, (EOS,))
+    agent = MemAgent(config)
+    runner = build_runner(agent, model, tokenizer, EngineConfig(slots=4), None, (EOS,))
     samples = [agent.read(e.question, e.context) for e in _rows(4)]
     assert len({len(s.chunks) for s in samples}) > 1
     sampling = SamplingParams(1.0, 0.9, seed=7)
     params = split_params(model)[1]
-    ours = agent.run(params, samples, sampling, n=3)
-    theirs = reference_run(agent, Scheduler(agent.scheduler.engine), params, samples, sampling,
+    ours = runner.with_params(params).run(agent, samples, sampling, n=3)
+    theirs = reference_run(agent, Scheduler(runner.scheduler.engine), params, samples, sampling,
                            n=3)
     for group_a, group_b in zip(ours, theirs):
         for a, b in zip(group_a, group_b):
@@ -93,7 +94,7 @@ def test_an_agents_conversations_become_its_rows(tokenizer):
 
     runner, engine = _runner(tokenizer, reply)
     agent = types.SimpleNamespace(rollout=_two_views, name="two_views")
-    groups = runner.run(None, agent, _rows(3), SamplingParams(0.0), n=2)
+    groups = runner.run(agent, _rows(3), SamplingParams(0.0), n=2)
     for group in groups:
         for trajectory in group:
             final, aside = trajectory.turns
@@ -121,11 +122,11 @@ def test_a_failing_agent_names_itself_and_the_row_and_leaves_the_runner_clean(to
 
     agent = types.SimpleNamespace(rollout=flaky, name="flaky")
     with pytest.raises(KeyError) as error:
-        runner.run(None, agent, _rows(3), SamplingParams(0.0), n=2)
+        runner.run(agent, _rows(3), SamplingParams(0.0), n=2)
     assert "in agent flaky, rollout 0 of row 1" in error.value.__notes__
     assert runner.scheduler.idle
     agent.rollout = _two_views
-    assert len(runner.run(None, agent, _rows(2), SamplingParams(0.0))) == 2
+    assert len(runner.run(agent, _rows(2), SamplingParams(0.0))) == 2
 
 
 @pytest.mark.parametrize("returned, message", [
@@ -152,7 +153,7 @@ def test_what_an_agent_returns_is_checked(tokenizer, returned, message):
         return made[returned] if isinstance(returned, str) else returned
 
     with pytest.raises(UserError) as error:
-        runner.run(None, types.SimpleNamespace(rollout=agent, name="mine"), _rows(1),
+        runner.run(types.SimpleNamespace(rollout=agent, name="mine"), _rows(1),
                    SamplingParams(0.0))
     assert message in str(error.value), str(error.value)
     assert error.value.__notes__ == ["in agent mine, rollout 0 of row 0"]
@@ -170,7 +171,7 @@ def test_a_prompt_past_the_engine_is_the_agents_to_handle(tokenizer):
         reply = await policy.chat(prompt_ids=[5], max_tokens=1)
         return [[reply.message]]
 
-    runner.run(None, types.SimpleNamespace(rollout=long), _rows(1), SamplingParams(0.0))
+    runner.run(types.SimpleNamespace(rollout=long), _rows(1), SamplingParams(0.0))
     assert seen and "does not fit the engine's maximum length" in seen[0]
 
 
@@ -185,10 +186,10 @@ def test_a_call_may_sample_otherwise_except_in_training(tokenizer):
         return [[reply.message]]
 
     agent = types.SimpleNamespace(rollout=greedy_answer, name="greedy_answer")
-    runner.run(None, agent, _rows(1), SamplingParams(1.0))
+    runner.run(agent, _rows(1), SamplingParams(1.0))
     assert asked == [" the"]
     with pytest.raises(ValueError, match=r"in training a call samples as rollout\.\* says"):
-        runner.run(None, agent, _rows(1), SamplingParams(1.0), fixed_sampling=True)
+        runner.with_params(None, fixed_sampling=True).run(agent, _rows(1), SamplingParams(1.0))
 
 
 def lookup_tool(key: str) -> str:

@@ -69,7 +69,7 @@ def _rollout(tokenizer, answer_ids, max_tokens=64, max_turns=2, calls=1):
     runner = AgentRunner(Scheduler(ReplyEngine(tokenizer, reply)), tokenizer, (end,))
     row = example_from_row({"data_source": "weather", "prompt": "What is the weather in Oslo?",
                             "reward_model": {"ground_truth": "3"}}, 0)
-    (trajectory,), = runner.run(None, agent, [row], SamplingParams(0.0))
+    (trajectory,), = runner.run(agent, [row], SamplingParams(0.0))
     return trajectory, call_ids
 
 

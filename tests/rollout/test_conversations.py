@@ -48,7 +48,7 @@ def _run(tokenizer, rollout):
 
     runner = AgentRunner(Scheduler(ReplyEngine(tokenizer, reply)), tokenizer, (EOS,))
     row = example_from_row(needle_rows(1, seed=3)[0], 0)
-    ((trajectory,),) = runner.run(None, types.SimpleNamespace(rollout=rollout, name="test"),
+    ((trajectory,),) = runner.run(types.SimpleNamespace(rollout=rollout, name="test"),
                                   [row], SamplingParams(0.0))
     return trajectory
 

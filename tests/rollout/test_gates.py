@@ -12,7 +12,7 @@ import types
 import numpy as np
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, memories_of
+from memagent_jax.agents.memagent.agent import MemAgent, memories_of
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.templates import (
     GATE_WORDS,
@@ -22,15 +22,14 @@ from memagent_jax.agents.memagent.templates import (
 )
 from memagent_jax.data.needle import CODES, FILLER, NEEDLE, QUESTION, vocabulary, write_tokenizer
 from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.errors import UserError
-from memagent_jax.eval.methods import MemAgentMethod
+from memagent_jax.eval.methods import AgentMethod
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Reply
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import summarize, trace_document
 from memagent_jax.tokenizer import load_tokenizer
-from tests.builders import EOS, ReplyEngine
+from tests.builders import EOS, ReplyEngine, on_engine
 
 CHUNK = 8
 GATED = MemAgentConfig(chunk_tokens=CHUNK, max_memory_tokens=8, max_final_tokens=8,
@@ -91,11 +90,11 @@ def _bare(text):
 
 def test_keep_carries_the_memory_and_exit_answers_from_it_on_the_engine(tokenizer):
     reply, prompts = _scripted(tokenizer)
-    agent = MemoryAgent(Scheduler(ReplyEngine(tokenizer, reply, slots=1)),
-                        MemAgent(GATED, tokenizer, (EOS,)))
+    agent, runner = on_engine(ReplyEngine(tokenizer, reply, slots=1),
+                              MemAgent(GATED, tokenizer, (EOS,)))
     sample = agent.read(QUESTION, DOCUMENT)
     assert len(sample.chunks) == 6
-    ((trajectory,),) = agent.run(None, [sample], SamplingParams(0.0))
+    ((trajectory,),) = runner.run(agent, [sample], SamplingParams(0.0))
     assert [t.kind for t in trajectory.turns] == ["update"] * 3 + ["final"]  # 3 of 6 read
     assert "reply with the single word keep" in prompts[0]
     # After "keep" and after "exit" the memory is the first reply's, unchanged.
@@ -154,14 +153,14 @@ def test_a_gate_that_is_off_is_a_memory_like_any_other(tokenizer):
 
 def test_an_eval_records_the_chunks_read_and_the_gates(tokenizer):
     reply, _ = _scripted(tokenizer)
-    config = types.SimpleNamespace(memagent=GATED, sampling=types.SimpleNamespace(
-        n=1, seed=0, temperature=0.0, top_p=1.0, top_k=0))
-    method = MemAgentMethod(config, tokenizer)
-    method.agent = MemoryAgent(Scheduler(ReplyEngine(tokenizer, reply, slots=1)),
-                               MemAgent(GATED, tokenizer, (EOS,)))
-    method.params = None
+    config = types.SimpleNamespace(method="memagent", memagent=GATED,
+                                   sampling=types.SimpleNamespace(
+                                       n=1, seed=0, temperature=0.0, top_p=1.0, top_k=0))
+    method = AgentMethod(config, tokenizer)
+    method.agent, method.rollouts = on_engine(ReplyEngine(tokenizer, reply, slots=1),
+                                              MemAgent(GATED, tokenizer, (EOS,)))
     done = {}
-    method.run("set", [(0, {"input": QUESTION, "context": DOCUMENT})],
+    method.run("set", [(0, {"input": QUESTION, "context": DOCUMENT, "answers": ["apple"]})],
                lambda row, answers, info: done.update(info), lambda: None, lambda n: None)
     assert done["turns"] == 4 and done["agent"] == {"chunks_read": 3.0, "keeps": 1.0,
                                                     "exits": 1.0}

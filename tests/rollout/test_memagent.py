@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, build_agent, memories_of
+from memagent_jax.agents.memagent.agent import MemAgent, memories_of
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.reading import Sample, chunk_ids, read_sample
 from memagent_jax.agents.memagent.templates import (
@@ -17,14 +17,14 @@ from memagent_jax.agents.memagent.templates import (
 )
 from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.errors import UserError
 from memagent_jax.model_dir import resolve
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.rollout.chat import chat_prompt_ids
+from memagent_jax.rollout.runner import build_runner
 from memagent_jax.tokenizer import load_tokenizer
-from tests.builders import EOS, ScriptedEngine
+from tests.builders import EOS, ScriptedEngine, on_engine
 from tests.hf_reference import write_hf_model
 
 # docs/algorithm.md section 1, verbatim.
@@ -63,11 +63,11 @@ def _document(tokenizer, n):
 @pytest.mark.parametrize("length", [1, C - 1, C, C + 1, 10 * C])
 def test_conversations_are_exactly_the_originals(word_tokenizer, length):
     engine = ScriptedEngine(word_tokenizer)
-    agent = MemoryAgent(Scheduler(engine), MemAgent(
+    agent, runner = on_engine(engine, MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                        max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
     document = _document(word_tokenizer, length)
-    (trajectory,), = agent.run(None, [agent.read("what is it", document)], SamplingParams(0.0))
+    (trajectory,), = runner.run(agent, [agent.read("what is it", document)], SamplingParams(0.0))
     turns = trajectory.turns
     assert len(turns) == math.ceil(length / C) + 1
     ids = word_tokenizer(document, add_special_tokens=False)["input_ids"]
@@ -89,17 +89,17 @@ def test_a_sample_can_start_from_a_memory_of_its_own(word_tokenizer):
     """A rollout that starts inside a document (a carry start, synthetic/carry_starts.py): the first
        prompt is the
     original's update prompt with the given memory in place of "No previous memory"."""
-    agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)), MemAgent(
+    agent, runner = on_engine(ScriptedEngine(word_tokenizer), MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                        max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
     sample = agent.read("what is it", _document(word_tokenizer, 2 * C))
     memory = tuple(word_tokenizer("the answer is memory", add_special_tokens=False)["input_ids"])
     started = dataclasses.replace(sample, initial_memory=memory)
-    (trajectory,), = agent.run(None, [started], SamplingParams(0.0))
+    (trajectory,), = runner.run(agent, [started], SamplingParams(0.0))
     chunk = word_tokenizer.decode(list(sample.chunks[0]))
     assert trajectory.turns[0].prompt_ids == chat_prompt_ids(
         word_tokenizer, update_prompt("what is it", "the answer is memory", chunk))
-    (plain,), = agent.run(None, [sample], SamplingParams(0.0))
+    (plain,), = runner.run(agent, [sample], SamplingParams(0.0))
     assert plain.turns[0].prompt_ids == chat_prompt_ids(
         word_tokenizer, update_prompt("what is it", "No previous memory", chunk))
     assert [t.prompt_ids for t in trajectory.turns[1:]] == [t.prompt_ids for t in plain.turns[1:]]
@@ -107,10 +107,10 @@ def test_a_sample_can_start_from_a_memory_of_its_own(word_tokenizer):
 
 def test_a_reply_cut_at_the_cap_is_kept_as_is(word_tokenizer):
     engine = ScriptedEngine(word_tokenizer, repeat=10)  # 20 words, cap 5
-    agent = MemoryAgent(Scheduler(engine), MemAgent(
+    agent, runner = on_engine(engine, MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=5, max_final_tokens=5,
                        max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
-    (trajectory,), = agent.run(None, [agent.read("q", _document(word_tokenizer, 2 * C))],
+    (trajectory,), = runner.run(agent, [agent.read("q", _document(word_tokenizer, 2 * C))],
                                SamplingParams(0.0))
     first, second = trajectory.turns[:2]
     assert first.finish_reason == "length" and len(first.response_ids) == 5
@@ -122,12 +122,12 @@ def test_a_reply_cut_at_the_cap_is_kept_as_is(word_tokenizer):
 
 def test_group_mode_prefills_the_shared_first_turn_once(word_tokenizer):
     engine = ScriptedEngine(word_tokenizer, slots=3)
-    agent = MemoryAgent(Scheduler(engine), MemAgent(
+    agent, runner = on_engine(engine, MemAgent(
         MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                        max_problem_tokens=16), word_tokenizer, stop_ids=(EOS,)))
     documents = [agent.read("q", _document(word_tokenizer, 3 * C)),
                  agent.read("q", _document(word_tokenizer, C))]
-    results = agent.run(None, documents, SamplingParams(1.0), n=4)
+    results = runner.run(agent, documents, SamplingParams(1.0), n=4)
     assert [len(group) for group in results] == [4, 4]
     assert [len(t.turns) for t in results[0]] == [4] * 4
     # turns: sample 0 has 4 per trajectory, sample 1 has 2; the first turns are shared
@@ -180,14 +180,15 @@ def test_documents_up_to_200k_tokens_on_a_real_model_without_recompiling(tmp_pat
     params = split_params(model)[1]
     config = MemAgentConfig(chunk_tokens=2000, max_memory_tokens=6, max_final_tokens=6,
                             max_problem_tokens=8)
-    agent = build_agent(model, word_tokenizer, config,
-                        EngineConfig(slots=4, max_len=2048 + 192, prefill_buckets=(64,)),
-                        None, stop_ids=(EOS,))
-    agent.scheduler.engine.warm_up(params)
+    agent = MemAgent(config)
+    runner = build_runner(agent, model, word_tokenizer,
+                          EngineConfig(slots=4, max_len=2048 + 192, prefill_buckets=(64,)),
+                          None, stop_ids=(EOS,))
+    runner.scheduler.engine.warm_up(params)
     lengths = [200_000, 9_000, 100, 30_000, 2_000]
     samples = [agent.read("what is the answer", _document(word_tokenizer, n)) for n in lengths]
     with compilations() as counter:
-        results = agent.run(params, samples, SamplingParams(1.0, top_p=0.9))
+        results = runner.with_params(params).run(agent, samples, SamplingParams(1.0, top_p=0.9))
     assert counter.count == 0
     for n, (trajectory,) in zip(lengths, results):
         assert len(trajectory.turns) == math.ceil(n / 2000) + 1
@@ -252,10 +253,10 @@ def test_prompts_splice_ids_as_the_original_trainer(bpe_tokenizer):
     # Characters the tokenizer never saw are single bytes: chunks cut through them.
     document = MULTILINGUAL + "北京大学の図書館 𝔘𝔫𝔦 ✓ Ærøskøbing " * 2
     reply = tok.encode("Zoë: 東京 🙂", add_special_tokens=False)
-    agent = MemoryAgent(Scheduler(FixedReplyEngine(tok, reply)), MemAgent(
+    agent, runner = on_engine(FixedReplyEngine(tok, reply), MemAgent(
         MemAgentConfig(chunk_tokens=7, max_memory_tokens=16, max_final_tokens=16,
                        max_problem_tokens=32), tok, stop_ids=(tok.eos_token_id,)))
-    (trajectory,), = agent.run(None, [agent.read(question, document)], SamplingParams(0.0))
+    (trajectory,), = runner.run(agent, [agent.read(question, document)], SamplingParams(0.0))
 
     chat = original.chat_template(tok)
     update = original.TokenTemplate(chat.format(message=original.TEMPLATE), tok)
@@ -306,14 +307,12 @@ def test_the_longest_turn_fits_the_engine_need(bpe_tokenizer):
     assert why.endswith("question 4 + memory 20 + chunk 12 + reply 30)")
 
 
-@pytest.mark.parametrize("build", ["build_agent", "build_runner"])
-def test_an_agent_builds_its_token_prompts_once(word_tokenizer, monkeypatch, build):
+def test_an_agent_builds_its_token_prompts_once(word_tokenizer, monkeypatch):
     """The chat-wrapped templates are tokenized once an agent (`setup`): the engine is sized
-    from the same prompts the turns are spliced into, whichever factory builds it."""
+    from the same prompts the turns are spliced into."""
     from memagent_jax.agents.memagent import agent as memagent
     from memagent_jax.models.config import ModelConfig
     from memagent_jax.models.loading import random_model
-    from memagent_jax.rollout.runner import build_runner
 
     built = []
 
@@ -328,10 +327,7 @@ def test_an_agent_builds_its_token_prompts_once(word_tokenizer, monkeypatch, bui
                                      max_position_embeddings=4096))
     config = MemAgentConfig(chunk_tokens=C, max_memory_tokens=8, max_final_tokens=8,
                             max_problem_tokens=16)
-    if build == "build_agent":
-        build_agent(model, word_tokenizer, config, EngineConfig(slots=1), None, (EOS,))
-    else:
-        build_runner(MemAgent(config), model, word_tokenizer, EngineConfig(slots=1), None, (EOS,))
+    build_runner(MemAgent(config), model, word_tokenizer, EngineConfig(slots=1), None, (EOS,))
     assert len(built) == 1
 
 
@@ -351,9 +347,9 @@ def test_training_reads_carry_on_where_a_users_read_stops(word_tokenizer):
         "what is the", add_special_tokens=False)["input_ids"])
     empty = read_sample(word_tokenizer, "q", "", config, strict=False)
     assert empty.chunks == ()
-    agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)), MemAgent(config, word_tokenizer,
+    agent, runner = on_engine(ScriptedEngine(word_tokenizer), MemAgent(config, word_tokenizer,
                                                                         (EOS,)))
-    (trajectory,), = agent.run(None, [empty], SamplingParams(0.0))
+    (trajectory,), = runner.run(agent, [empty], SamplingParams(0.0))
     assert [t.kind for t in trajectory.turns] == ["final"]
     assert "< memory > No previous memory </ memory >" in word_tokenizer.decode(
         trajectory.turns[0].prompt_ids)

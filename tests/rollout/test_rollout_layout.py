@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from memagent_jax.agents.memagent.agent import build_agent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.engine import engine as engine_module
 from memagent_jax.engine.engine import Engine
@@ -23,6 +23,7 @@ from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_ca
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
+from memagent_jax.rollout.runner import build_runner
 from tests.hf_reference import write_hf_model
 
 AXES = {"data": 2, "fsdp": 2, "tensor": 2}
@@ -139,10 +140,12 @@ def test_run_reads_documents_on_the_mesh_as_one_device_does():
     results = []
     for mesh, rows in ((None, 1), (make_mesh(AXES), 4)):
         loaded = load_model_section(section, tokenizer, mesh)
-        agent = build_agent(loaded.model, tokenizer, budgets,
-                            EngineConfig(slots=4, prefill_rows=rows), mesh, loaded.stop_ids)
+        agent = MemAgent(budgets)
+        runner = build_runner(agent, loaded.model, tokenizer,
+                              EngineConfig(slots=4, prefill_rows=rows), mesh, loaded.stop_ids)
         samples = [agent.read(d.question, d.context) for d in documents]
-        groups = agent.run(loaded.params, samples, SamplingParams(1.0, seed=3), n=2)
+        groups = runner.with_params(loaded.params).run(agent, samples,
+                                                       SamplingParams(1.0, seed=3), n=2)
         results.append([t for group in groups for trajectory in group for t in trajectory.turns])
     assert [t.response_ids for t in results[0]] == [t.response_ids for t in results[1]]
     for a, b in zip(*results):

@@ -7,7 +7,7 @@ import json
 import jax
 import pytest
 
-from memagent_jax.agents.memagent.agent import build_agent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.cli import main
 from memagent_jax.engine import engine as engine_module
@@ -19,6 +19,7 @@ from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.qwen import split_params
 from memagent_jax.models.sharding import make_mesh
+from memagent_jax.rollout.runner import build_runner
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
@@ -101,9 +102,8 @@ def test_a_config_budget_beyond_the_window_names_its_key(tmp_path):
     write_tiny_tokenizer(tokenizer_dir)
     model = random_model(SMALL)
     with pytest.raises(ConfigError) as error:
-        build_agent(model, load_tokenizer(str(tokenizer_dir)),
-                    MemAgentConfig(chunk_tokens=5000, max_memory_tokens=64),
-                    EngineConfig(slots=2), None, (2,))
+        build_runner(MemAgent(MemAgentConfig(chunk_tokens=5000, max_memory_tokens=64)), model,
+                     load_tokenizer(str(tokenizer_dir)), EngineConfig(slots=2), None, (2,))
     assert error.value.key == "memagent.chunk_tokens"
     assert str(error.value).startswith("memagent.chunk_tokens: 5000 makes turns of up to ")
     assert "over the model's context window of 4096 tokens" in str(error.value)
@@ -119,8 +119,8 @@ def test_an_engine_max_len_below_memagents_turns_is_refused_before_any_allocatio
     tokenizer, model = load_tokenizer(str(tokenizer_dir)), random_model(SMALL)
     monkeypatch.setattr(engine_module, "Engine", None)  # building one would fail otherwise
     with pytest.raises(ConfigError) as error:
-        build_agent(model, tokenizer, MemAgentConfig(), EngineConfig(slots=1, max_len=1024),
-                    None, (2,))
+        build_runner(MemAgent(MemAgentConfig()), model, tokenizer,
+                     EngineConfig(slots=1, max_len=1024), None, (2,))
     assert error.value.key == "engine.max_len"
     assert str(error.value).startswith("engine.max_len: 1024 is below the agent's longest "
                                        "turn: memagent.chunk_tokens 5000 makes turns of up to ")

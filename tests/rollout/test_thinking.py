@@ -2,25 +2,24 @@
 engine: with a Qwen3-like word-level tokenizer (`write_tiny_tokenizer(thinking=True)`) and a
 scripted engine whose replies think first, the memories, prompts and answers of each setting;
 the strip rule in ids and in text; a model that never thinks reads the same under all three;
-`off` end to end on a tiny random model through `build_agent`; a bad value is one clear line."""
+`off` end to end on a tiny random model through `build_runner`; a bad value is one clear line."""
 
 import random
 from pathlib import Path
 
 import pytest
 
-from memagent_jax.agents.memagent.agent import MemAgent, MemoryAgent, memories_of
+from memagent_jax.agents.memagent.agent import MemAgent, memories_of
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.agents.memagent.templates import final_prompt, update_prompt
 from memagent_jax.cli import main
 from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.answers import final_answer
 from memagent_jax.rollout.chat import chat_prompt_ids
 from memagent_jax.rollout.thinking import THINKING_CHOICES, strip_thinking_ids, strip_thinking_text
 from memagent_jax.tokenizer import load_tokenizer
-from tests.builders import EOS, ScriptedEngine
+from tests.builders import EOS, ScriptedEngine, on_engine
 from tests.hf_reference import write_tiny_model, write_tiny_tokenizer
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -67,10 +66,10 @@ def test_each_setting_carries_its_memory_and_renders_its_prompts(qwen3, thinking
     last </think>; off: as keep, and every prompt ends in the empty think block. A turn's reply
     and response ids are the whole reply in all three; the answer is the final reply's after
     its last </think> in all three."""
-    agent = MemoryAgent(Scheduler(ThinkingEngine(qwen3)),
-                        MemAgent(_config(thinking), qwen3, (EOS,)))
+    agent, runner = on_engine(ThinkingEngine(qwen3),
+                            MemAgent(_config(thinking), qwen3, (EOS,)))
     sample = agent.read(QUESTION, _document(2 * C))
-    (trajectory,), = agent.run(None, [sample], SamplingParams(0.0))
+    (trajectory,), = runner.run(agent, [sample], SamplingParams(0.0))
     turns = trajectory.turns
     assert [t.kind for t in turns] == ["update", "update", "final"]
     assert [t.reply for t in turns] == [THOUGHT, THOUGHT, FINAL]
@@ -105,9 +104,9 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(word_token
     """Qwen2.5's case: no enable_thinking in the template and no </think> in a reply."""
     read = {}
     for thinking in THINKING_CHOICES:
-        agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)),
-                            MemAgent(_config(thinking), word_tokenizer, (EOS,)))
-        (trajectory,), = agent.run(None, [agent.read(QUESTION, _document(3 * C))],
+        agent, runner = on_engine(ScriptedEngine(word_tokenizer),
+                                MemAgent(_config(thinking), word_tokenizer, (EOS,)))
+        (trajectory,), = runner.run(agent, [agent.read(QUESTION, _document(3 * C))],
                                    SamplingParams(0.0))
         read[thinking] = ([(t.prompt_ids, t.response_ids, t.reply) for t in trajectory.turns],
                           memories_of(trajectory), trajectory.answer)
@@ -118,8 +117,8 @@ def test_a_model_that_never_thinks_reads_the_same_under_every_setting(word_token
 def test_strip_leaves_a_reply_whole_where_the_tokenizer_has_no_think_end(word_tokenizer):
     """Without a `</think>` token the tokenizer reads it with its unknown id (here `<`, unknown,
     `>`): a reply with an unknown word between those two is not the end of a thought."""
-    agent = MemoryAgent(Scheduler(ScriptedEngine(word_tokenizer)),
-                        MemAgent(_config("strip"), word_tokenizer, (EOS,)))
+    agent, runner = on_engine(ScriptedEngine(word_tokenizer),
+                            MemAgent(_config("strip"), word_tokenizer, (EOS,)))
     think_end = _ids(word_tokenizer, "</think>")
     assert word_tokenizer.convert_tokens_to_ids("[UNK]") in think_end
     reply = _ids(word_tokenizer, "hello world") + think_end + _ids(word_tokenizer, "memory hello")
@@ -152,23 +151,24 @@ def test_strip_is_one_rule_in_ids_and_in_text():
 
 
 def test_off_end_to_end_on_a_tiny_model(tmp_path):
-    """A tiny random Qwen with the Qwen3-like tokenizer through `build_agent`: under off every
+    """A tiny random Qwen with the Qwen3-like tokenizer through `build_runner`: under off every
     prompt holds the empty think block (the first is keep's plus the block), the memories are
     the replies, and the loop answers from its final reply."""
-    from memagent_jax.agents.memagent.agent import build_agent
     from memagent_jax.engine.engine_api import EngineConfig
     from memagent_jax.engine.factory import load_model_section
     from memagent_jax.engine.model_section import ModelSection
+    from memagent_jax.rollout.runner import build_runner
 
     section = ModelSection(path=write_tiny_model(tmp_path / "m", seed=5, thinking=True))
     tokenizer = section.load_tokenizer(required=True)
     loaded = load_model_section(section, tokenizer)
     off = MemAgentConfig(chunk_tokens=16, max_memory_tokens=6, max_final_tokens=6,
                          max_problem_tokens=8, thinking="off")
-    agent = build_agent(loaded.model, tokenizer, off, EngineConfig(slots=1), None,
-                        loaded.stop_ids)
+    agent = MemAgent(off)
+    runner = build_runner(agent, loaded.model, tokenizer, EngineConfig(slots=1), None,
+                          loaded.stop_ids).with_params(loaded.params)
     sample = agent.read("what is the answer", _document(40))
-    (trajectory,), = agent.run(loaded.params, [sample], SamplingParams(0.0))
+    (trajectory,), = runner.run(agent, [sample], SamplingParams(0.0))
     turns = trajectory.turns
     assert [t.kind for t in turns] == ["update"] * 3 + ["final"]
     think_block = _ids(tokenizer, "<think> </think>")
@@ -179,9 +179,9 @@ def test_off_end_to_end_on_a_tiny_model(tmp_path):
     assert memories_of(trajectory) == [t.reply for t in turns[:-1]]
     assert trajectory.answer == final_answer(turns[-1].reply)
 
-    keep = MemoryAgent(agent.scheduler, MemAgent(MemAgentConfig(**{
-        **off.__dict__, "thinking": "keep"}), tokenizer, loaded.stop_ids))
-    (kept,), = keep.run(loaded.params, [sample], SamplingParams(0.0))
+    keep = MemAgent(MemAgentConfig(**{**off.__dict__, "thinking": "keep"}), tokenizer,
+                    loaded.stop_ids)
+    (kept,), = runner.run(keep, [sample], SamplingParams(0.0))
     assert turns[0].prompt_ids == kept.turns[0].prompt_ids + think_block
     assert all(think_block[0] not in t.prompt_ids for t in kept.turns)
 

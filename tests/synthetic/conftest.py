@@ -1,12 +1,15 @@
 """The synthetic tests' shared fixtures, one of each a module: the supervised warm-up's random
-model and its memory agent (tests/builders.py's SFT_MODEL and SFT_BUDGETS)."""
+model, its memory agent and where the agent runs on it (tests/builders.py's SFT_MODEL and
+SFT_BUDGETS)."""
 
 import pytest
 
-from memagent_jax.agents.memagent.agent import build_agent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.models.loading import random_model
+from memagent_jax.models.qwen import split_params
+from memagent_jax.rollout.runner import build_runner
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import SFT_BUDGETS, SFT_MODEL
@@ -19,10 +22,15 @@ def sft_model():
 
 
 @pytest.fixture(scope="module")
-def agent(tmp_path_factory, sft_model):
-    """`sft_model`'s memory agent with SFT_BUDGETS, the synthetic tasks' word tokenizer and 4
-    decode slots."""
+def agent(tmp_path_factory):
+    """The memory agent with SFT_BUDGETS and the synthetic tasks' word tokenizer."""
     tokenizer = load_tokenizer(write_tokenizer(str(tmp_path_factory.mktemp("tok")),
                                                synthetic.vocabulary()))
-    return build_agent(sft_model, tokenizer, SFT_BUDGETS, EngineConfig(slots=4), None,
-                       (tokenizer.eos_token_id,))
+    return MemAgent(SFT_BUDGETS, tokenizer, (tokenizer.eos_token_id,))
+
+
+@pytest.fixture(scope="module")
+def rollouts(agent, sft_model):
+    """`agent` on `sft_model` (its own parameters), 4 decode slots."""
+    return build_runner(agent, sft_model, agent.tokenizer, EngineConfig(slots=4), None,
+                        agent.stop_ids).with_params(split_params(sft_model)[1])

@@ -20,12 +20,12 @@ NAME = "memagent-tiny"
 
 @pytest.fixture(scope="module")
 def shipped():
-    policy, agent, _ = load_agent(NAME, "multikey", 65536, {})
-    return policy, agent
+    policy, rollouts, agent, _ = load_agent(NAME, "multikey", 65536, {})
+    return policy, agent, rollouts
 
 
 def test_carries_are_the_turns_that_keep_a_held_memory(shipped):
-    _, agent = shipped
+    _, agent, _ = shipped
     document = synthetic.make_sample("twohop", 4096, 9, 0)
     carries = carry_turns(agent, document, 3)
     ideal = synthetic.oracle_memories(
@@ -49,7 +49,7 @@ def test_margins_are_transformers_logit_margins(shipped):
     import torch
     from transformers import AutoModelForCausalLM
 
-    policy, agent = shipped
+    policy, agent, _ = shipped
     carries = [c for i in range(2)
                for c in carry_turns(agent, synthetic.make_sample("multikey", 4096, 9, i), i)]
     keep_id = agent.tokenizer("code", add_special_tokens=False)["input_ids"][0]  # any word
@@ -90,7 +90,7 @@ def test_a_rewritten_carry_is_where_the_reading_agent_loses_its_fact(shipped, re
     three carries the score keeps, and (rewritten) the chunk whose carry it rewrites and one
     more. The reading agent loses the fact exactly after the first rewrite the score
     predicts, and keeps it where the score predicts none."""
-    policy, agent = shipped
+    policy, agent, rollouts = shipped
     full = synthetic.make_sample("multikey", 1048576, 9, 0)
     chunks, words = agent.read(full.question, full.context).chunks, full.context.split()
     window = [FACT_CHUNK, *range(REWRITE_CHUNK - 3, REWRITE_CHUNK + (2 if rewritten else 0))]
@@ -104,7 +104,7 @@ def test_a_rewritten_carry_is_where_the_reading_agent_loses_its_fact(shipped, re
     assert [c.chunk for c in carries] == list(range(1, len(window)))
     rewrites = [c.chunk for c, s in zip(carries, score_carries(policy.model, carries))
                 if s.margin < 0]
-    (trajectory,), = agent.run(policy.params, [sample], SamplingParams(0.0))
+    (trajectory,), = rollouts.run(agent, [sample], SamplingParams(0.0))
     (fact,) = trace_document(0, document, [agent.tokenizer.decode(c) for c in sample.chunks],
                              [turn.reply for turn in trajectory.turns[:-1]],
                              (trajectory.answer or "").strip(), size).facts

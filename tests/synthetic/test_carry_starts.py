@@ -17,7 +17,6 @@ from memagent_jax.agents.memagent.agent import memories_of
 from memagent_jax.agents.memagent.templates import TokenPrompts
 from memagent_jax.cli import main
 from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.models.qwen import split_params
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rl.trainer import Trainer
@@ -29,6 +28,16 @@ from memagent_jax.synthetic.oracle import update_turn
 from memagent_jax.tokenizer import word_ids
 
 FACT_WORDS = ("code", "city")
+
+
+class _Rollouts:
+    """`Rollouts` of one trajectory a row, `read(rows, sampling)`'s."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def run(self, agent, rows, sampling, n=1, on_call=None, on_done=None):
+        return [[trajectory] for trajectory in self.read(rows, sampling)]
 
 
 def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent):
@@ -80,13 +89,13 @@ def test_carry_starts_hold_the_facts_and_read_the_chunks_least_likely_kept(agent
     assert [e.question for e in other] != [e.question for e in examples]
 
 
-def test_a_carry_start_runs_through_the_agent_from_its_memory(agent, sft_model):
+def test_a_carry_start_runs_through_the_agent_from_its_memory(agent, rollouts):
     def logprobs(rows):
         return np.zeros(rows.tokens.shape, np.float32)
 
     _, samples = carry_starts(agent, 2, chunks=3, pool=1, seed=1, logprobs=logprobs)
     prompts = TokenPrompts(agent.tokenizer)
-    groups = agent.run(split_params(sft_model)[1], samples, SamplingParams(1.0, seed=0), n=2)
+    groups = rollouts.run(agent, samples, SamplingParams(1.0, seed=0), n=2)
     for sample, group in zip(samples, groups):
         for trajectory in group:
             assert [t.kind for t in trajectory.turns] == ["update"] * 3 + ["final"]
@@ -160,7 +169,7 @@ def test_policy_starts_begin_from_the_policys_memory_at_the_chunks_hardest_to_ke
 
     sampling = SamplingParams(1.0, seed=12)
     examples, samples = policy_carry_starts(agent, 3, chunks=2, pool=4, seed=7,
-                                            logprobs=logprobs, rollout=rollout,
+                                            logprobs=logprobs, rollouts=_Rollouts(rollout),
                                             sampling=sampling, tasks=("multikey",))
     ((read, given),) = reads
     assert len(read) == 6 and given == sampling  # twice the starts, read as the step samples
@@ -184,24 +193,24 @@ def test_policy_starts_begin_from_the_policys_memory_at_the_chunks_hardest_to_ke
         assert len(sample.chunks) == 2 and all(list(c) in candidates for c in sample.chunks)
         assert sorted((list(c).count(the) for c in sample.chunks), reverse=True) == counts[:2]
     again = policy_carry_starts(agent, 3, chunks=2, pool=4, seed=7, logprobs=logprobs,
-                                rollout=rollout, sampling=sampling, tasks=("multikey",))
+                                rollouts=_Rollouts(rollout), sampling=sampling,
+                                tasks=("multikey",))
     assert again == (examples, samples)
 
 
 def test_policy_starts_through_the_engine_begin_from_the_memory_the_model_wrote(
-        agent, sft_model, monkeypatch):
+        agent, rollouts, monkeypatch):
     """A random model holds no fact: the fact check lets every read through here."""
     monkeypatch.setattr(starts_module, "holds", lambda memory, fact: True)
-    params = split_params(sft_model)[1]
     reads = []
 
     def rollout(samples, sampling):
-        reads.append([group[0] for group in agent.run(params, samples, sampling)])
+        reads.append([group[0] for group in rollouts.run(agent, samples, sampling)])
         return reads[-1]
 
     def starts(sampling_seed):
         return policy_carry_starts(
-            agent, 2, chunks=2, pool=2, seed=3, rollout=rollout,
+            agent, 2, chunks=2, pool=2, seed=3, rollouts=_Rollouts(rollout),
             logprobs=lambda rows: np.zeros(rows.tokens.shape, np.float32),
             sampling=SamplingParams(1.0, seed=sampling_seed))
 
@@ -228,12 +237,12 @@ def test_a_dapo_step_with_carry_from_policy_runs_its_starts_from_the_policys_mem
     monkeypatch.setattr(starts_module, "holds", lambda memory, fact: True)
     made, decode = [], []
 
-    def spy(agent, *args, rollout, **kwargs):
+    def spy(agent, *args, rollouts, **kwargs):
         def recorded(samples, sampling):
-            made.append(rollout(samples, sampling))
+            made.append([group[0] for group in rollouts.run(agent, samples, sampling)])
             return made[-1]
         decode.append(agent.tokenizer.decode)
-        made.append(policy_carry_starts(agent, *args, rollout=recorded, **kwargs))
+        made.append(policy_carry_starts(agent, *args, rollouts=_Rollouts(recorded), **kwargs))
         return made[-1]
 
     monkeypatch.setattr("memagent_jax.synthetic.plugin.policy_carry_starts", spy)

@@ -13,9 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from memagent_jax.agents.memagent.agent import build_agent
+from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.data.pipeline import Example
-from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rollout.runner import replay
@@ -276,14 +275,13 @@ def test_the_facts_take_random_places_in_the_final_memory(agent, drawn, drawn_al
     assert 0.1 < np.mean(first) < 0.45, np.mean(first)
 
 
-def test_a_row_answers_only_where_its_memory_can_show_every_fact(agent, sft_model):
+def test_a_row_answers_only_where_its_memory_can_show_every_fact(agent):
     """All or none, by the document's facts alone: at a 30-token memory multikey's four facts
     (24 tokens) fit and its rows answer; twohop's six (36) do not, and none of its rows has a
     final turn, whichever fact is asked. A fact in a chunk not read (max_chunks) also leaves
     the row without one."""
-    agent = build_agent(sft_model, agent.tokenizer,
-                        dataclasses.replace(SFT_BUDGETS, max_memory_tokens=30),
-                        EngineConfig(slots=4), None, agent.stop_ids)
+    agent = MemAgent(dataclasses.replace(SFT_BUDGETS, max_memory_tokens=30), agent.tokenizer,
+                     agent.stop_ids)
     for task, answers in (("multikey", True), ("twohop", False)):
         for index in range(10):
             trajectory = format_all_facts_trajectory(agent, _example(task, 200, index))
@@ -303,11 +301,10 @@ def test_a_row_answers_only_where_its_memory_can_show_every_fact(agent, sft_mode
 # ---- the rebuilt start's rows: keep replies, a final reply that boxes the answer alone
 
 @pytest.fixture(scope="module")
-def gated(sft_model, agent):
+def gated(agent):
     """`agent` with the keep gate on (its update prompts name the gate)."""
-    return build_agent(sft_model, agent.tokenizer,
-                       dataclasses.replace(SFT_BUDGETS, keep_gate=True),
-                       EngineConfig(slots=4), None, agent.stop_ids)
+    return MemAgent(dataclasses.replace(SFT_BUDGETS, keep_gate=True), agent.tokenizer,
+                    agent.stop_ids)
 
 
 def test_keep_rows_reply_keep_at_random_and_carry_the_memory_as_the_agent_does(gated, drawn):

@@ -152,7 +152,7 @@ def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sente
     # plugin.carry_cut reaches the rows a supervised step trains on
     plugin = SyntheticPlugin(PluginSection(carry_rows=3, carry_pool=2, carry_cut=True))
     zeros = lambda rows: np.zeros(rows.tokens.shape, np.float32)  # noqa: E731 - all ties
-    rows = plugin.extra_trajectories(StepContext(agent, 3, zeros, rollout=None))
+    rows = plugin.extra_trajectories(StepContext(agent, 3, zeros, rollouts=None))
     assert [t.turns[0].prompt_ids for t in rows] == [t.turns[0].prompt_ids for t in cut[:3]]
 
 

@@ -17,18 +17,15 @@ Every turn is an independent conversation (one user message, one reply), not a c
 the previous turn's: the memory is the only thing carried from one turn to the next, and each
 turn is one training row.
 
-`MemoryAgent` is MemAgent with an `AgentRunner` on a scheduler: `run(params, samples, sampling,
-n)` runs many samples at once, their turns sharing the slots (samples with different numbers
-of chunks never wait for each other), and returns their `Trajectory`s; `build_agent` builds
-one, its engine sized for the longest turn.
+It runs as any agent does, through the rollout contract (rollout/rollouts.py): many samples at
+once on the engine (`rollout.runner.build_runner` sizes it by `engine_need`), their turns
+sharing the slots, or against a server.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Generator, NamedTuple
-
-import jax
+from typing import Any, Generator, NamedTuple
 
 from memagent_jax import model_dir
 from memagent_jax.agents.memagent.config import MemAgentConfig
@@ -40,15 +37,8 @@ from memagent_jax.agents.memagent.templates import (
     final_prompt,
     update_prompt,
 )
-from memagent_jax.engine.engine_api import EngineConfig
-from memagent_jax.engine.factory import build_engine
-from memagent_jax.engine.sampling import SamplingParams
-from memagent_jax.engine.scheduler import Scheduler
-from memagent_jax.errors import ConfigError
-from memagent_jax.models.qwen import Qwen
-from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory, Turn
-from memagent_jax.rollout.conversation import conversation_turns
-from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.errors import UserError
+from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory
 from memagent_jax.rollout.thinking import (
     THINK_END,
     strip_thinking_ids,
@@ -93,6 +83,7 @@ class MemAgent:
 
     def __init__(self, config: MemAgentConfig, tokenizer=None, stop_ids: tuple[int, ...] = ()):
         self.config = config
+        self._read: tuple[object, Sample] | None = None  # `sample`'s last row and its read
         if tokenizer is not None:
             self.setup(tokenizer, stop_ids)
 
@@ -144,11 +135,12 @@ class MemAgent:
                            max_problem_tokens=len(sample.problem_ids))
         return budgets
 
-    def engine_need(self, tokenizer, sample: Sample | None = None) -> tuple[int, str, str]:
+    def engine_need(self, tokenizer, row=None) -> tuple[int, str, str]:
         """(KV entries the longest turn needs (`turn_parts`: of any turn the budgets allow, or
-        with a sample of that sample's), the largest budget's key, how it makes them):
+        with a row of that row's sample), the largest budget's key, how it makes them):
         `rollout.runner.engine_need`. After `setup`, whose tokenizer this is (the agent
         interface passes it; the prompts built there are the ones sized)."""
+        sample = None if row is None else self.sample(row)
         parts, budgets = self.turn_parts(sample), self._turn_budgets(sample)
         budget = max(budgets, key=budgets.__getitem__)
         why = (f"{budgets[budget]} makes turns of up to {sum(parts.values())} "
@@ -193,15 +185,37 @@ class MemAgent:
         """`read_sample` with this agent's tokenizer and budgets."""
         return read_sample(self.tokenizer, problem, document, self.config, strict)
 
-    async def rollout(self, row, policy, on_turn: Callable[[Turn], None] | None = None
-                      ) -> Rollout:
-        """Every turn of one read of `row` (a Sample, or a row with question and context);
-        on_turn(turn) after each. Each conversation's info is {"memory": the memory after it
-        (`memories_of`; the final turn's None)}, the rollout's {"memories": every update turn's}
-        (`run --json`'s record). With gates on, the rollout's metrics are its chunks read and
-        its "keep" and "exit" replies."""
-        sample = row if isinstance(row, Sample) else self.read(row.question, row.context,
-                                                               strict=False)
+    def sample(self, row) -> Sample:
+        """What the rollout reads of `row`: a Sample as it is, a row with question and context
+        read as training reads them (`read`, not strict), the last row's read kept (a row's n
+        rollouts read it once)."""
+        if isinstance(row, Sample):
+            return row
+        if self._read is None or self._read[0] is not row:
+            self._read = row, self.read(row.question, row.context, strict=False)
+        return self._read[1]
+
+    def check_row(self, where: str, index: int, row, tokenizer) -> None:
+        """What a strict read (`read_sample`) refuses in row `index` of `where` (an eval set),
+        before any model loads: UserError for an empty question or context, or a question
+        over max_problem_tokens."""
+        if not row.question.strip():
+            raise UserError(f"{where}: row {index}: the question is empty")
+        if not row.context.strip():
+            raise UserError(f"{where}: row {index}: the context is empty")
+        tokens = len(tokenizer(row.question, add_special_tokens=False)["input_ids"])
+        budget = self.config.max_problem_tokens
+        if tokens > budget:
+            raise UserError(f"{where}: row {index}: the question has {tokens} tokens, over "
+                            f"memagent.max_problem_tokens = {budget}")
+
+    async def rollout(self, row, policy) -> Rollout:
+        """Every turn of one read of `row` (a Sample, or a row with question and context,
+        `sample`). Each conversation's info is {"memory": the memory after it (`memories_of`;
+        the final turn's None)}, the rollout's {"memories": every update turn's} (`run
+        --json`'s record). With gates on, the rollout's metrics are its chunks read and its
+        "keep" and "exit" replies."""
+        sample = self.sample(row)
         config, ids = self.config, policy.takes_ids
         chunks: list | tuple  # of token ids, or (a server) of text; likewise each memory
         memory: Any
@@ -249,76 +263,11 @@ class MemAgent:
                 text = memory if isinstance(memory, str) else self.tokenizer.decode(
                     memory, skip_special_tokens=True)
                 new_memory = memory if gate == "keep" else StopReading(memory)
-            conversation = Conversation([reply.message], kind, {"memory": text})
-            conversations.append(conversation)
+            conversations.append(Conversation([reply.message], kind, {"memory": text}))
             if kind == "update":
                 memories.append(text)
-            if on_turn is not None:
-                on_turn(conversation_turns(conversation, policy.calls, kind)[0])
         metrics = {}
         if gated:
             metrics = {"chunks_read": float(len(conversations) - 1),
                        **{f"{gate}s": float(n) for gate, n in gated.items()}}
         return Rollout(conversations, metrics=metrics, info={"memories": memories})
-
-
-class MemoryAgent(MemAgent):
-    """MemAgent on a scheduler: `run` reads many samples at once through an `AgentRunner`.
-    `agent`: the MemAgent, set up (its tokenizer, stop ids and token prompts are this one's).
-    Built by `build_agent`, which sizes the engine for it."""
-
-    def __init__(self, scheduler: Scheduler, agent: MemAgent):
-        vars(self).update(vars(agent))  # what its setup made: the prompts are not built again
-        self.scheduler = scheduler
-        self.runner = AgentRunner(scheduler, self.tokenizer, self.stop_ids)
-
-    def run(self, params, samples: list[Sample], sampling: SamplingParams, n: int = 1,
-            on_turn: Callable[[int, Turn], None] | None = None) -> list[list[Trajectory]]:
-        """Runs every sample with `params`; returns n trajectories per sample (their identical
-        first turn is prefilled once). Each turn is sampled with a seed derived from
-        `sampling.seed` (None: a fresh one), the sample, the trajectory and the turn
-        (`runner.call_seed`), so the result does not depend on how samples share the slots.
-        on_turn(sample index, turn) after every turn."""
-        return self.runner.run(params, _Numbered(self, on_turn),
-                               [_NumberedSample(i, s) for i, s in enumerate(samples)],
-                               sampling, n)
-
-
-class _NumberedSample(NamedTuple):
-    index: int  # type: ignore[assignment]  # the field, where tuple has a method
-    sample: Sample
-
-    @property
-    def problem(self) -> str:
-        return self.sample.problem
-
-
-class _Numbered:
-    """`MemoryAgent.run`'s agent: the agent's rollout, whose on_turn learns the sample's index."""
-
-    def __init__(self, agent: MemAgent, on_turn):
-        self.agent, self.on_turn, self.name = agent, on_turn, agent.name
-
-    async def rollout(self, row: _NumberedSample, policy) -> Rollout:
-        on_turn = self.on_turn and (lambda turn: self.on_turn(row.index, turn))
-        return await self.agent.rollout(row.sample, policy, on_turn)
-
-
-def build_agent(model: Qwen, tokenizer, memagent: MemAgentConfig, engine: EngineConfig,
-                mesh: jax.sharding.Mesh | None, stop_ids: tuple[int, ...],
-                sample: Sample | None = None) -> MemoryAgent:
-    """A MemoryAgent on its own scheduler and engine, the engine sized for the longest turn
-    `memagent`'s budgets allow, or given `sample` for that sample's turns alone (`run`: a short
-    document under a large chunk budget needs no larger cache), by `MemAgent.engine_need`,
-    unless `engine.max_len` is set. A turn too long for the model or the devices is a
-    ConfigError naming the largest budget; an `engine.max_len` below the turns one naming it,
-    before an engine is built."""
-    agent = MemAgent(memagent, tokenizer, stop_ids)
-    tokens, key, why = agent.engine_need(tokenizer, sample)
-    # Before anything is allocated: a turn past the cache could not be decoded. (Another
-    # agent's max_len is its caps' sum, an upper bound: `run --agent ... --max-len` may cap it.)
-    if engine.max_len is not None and engine.max_len < tokens:
-        raise ConfigError("engine.max_len", f"{engine.max_len} is below the agent's longest "
-                                            f"turn: {key} {why}")
-    decoder = build_engine(model, engine, mesh, tokens, key, why)
-    return MemoryAgent(Scheduler(decoder), agent)
