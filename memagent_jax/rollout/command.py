@@ -97,8 +97,9 @@ def _run(args) -> None:
     else:
         row, calls = _example(args.question, document), None
     rollouts = _rollouts(args, agent, model, tokenizer, row)
+    # A bar where the calls are known (MemAgent: a chunk each, then the answer).
     with progress_bar(total=calls, desc="calls", unit="call",
-                      disable=not collectives.is_main()) as bar:
+                      disable=calls is None or not collectives.is_main()) as bar:
         (trajectory,), = rollouts.run(agent, [row], SamplingParams(
             args.temperature, args.top_p, seed=args.seed), on_call=lambda _: bar.update(1))
     if args.verbose:

@@ -112,7 +112,7 @@ def test_an_agent_on_serve_has_the_conversations_it_has_on_the_engine(server, lo
     if hasattr(agent, "setup"):
         agent.setup(runner.tokenizer, runner.stop_ids)
     rows = [example_from_row(task.make_row(7201, i), i) for i in range(ROWS)]
-    here = runner.run(params, agent, rows, SamplingParams(temperature, 1.0, seed=5))
+    here = runner.with_params(params).run(agent, rows, SamplingParams(temperature, 1.0, seed=5))
     there = run_on_server(Server(server.url, "m", KEY, temperature=temperature), agent, rows, 5)
     assert _read(there) == _read(here)
     if name == "test agent":
