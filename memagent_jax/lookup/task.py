@@ -68,12 +68,13 @@ def vocabulary() -> list[str]:
     phrasings, the tool's replies, the answer format and the keys and codes."""
     from memagent_jax.agents import tool_calling
     from memagent_jax.lookup.tools import TOOL
+    from memagent_jax.rollout import tool_calls
 
     keys, codes = words()
     vocab = ["<pad>", "<s>", "</s>", *ROLES]
-    errors = [tool_calling.INVALID_JSON, tool_calling.NO_NAME, tool_calling.UNKNOWN_TOOL,
-              tool_calling.NOT_AN_OBJECT, "error: lookup takes key (required: key)"]
-    text = " ".join([tool_calling.system_prompt([TOOL]), *PHRASINGS,
+    errors = [tool_calls.INVALID_JSON, tool_calls.NO_NAME, tool_calling.UNKNOWN_TOOL,
+              tool_calls.NOT_AN_OBJECT, "error: lookup takes key (required: key)"]
+    text = " ".join([tool_calls.declare_tools([TOOL.declaration]), *PHRASINGS,
                      "the code of is . no such key .",
                      *errors,
                      "<tool_call> </tool_call> <tool_response> </tool_response>",

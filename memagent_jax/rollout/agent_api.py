@@ -61,13 +61,17 @@ MOVED_MODULES = {"memagent_jax.rollout.memagent": DEFAULT_MODULE}
 
 
 class AssistantMessage(dict):
-    """{"role": "assistant", "content": text}: a reply as a chat message. `reply` links it to
-    the call that generated it, so the runner finds its token ids when the agent sends it back
-    in a later call's messages or returns it in a conversation (a plain dict with the same
-    content is matched by content instead)."""
+    """{"role": "assistant", "content": text} (and "tool_calls", OpenAI's, where the reply
+    calls tools): a reply as a chat message. `reply` links it to the call that generated it,
+    so the runner finds its token ids when the agent sends it back in a later call's messages
+    or returns it in a conversation (a plain dict with the same content and calls is matched by
+    them instead)."""
 
-    def __init__(self, content: str, reply: Reply | None = None):
+    def __init__(self, content: str, reply: Reply | None = None,
+                 tool_calls: list[dict] | None = None):
         super().__init__(role="assistant", content=content)
+        if tool_calls:
+            self["tool_calls"] = tool_calls
         self.reply = reply
 
 
@@ -77,13 +81,18 @@ class Reply:
     token_ids: every id generated, the stop token included (None from a server, which
     returns text); logprobs: each id's behaviour log-probability (None likewise);
     finish_reason: "stop" or "length"; prompt_ids: the ids the engine continued (None from a
-    server); message: the reply as the next call's messages take it."""
+    server); message: the reply as the next call's messages take it. A call given `tools`
+    (`rollout/tool_calls.py`): tool_calls, the calls the reply makes (OpenAI's shape; None:
+    none), tool_error, why the calls it wrote do not parse (None: they do, or it wrote none);
+    its message's content is then the text outside the calls."""
     text: str
     finish_reason: str
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
     prompt_ids: list[int] | None = None
     completion_tokens: int | None = None  # a server's usage count when it reports one
+    tool_calls: list[dict] | None = None
+    tool_error: str | None = None
     message: AssistantMessage = dataclasses.field(init=False)
 
     def __post_init__(self):
@@ -129,12 +138,18 @@ class Policy(Protocol):
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
                    prompt_ids: list[int] | None = None, temperature: float | None = None,
                    top_p: float | None = None, top_k: int | None = None,
+                   tools: list[dict] | None = None, tool_choice: str | None = None,
                    **template_vars) -> Reply:
         """A reply to `messages` of at most max_tokens tokens, sampled as the run samples
         (temperature, top-p, top-k; a seed per call) unless the call asks otherwise (not in
         training: the learner scores tokens under the rollout's distribution). prompt_ids: the
         prompt as ids instead, for a workflow that splices ids (MemAgent); template_vars: the
-        chat template's extra variables (enable_thinking, tools, ...)."""
+        chat template's extra variables (enable_thinking, ...). tools: OpenAI's function tools,
+        rendered through the chat template (or declared in the system message where it takes
+        none) and the reply read for its calls (`Reply.tool_calls`, `Reply.tool_error`;
+        rollout/tool_calls.py); tool_choice "auto" (None) or "none" (not read). Messages may
+        hold assistant messages with `tool_calls` and `role: "tool"` messages with
+        `tool_call_id`."""
 
     async def once(self, fn: Callable, *args) -> Any:
         """fn(*args) computed on process 0 only, its (picklable) result on every process: for a

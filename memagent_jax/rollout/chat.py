@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.thinking import template_kwargs
+from memagent_jax.rollout.tool_calls import render_input
 
 
 def chat_prompt_ids(tokenizer, user_message: str, thinking: str = "keep") -> list[int]:
@@ -20,6 +21,7 @@ def chat_ids(tokenizer, messages: list[dict], **template_vars) -> list[int]:
     template_vars: the template's extra variables (a request's `chat_template_kwargs`, e.g.
     enable_thinking)."""
     require_chat_template(tokenizer)
+    messages, template_vars = render_input(tokenizer, messages, template_vars)
     ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True,
                                         **template_vars)
     if isinstance(ids, dict) or hasattr(ids, "keys"):  # transformers 5 may return an encoding

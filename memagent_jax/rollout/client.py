@@ -34,6 +34,12 @@ from memagent_jax.rollout.agent_api import Reply, Trajectory
 from memagent_jax.rollout.conversation import Call, continued
 from memagent_jax.rollout.rollouts import OnCall, OnDone
 from memagent_jax.rollout.runner import call_seed, run_coroutine, trajectory_of
+from memagent_jax.rollout.tool_calls import (
+    call_template_vars,
+    read_reply,
+    reads_calls,
+    with_calls,
+)
 
 # Where the client reads its key, first set (non-empty) first: the project's own variable,
 # which `serve` reads too, then the original MemAgent quickstart's (and this command's before
@@ -62,11 +68,12 @@ class Server:
 
 
 def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | None = None,
-         template_vars: dict | None = None) -> dict:
-    """One chat completion: its first choice ({"message": {"content"}, "finish_reason"}),
-    with the response's "usage" when the server reports it. template_vars: the chat
-    template's extra variables, sent as "chat_template_kwargs" (vLLM's field; `tools` as
-    OpenAI's own field). Raises OSError/ValueError on failure."""
+         template_vars: dict | None = None, tool_choice: str | None = None) -> dict:
+    """One chat completion: its first choice ({"message": {"content", "tool_calls"},
+    "finish_reason"}), with the response's "usage" when the server reports it. template_vars:
+    the chat template's extra variables, sent as "chat_template_kwargs" (vLLM's field; `tools`
+    as OpenAI's own top-level field, with tool_choice). Raises OSError/ValueError on
+    failure."""
     request = {"model": server.model, "messages": messages, "max_tokens": max_tokens,
                "temperature": server.temperature, "top_p": server.top_p}
     if server.top_k:
@@ -76,6 +83,8 @@ def chat(server: Server, messages: list[dict], *, max_tokens: int, seed: int | N
     template_vars = dict(template_vars or {})
     if "tools" in template_vars:
         request["tools"] = template_vars.pop("tools")
+    if tool_choice is not None:
+        request["tool_choice"] = tool_choice
     if template_vars:
         request["chat_template_kwargs"] = template_vars
     body = json.dumps(request).encode()
@@ -116,9 +125,11 @@ class ServerPolicy:
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
                    prompt_ids: list[int] | None = None, temperature: float | None = None,
                    top_p: float | None = None, top_k: int | None = None,
+                   tools: list[dict] | None = None, tool_choice: str | None = None,
                    **template_vars) -> Reply:
         if messages is None:
             raise ValueError("a server takes chat messages, not prompt_ids alone")
+        template_vars = call_template_vars(template_vars, tools, tool_choice)
         given: dict[str, Any] = {k: v for k, v in (("temperature", temperature),
                                                    ("top_p", top_p), ("top_k", top_k))
                                  if v is not None}
@@ -131,8 +142,10 @@ class ServerPolicy:
         try:
             choice = await asyncio.to_thread(chat, server, list(messages),
                                              max_tokens=max_tokens, seed=seed,
-                                             template_vars=template_vars)
+                                             template_vars=template_vars,
+                                             tool_choice=tool_choice)
             text = choice["message"]["content"] or ""
+            given_calls = choice["message"].get("tool_calls") or []
         except urllib.error.HTTPError as e:
             raise UserError(f"{url}: call {number}: server answered HTTP {e.code} {e.reason}"
                             f"{_server_message(e)}{_key_hint(e.code, self.server.api_key)}"
@@ -143,6 +156,10 @@ class ServerPolicy:
         usage = choice.get("usage") or {}
         call.reply = Reply(text, choice.get("finish_reason") or "",
                            completion_tokens=usage.get("completion_tokens"))
+        if given_calls:  # the server's parser read them
+            with_calls(call.reply, text, given_calls, None)
+        elif reads_calls(tools, tool_choice):  # ours reads what it left as text
+            read_reply(call.reply)
         self.calls[call.reply] = call
         if self.on_call is not None:
             self.on_call()

@@ -24,6 +24,7 @@ import dataclasses
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Turn
 from memagent_jax.rollout.chat import chat_ids
+from memagent_jax.rollout.tool_calls import render_input
 from memagent_jax.tokenizer import PIECE_IDS, check_representable
 
 # Rendered in place of a reply's content to find where the template's text after a reply
@@ -91,14 +92,21 @@ class ChatPrompts:
         return list(call.prompt_ids) + list(generated) + added
 
     def _render(self, messages, generation_prompt: bool, template_vars: dict) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=generation_prompt,
-                                                  **template_vars)
+        return render(self.tokenizer, messages, generation_prompt, template_vars)
 
     def _decoded_stop(self, token: int) -> str:
         if token not in self._stop_text:
             self._stop_text[token] = self.tokenizer.decode([token])
         return self._stop_text[token]
+
+
+def render(tokenizer, messages: list[dict], generation_prompt: bool, template_vars: dict) -> str:
+    """The messages as the chat template's text (tools and tool calls as `render_input`
+    gives them)."""
+    messages, template_vars = render_input(tokenizer, messages, template_vars)
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=generation_prompt,
+                                         **template_vars)
 
 
 def continues(messages: list[dict], template_vars: dict, call: Call) -> bool:
@@ -120,22 +128,24 @@ def continued(messages: list[dict], template_vars: dict, earlier: list[Call]) ->
 
 def is_reply(message, reply: Reply) -> bool:
     """Whether `message` is `reply` as a chat message: its own `reply.message`, or an assistant
-    message with the same content."""
-    return message is reply.message or (isinstance(message, dict)
-                                        and message.get("role") == "assistant"
-                                        and message.get("content") == reply.text)
+    message with the same content and tool calls."""
+    return message is reply.message or (
+        isinstance(message, dict) and message.get("role") == "assistant"
+        and (message.get("content") or "") == reply.message["content"]
+        and message.get("tool_calls") == reply.message.get("tool_calls"))
 
 
 def check_messages(messages, what: str) -> list[dict]:
     """`messages`, or a UserError naming `what` (a call's messages, a returned conversation)
     unless they are a non-empty list of chat messages: dicts with string 'role' and
-    'content'."""
+    'content' (None too in an assistant message with 'tool_calls', as OpenAI's)."""
     if not isinstance(messages, list) or not messages:
         raise UserError(f"{what} must be a non-empty list of {{'role', 'content'}} dicts, got "
                         f"{messages!r:.100}")
     for k, message in enumerate(messages):
         if (not isinstance(message, dict) or not isinstance(message.get("role"), str)
-                or not isinstance(message.get("content"), str)):
+                or not (isinstance(message.get("content"), str)
+                        or message.get("content") is None and message.get("tool_calls"))):
             raise UserError(f"{what}, message {k} must be a dict with string 'role' and "
                             f"'content', got {message!r:.100}")
     return messages
@@ -151,17 +161,17 @@ def check_readable(tokenizer, ids: list[int], messages: list[dict], template_var
     as the unknown token reaches the model as that token, as it did.)"""
     if not ids or max(ids) < PIECE_IDS:
         return
+    alone = {k: v for k, v in template_vars.items() if k != "tools"}
     for i in range(first, len(messages)):
         message = messages[i]
         try:
-            text = tokenizer.apply_chat_template([message], tokenize=False, **template_vars)
+            text = render(tokenizer, [message], False, alone)
         except Exception:  # noqa: BLE001 - a template that renders no such message alone
-            text = message["content"]
+            text = message["content"] or ""
         if max(tokenizer.encode(text, add_special_tokens=False), default=0) >= PIECE_IDS:
             check_representable(tokenizer, text, f"messages[{i}].content ({message['role']})")
-    check_representable(tokenizer, tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, **template_vars),
-        "the prompt as the chat template renders it")
+    check_representable(tokenizer, render(tokenizer, messages, True, template_vars),
+                        "the prompt as the chat template renders it")
 
 
 def conversation_turns(conversation: list[dict], calls: dict[Reply, Call], kind: str
@@ -198,7 +208,7 @@ def _call_of(message, conversation, k, calls: dict[Reply, Call]) -> Call | None:
     if not (isinstance(message, dict) and message.get("role") == "assistant"):
         return None
     return next((call for call in calls.values()
-                 if call.reply is not None and call.reply.text == message.get("content")
+                 if call.reply is not None and is_reply(message, call.reply)
                  and call.messages == list(conversation[:k])), None)
 
 

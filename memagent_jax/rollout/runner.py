@@ -61,6 +61,12 @@ from memagent_jax.rollout.conversation import (
     conversation_turns,
 )
 from memagent_jax.rollout.rollouts import OnCall, OnDone
+from memagent_jax.rollout.tool_calls import (
+    call_template_vars,
+    read_reply,
+    reads_calls,
+    rollout_call_ids,
+)
 
 
 def call_seed(seed: int, row: int, trajectory: int, call: int) -> tuple[int, int]:
@@ -139,11 +145,13 @@ class EnginePolicy:
     async def chat(self, messages: list[dict] | None = None, *, max_tokens: int,
                    prompt_ids: list[int] | None = None, temperature: float | None = None,
                    top_p: float | None = None, top_k: int | None = None,
+                   tools: list[dict] | None = None, tool_choice: str | None = None,
                    **template_vars) -> Reply:
         runner = self._run.runner
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
         sampling = self._run.sampling_of(temperature, top_p, top_k)
+        template_vars = call_template_vars(template_vars, tools, tool_choice)
         if prompt_ids is None:
             ids, parent = runner.prompts.prompt(messages, template_vars, self._made)
         else:
@@ -158,6 +166,8 @@ class EnginePolicy:
         self._run.queue.append(_Queued(self.row, call, sampling, first_index, future))
         self._run.wake.set()
         call.reply = runner.reply(call, await future)
+        if reads_calls(tools, tool_choice):
+            read_reply(call.reply, rollout_call_ids(len(self._made) - 1))
         self.calls[call.reply] = call
         return call.reply
 
@@ -404,7 +414,8 @@ class _ReplayPolicy:
         self._made: list[Call] = []
 
     async def chat(self, messages=None, *, max_tokens, prompt_ids=None, temperature=None,
-                   top_p=None, top_k=None, **template_vars):
+                   top_p=None, top_k=None, tools=None, tool_choice=None, **template_vars):
+        template_vars = call_template_vars(template_vars, tools, tool_choice)
         if prompt_ids is None:
             ids, parent = self.prompts.prompt(messages, template_vars, self._made)
         else:
@@ -417,6 +428,8 @@ class _ReplayPolicy:
         call.reply = Reply(self.tokenizer.decode(said, skip_special_tokens=True),
                            "stop" if tokens and tokens[-1] in self.stop_ids else "length",
                            tokens, [0.0] * len(tokens), ids)
+        if reads_calls(tools, tool_choice):
+            read_reply(call.reply, rollout_call_ids(len(self._made) - 1))
         self.calls[call.reply] = call
         return call.reply
 

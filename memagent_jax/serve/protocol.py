@@ -5,9 +5,13 @@ or raise `APIError`, which carries the HTTP status and OpenAI's error object
 (`{"error": {"message", "type", "param", "code"}}`, `param` naming the field at fault). Fields
 follow OpenAI's API reference; `top_k`, `ignore_eos`, `return_tokens_as_token_ids` and
 `chat_template_kwargs` (the chat template's extra variables, e.g. Qwen3's
-`{"enable_thinking": false}`) are vLLM's extensions.
-Sampling features the engine does not have (penalties, logit bias, tools, JSON mode, audio,
-reasoning effort, echo, best_of) are refused with a 400 rather than silently ignored; OpenAI's
+`{"enable_thinking": false}`) are vLLM's extensions. `tools` (OpenAI's function tools) render
+through the chat template and the reply is read for its calls (rollout/tool_calls.py), with
+`tool_choice` "auto" or "none"; assistant messages may carry `tool_calls`, and `tool` messages
+their `tool_call_id`.
+Sampling features the engine does not have (penalties, logit bias, a forced tool choice, JSON
+mode, audio, reasoning effort, echo, best_of) are refused with a 400 rather than silently
+ignored; OpenAI's
 bookkeeping fields (`user`, `metadata`, `store`, `service_tier`, ...: logging, billing and caching,
 never another answer) are taken and ignored. A field this server does not know is a 400 naming
 it, with the known field closest to it ("Unrecognized request argument supplied: max_token (did
@@ -23,6 +27,8 @@ import difflib
 import math
 from typing import Any, Literal
 
+from memagent_jax.rollout.tool_calls import check_tools
+
 MAX_STOP_STRINGS = 16
 MAX_N = 128
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -34,12 +40,12 @@ _COMMON_FIELDS = ("model", "n", "temperature", "top_p", "top_k", "seed", "stop",
                   "ignore_eos", "return_tokens_as_token_ids", "max_tokens", "logprobs",
                   *_BOOKKEEPING)
 # Chat fields the engine has no use for, and the values that ask for nothing (accepted).
-_UNSUPPORTED_CHAT = {"tools": (None, []), "functions": (None, []),
-                     "tool_choice": (None, "none", "auto"), "function_call": (None, "none", "auto"),
+_UNSUPPORTED_CHAT = {"functions": (None, []), "function_call": (None, "none", "auto"),
                      "audio": (None,), "modalities": (None, ["text"]), "reasoning_effort": (None,),
                      "verbosity": (None,), "web_search_options": (None,)}
 _CHAT_FIELDS = frozenset((*_COMMON_FIELDS, "messages", "top_logprobs", "max_completion_tokens",
-                          "response_format", "chat_template_kwargs", *_UNSUPPORTED_CHAT))
+                          "response_format", "chat_template_kwargs", "tools", "tool_choice",
+                          *_UNSUPPORTED_CHAT))
 _COMPLETION_FIELDS = frozenset((*_COMMON_FIELDS, "prompt", "echo", "suffix", "best_of"))
 
 
@@ -64,7 +70,8 @@ class Generation:
     per prompt). max_tokens None: whatever the engine's length leaves. seed None: a fresh one.
     top_logprobs: alternatives per token (0: none); logprobs: whether to return them at all.
     ignore_eos: generate max_tokens whatever the model's EOS (benchmarks). template_vars
-    (chat): the request's chat_template_kwargs, passed to the chat template."""
+    (chat): the request's chat_template_kwargs, passed to the chat template; tools (chat):
+    OpenAI's function tools (None: none), tool_choice "auto" or "none" (None: auto)."""
     kind: Literal["chat", "completion"]
     model: str
     prompts: tuple
@@ -82,6 +89,8 @@ class Generation:
     tokens_as_ids: bool = False
     ignore_eos: bool = False
     template_vars: dict = dataclasses.field(default_factory=dict)
+    tools: list | None = None
+    tool_choice: str | None = None
 
 
 def bad(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -114,8 +123,18 @@ def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
     if not isinstance(template_vars, dict):
         raise bad(f"'chat_template_kwargs' must be an object, got {template_vars!r}",
                   "chat_template_kwargs")
+    tools, tool_choice = body.get("tools") or None, body.get("tool_choice")
+    if tools is not None or tool_choice is not None:
+        try:
+            check_tools(tools if tools is not None else [], tool_choice)
+        except ValueError as e:
+            raise bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
+    common = _common(body)
+    if tools and common["stream"]:
+        raise bad("'stream' with 'tools' is not supported by this server", "stream")
     return Generation("chat", _model(body), (checked,), max_tokens, logprobs=logprobs,
-                      top_logprobs=top, template_vars=template_vars, **_common(body))
+                      top_logprobs=top, template_vars=template_vars, tools=tools,
+                      tool_choice=tool_choice, **common)
 
 
 def parse_completion(body: Any, max_top_logprobs: int, vocab_size: int) -> Generation:
@@ -195,7 +214,23 @@ def _message(message: Any, where: str) -> dict:
     if not isinstance(content, str):
         raise bad(f"{where}.content must be a string or a list of text parts",
                   f"{where}.content")
-    return {"role": message["role"], "content": content}
+    checked = {"role": message["role"], "content": content}
+    calls = message.get("tool_calls")
+    if message["role"] == "assistant" and calls:
+        if not isinstance(calls, list) or not all(
+                isinstance(c, dict) and isinstance(c.get("function"), dict)
+                and isinstance(c["function"].get("name"), str)
+                and isinstance(c["function"].get("arguments"), str) for c in calls):
+            raise bad(f"{where}.tool_calls must be a list of {{'id', 'type': 'function', "
+                      f"'function': {{'name', 'arguments': JSON text}}}}", f"{where}.tool_calls")
+        checked["tool_calls"] = calls
+    if message["role"] == "tool":
+        for name in ("tool_call_id", "name"):
+            if message.get(name) is not None:
+                if not isinstance(message[name], str):
+                    raise bad(f"{where}.{name} must be a string", f"{where}.{name}")
+                checked[name] = message[name]
+    return checked
 
 
 def _prompts(prompt: Any, vocab_size: int) -> tuple:

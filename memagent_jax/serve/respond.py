@@ -29,6 +29,8 @@ from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.chat import chat_ids
+from memagent_jax.rollout.conversation import render
+from memagent_jax.rollout.tool_calls import call_template_vars, parse_tool_calls, reads_calls
 from memagent_jax.serve.encoding import Encoder
 from memagent_jax.serve.protocol import ROLES, APIError, Generation, bad
 from memagent_jax.serve.text import TextStream
@@ -137,9 +139,10 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
                       "template renderer's own arguments, not template variables",
                       "chat_template_kwargs")
         messages = list(gen.prompts[0])
+        template_vars = call_template_vars(gen.template_vars, gen.tools, None)
         try:
             prompts = [await served.encoder.run(
-                functools.partial(_chat_prompt, messages, gen.template_vars),
+                functools.partial(_chat_prompt, messages, template_vars),
                 [m["content"] for m in messages], "messages")]
         except APIError:  # the Encoder's length bound
             raise
@@ -196,16 +199,13 @@ def _chat_prompt(messages: list[dict], template_vars: dict, tokenizer) -> list[i
     unk = unknown_id(tokenizer)
     if not any(t == unk or t >= PIECE_IDS for t in ids):
         return ids
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=True, **template_vars)
+    rendered = render(tokenizer, messages, True, template_vars)
     unread = set(unreadable_parts(tokenizer, rendered))
     own = [unreadable_parts(tokenizer, message["content"]) for message in messages]
     for i, parts in enumerate(own):
         if unread.intersection(parts):
             check_representable(tokenizer, messages[i]["content"], f"messages[{i}].content")
-    markup = tokenizer.apply_chat_template(
-        [{**m, "content": ""} for m in messages], tokenize=False,
-        add_generation_prompt=True, **template_vars)
+    markup = render(tokenizer, [{**m, "content": ""} for m in messages], True, template_vars)
     readable = [r for r in ROLES if not unreadable_parts(tokenizer, r)]
     for i, message in enumerate(messages):
         role = message["role"]
@@ -363,10 +363,17 @@ async def collect(exchange: Exchange, model: str) -> dict:
     choices = []
     for c in exchange.choices:
         logprobs = _logprobs(exchange, c.tokens) if gen.logprobs else None
-        body = ({"message": {"role": "assistant", "content": c.text.text}} if chat
-                else {"text": c.text.text})
+        body: dict = ({"message": {"role": "assistant", "content": c.text.text}} if chat
+                      else {"text": c.text.text})
+        finish_reason = c.finish_reason
+        if chat and reads_calls(gen.tools, gen.tool_choice):
+            parsed = parse_tool_calls(c.text.text)
+            if parsed.tool_calls:  # as vLLM's hermes parser answers; else the text, as it is
+                body["message"] = {"role": "assistant", "content": parsed.content,
+                                   "tool_calls": parsed.tool_calls}
+                finish_reason = "tool_calls"
         choices.append({"index": c.index, **body, "logprobs": logprobs,
-                        "finish_reason": c.finish_reason})
+                        "finish_reason": finish_reason})
     return {**_head(exchange, model, chunk=False), "choices": choices,
             "usage": exchange.usage()}
 

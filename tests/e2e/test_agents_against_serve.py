@@ -16,10 +16,10 @@ import json
 import os
 from pathlib import Path
 
+import openai
 import pytest
 
 from memagent_jax.agents import single_turn, tool_calling
-from memagent_jax.agents.tool_calling import parse_tool_call, system_prompt, with_system
 from memagent_jax.cli import main
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.engine_api import EngineConfig
@@ -30,8 +30,10 @@ from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.lookup import task
 from memagent_jax.lookup.tools import TOOL, lookup
 from memagent_jax.rollout.agent_api import Rollout
+from memagent_jax.rollout.chat import chat_ids
 from memagent_jax.rollout.client import Server, run_on_server
 from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.rollout.tool_calls import declare_tools, parse_tool_calls, with_system
 from tests.serve_helpers import MAX_LEN, SLOTS, serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +58,7 @@ def local():
     return AgentRunner(Scheduler(engine), policy.tokenizer, policy.stop_ids), policy.params
 
 
-SYSTEM = system_prompt([TOOL])
+SYSTEM = declare_tools([TOOL.declaration])
 
 
 async def rollout(row, policy):
@@ -69,10 +71,11 @@ async def rollout(row, policy):
         for _ in range(2):
             reply = await policy.chat(messages, max_tokens=32)
             messages.append({"role": "assistant", "content": reply.text})
-            call = parse_tool_call(reply.text)
-            if call is None or not isinstance(call[1], dict):
+            calls = parse_tool_calls(reply.text).tool_calls
+            if not calls:
                 break
-            messages.append({"role": "tool", "content": lookup(call[1].get("key", ""), table)})
+            key = json.loads(calls[0]["function"]["arguments"]).get("key", "")
+            messages.append({"role": "tool", "content": lookup(key, table)})
         if not asked:
             messages.append({"role": "user", "content": row.prompt[-1]["content"]})
     alone = list(row.prompt)
@@ -96,10 +99,19 @@ AGENTS = {
 
 def _read(trajectories) -> list:
     """What both roads must agree on: each trajectory's conversations (kind, messages, last
-    reply), final reply and answer."""
-    return [[(t.final_reply, t.answer, [(turn.kind, turn.reply, [dict(m) for m in turn.messages])
+    reply), final reply and answer; tool call ids apart (a server names its calls afresh)."""
+    return [[(t.final_reply, t.answer, [(turn.kind, turn.reply, [_unnamed(m) for m in
+                                                                 turn.messages])
                                         for turn in t.turns]) for t in group]
             for group in trajectories]
+
+
+def _unnamed(message) -> dict:
+    message = {k: v for k, v in message.items() if k != "tool_call_id"}
+    if "tool_calls" in message:
+        message["tool_calls"] = [{k: v for k, v in c.items() if k != "id"}
+                                 for c in message["tool_calls"]]
+    return message
 
 
 @pytest.mark.slow
@@ -145,3 +157,43 @@ def test_the_lookup_dev_set_scores_the_same_through_model_url(server, tmp_path, 
     here, there = _samples(tmp_path / "local"), _samples(tmp_path / "url")
     assert there == here
     assert sum(r["em"] for r in here.values()) >= ROWS - 1
+
+
+@pytest.mark.slow
+def test_the_openai_client_calls_the_lookup_tool_and_the_answer_is_the_agents(server, local):
+    """`tools` through the official client: the lookup model's call comes back as `tool_calls`
+    the client parses (finish_reason "tool_calls"); the conversation finished with a `role:
+    tool` message answers as the shipped agent answers on the engine, its prompt the very ids
+    the agent's last call continued (the call rendered from its `tool_calls`, the declaration in
+    the system message, as `policy.chat` renders them); a call cut at max_tokens does not parse:
+    no tool_calls, its text, no 500."""
+    runner, params = local
+    agent = AGENTS["tool_calling"]()
+    agent.setup(runner.tokenizer, runner.stop_ids)
+    row = example_from_row(task.make_row(7201, 0), 0)
+    ((here,),) = runner.with_params(params).run(agent, [row], SamplingParams(0.0, 1.0, seed=5))
+    client = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0, timeout=60)
+    messages: list[dict] = list(row.prompt)
+    first = client.chat.completions.create(model="m", messages=messages, tools=[
+        TOOL.declaration], max_tokens=32, temperature=0.0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "lookup"
+    key = json.loads(call.function.arguments)["key"]
+    table = row.extra_info["tools_kwargs"]["lookup"]["create_kwargs"]["table"]
+    messages += [choice.message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": lookup(key, table)}]
+    second = client.chat.completions.create(model="m", messages=messages, tools=[
+        TOOL.declaration], max_tokens=32, temperature=0.0)
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == here.final_reply
+    (turn,) = here.turns
+    assert [m["role"] for m in turn.messages] == ["user", "assistant", "tool", "assistant"]
+    last_call = turn.messages[-1].reply.prompt_ids
+    assert chat_ids(runner.tokenizer, messages, tools=[TOOL.declaration]) == last_call
+    assert second.usage.prompt_tokens == len(last_call)
+    cut = client.chat.completions.create(model="m", messages=list(row.prompt), tools=[
+        TOOL.declaration], max_tokens=4, temperature=0.0)
+    assert cut.choices[0].finish_reason == "length" and not cut.choices[0].message.tool_calls
+    assert cut.choices[0].message.content.startswith("<tool_call>")

@@ -3,13 +3,13 @@ shown, the task not), and its committed results: the start and the final as Hugg
 exports that `transformers` loads with our logits, and the test table README.md and
 docs/tools.md quote, recomputed from the committed answers."""
 
+import json
 import os
 import re
 
 import pytest
 
 from memagent_jax.agents.tool_calling import build as build_tool_agent
-from memagent_jax.agents.tool_calling import parse_tool_call
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.eval.compare import compare, read_run, wilson_interval
 from memagent_jax.lookup import task
@@ -43,16 +43,18 @@ def test_the_starts_targets_show_the_formats_and_not_the_task(tmp_path):
     for i in range(120):
         example = example_from_row(task.make_row(1, i), i)
         (turn,) = plugin.target(agent, example).turns
-        system, user, call, result, answer = turn.messages
-        name, arguments = parse_tool_call(call["content"])
+        user, call, result, answer = turn.messages
+        (called,) = call["tool_calls"]
+        name, arguments = called["function"]["name"], json.loads(called["function"]["arguments"])
         assert name == "lookup" and arguments["key"] in user["content"].split()
-        assert result == {"role": "tool", "content": task_result(example, arguments["key"])}
+        assert result == {"role": "tool", "tool_call_id": called["id"],
+                          "content": task_result(example, arguments["key"])}
         boxed = extract_boxed(answer["content"]).strip()
         assert boxed in result["content"].split()
         asked += arguments["key"] not in ("what", "is", "the", "code", "of", "which", "does",
                                           "have", "tell", "me", "for")
         right += boxed == example.ground_truths[0]
-        assert sum(turn.response_mask) == len(tokenizer(call["content"] + answer["content"],
+        assert sum(turn.response_mask) == len(tokenizer(call.reply.text + answer["content"],
                                                         add_special_tokens=False)["input_ids"]) + 2
     assert 10 <= asked <= 35 and right <= 10
 

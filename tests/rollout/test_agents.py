@@ -12,8 +12,6 @@ import pytest
 
 from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
-from memagent_jax.agents.tool_calling import build as build_tool_agent
-from memagent_jax.agents.tool_calling import parse_tool_call
 from memagent_jax.data.needle import needle_rows, write_tokenizer
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.engine_api import EngineConfig
@@ -190,49 +188,6 @@ def test_a_call_may_sample_otherwise_except_in_training(tokenizer):
     assert asked == [" the"]
     with pytest.raises(ValueError, match=r"in training a call samples as rollout\.\* says"):
         runner.with_params(None, fixed_sampling=True).run(agent, _rows(1), SamplingParams(1.0))
-
-
-def lookup_tool(key: str) -> str:
-    """A word's code.
-
-    Args:
-        key: the word
-    """
-    return f"the code of {key} is tiger ."
-
-
-def test_the_tool_agent_tells_the_model_of_a_call_that_runs_no_tool(tokenizer):
-    """The original's way: the tool message says what went wrong, and repeats nothing the model
-    wrote; the agent stops after max_turns calls."""
-    assert parse_tool_call('<tool_call>{" name": " x", " arguments": {" k": " v"}}</tool_call>'
-                           ) == ("x", {"k": "v"})
-    assert parse_tool_call("<tool_call>{oops</tool_call>") == ("", "invalid json")
-    assert parse_tool_call('<tool_call>{"name": ""}</tool_call>') == ("", "tool name not found")
-    assert parse_tool_call("no call") is None
-    agent = build_tool_agent({"tools": [f"{__name__}:lookup_tool"], "max_turns": 2}, None)
-    assert agent.tools["lookup_tool"].schema["parameters"]["required"] == ["key"]
-    calls = iter(['{"name": "search", "arguments": {}}', '{"name": "lookup_tool", '
-                  '"arguments": {"word": "zebra"}}'])
-
-    told = []
-
-    class Policy:  # every reply calls a tool it should not
-        takes_ids = False
-
-        async def chat(self, messages, max_tokens, **_):
-            from memagent_jax.rollout.agent_api import Reply
-            if messages[-1]["role"] == "tool":
-                told.append(messages[-1]["content"])
-            return Reply(f"<tool_call>{next(calls, '{}')}</tool_call>", "stop")
-
-        async def once(self, fn, *args):
-            return fn(*args)
-
-    row = _rows(1)[0]
-    rollout = asyncio.run(agent.rollout(row, Policy()))
-    assert told == ["error: unknown tool", "error: lookup_tool takes key (required: key)"]
-    assert rollout.metrics == {"tool_calls": 2.0, "tool_errors": 2.0}
-    assert "zebra" not in " ".join(told) and "search" not in " ".join(told)
 
 
 def _module(name, **attributes):

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from memagent_jax.agents.tool_calling import build as build_tool_agent
-from memagent_jax.agents.tool_calling import system_prompt
 from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.rollout.tool_calls import declare_tools
 from tests.builders import ReplyEngine, qwen_like_tokenizer
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "original_chat_template",
@@ -40,7 +40,7 @@ def _tokenizer():
     with open(TEMPLATE, encoding="utf-8") as f:
         template = f.read()
     tool = build_tool_agent({"tools": [f"{__name__}:weather"]}, None)
-    texts = [template, system_prompt(list(tool.tools.values())), CALL, ANSWER,
+    texts = [template, declare_tools(tool.declared), CALL, ANSWER,
              "What is the weather in Oslo? Oslo: 3 degrees"] * 3
     return qwen_like_tokenizer(texts, template)
 
@@ -74,12 +74,16 @@ def _rollout(tokenizer, answer_ids, max_tokens=64, max_turns=2, calls=1):
 
 
 def _oracle(tokenizer, turn):
-    """The original template's ids and assistant mask for the conversation, each reply with
-    the original's `finished` flag (a reply cut at its cap has no end token)."""
-    messages = [dict(m) for m in turn.messages]
+    """The original template's ids and assistant mask for the conversation, with the agent's
+    tools, each reply as the text it generated (the original trainer's messages) with the
+    original's `finished` flag (a reply cut at its cap has no end token)."""
+    messages = [{"role": m["role"], "content": m.reply.text if hasattr(m, "reply")
+                 else m["content"]} for m in turn.messages]
     if turn.finish_reason != "stop":
         messages[-1]["finished"] = False
-    rendered = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=True,
+    tools = build_tool_agent({"tools": [f"{__name__}:weather"]}, None).declared
+    rendered = tokenizer.apply_chat_template(messages, tools=tools, tokenize=True,
+                                             return_dict=True,
                                              return_assistant_tokens_mask=True)
     return list(rendered["input_ids"]), list(rendered["assistant_masks"])
 
@@ -96,9 +100,9 @@ def test_the_row_and_its_loss_mask_are_the_original_templates(tokenizer, cut):
     answer = tokenizer(ANSWER * (3 if cut else 1), add_special_tokens=False)["input_ids"]
     trajectory, call_ids = _rollout(tokenizer, answer + [end], max_tokens=cap if cut else 64)
     (turn,) = trajectory.turns
-    assert [m["role"] for m in turn.messages] == ["system", "user", "assistant", "tool",
-                                                  "assistant"]
-    assert turn.messages[3]["content"] == "Oslo: 3 degrees"
+    assert [m["role"] for m in turn.messages] == ["user", "assistant", "tool", "assistant"]
+    assert turn.messages[2] == {"role": "tool", "tool_call_id": "call_0_0",
+                                "content": "Oslo: 3 degrees"}
     assert turn.finish_reason == ("length" if cut else "stop")
     ids, mask = _ours(turn)
     assert (ids, mask) == _oracle(tokenizer, turn)
@@ -143,7 +147,7 @@ def test_four_calls_are_one_row_each_reply_trained_with_its_own_logprobs(tokeniz
     trajectory, call_ids = _rollout(tokenizer, answer, max_turns=3, calls=3)
     assert len(trajectory.turns) == 1
     (turn,) = trajectory.turns
-    assert [m["role"] for m in turn.messages] == ["system", "user"] + ["assistant", "tool"] * 3 \
+    assert [m["role"] for m in turn.messages] == ["user"] + ["assistant", "tool"] * 3 \
         + ["assistant"]
     ids, mask = _ours(turn)
     assert (ids, mask) == _oracle(tokenizer, turn)

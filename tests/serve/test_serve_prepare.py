@@ -8,11 +8,11 @@ import types
 
 import pytest
 
-from memagent_jax.agents.tool_calling import system_prompt
 from memagent_jax.lookup import task
 from memagent_jax.lookup.tools import TOOL
 from memagent_jax.model_dir import resolve
 from memagent_jax.rollout.chat import chat_ids
+from memagent_jax.rollout.tool_calls import declare_tools
 from memagent_jax.serve.encoding import Encoder
 from memagent_jax.serve.protocol import APIError, Generation
 from memagent_jax.serve.respond import Served, prepare
@@ -62,7 +62,7 @@ def test_what_is_judged_is_the_prompt_the_chat_template_renders(tiny, tmp_path):
     template, which collapses whitespace; a space before memagent-tiny's `</s>`, which it
     reads. A word no template removes is still refused, the message holding it named."""
     lookup = load_tokenizer(task.write_tokenizer(str(tmp_path / "lookup")))
-    system = system_prompt([TOOL])
+    system = declare_tools([TOOL.declaration])
     assert unreadable_parts(lookup, system)  # the raw text alone would be refused
     for tokenizer, messages in [
             (lookup, [("system", system), ("user", "what is the code of nakodo ?")]),
