@@ -124,11 +124,11 @@ def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
         raise bad(f"'chat_template_kwargs' must be an object, got {template_vars!r}",
                   "chat_template_kwargs")
     tools, tool_choice = body.get("tools") or None, body.get("tool_choice")
-    if tools is not None or tool_choice is not None:
+    for name, given in (("tools", (tools or [], None)), ("tool_choice", ([], tool_choice))):
         try:
-            check_tools(tools if tools is not None else [], tool_choice)
+            check_tools(*given)
         except ValueError as e:
-            raise bad(str(e), "tool_choice" if "tool_choice" in str(e) else "tools") from None
+            raise bad(f"'{name}': {e}", name) from None
     common = _common(body)
     if tools and common["stream"]:
         raise bad("'stream' with 'tools' is not supported by this server", "stream")

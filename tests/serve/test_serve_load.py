@@ -57,6 +57,8 @@ def metric(server, name) -> int:
 
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                       "properties": {}}}}]
 
 
 @pytest.mark.parametrize("path, body, key, status, param, code", [
@@ -86,6 +88,14 @@ CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
     (COMPLETIONS, {"model": "m", "prompt": "hello", "messages": []}, API_KEY, 400, "messages",
      None),  # chat's field
     (CHAT, {**GOOD, "reasoning_effort": "high"}, API_KEY, 400, "reasoning_effort", None),
+    (CHAT, {**GOOD, "tools": [{"name": "f"}]}, API_KEY, 400, "tools", None),
+    (CHAT, {**GOOD, "tools": TOOLS, "tool_choice": "required"}, API_KEY, 400, "tool_choice",
+     None),  # a forced call needs constrained decoding
+    (CHAT, {**GOOD, "tools": TOOLS, "stream": True}, API_KEY, 400, "stream", None),
+    (CHAT, {**GOOD, "messages": [{"role": "user", "content": "the answer"},
+                                 {"role": "assistant", "content": None,
+                                  "tool_calls": [{"function": {"name": "f"}}]}]},
+     API_KEY, 400, "messages[1].tool_calls", None),
     (CHAT, GOOD, "sk-wrong", 401, None, "invalid_api_key"),
     (CHAT, GOOD, None, 401, None, "invalid_api_key"),
     ("/v1/embeddings", GOOD, API_KEY, 404, None, None),
