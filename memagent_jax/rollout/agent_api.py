@@ -215,8 +215,10 @@ class Trajectory:
 
     @property
     def final_turn(self) -> Turn | None:
-        """The turn the answer is read from: the one of kind "final", else the last."""
-        return next((t for t in self.turns if t.kind == "final"),
+        """The turn the answer is read from: the last of kind "final" (a final conversation
+        of several rows, as a Qwen3 one whose template strips earlier thinking: its last
+        reply's), else the last."""
+        return next((t for t in reversed(self.turns) if t.kind == "final"),
                     self.turns[-1] if self.turns else None)
 
     @property
@@ -261,7 +263,8 @@ def run_record(problem: str, answer: str | None, turns: list[dict],
     the rollout (`Rollout.info`'s keys; MemAgent: "memories"); "final_reply",
     "finish_reason" and "final_tokens" the final turn's; "metrics" the agent's own (only when
     it reports any)."""
-    final = next((t for t in turns if t["kind"] == "final"), turns[-1] if turns else {})
+    final = next((t for t in reversed(turns) if t["kind"] == "final"),
+                 turns[-1] if turns else {})
     record = {"problem": problem, "answer": answer, **(info or {}),
               "final_reply": final.get("reply", ""), "finish_reason": final.get("finish_reason"),
               "final_tokens": final.get("response_tokens"), "turns": turns}

@@ -17,6 +17,7 @@ from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.rl.rows import rows_from_trajectories
+from memagent_jax.rollout.chat import chat_ids
 from memagent_jax.rollout.runner import AgentRunner
 from memagent_jax.rollout.tool_calls import declare_tools
 from tests.builders import ReplyEngine, qwen_like_tokenizer
@@ -168,3 +169,106 @@ def test_four_calls_are_one_row_each_reply_trained_with_its_own_logprobs(tokeniz
     np.testing.assert_array_equal(rows.rollout_logprobs[0, p:p + len(turn.response_ids)],
                                   np.asarray(turn.response_logprobs, np.float32))
     assert trajectory.answer == "3"
+
+
+class _TwoCalls:
+    """An agent of two calls in one conversation: the question, the reply, `then` (a user
+    turn), the second reply."""
+    name = "two calls"
+
+    def __init__(self, first_cap=64, then="And again?"):
+        self.first_cap, self.then = first_cap, then
+
+    async def rollout(self, row, policy):
+        messages = [{"role": "user", "content": row.question}]
+        first = await policy.chat(messages, max_tokens=self.first_cap)
+        messages += [first.message, {"role": "user", "content": self.then}]
+        second = await policy.chat(messages, max_tokens=64)
+        return [messages + [second.message]]
+
+
+def _run_two_calls(tokenizer, replies, first_cap=64):
+    """The trajectory of `_TwoCalls` on the scripted engine: call k answered replies[k]."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def reply(prompt: str):
+        return replies[prompt.count("<|im_start|>user") - 1]
+
+    runner = AgentRunner(Scheduler(ReplyEngine(tokenizer, reply)), tokenizer, (end,))
+    row = example_from_row({"data_source": "t", "prompt": "What is the weather in Oslo?",
+                            "reward_model": {"ground_truth": "3"}}, 0)
+    (trajectory,), = runner.run(_TwoCalls(first_cap), [row], SamplingParams(0.0))
+    return trajectory
+
+
+def test_every_token_the_runner_or_template_adds_has_no_loss_and_no_behaviour_logprob(
+        tokenizer):
+    """The first reply is cut at its cap (no end token sampled); the template closes it with
+    `<|im_end|>` when the conversation goes on, then writes the separator, the user turn and
+    the generation prompt. Exactly the sampled ids carry loss and a behaviour log-prob; the
+    inserted end-of-turn, separators and generation prompt carry 0 in the row, the batch's
+    loss mask and its behaviour log-probs (SkyRL #758: an appended EOS trained with
+    log-prob 0)."""
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    answer = tokenizer(ANSWER, add_special_tokens=False)["input_ids"]
+    cap = 4
+    trajectory = _run_two_calls(tokenizer, [answer + [end], answer + [end]], first_cap=cap)
+    (turn,) = trajectory.turns
+    first, second = [m.reply for m in turn.messages if m["role"] == "assistant"]
+    assert first.finish_reason == "length" and first.token_ids == answer[:cap]
+    p = len(turn.prompt_ids)
+    starts = [len(r.prompt_ids) - p for r in (first, second)]
+    sampled = {s + k for s, r in zip(starts, (first, second)) for k in range(len(r.token_ids))}
+    assert {k for k, m in enumerate(turn.response_mask) if m} == sampled
+    assert all(lp == 0.0 for k, lp in enumerate(turn.response_logprobs) if k not in sampled)
+    assert all(lp != 0.0 for k, lp in enumerate(turn.response_logprobs) if k in sampled)
+    inserted = turn.response_ids[cap:starts[1]]
+    assert inserted[0] == end  # the end-of-turn the engine did not sample
+    assert tokenizer.decode(inserted) == ("<|im_end|>\n<|im_start|>user\nAnd again?<|im_end|>"
+                                          "\n<|im_start|>assistant\n")
+    assert tokenizer.decode(turn.prompt_ids).endswith("<|im_start|>assistant\n")
+    rows = rows_from_trajectories([trajectory], [1.0])
+    length = p + len(turn.response_ids)
+    expected = np.zeros(length)
+    expected[[p + k for k in sampled]] = 1
+    np.testing.assert_array_equal(rows.loss_mask[0, :length], expected)
+    assert not rows.rollout_logprobs[0, :length][expected == 0].any()
+
+
+QWEN3 = os.path.join(os.path.dirname(os.path.dirname(__file__)), "original_chat_template",
+                     "Qwen3.j2")
+THOUGHT = "<think>\nThe user asks the weather.\n</think>\n\n"
+
+
+def test_a_two_call_qwen3_thinking_conversation_trains_each_call_as_it_was_prompted():
+    """Qwen3's template (tests/original_chat_template/Qwen3.j2) renders an assistant message's
+    think block only after the last user query: once the user speaks again, the first reply's
+    thinking is gone from the prompt. So the second call's prompt is the template's rendering,
+    the first reply without its thinking (the model is asked what Qwen3 is asked), and cannot
+    extend the first call's ids; the conversation is two rows, each its call's prompt and the
+    ids generated for it, thinking included (generated ids win over the template's
+    re-rendering); the answer is the last reply's."""
+    with open(QWEN3, encoding="utf-8") as f:
+        template = f.read()
+    tokenizer = qwen_like_tokenizer([template, THOUGHT, ANSWER, "What is the weather in "
+                                     "Oslo? And again?"] * 3, template)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    replies = [tokenizer(THOUGHT + ANSWER, add_special_tokens=False)["input_ids"] + [end],
+               tokenizer(THOUGHT + "Still \\boxed{4}", add_special_tokens=False)["input_ids"]
+               + [end]]
+    trajectory = _run_two_calls(tokenizer, replies)
+    first, second = trajectory.turns
+    messages = first.messages
+    assert [m["role"] for m in messages] == ["user", "assistant", "user", "assistant"]
+    second_prompt = tokenizer.decode(second.prompt_ids)
+    assert second.prompt_ids == chat_ids(tokenizer, messages[:3])
+    assert second_prompt == ("<|im_start|>user\nWhat is the weather in Oslo?<|im_end|>\n"
+                             f"<|im_start|>assistant\n{ANSWER}<|im_end|>\n"
+                             "<|im_start|>user\nAnd again?<|im_end|>\n<|im_start|>assistant\n")
+    assert "The user asks" not in second_prompt
+    assert first.prompt_ids == chat_ids(tokenizer, messages[:1])
+    assert (first.response_ids, second.response_ids) == tuple(replies)
+    assert first.response_mask is None and second.response_mask is None  # all trained
+    assert [t.kind for t in trajectory.turns] == ["final", "final"]
+    # The answer is the conversation's last reply, in its second row.
+    assert trajectory.answer == "4" and trajectory.record()["final_reply"].endswith("{4}")
