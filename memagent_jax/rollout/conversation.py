@@ -28,8 +28,11 @@ from memagent_jax.rollout.tool_calls import render_input
 from memagent_jax.tokenizer import PIECE_IDS, check_representable
 
 # Rendered in place of a reply's content to find where the template's text after a reply
-# begins; no template writes it.
+# begins; no template writes it. With a think block of its own: a template that writes an
+# earlier reply's thinking only where there is some (Qwen3's, within one user query) renders
+# the marked reply as it renders a reply that thought.
 _REPLY = "\u2063memagent-jax reply\u2063"
+_MARKED = f"<think>\n{_REPLY}\n</think>\n\n{_REPLY}"
 
 
 @dataclasses.dataclass(eq=False)
@@ -75,7 +78,7 @@ class ChatPrompts:
         if call.reply is None or call.reply.token_ids is None or call.messages is None:
             return None
         m = len(call.messages)
-        head = messages[:m] + [{"role": "assistant", "content": _REPLY}]
+        head = messages[:m] + [{"role": "assistant", "content": _MARKED}]
         closed = self._render(head, False, template_vars)
         full = self._render(head + messages[m + 1:], True, template_vars)
         if not full.startswith(closed) or _REPLY not in closed:

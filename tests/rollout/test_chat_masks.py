@@ -272,3 +272,33 @@ def test_a_two_call_qwen3_thinking_conversation_trains_each_call_as_it_was_promp
     assert [t.kind for t in trajectory.turns] == ["final", "final"]
     # The answer is the conversation's last reply, in its second row.
     assert trajectory.answer == "4" and trajectory.record()["final_reply"].endswith("{4}")
+
+
+def test_a_qwen3_tool_conversation_keeps_its_thinking_and_is_one_row():
+    """Within one user query (tool turns), Qwen3's template keeps each reply's think block:
+    the second call extends the first call's ids and the ids generated for it (thinking
+    included), the tool's response after them; one row, the template's own tokens, every
+    generated id trained."""
+    with open(QWEN3, encoding="utf-8") as f:
+        template = f.read()
+    tool = build_tool_agent({"tools": [f"{__name__}:weather"], "max_turns": 1}, None)
+    tokenizer = qwen_like_tokenizer([template, THOUGHT, CALL, ANSWER, declare_tools(
+        tool.declared), "What is the weather in Oslo? Oslo: 3 degrees"] * 3, template)
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    call = tokenizer(THOUGHT + CALL, add_special_tokens=False)["input_ids"] + [end]
+    answer = tokenizer(THOUGHT + ANSWER, add_special_tokens=False)["input_ids"] + [end]
+
+    def reply(prompt: str):
+        return answer if "<tool_response>" in prompt else call
+
+    runner = AgentRunner(Scheduler(ReplyEngine(tokenizer, reply)), tokenizer, (end,))
+    row = example_from_row({"data_source": "t", "prompt": "What is the weather in Oslo?",
+                            "reward_model": {"ground_truth": "3"}}, 0)
+    (trajectory,), = runner.run(tool, [row], SamplingParams(0.0))
+    (turn,) = trajectory.turns
+    assert [m["role"] for m in turn.messages] == ["user", "assistant", "tool", "assistant"]
+    assert [t for t, m in zip(turn.response_ids, turn.response_mask) if m] == call + answer
+    rendered = chat_ids(tokenizer, turn.messages[:3], tools=tool.declared)
+    assert turn.messages[-1].reply.prompt_ids == rendered
+    assert "The user asks the weather." in tokenizer.decode(rendered)
+    assert trajectory.answer == "3"
