@@ -17,11 +17,11 @@ class _Answers:
     """urlopen in place of the network: records each request's body, answers "the river"."""
 
     def __init__(self):
-        self.bodies = []
+        self.bodies, self.message = [], {"content": "the river"}
 
     def __call__(self, request, timeout):
         self.bodies.append(json.loads(request.data))
-        return io.BytesIO(json.dumps({"choices": [{"message": {"content": "the river"},
+        return io.BytesIO(json.dumps({"choices": [{"message": self.message,
                                                    "finish_reason": "stop"}]}).encode())
 
 
@@ -65,12 +65,32 @@ def test_tools_are_openais_field_and_other_template_variables_chat_template_kwar
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
                        "required": ["city"]}}}]
 
+    replies = []
+
     async def with_tools(row, policy):
         reply = await policy.chat([{"role": "user", "content": row.question}], max_tokens=4,
-                                  tools=tools, enable_thinking=False)
+                                  tools=tools, tool_choice="auto", enable_thinking=False)
+        replies.append(reply)
         return [[reply.message]]
 
     run_on_server(SERVER, _agent(with_tools), [ROW], 0)
     (body,) = answers.bodies
-    assert (body.get("tools"), body.get("chat_template_kwargs")) == (
-        tools, {"enable_thinking": False})
+    assert (body.get("tools"), body.get("tool_choice"), body.get("chat_template_kwargs")) == (
+        tools, "auto", {"enable_thinking": False})
+    assert replies[0].tool_calls is None and replies[0].tool_error is None
+    # The server's calls are the reply's; a server that left them in the text (no parser of
+    # its own) has them read by ours, with the error where they do not parse.
+    call = {"id": "call_x", "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+    for message, calls, error in [
+            ({"content": None, "tool_calls": [call]}, [call], None),
+            ({"content": '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}'
+                         '</tool_call>'}, [{**call, "id": "x"}], None),
+            ({"content": "<tool_call>{</tool_call>"}, None, "invalid json")]:
+        answers.message = message
+        run_on_server(SERVER, _agent(with_tools), [ROW], 0)
+        got = replies[-1]
+        assert got.tool_error == error
+        assert (got.tool_calls and [{**c, "id": "x"} if c["id"] != "call_x" else c
+                                    for c in got.tool_calls]) == calls
+        assert got.message.get("tool_calls") == got.tool_calls
