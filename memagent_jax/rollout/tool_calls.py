@@ -24,10 +24,14 @@ space before every word).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import re
 import uuid
 from typing import Callable
+
+import jinja2
+import jinja2.meta
 
 from memagent_jax.rollout.agent_api import AssistantMessage, Reply
 
@@ -144,19 +148,27 @@ def render_input(tokenizer, messages: list[dict], template_vars: dict
     docstring); unchanged where no message carries tool calls and no tools are given."""
     template = getattr(tokenizer, "chat_template", None) or ""
     tools = template_vars.get("tools")
-    if tools is not None and not _names(template, "tools"):
+    if tools is not None and not takes_tools(template):
         template_vars = {k: v for k, v in template_vars.items() if k != "tools"}
         if tools:
             messages = with_system(messages, declare_tools(tools))
     if any(m.get("tool_calls") for m in messages if m.get("role") == "assistant"):
-        writes = _names(template, "tool_calls")
+        writes = re.search(r"\btool_calls\b", template) is not None
         messages = [_assistant(m, writes) if m.get("role") == "assistant" else m
                     for m in messages]
     return messages, template_vars
 
 
-def _names(template: str, name: str) -> bool:
-    return re.search(rf"\b{name}\b", template) is not None
+@functools.lru_cache(maxsize=8)
+def takes_tools(template: str) -> bool:
+    """Whether a chat template reads a `tools` variable (jinja's undeclared variables; the
+    `{% generation %}` tags of a training template, which transformers adds, set aside)."""
+    source = re.sub(r"{%-?\s*(end)?generation\s*-?%}", "", template)
+    try:
+        parsed = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(source)
+    except jinja2.TemplateSyntaxError:  # transformers will say what is wrong when it renders
+        return False
+    return "tools" in jinja2.meta.find_undeclared_variables(parsed)
 
 
 def _assistant(message: dict, template_writes_calls: bool) -> dict:

@@ -23,6 +23,7 @@ from memagent_jax.rollout.tool_calls import (
     parse_tool_calls,
     read_reply,
     render_input,
+    takes_tools,
     with_system,
 )
 from memagent_jax.tokenizer import load_tokenizer
@@ -120,7 +121,7 @@ def test_a_template_without_tools_gets_them_in_the_system_message_as_the_agent_d
     assert with_system(system, "x")[0]["content"] == "be brief .\n\nx"
 
 
-def test_a_template_with_tools_renders_them_and_the_calls_of_assistant_messages():
+def test_a_template_with_tools_renders_them_and_the_calls_of_assistant_messages(lookup_tokenizer):
     """Qwen2.5's template (the original's, tests/original_chat_template) takes `tools` and
     writes an assistant message's `tool_calls` with their arguments as objects (OpenAI's
     arguments are JSON text: given to the template parsed, as vLLM gives them); a template
@@ -141,6 +142,8 @@ def test_a_template_with_tools_renders_them_and_the_calls_of_assistant_messages(
     assert ('<tool_call>\n{"name": "lookup", "arguments": {"key": "nakodo"}}\n</tool_call>'
             in text)
     assert "<tool_response>\nthe code of nakodo is x\n</tool_response>" in text
+    assert takes_tools(template) and not takes_tools(lookup_tokenizer.chat_template)
+    assert not takes_tools("{# no tools here #}{{ messages[0].content }} tools")
     plain = qwen_like_tokenizer(["x"], "{% for m in messages %}{{ m.content }}|{% endfor %}")
     (_, written, _), _ = render_input(plain, messages, {})
     assert written == {"role": "assistant", "content": '<tool_call>\n{"name": "lookup", '
