@@ -33,6 +33,7 @@ from typing import Callable, ClassVar
 
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.agent_api import PromptTooLong, Rollout
+from memagent_jax.rollout.tool_calls import INVALID_JSON, NOT_AN_OBJECT
 from memagent_jax.runconfig import at_least, build_section
 
 # What the model is told of a call that runs no tool (the original's words where it has them).
@@ -159,10 +160,16 @@ class ToolCalling:
                                             "tool_parse_errors": float(parse_errors)})
 
     async def _call(self, function: dict, row, policy) -> str:
-        """The tool message's text for a parsed call ({"name", "arguments": JSON text of an
-        object})."""
-        name, arguments = function["name"], json.loads(function["arguments"])
-        tool = self.tools.get(name)
+        """The tool message's text for a call ({"name", "arguments": JSON text of an object;
+        a server's may be neither, which the model is told as a call that does not parse)."""
+        name = function.get("name")
+        try:
+            arguments = json.loads(function.get("arguments") or "{}")
+        except (json.JSONDecodeError, TypeError):
+            return f"error: {INVALID_JSON}"
+        if not isinstance(arguments, dict):
+            return f"error: {NOT_AN_OBJECT}"
+        tool = self.tools.get(name) if isinstance(name, str) else None
         if tool is None:
             return f"error: {UNKNOWN_TOOL}"
         properties = tool.schema["parameters"]["properties"]

@@ -24,6 +24,7 @@ from memagent_jax.rollout.tool_calls import (
     read_reply,
     render_input,
     takes_tools,
+    with_calls,
     with_system,
 )
 from memagent_jax.tokenizer import load_tokenizer
@@ -278,3 +279,20 @@ def test_the_agent_stops_after_max_turns_replies_that_call():
     policy = Scripted([_call("sized", key="k")] * 5)
     rollout = asyncio.run(agent.rollout(_row(), policy))
     assert len(policy.asked) == 3 and rollout.metrics["tool_calls"] == 2.0
+
+
+@pytest.mark.parametrize("arguments, told", [('{"key": ', "error: invalid json"),
+                                             ('["k"]', "error: arguments must be a json object")])
+def test_a_servers_call_whose_arguments_do_not_parse_is_told_not_raised(arguments, told):
+    """Another server's parser may pass on arguments that are no JSON object (NeMo Gym #605:
+    malformed JSON crashed the run): the model is told, as of a call ours does not parse."""
+
+    class Server(Scripted):
+        async def chat(self, messages, *, max_tokens, tools=None, **_):
+            self.asked.append(messages)
+            return with_calls(Reply("", "tool_calls"), "", [{"id": "s", "type": "function",
+                                                             "function": {
+                "name": "sized", "arguments": arguments}}], None)
+
+    rollout = asyncio.run(_agent("sized", max_turns=1).rollout(_row(), Server([])))
+    assert _tool_messages(rollout) == [("s", told)]
