@@ -24,7 +24,7 @@ import dataclasses
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Turn
 from memagent_jax.rollout.chat import chat_ids
-from memagent_jax.rollout.tool_calls import render_input
+from memagent_jax.rollout.tool_calls import declare_tools, render_input
 from memagent_jax.tokenizer import PIECE_IDS, check_representable
 
 # Rendered in place of a reply's content to find where the template's text after a reply
@@ -160,19 +160,24 @@ def check_readable(tokenizer, ids: list[int], messages: list[dict], template_var
     a word tokenizer's pieces of text outside its vocabulary (from `PIECE_IDS` on: no model has
     rows for them), a UserError naming the first of those messages that holds such text as the
     chat template renders it (whitespace a template collapses is no fault), and the words
-    (`check_representable`, as `serve` names them); else naming the rendered prompt. (Text read
-    as the unknown token reaches the model as that token, as it did.)"""
+    (`check_representable`, as `serve` names them), or the call's tools (their declaration in
+    a system message); else naming the rendered prompt. (Text read as the unknown token reaches
+    the model as that token, as it did.)"""
     if not ids or max(ids) < PIECE_IDS:
         return
     alone = {k: v for k, v in template_vars.items() if k != "tools"}
-    for i in range(first, len(messages)):
-        message = messages[i]
+    named = [(f"messages[{i}].content ({messages[i]['role']})", messages[i])
+             for i in range(first, len(messages))]
+    if first == 0 and template_vars.get("tools"):
+        named.insert(0, ("tools (as the system message declares them)",
+                         {"role": "system", "content": declare_tools(template_vars["tools"])}))
+    for where, message in named:
         try:
             text = render(tokenizer, [message], False, alone)
         except Exception:  # noqa: BLE001 - a template that renders no such message alone
             text = message["content"] or ""
         if max(tokenizer.encode(text, add_special_tokens=False), default=0) >= PIECE_IDS:
-            check_representable(tokenizer, text, f"messages[{i}].content ({message['role']})")
+            check_representable(tokenizer, text, where)
     check_representable(tokenizer, render(tokenizer, messages, True, template_vars),
                         "the prompt as the chat template renders it")
 

@@ -96,8 +96,8 @@ def answering_in_other_words(key: str) -> str:
 
 
 @pytest.mark.parametrize("tool_function, message", [
-    (described_in_other_words, "messages[0].content (system)"),  # the tools' declaration
-    (answering_in_other_words, "messages[3].content (tool)"),  # the first call's result
+    (described_in_other_words, "tools (as the system message declares them)"),
+    (answering_in_other_words, "messages[2].content (tool)"),  # the first call's result
 ])
 def test_a_word_the_tokenizer_cannot_read_names_the_word_and_its_message(capsys, tool_function,
                                                                          message):
