@@ -198,11 +198,18 @@ class RolloutSection:
     temperature: float = 1.0    # sampling temperature (> 0; learner.temperature must equal it)
     top_p: float = 1.0          # nucleus sampling (1: off)
     top_k: int = 0              # top-k sampling (0: off)
+    # A rollout still running this many seconds after it started is cancelled, masked from
+    # the loss and counted (rollout/timed_out); null: no deadline (rollout/rollouts.py).
+    timeout_s: float | None = None
+    max_concurrent: int | None = None   # rollouts in flight at once (null: every one)
     SECTION: ClassVar[str] = "rollout"
 
     def __post_init__(self):
-        at_least(self, 1, "n")
+        at_least(self, 1, "n", "max_concurrent")
         at_least(self, 0, "top_k")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError("rollout.timeout_s", f"must be a positive number of seconds (or "
+                                                   f"null: no deadline), got {self.timeout_s}")
         if not self.temperature > 0:
             raise ConfigError("rollout.temperature", f"must be > 0 for training samples, got "
                                                      f"{self.temperature}")

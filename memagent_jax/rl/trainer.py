@@ -315,7 +315,7 @@ class Trainer:
                                (batch.drawn, seeds, [e.index for e in batch.examples]))
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
-        if batch.groups:
+        if batch.groups and not all(t.timed_out for g in batch.groups for t in g):
             groups, advantages = self.learner.kind.groups(batch, inputs)
             rows = rows_from_trajectories(groups, advantages)
             update_start = time.perf_counter()
@@ -328,7 +328,9 @@ class Trainer:
                 self._say(f"step {step}: {int(metrics['skipped_updates'])} update(s) skipped: "
                           "non-finite loss or gradient; parameters left unchanged")
         else:
-            self._say(f"step {step}: every group's rewards were equal after "
+            self._say(f"step {step}: every rollout passed rollout.timeout_s = "
+                      f"{config.rollout.timeout_s:g} s: no update" if batch.groups else
+                      f"step {step}: every group's rewards were equal after "
                       f"{batch.tries} tries: no update")
             record.update({"learner/updates": 0.0, "learner/skipped_updates": 0.0})
         self.step = step
