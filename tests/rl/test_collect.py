@@ -34,10 +34,11 @@ def _turn(kind, reply, tokens, cap):
 
 
 class ScriptedRunner:
-    """`AgentRunner`'s interface (with_params, with_limits, run) replaying SCRIPT: each trajectory is one
-    memory update (asked with the memory cap) then the final answer (the final cap);
-    lengths[q][j] = (update tokens, final tokens) of question q's j-th trajectory. Records each
-    run's questions and sampling seed. Rows are drawn Examples or a start's question."""
+    """`AgentRunner`'s interface (with_params, with_limits, run) replaying SCRIPT: each
+    trajectory is one memory update (asked with the memory cap) then the final answer (the
+    final cap); lengths[q][j] = (update tokens, final tokens) of question q's j-th
+    trajectory. Records each run's questions and sampling seed. Rows are drawn Examples or a
+    start's question."""
 
     def __init__(self, lengths=None, memory_cap=8, final_cap=4):
         self.lengths, self.runs = lengths or {}, []
