@@ -96,3 +96,36 @@ def test_max_concurrent_bounds_the_rollouts_in_flight(word_tokenizer):
     most[0] = 0
     runner.run(agent, rows, SAMPLING)
     assert most[0] == 6  # unbounded, all of them at once
+
+
+def test_the_server_road_keeps_the_same_limits(monkeypatch):
+    """ServerRollouts: at most max_concurrent rollouts at once, a straggler timed out."""
+    import io
+    import json
+    import urllib.request
+
+    from memagent_jax.rollout.client import Server, ServerRollouts
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda request, timeout: io.BytesIO(
+        json.dumps({"choices": [{"message": {"content": "yes"},
+                                 "finish_reason": "stop"}]}).encode()))
+    in_flight, most = [0], [0]
+
+    async def rollout(row, policy):
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        messages = [{"role": "user", "content": row.question}]
+        reply = await policy.chat(messages, max_tokens=4)
+        if row.question == "late":
+            await asyncio.Event().wait()
+        in_flight[0] -= 1
+        return [messages + [reply.message]]
+
+    agent = types.SimpleNamespace(rollout=rollout, name="counted")
+    rows = [types.SimpleNamespace(question=q) for q in ("a", "b", "c", "d", "late")]
+    rollouts = ServerRollouts(Server("http://127.0.0.1:1/v1", "m")).with_limits(
+        Limits(timeout_s=0.5, max_concurrent=2))
+    groups = rollouts.run(agent, rows, SAMPLING)
+    assert most[0] == 2
+    assert [g[0].timed_out for g in groups] == [False] * 4 + [True]
+    assert groups[0][0].final_reply == "yes"
