@@ -21,6 +21,11 @@ agent or tool that reads time, randomness or I/O), the run stops on every proces
 naming the agent. `policy.once(fn, *args)` computes such a value on process 0 and gives every
 process its result.
 
+Limits (`with_limits`, rollout/rollouts.py): a rollout waits for a place among
+`max_concurrent` before it starts; one cancelled at its deadline leaves the queue, and its
+engine request is cancelled (its slots freed) once no rollout waits on it (a group's first
+calls share one).
+
 `build_runner` assembles engine, scheduler and runner for an agent, the engine sized for the
 longest conversation the agent says it makes (`engine_need`), or one row's.
 """
