@@ -27,6 +27,7 @@ from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl import dapo
 from memagent_jax.rl.scoring import Rewarder
 from memagent_jax.rollout.agent_api import Trajectory
+from memagent_jax.rollout.rollouts import Limits
 
 
 @dataclasses.dataclass
@@ -83,7 +84,8 @@ def collect_batch(runner, agent, params, iterator, config, rewarder: Rewarder,
     all_shaped: list = []
     started: Any = []
     tries, start, reward_time, starts_time = 0, time.perf_counter(), 0.0, 0.0
-    rollouts = runner.with_params(params, fixed_sampling=True)
+    rollouts = runner.with_params(params, fixed_sampling=True).with_limits(
+        Limits(rollout.timeout_s, rollout.max_concurrent))
     while len(kept_groups) < wanted and tries < (config.dynamic_sampling.max_tries
                                                  if dynamic else 1):
         need = wanted - len(kept_groups)
@@ -144,7 +146,8 @@ def supervised_batch(iterator, prompts: int, rewarder: Rewarder,
 
 def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.ndarray
                   ) -> dict[str, float]:
-    """Means over every sampled trajectory: rewards, lengths (generated tokens), turns
+    """Means over every sampled trajectory: rewards (of those scored: not of the ones past
+    their deadline, whose count is `rollout/timed_out`), lengths (generated tokens), turns
     (conversations), replies, truncations, and the agent's own metrics (`agent/NAME`);
     `rollout/memory_length`, the mean length of MemAgent's memory updates (turns of kind
     "update"; `memagent-jax curves` draws it), only where there are any."""
@@ -157,12 +160,14 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
     def mean(values):
         return float(np.mean(values)) if len(values) else 0.0
 
+    scored = ~np.isnan(raw)
     agent = {f"agent/{name}": mean([t.metrics[name] for t in trajectories if name in t.metrics])
              for name in dict.fromkeys(k for t in trajectories for k in t.metrics)}
     memory = {"rollout/memory_length": mean(updates)} if updates else {}
     return {**agent,
-        "reward/mean": mean(raw), "reward/std": float(np.std(raw)) if raw.size else 0.0,
-        "reward/shaped_mean": mean(shaped),
+        "reward/mean": mean(raw[scored]),
+        "reward/std": float(np.std(raw[scored])) if scored.any() else 0.0,
+        "reward/shaped_mean": mean(shaped[scored]),
         "rollout/response_length": mean(responses),
         **memory,
         "rollout/final_length": mean(finals),
@@ -172,5 +177,6 @@ def rollout_stats(groups: list[list[Trajectory]], raw: np.ndarray, shaped: np.nd
         "rollout/truncated_fraction": mean([c.finish_reason == "length" for c in turns]),
         "rollout/answered_fraction": mean([t.answer is not None for t in trajectories]),
         "rollout/trajectories": float(len(trajectories)),
+        "rollout/timed_out": float(sum(t.timed_out for t in trajectories)),
         "rollout/generated_tokens": float(sum(responses)),
     }

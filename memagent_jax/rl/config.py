@@ -23,6 +23,7 @@ errors naming the key), each checking its own values as it is built:
                 rl/batching.py)
     validation  every N steps, on the first `size` rows of data.val, lenient metrics
     checkpoint  Orbax directory, every N steps, keep the last N
+    log         what the logs keep beyond each step's line (rollouts.jsonl)
     plugin      an experiment's module and its own keys (rl/plugin.py; {}: none)
 plus steps, prompts_per_step, seed, output_dir, log_dir, distributed, compilation_cache_dir.
 
@@ -63,7 +64,7 @@ CONFIG_FILE = "config.yaml"  # the run's resolved config, in its output_dir
 RESUMABLE = ("steps", "checkpoint.every", "checkpoint.keep", "checkpoint.async_save",
              "validation.every", "validation.at_start", "output_dir", "mesh", "distributed",
              "compilation_cache_dir", "engine.slots", "learner.micro_batch_tokens",
-             "learner.remat")
+             "learner.remat", "log")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,11 +199,18 @@ class RolloutSection:
     temperature: float = 1.0    # sampling temperature (> 0; learner.temperature must equal it)
     top_p: float = 1.0          # nucleus sampling (1: off)
     top_k: int = 0              # top-k sampling (0: off)
+    # A rollout still running this many seconds after it started is cancelled, masked from
+    # the loss and counted (rollout/timed_out); null: no deadline (rollout/rollouts.py).
+    timeout_s: float | None = None
+    max_concurrent: int | None = None   # rollouts in flight at once (null: every one)
     SECTION: ClassVar[str] = "rollout"
 
     def __post_init__(self):
-        at_least(self, 1, "n")
+        at_least(self, 1, "n", "max_concurrent")
         at_least(self, 0, "top_k")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError("rollout.timeout_s", f"must be a positive number of seconds (or "
+                                                   f"null: no deadline), got {self.timeout_s}")
         if not self.temperature > 0:
             raise ConfigError("rollout.temperature", f"must be > 0 for training samples, got "
                                                      f"{self.temperature}")
@@ -253,6 +261,21 @@ class ValidationSection:
 
 
 @dataclasses.dataclass
+class LogSection:
+    """What a run keeps in its logs beyond each step's line (steps.jsonl, TensorBoard)."""
+    # Every this many steps, the step's first `rollouts` trajectories as trained (messages,
+    # ids, loss mask, behaviour log-probs, reward) in logs/rollouts.jsonl (rl/trained.py);
+    # 0: never.
+    rollouts_every: int = 10
+    rollouts: int = 4
+    SECTION: ClassVar[str] = "log"
+
+    def __post_init__(self):
+        at_least(self, 0, "rollouts_every")
+        at_least(self, 1, "rollouts")
+
+
+@dataclasses.dataclass
 class CheckpointSection:
     """Orbax checkpoints of the whole training state."""
     dir: str | None = None      # None: {output_dir}/checkpoints (gs:// works)
@@ -289,6 +312,7 @@ class TrainConfig:
     learner: LearnerConfig = dataclasses.field(default_factory=LearnerConfig)
     validation: ValidationSection = dataclasses.field(default_factory=ValidationSection)
     checkpoint: CheckpointSection = dataclasses.field(default_factory=CheckpointSection)
+    log: LogSection = dataclasses.field(default_factory=LogSection)
     steps: int = 200            # training steps
     prompts_per_step: int = 128  # groups trained on per step
     seed: int = 0               # data order, rollout seeds, the plugin's rows, the learner's

@@ -156,8 +156,11 @@ def overlong_penalty(response_lengths, max_response_tokens: int, buffer: int,
 
 def informative_groups(rewards) -> np.ndarray:
     """DAPO dynamic sampling: rewards [G, n] -> bool [G], True for groups whose rewards are not
-    all equal (an all-equal group has zero advantage everywhere and teaches nothing)."""
-    rewards = np.asarray(rewards)
+    all equal (an all-equal group has zero advantage everywhere and teaches nothing). NaN
+    rewards (rollouts past their deadline) are left out of the comparison."""
+    rewards = np.asarray(rewards, np.float64)
     if rewards.ndim != 2:
         raise ValueError(f"rewards must be [groups, n], got shape {rewards.shape}")
-    return np.any(rewards != rewards[:, :1], axis=1)
+    with np.errstate(all="ignore"):
+        return np.nanmax(rewards, axis=1, initial=-np.inf) > np.nanmin(
+            rewards, axis=1, initial=np.inf)

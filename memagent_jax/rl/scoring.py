@@ -85,12 +85,16 @@ class Rewarder:
         self._pool: multiprocessing.pool.Pool | None = None
 
     def score(self, examples: list, groups: list[list]) -> tuple[np.ndarray, float]:
-        """([G, n] float32 rewards of each trajectory's final reply, seconds taken)."""
+        """([G, n] float32 rewards of each trajectory's final reply, seconds taken); a
+        trajectory that passed its deadline (`Trajectory.timed_out`) is not scored: NaN."""
         start = time.perf_counter()
-        jobs = [(e, t.final_reply) for e, group in zip(examples, groups) for t in group]
-        flat = collectives.on_main(self._score_all, jobs)
+        flat = [t for group in groups for t in group]
+        jobs = [(e, t.final_reply) for e, group in zip(examples, groups) for t in group
+                if not t.timed_out]
+        scores = iter(collectives.on_main(self._score_all, jobs))
         shape = (len(groups), len(groups[0]) if groups else 0)
-        return np.asarray(flat, np.float32).reshape(shape), time.perf_counter() - start
+        rewards = [math.nan if t.timed_out else next(scores) for t in flat]
+        return np.asarray(rewards, np.float32).reshape(shape), time.perf_counter() - start
 
     def _score_all(self, jobs) -> list[float]:
         name = self.section.function

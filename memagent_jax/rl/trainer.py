@@ -83,6 +83,7 @@ from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.scoring import Rewarder
 from memagent_jax.rl.steps import StepInputs
 from memagent_jax.rl.tensorboard import ScalarWriter
+from memagent_jax.rl.trained import rollout_records
 from memagent_jax.rollout.runner import build_runner
 from memagent_jax.runconfig import check, differences, to_dict, write_config
 
@@ -315,9 +316,12 @@ class Trainer:
                                (batch.drawn, seeds, [e.index for e in batch.examples]))
         record = {"step": step, "examples": batch.drawn,
                   "kept": [e.index for e in batch.examples], **batch.stats}
-        if batch.groups:
+        if batch.groups and not all(t.timed_out for g in batch.groups for t in g):
             groups, advantages = self.learner.kind.groups(batch, inputs)
             rows = rows_from_trajectories(groups, advantages)
+            if config.log.rollouts_every and step % config.log.rollouts_every == 0:
+                self._log_rollouts(rollout_records(step, groups, batch.rewards, advantages,
+                                                   config.log.rollouts))
             update_start = time.perf_counter()
             metrics = self.learner.update(rows)
             update_time = time.perf_counter() - update_start
@@ -328,7 +332,9 @@ class Trainer:
                 self._say(f"step {step}: {int(metrics['skipped_updates'])} update(s) skipped: "
                           "non-finite loss or gradient; parameters left unchanged")
         else:
-            self._say(f"step {step}: every group's rewards were equal after "
+            self._say(f"step {step}: every rollout passed rollout.timeout_s = "
+                      f"{config.rollout.timeout_s:g} s: no update" if batch.groups else
+                      f"step {step}: every group's rewards were equal after "
                       f"{batch.tries} tries: no update")
             record.update({"learner/updates": 0.0, "learner/skipped_updates": 0.0})
         self.step = step
@@ -408,19 +414,28 @@ class Trainer:
         return int(jax.random.randint(key, (), 0, 2**31 - 1))
 
     def _reset_step_log(self) -> None:
-        """steps.jsonl keeps the records up to the step the run (re)starts from: a killed run
-        may have logged steps past its last checkpoint, which the resumed run logs again."""
+        """steps.jsonl and rollouts.jsonl keep the records up to the step the run (re)starts
+        from: a killed run may have logged steps past its last checkpoint, which the resumed
+        run logs again."""
         self._step_log = os.path.join(self.config.logs_dir, "steps.jsonl")
+        self._rollout_log = os.path.join(self.config.logs_dir, "rollouts.jsonl")
         if not self.is_main:
             return
         os.makedirs(self.config.logs_dir, exist_ok=True)
-        kept = []
-        if self.step and os.path.exists(self._step_log):
-            with open(self._step_log) as f:
-                kept = [line for line in f if line.strip()
-                        and json.loads(line).get("step", 0) <= self.step]
-        with open(self._step_log, "w") as f:
-            f.writelines(kept)
+        for path in (self._step_log, self._rollout_log):
+            kept = []
+            if self.step and os.path.exists(path):
+                with open(path) as f:
+                    kept = [line for line in f if line.strip()
+                            and json.loads(line).get("step", 0) <= self.step]
+            with open(path, "w") as f:
+                f.writelines(kept)
+
+    def _log_rollouts(self, records: list[dict]) -> None:
+        """A step's rollouts as trained, one JSON line each (`config.log`)."""
+        if self.is_main:
+            with open(self._rollout_log, "a") as f:
+                f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
 
     def _log(self, step: int, record: dict) -> None:
         if not self.is_main:

@@ -212,6 +212,8 @@ class Trajectory:
     answer: str | None = None
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
     info: dict = dataclasses.field(default_factory=dict)
+    # Cancelled past its deadline (`rollouts.Limits.timeout_s`): no turns, nothing trained.
+    timed_out: bool = False
 
     @property
     def final_turn(self) -> Turn | None:

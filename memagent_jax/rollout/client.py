@@ -32,8 +32,8 @@ from typing import Any, Callable
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Trajectory
 from memagent_jax.rollout.conversation import Call, continued
-from memagent_jax.rollout.rollouts import OnCall, OnDone
-from memagent_jax.rollout.runner import call_seed, run_coroutine, trajectory_of
+from memagent_jax.rollout.rollouts import Limits, OnCall, OnDone, within
+from memagent_jax.rollout.runner import call_seed, problem_of, run_coroutine, trajectory_of
 from memagent_jax.rollout.tool_calls import (
     call_template_vars,
     read_reply,
@@ -171,23 +171,24 @@ class ServerPolicy:
 
 def run_on_server(server: Server, agent, rows: list, seed: int, n: int = 1,
                   concurrency: int = 32, on_call: Callable[[int], None] | None = None,
-                  on_done: Callable[[int, list[Trajectory]], None] | None = None
-                  ) -> list[list[Trajectory]]:
+                  on_done: Callable[[int, list[Trajectory]], None] | None = None,
+                  limits: Limits = Limits()) -> list[list[Trajectory]]:
     """n rollouts of every row on `server`, seeded `seed` as `AgentRunner.run` seeds them
-    (`server_seed`), at most `concurrency` of them at once; the trajectories of every row, in
-    order. on_call(i) after each reply; on_done(i, trajectories) once row i's rollouts have
-    all finished. A failed request raises its UserError."""
+    (`server_seed`), at most `concurrency` of them at once (and `limits`, rollout/rollouts.py);
+    the trajectories of every row, in order. on_call(i) after each reply; on_done(i,
+    trajectories) once row i's rollouts have all finished. A failed request raises its
+    UserError."""
     async def main():
-        limit = asyncio.Semaphore(concurrency)
+        gate = asyncio.Semaphore(min(concurrency, limits.max_concurrent or concurrency))
         left = [n] * len(rows)
         results: list[list] = [[None] * n for _ in rows]
 
         async def one(i: int, j: int):
-            async with limit:
-                policy = ServerPolicy(server, None, seed, i, j,
-                                      on_call and (lambda: on_call(i)))
-                results[i][j] = trajectory_of(await agent.rollout(rows[i], policy),
-                                              policy.calls, rows[i])
+            policy = ServerPolicy(server, None, seed, i, j, on_call and (lambda: on_call(i)))
+            result, timed_out = await within(limits, gate,
+                                             lambda: agent.rollout(rows[i], policy))
+            results[i][j] = (Trajectory(problem_of(rows[i]), timed_out=True) if timed_out
+                             else trajectory_of(result, policy.calls, rows[i]))
             left[i] -= 1
             if not left[i] and on_done is not None:
                 on_done(i, results[i])
@@ -235,12 +236,21 @@ class ServerRollouts:
     sampling, at most `concurrency` rollouts at once, each call seeded from `sampling.seed`
     (None: a fresh one) as the engine seeds it (`server_seed`)."""
 
+    limits = Limits()
+
     def __init__(self, server: Server, concurrency: int = 32):
         self.server, self.concurrency = server, concurrency
+
+    def with_limits(self, limits: Limits) -> ServerRollouts:
+        """These rollouts under `limits` (rollout/rollouts.py)."""
+        rollouts = ServerRollouts(self.server, self.concurrency)
+        rollouts.limits = limits
+        return rollouts
 
     def run(self, agent, rows: list, sampling, n: int = 1, on_call: OnCall | None = None,
             on_done: OnDone | None = None) -> list[list[Trajectory]]:
         server = dataclasses.replace(self.server, temperature=sampling.temperature,
                                      top_p=sampling.top_p, top_k=sampling.top_k)
         seed = secrets.randbits(31) if sampling.seed is None else sampling.seed
-        return run_on_server(server, agent, rows, seed, n, self.concurrency, on_call, on_done)
+        return run_on_server(server, agent, rows, seed, n, self.concurrency, on_call, on_done,
+                             self.limits)

@@ -60,6 +60,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true",
                    help="print the whole record (every turn) as one JSON document")
     p.add_argument("--verbose", action="store_true", help="print every turn's memory")
+    p.add_argument("--show-tokens", action="store_true",
+                   help="print each conversation as it would be trained: its text and ids, "
+                        "the trained (generated) tokens between \u27e6 \u27e7, then the answer")
     p.add_argument("--url", help="OpenAI-compatible API base URL instead of the local engine "
                                  "(key in env MEMAGENT_API_KEY, else API_KEY)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (--url)")
@@ -85,6 +88,10 @@ def _run(args) -> None:
         raise UserError(f"{' and '.join(given)}: the --url server runs the model; the "
                         "local engine's settings do not apply to it")
     check_sampling(args.temperature, args.top_p)
+    if args.show_tokens and (args.url or args.json):
+        raise UserError("--show-tokens prints the local engine's ids: not with --url (a "
+                        "server returns text) nor --json" if args.url else
+                        "--show-tokens and --json: one of them (both print on stdout)")
     if not 0 < args.timeout < math.inf:
         raise UserError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     agent, document = _memagent(args) if args.agent is None else _other_agent(args)
@@ -104,6 +111,10 @@ def _run(args) -> None:
             args.temperature, args.top_p, seed=args.seed), on_call=lambda _: bar.update(1))
     if args.verbose:
         _show_turns(trajectory.turns)
+    if args.show_tokens:
+        from memagent_jax.rl.trained import show_tokens
+
+        print_once(show_tokens(trajectory, tokenizer))
     record = trajectory.record()
     if args.json:  # one JSON document on stdout, the answer in it
         print_once(json.dumps(record, ensure_ascii=False, indent=2))

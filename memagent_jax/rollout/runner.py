@@ -21,6 +21,11 @@ agent or tool that reads time, randomness or I/O), the run stops on every proces
 naming the agent. `policy.once(fn, *args)` computes such a value on process 0 and gives every
 process its result.
 
+Limits (`with_limits`, rollout/rollouts.py): a rollout waits for a place among
+`max_concurrent` before it starts; one cancelled at its deadline leaves the queue, and its
+engine request is cancelled (its slots freed) once no rollout waits on it (a group's first
+calls share one).
+
 `build_runner` assembles engine, scheduler and runner for an agent, the engine sized for the
 longest conversation the agent says it makes (`engine_need`), or one row's.
 """
@@ -60,7 +65,7 @@ from memagent_jax.rollout.conversation import (
     check_messages,
     conversation_turns,
 )
-from memagent_jax.rollout.rollouts import OnCall, OnDone
+from memagent_jax.rollout.rollouts import Limits, OnCall, OnDone, within
 from memagent_jax.rollout.tool_calls import (
     call_template_vars,
     read_reply,
@@ -81,6 +86,7 @@ class AgentRunner:
     text."""
     params: Any = None
     fixed_sampling = False
+    limits = Limits()
 
     def __init__(self, scheduler: Scheduler, tokenizer, stop_ids: tuple[int, ...]):
         self.scheduler, self.tokenizer, self.stop_ids = scheduler, tokenizer, tuple(stop_ids)
@@ -94,6 +100,17 @@ class AgentRunner:
         not ask for another temperature, top-p or top-k than the run's."""
         runner = copy.copy(self)
         runner.params, runner.fixed_sampling = params, fixed_sampling
+        return runner
+
+    def with_limits(self, limits: Limits) -> AgentRunner:
+        """This runner (its parameters too) running rollouts under `limits`
+        (rollout/rollouts.py); a deadline on many processes is a UserError."""
+        if limits.timeout_s is not None and startup.joined():
+            raise UserError("rollout.timeout_s: deadlines read each process's clock, so the "
+                            "processes of a multi-process run would cancel different "
+                            "rollouts; unset it on many processes")
+        runner = copy.copy(self)
+        runner.limits = limits
         return runner
 
     def run(self, agent, rows: list, sampling: SamplingParams, n: int = 1,
@@ -125,6 +142,7 @@ class _Queued:
     sampling: SamplingParams
     first_index: int
     future: asyncio.Future
+    request_id: int = -1  # the scheduler's, once submitted
 
 
 class EnginePolicy:
@@ -163,9 +181,15 @@ class EnginePolicy:
                     parent)
         self._made.append(call)
         future = asyncio.get_running_loop().create_future()
-        self._run.queue.append(_Queued(self.row, call, sampling, first_index, future))
+        queued = _Queued(self.row, call, sampling, first_index, future)
+        self._run.queue.append(queued)
         self._run.wake.set()
-        call.reply = runner.reply(call, await future)
+        try:
+            completion = await future
+        except asyncio.CancelledError:
+            self._run.abandon(queued)
+            raise
+        call.reply = runner.reply(call, completion)
         if reads_calls(tools, tool_choice):
             read_reply(call.reply, rollout_call_ids(len(self._made) - 1))
         self.calls[call.reply] = call
@@ -193,6 +217,8 @@ class _Run:
         self.failures: list[BaseException] = []
         self.left = [n] * len(rows)   # rollouts of each row not finished
         self.finished: list[int] = []  # rows whose rollouts all finished, not reported yet
+        # Submitted requests by id, their calls (a group's first calls share one).
+        self.submitted: dict[int, list[_Queued]] = {}
 
     def sampling_of(self, temperature, top_p, top_k) -> SamplingParams:
         """The run's sampling with a call's own values over it (None: the run's)."""
@@ -213,6 +239,7 @@ class _Run:
         scheduler = self.runner.scheduler
         placed = scheduler.engine.place(self.runner.params)
         self.wake = asyncio.Event()
+        self.gate = self.runner.limits.gate()
         tasks = [[asyncio.ensure_future(self._rollout(i, EnginePolicy(self, i, j)))
                   for j in range(self.n)] for i in range(len(self.rows))]
         flat = [t for group in tasks for t in group]
@@ -251,8 +278,10 @@ class _Run:
     async def _rollout(self, i: int, policy: EnginePolicy) -> Trajectory:
         row = self.rows[i]
         try:
-            result = await self.agent.rollout(row, policy)
-            trajectory = trajectory_of(result, policy.calls, row)
+            result, timed_out = await within(self.runner.limits, self.gate,
+                                             lambda: self.agent.rollout(row, policy))
+            trajectory = (Trajectory(problem_of(row), timed_out=True) if timed_out
+                          else trajectory_of(result, policy.calls, row))
         except Exception as e:
             e.add_note(f"in agent {self.name}, rollout {policy.index} of row {i}")
             raise
@@ -276,7 +305,8 @@ class _Run:
             waiting, self.once = self.once, []
             values = collectives.on_main(lambda: [fn() for fn, _ in waiting])
             for (_, future), value in zip(waiting, values):
-                future.set_result(value)
+                if not future.done():  # its rollout was cancelled meanwhile
+                    future.set_result(value)
         if not self.queue:
             return
         queued, self.queue = self.queue, []
@@ -300,13 +330,31 @@ class _Run:
             head = group[0]
             request = Request(tuple(head.call.prompt_ids), head.call.max_tokens, head.sampling,
                               runner.stop_ids, len(group), head.first_index)
-            runner.scheduler.submit(request, functools.partial(self._answered, group))
+            request_id = runner.scheduler.submit(request,
+                                                 functools.partial(self._answered, group))
+            self.submitted[request_id] = group
+            for q in group:
+                q.request_id = request_id
 
     def _answered(self, group: list[_Queued], completions: list[Completion]) -> None:
+        self.submitted.pop(group[0].request_id, None)
         for q, completion in zip(group, completions):
+            if q.future.cancelled():  # its rollout passed its deadline
+                continue
             q.future.set_result(completion)
             if self.on_call is not None:
                 self.on_call(q.row)
+
+    def abandon(self, queued: _Queued) -> None:
+        """A call whose rollout was cancelled (its deadline): dropped from the queue, or its
+        request cancelled once no call of it waits (its slots free for the next step)."""
+        if queued in self.queue:
+            self.queue.remove(queued)
+            return
+        group = self.submitted.get(queued.request_id)
+        if group is not None and all(q.future.cancelled() for q in group):
+            del self.submitted[queued.request_id]
+            self.runner.scheduler.cancel(queued.request_id)
 
     def _check_same_calls(self, queued: list[_Queued]) -> None:
         if not startup.joined():
@@ -351,13 +399,13 @@ def trajectory_of(result, calls: dict[Reply, Call], row) -> Trajectory:
                             "assistant messages policy.chat returned: reply.message), so "
                             "nothing in it would be trained")
         turns += rows
-    trajectory = Trajectory(_problem(row), turns, metrics=dict(rollout.metrics),
+    trajectory = Trajectory(problem_of(row), turns, metrics=dict(rollout.metrics),
                             info=dict(rollout.info))
     trajectory.answer = final_answer(trajectory.final_reply)
     return trajectory
 
 
-def _problem(row) -> str:
+def problem_of(row) -> str:
     """The question a row asks, for the trajectory's record."""
     for name in ("question", "problem"):
         value = getattr(row, name, None)

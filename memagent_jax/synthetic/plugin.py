@@ -147,8 +147,8 @@ class SyntheticPlugin:
             for trajectory in group:
                 facts = trace_document(example.index, document, chunks, memories_of(trajectory),
                                        "", agent.config.chunk_tokens).facts
-                carried += sum(f.carried for f in facts)
-                dropped += sum(f.dropped for f in facts)
+                carried += sum(sum(f.carried) for f in facts)
+                dropped += sum(sum(f.dropped) for f in facts)
         return {"fact_carried_turns": float(carried),
                 "fact_loss_rate": dropped / carried} if carried else {}
 

@@ -20,6 +20,7 @@ the outcomes and lists the words at which unwritten facts began.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import json
@@ -63,12 +64,29 @@ def follow(memories: list[str], fact: str, due: int) -> tuple[str, int | None]:
     return ("kept" if first == due else "late"), first
 
 
-def turn_losses(memories: list[str], fact: str, due: int) -> tuple[int, int]:
-    """(turns that follow one whose memory holds `fact`, from `due` on; of them, those whose
-    memory no longer holds it): the per-turn loss rate's counts, every loss counted, not only
-    `follow`'s first."""
+AGE_BINS = (1, 4, 16, 64, 256, 1024, 4096)  # turns since a fact was first written: bins' starts
+
+
+def losses_by_age(memories: list[str], fact: str, due: int) -> tuple[list[int], list[int]]:
+    """The per-turn loss rate's counts by age ([len(AGE_BINS)] each): turns that follow one
+    whose memory holds `fact`, from `due` on, binned by the turns since a memory first held it;
+    of them, those whose memory no longer holds it. Every loss counted, not only `follow`'s
+    first; a fact rewritten after a loss keeps its first write's age."""
     held = [holds(memory, fact) for memory in memories[due:]]
-    return sum(held[:-1]), sum(a and not b for a, b in zip(held, held[1:]))
+    carried, dropped = [0] * len(AGE_BINS), [0] * len(AGE_BINS)
+    first = next((i for i, h in enumerate(held) if h), len(held))
+    for i in range(first, len(held) - 1):
+        if held[i]:
+            age = bisect.bisect_right(AGE_BINS, i - first + 1) - 1
+            carried[age] += 1
+            dropped[age] += not held[i + 1]
+    return carried, dropped
+
+
+def turn_losses(memories: list[str], fact: str, due: int) -> tuple[int, int]:
+    """`losses_by_age`'s counts summed over the ages."""
+    carried, dropped = losses_by_age(memories, fact, due)
+    return sum(carried), sum(dropped)
 
 
 @dataclasses.dataclass
@@ -81,8 +99,9 @@ class FactTrace:
     turn: int | None   # `follow`'s turn
     memory: str        # the agent's memory after `turn` (after `due` when unwritten)
     made_up: int | None  # `made_up`'s turn: a value for its subject before it was read
-    carried: int = 0     # `turn_losses`: turns after one that held it
-    dropped: int = 0     # ... whose memory no longer held it
+    carried: list[int] = dataclasses.field(default_factory=list)  # `losses_by_age`'s, by age:
+    dropped: list[int] = dataclasses.field(default_factory=list)  # turns after one that held
+    # it, and those whose memory no longer held it
 
 
 @dataclasses.dataclass
@@ -126,7 +145,7 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
         traced.append(FactTrace(fact.text, start // chunk_tokens, start % chunk_tokens, due,
                                 outcome, turn, memories[due if turn is None else turn],
                                 made_up(memories, fact.text, due),
-                                *turn_losses(read, fact.text, due)))
+                                *losses_by_age(read, fact.text, due)))
     return DocumentTrace(index, len(memories), answer == document.answer, answer,
                          document.answer, traced, dict(gates or {}))
 
@@ -155,10 +174,18 @@ def summarize(traces: list[DocumentTrace], chunk_tokens: int) -> list[str]:
     invented = [t for t in traces if any(f.made_up is not None for f in t.facts)]
     lines.append(f"a value made up before its fact was read: {len(invented)} of {len(traces)} "
                  f"documents, {sum(not t.correct for t in invented)} of them answered wrong")
-    carried = sum(f.carried for t in traces for f in t.facts)
-    dropped = sum(f.dropped for t in traces for f in t.facts)
-    lines.append(f"a held fact lost in {dropped} of {carried} turns"
-                 + (f" ({dropped / carried:.2e} a turn)" if carried else ""))
+    facts = [f for t in traces for f in t.facts]
+    written = sum(f.outcome != "unwritten" for f in facts)
+    lines.append(f"needed facts written: {written} of {len(facts)} ({written / len(facts):.1%})")
+    carried = [sum(c) for c in zip(*(f.carried for f in facts))]
+    dropped = [sum(d) for d in zip(*(f.dropped for f in facts))]
+    lines.append(f"a held fact lost in {sum(dropped)} of {sum(carried)} turns"
+                 + (f" ({sum(dropped) / sum(carried):.2e} a turn)" if sum(carried) else ""))
+    bins = [f"{start}-{end - 1}" for start, end in zip(AGE_BINS, AGE_BINS[1:])]
+    by_age = [f"{name}: {d} of {c}" for name, c, d in zip(bins + [f"{AGE_BINS[-1]}+"],
+                                                           carried, dropped) if c]
+    if by_age:
+        lines.append("  by turns since first written: " + "; ".join(by_age))
     if traces[0].gates:
         read = sum(t.gates["chunks_read"] for t in traces)
         lines.append(f"chunks read {read:.0f} of {sum(t.chunks for t in traces)}" + "".join(

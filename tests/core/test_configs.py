@@ -149,3 +149,34 @@ def test_the_honest_rl_only_ladder_is_a_chain_from_the_rl_only_start_with_its_ta
         assert rung.plugin == {"module": "memagent_jax.synthetic.plugin"}
         assert build_run(rung).plugin.section == PluginSection()  # no rows, no starts
     assert [r.memagent.max_chunks for r in rungs] == [1, 8, 32, 128, 256]
+
+
+REBUILT = sorted(f for f in FILES if os.path.dirname(f) == os.path.join("synthetic",
+                                                                      "rl_only_rebuilt"))
+
+
+def test_the_rebuilt_rl_only_ladder_is_the_honest_one_from_a_start_that_neither_selects_nor_hides_keep():
+    """configs/synthetic/rl_only_rebuilt (issue 84): a chain, each step from the previous one's
+    last checkpoint; steps 00-04 are the honest ladder's but for the start's rows (the keep
+    share, the bare box), the exit gate off and the paths; the persistence rung trains half
+    its prompts from the policy's own carried memory, on documents up to 32 chunks."""
+    assert [os.path.basename(f)[:2] for f in REBUILT] == [f"{i:02d}" for i in range(len(REBUILT))]
+    configs = [load_train_config(os.path.join(CONFIGS, f)) for f in REBUILT]
+    for before, after in zip(configs, configs[1:]):
+        assert after.model.path == f"{before.checkpoint_dir}/{before.steps}"
+    differ = {"model.path", "memagent.exit_gate", "plugin.keep_share", "plugin.final_reply",
+              "output_dir"}
+    for name, rebuilt in zip(REBUILT, configs):
+        assert rebuilt.memagent.gates == ("keep",), name
+        honest_name = os.path.join(os.path.dirname(name).replace("rebuilt", "honest"),
+                                   os.path.basename(name))
+        if os.path.exists(os.path.join(CONFIGS, honest_name)):
+            honest = load_train_config(os.path.join(CONFIGS, honest_name))
+            ours, theirs = _flat(to_dict(rebuilt)), _flat(to_dict(honest))
+            assert {k for k in ours if ours[k] != theirs.get(k)} <= differ, name
+    start, persistence = configs[2], configs[-1]
+    assert start.plugin["keep_share"] == 0.25 and start.plugin["final_reply"] == "box"
+    section = build_run(persistence).plugin.section
+    assert (section.carry_from, section.carry_starts * 2) == ("policy",
+                                                             persistence.prompts_per_step)
+    assert persistence.memagent.max_chunks == 32 and persistence.learner.loss == "dapo"

@@ -23,7 +23,8 @@ SCRIPT = {"q0": ["paris", "paris"],   # all right: no advantage anywhere
           "q2": ["-", "-"],           # all wrong
           "q3": ["rome", "paris"],    # mixed
           "q4": ["paris", "-"],       # mixed
-          "q5": ["rome", "rome"]}     # all wrong
+          "q5": ["rome", "rome"],     # all wrong
+          "q6": ["paris", "!"]}       # "!": past its deadline (rollout.timeout_s)
 UPDATE_TOKENS, FINAL_TOKENS = 3, 2  # reply lengths unless a test says otherwise
 
 
@@ -33,16 +34,21 @@ def _turn(kind, reply, tokens, cap):
 
 
 class ScriptedRunner:
-    """`AgentRunner`'s interface (with_params, run) replaying SCRIPT: each trajectory is one
-    memory update (asked with the memory cap) then the final answer (the final cap);
-    lengths[q][j] = (update tokens, final tokens) of question q's j-th trajectory. Records each
-    run's questions and sampling seed. Rows are drawn Examples or a start's question."""
+    """`AgentRunner`'s interface (with_params, with_limits, run) replaying SCRIPT: each
+    trajectory is one memory update (asked with the memory cap) then the final answer (the
+    final cap); lengths[q][j] = (update tokens, final tokens) of question q's j-th
+    trajectory. Records each run's questions and sampling seed. Rows are drawn Examples or a
+    start's question."""
 
     def __init__(self, lengths=None, memory_cap=8, final_cap=4):
         self.lengths, self.runs = lengths or {}, []
         self.caps = memory_cap, final_cap
 
     def with_params(self, params, fixed_sampling=False):
+        return self
+
+    def with_limits(self, limits):
+        self.limits = limits
         return self
 
     def run(self, agent, rows, sampling, n=1, on_call=None, on_done=None):
@@ -52,7 +58,7 @@ class ScriptedRunner:
         for q in samples:
             assert len(SCRIPT[q]) == n
             lengths = self.lengths.get(q, [(UPDATE_TOKENS, FINAL_TOKENS)] * n)
-            groups.append([Trajectory(q, [
+            groups.append([Trajectory(q, timed_out=True) if a == "!" else Trajectory(q, [
                 _turn("update", "memory", update, self.caps[0]),
                 _turn("final", "no answer" if a == "-" else f"\\boxed{{{a}}}", final,
                       self.caps[1])],
@@ -112,6 +118,23 @@ def test_statistics_cover_every_sampled_trajectory_not_only_the_kept_ones():
     assert stats["rollout/truncated_fraction"] == 0
     assert stats["dynamic/kept_fraction"] == pytest.approx(2 / 4)
     assert (stats["dynamic/kept_groups"], stats["dynamic/tries"]) == (2, 3)
+
+
+def test_rollouts_past_their_deadline_are_counted_unscored_and_run_under_the_limits():
+    """q6's second rollout timed out: no reward (NaN, out of the means and of dynamic
+    sampling's judgement: q6 is all right), counted in rollout/timed_out."""
+    runner = ScriptedRunner()
+    config = load_train_config(None, ["data.train=[unread.parquet]", "model.path=unread",
+                                      "reward.function=by_source", "rollout.n=2",
+                                      "prompts_per_step=2", "rollout.timeout_s=2.5",
+                                      "rollout.max_concurrent=3",
+                                      "dynamic_sampling.enabled=true"])
+    batch = collect_batch(runner, _examples(["q6", "q1", "q3"]), config,
+                          seed_for_try=lambda k: k)
+    assert (runner.limits.timeout_s, runner.limits.max_concurrent) == (2.5, 3)
+    assert [e.question for e in batch.examples] == ["q1", "q3"]  # q6's one reward: no signal
+    assert batch.stats["rollout/timed_out"] == 1
+    assert batch.stats["reward/mean"] == pytest.approx(3 / 5)
 
 
 def test_an_agent_without_memory_updates_logs_no_memory_length():

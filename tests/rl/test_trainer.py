@@ -104,7 +104,8 @@ class _Run:
 
 @pytest.fixture(scope="module")
 def three_steps(task, tmp_path_factory) -> _Run:
-    """3 steps on 8 simulated devices (data 2 x fsdp 2 x tensor 2), checkpoints at 2 and 3."""
+    """3 steps on 8 simulated devices (data 2 x fsdp 2 x tensor 2), checkpoints at 2 and 3,
+    2 rollouts a step in logs/rollouts.jsonl; the rows each update trained."""
     run, root = _Run(), tmp_path_factory.mktemp("three_steps")
     run.out = root / "run"
     # Final replies of 48 tokens: the untrained model then says the 1-in-512 code word in about
@@ -112,7 +113,8 @@ def three_steps(task, tmp_path_factory) -> _Run:
     # probability ~1e-4; with 8 tokens, ~1 in 5 random streams kept nothing to train on).
     config = load_train_config(_write_config(task, root / "c.yaml",
                                              memagent__max_final_tokens=48), [
-        f"output_dir={run.out}", "mesh={data: 2, fsdp: 2, tensor: 2}"])
+        f"output_dir={run.out}", "mesh={data: 2, fsdp: 2, tensor: 2}",
+        "log.rollouts_every=1", "log.rollouts=2"])
     run.trainer = trainer = Trainer(config)
     run.initial = jax.device_get(trainer.learner.state()["params"])
     engine, learner = trainer.runner.scheduler.engine, trainer.learner
@@ -129,6 +131,13 @@ def three_steps(task, tmp_path_factory) -> _Run:
         return step(params, state, length, filled)
 
     engine.generate = generate
+    run.trained_rows, update = [], learner.update
+
+    def update_recorded(rows):
+        run.trained_rows.append(rows)
+        return update(rows)
+
+    learner.update = update_recorded
     run.last = trainer.run()
     return run
 
@@ -184,6 +193,29 @@ def test_trains_through_the_memory_loop_with_logs_tensorboard_and_checkpoints(th
                       ("learner/rollout_kl_k3", 1e-10)):
         assert [e.step for e in events.Scalars(tag)] == [r["step"] for r in updated]
         assert all(0 <= e.value < most for e in events.Scalars(tag)), tag
+
+
+@pytest.mark.slow
+def test_rollouts_jsonl_holds_the_first_rollouts_of_each_step_as_trained(three_steps):
+    """Each updating step's 2 first trajectories, their conversations the rows the update
+    trained: ids, loss mask and behaviour log-probs."""
+    with open(three_steps.out / "logs" / "rollouts.jsonl") as f:
+        lines = [json.loads(line) for line in f]
+    updated = [r["step"] for r in _records(three_steps.out) if r["learner/updates"] > 0]
+    assert [(r["step"], r["sample"]) for r in lines] == [(s, j) for s in updated
+                                                          for j in (0, 1)]
+    for k, rows in enumerate(three_steps.trained_rows):
+        for i, record in enumerate(lines[2 * k:2 * k + 2]):
+            mine = np.flatnonzero(rows.trajectory == i)
+            assert len(record["conversations"]) == len(mine) >= 2  # the memory loop's turns
+            assert record["conversations"][-1]["kind"] == "final"
+            for conversation, r in zip(record["conversations"], mine):
+                n = rows.lengths[r]
+                assert conversation["ids"] == rows.tokens[r, :n].tolist()
+                assert conversation["loss_mask"] == rows.loss_mask[r, :n].tolist()
+                assert conversation["logprobs"] == rows.rollout_logprobs[r, :n].tolist()
+            assert record["reward"] in (0.0, 1.0) and record["advantage"] == rows.advantages[
+                mine[0]]
 
 
 @pytest.mark.slow

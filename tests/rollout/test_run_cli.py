@@ -439,6 +439,24 @@ def test_another_agent_runs_against_a_server_and_locally(model_dir, capsys):
         "--chunk-tokens is MemAgent's; --agent takes its settings in its section")
 
 
+def test_show_tokens_prints_each_conversation_as_trained(model_dir, capsys):
+    """`run --show-tokens`: the conversation's text and ids, the generated ones marked (the
+    one reply's: every marked id after the prompt), then the answer; refused with --url."""
+    assert main(["run", "--model", model_dir, "--agent", "memagent_jax.agents.single_turn",
+                 "--question", "what is the secret code ?", "--temperature", "0",
+                 "--max-len", "64", "--show-tokens"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("--- conversation 1/1 (final): ")
+    ids = out[2].removeprefix("ids: ")
+    prompt, marked = ids.split("\u27e6")
+    assert marked.endswith("\u27e7") and "\u27e6" not in marked[:-1]
+    assert len(marked[:-1].split()) == int(out[0].split(", ")[1].split()[0])  # "N trained"
+    assert len(out) == 4  # the answer last
+    assert main(["run", "--url", "http://127.0.0.1:1/v1", "--model", "m", "--agent",
+                 "memagent_jax.agents.single_turn", "--question", "q", "--show-tokens"]) == 2
+    assert "--show-tokens prints the local engine's ids" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("make, what", [(os.mkfifo, "a FIFO"), (None, "a device")])
 def test_a_doc_that_is_no_regular_file_says_so(model_dir, tmp_path, capsys, make, what):
     """(A FIFO, or /dev/urandom, was "not found"; a read would wait, or never end.)"""

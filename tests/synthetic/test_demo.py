@@ -20,7 +20,15 @@ from memagent_jax.models.loading import random_model, save_hf
 from memagent_jax.models.presets import preset_config
 from memagent_jax.synthetic import demo
 from memagent_jax.synthetic import tasks as synthetic
-from memagent_jax.synthetic.trace import OUTCOMES, follow, made_up, trace_document, turn_losses
+from memagent_jax.synthetic.trace import (
+    AGE_BINS,
+    OUTCOMES,
+    follow,
+    losses_by_age,
+    made_up,
+    trace_document,
+    turn_losses,
+)
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 from tests.synthetic.signals import ctrl_c_in_a_gc_callback
 
@@ -208,6 +216,18 @@ def test_trace_counts_every_turn_that_loses_a_held_fact(memories, due, expected)
     assert turn_losses(memories, FACT, due) == expected
 
 
+def test_trace_bins_the_carried_turns_by_the_turns_since_the_fact_was_first_written():
+    """Written after turn 2 (due 1, so one turn late), held 20 turns, lost, rewritten, held to
+    the end: ages count from the first write, and a loss falls in its age's bin."""
+    memories = ["", "", FACT] + [FACT] * 20 + ["", FACT, FACT]
+    carried, dropped = losses_by_age(memories, FACT, 1)
+    assert len(carried) == len(dropped) == len(AGE_BINS)
+    # pairs from the first write (turn 2): ages 1..20 held -> held or lost; age 21 is the
+    # loss at turn 22 -> 23; turns 24, 25 held again at ages 22, 23 (24 has a next turn).
+    assert carried == [3, 12, 7, 0, 0, 0, 0] and dropped == [0, 0, 1, 0, 0, 0, 0]
+    assert (sum(carried), sum(dropped)) == turn_losses(memories, FACT, 1)
+
+
 def test_trace_expects_a_fact_cut_by_the_chunk_boundary_one_turn_later():
     chunk = 64
     index, document = next(
@@ -256,9 +276,11 @@ def test_trace_reads_documents_and_prints_a_line_each_and_the_outcomes(in_packag
     assert lines[5] == (f"a value made up before its fact was read: {len(invented)} of 3 "
                         f"documents, {sum(not r['correct'] for r in invented)} of them "
                         "answered wrong")
-    carried = sum(r["facts"][0]["carried"] for r in records)
-    dropped = sum(r["facts"][0]["dropped"] for r in records)
-    assert lines[6].startswith(f"a held fact lost in {dropped} of {carried} turns")
+    written = sum(r["facts"][0]["outcome"] != "unwritten" for r in records)
+    assert lines[6].startswith(f"needed facts written: {written} of 3")
+    carried = sum(sum(r["facts"][0]["carried"]) for r in records)
+    dropped = sum(sum(r["facts"][0]["dropped"]) for r in records)
+    assert lines[7].startswith(f"a held fact lost in {dropped} of {carried} turns")
 
 
 def test_trace_selection_checks_each_memory_for_every_fact(in_package, capsys, tmp_path):

@@ -1,0 +1,251 @@
+"""Any program as an agent (`agent: {module: memagent_jax.agents.program, command: [python,
+my_app.py]}`): an unmodified OpenAI-client program, trained through its base URL.
+
+Each rollout runs `command` once, with
+- `OPENAI_BASE_URL` pointing at an OpenAI-compatible endpoint of this rollout's own
+  (`http://127.0.0.1:PORT/v1`, loopback only, a free port; `POST /v1/chat/completions`, `GET
+  /v1/models`), and `OPENAI_API_KEY` a key made for the rollout (the endpoint refuses others);
+- the row as JSON on its standard input (a data row's fields as read: `prompt`,
+  `reward_model`, `extra_info`, ...).
+
+Each chat completion it asks for is one `policy.chat` of the rollout: requests are read with
+`serve`'s own parser (serve/protocol.py: what `serve` refuses, this endpoint refuses, with the
+same 400), sampled on the engine with the run's sampling and a seed per call (a request's
+`temperature`, `top_p`, `top_k` are honoured where the run allows: not in training, where a
+different value is a 400; its `seed` is not: the call's seed is the run's), and recorded with
+the generated ids and their behaviour log-probs. Calls whose messages continue an earlier
+call's (its messages, its reply, then more) form one conversation, the others are
+conversations of their own (rollout/conversation.py, as for an agent written as a function);
+the reward reads the last call's reply. `max_tokens` (or `max_completion_tokens`) caps a reply,
+`agent.max_tokens` where a request gives neither; `n` above 1 and `stream` are 400s.
+
+A program that exits non-zero, writes a Python traceback on its standard error, or makes no
+chat call stops the run with one line naming the command, the row and the end of its standard
+error (as a rollout that raises does, and a reward function that fails does: the step is not
+applied; the checkpoint before it is where to resume). A program still running at the run's
+deadline (`rollout.timeout_s`) is killed and its rollout masked as a timed-out one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import secrets
+import shlex
+import time
+from typing import Any, ClassVar
+
+from memagent_jax.engine.engine_api import PromptTooLong
+from memagent_jax.errors import ConfigError, UserError
+from memagent_jax.rollout.agent_api import Reply, Rollout
+from memagent_jax.rollout.conversation import is_reply
+from memagent_jax.runconfig import at_least, build_section
+from memagent_jax.serve.protocol import APIError, bad, parse_chat
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+            405: "Method Not Allowed", 500: "Internal Server Error"}
+# What marks a Python program's uncaught exception on its standard error.
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramSection:
+    """The `agent` section's keys besides `module`."""
+    SECTION: ClassVar[str] = "agent"
+    command: tuple[str, ...] = ()   # the program and its arguments (a list), run per rollout
+    max_tokens: int = 1024          # a reply's cap where a request gives none
+    max_len: int = 4096             # the most tokens a conversation reaches (sizes the engine)
+
+    def __post_init__(self):
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            raise ConfigError("agent.command", f"must be the program and its arguments, a "
+                                               f"non-empty list of strings, got "
+                                               f"{list(self.command)!r}")
+        at_least(self, 1, "max_tokens", "max_len")
+
+
+class Program:
+    """The agent (module docstring)."""
+
+    def __init__(self, section: ProgramSection):
+        self.section = section
+        self.shown = shlex.join(section.command)
+        self.name = f"program `{self.shown}`"
+
+    def max_len(self, tokenizer) -> int:
+        return self.section.max_len
+
+    async def rollout(self, row, policy) -> Rollout:
+        endpoint = _Endpoint(policy, self.section.max_tokens)
+        server = await asyncio.start_server(endpoint.connection, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+               "OPENAI_API_KEY": endpoint.key}
+        where = f"agent program `{self.shown}` on row {_row_name(row)}"
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self.section.command, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env)
+        except OSError as e:
+            server.close()
+            raise UserError(f"{where}: cannot start it ({e.strerror or e})") from None
+        try:
+            _, stderr = await process.communicate(json.dumps(_row_json(row)).encode())
+        finally:
+            if process.returncode is None:  # cancelled (the run's deadline): killed
+                process.kill()
+                await process.wait()
+            server.close()
+            endpoint.close()
+        error = stderr.decode(errors="replace")
+        if process.returncode or _TRACEBACK in error:
+            how = (f"exited with status {process.returncode}" if process.returncode
+                   else "wrote a traceback")
+            raise UserError(f"{where}: {how}{_last_line(error)}")
+        if not endpoint.calls:
+            raise UserError(f"{where}: made no chat completion at {env['OPENAI_BASE_URL']} "
+                            "(does it read OPENAI_BASE_URL?)")
+        return Rollout(_conversations(endpoint.calls))
+
+
+class _Endpoint:
+    """The rollout's OpenAI-compatible endpoint (module docstring): HTTP/1.1 with keep-alive
+    on asyncio streams, each chat completion a `policy.chat`."""
+
+    def __init__(self, policy, max_tokens: int):
+        self.policy, self.max_tokens = policy, max_tokens
+        self.key = "rollout-" + secrets.token_hex(16)
+        self.calls: list[tuple[list[dict], Reply]] = []
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+
+    async def connection(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    break
+                method, path, headers, body = request
+                try:
+                    status, payload = 200, await self._answer(method, path, headers, body)
+                except APIError as e:
+                    status, payload = e.status, e.body()
+                data = json.dumps(payload, ensure_ascii=False).encode()
+                writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: "
+                             f"application/json\r\nContent-Length: {len(data)}\r\n\r\n"
+                             .encode() + data)
+                await writer.drain()
+                if headers.get("connection", "").lower() == "close":
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._writers.discard(writer)
+            writer.close()
+
+    async def _answer(self, method: str, path: str, headers: dict, body: bytes) -> dict:
+        if headers.get("authorization") != f"Bearer {self.key}":
+            raise APIError(401, "Incorrect API key provided: use OPENAI_API_KEY",
+                           code="invalid_api_key")
+        path = path.split("?")[0].rstrip("/")
+        if path == "/v1/models" and method == "GET":
+            return {"object": "list", "data": [{"id": "policy", "object": "model",
+                                                "owned_by": "memagent-jax"}]}
+        if path != "/v1/chat/completions":
+            raise APIError(404, f"no route {method} {path} (this endpoint serves "
+                                "/v1/chat/completions and /v1/models)")
+        if method != "POST":
+            raise APIError(405, f"{method} {path}: use POST")
+        try:
+            raw = json.loads(body)
+        except ValueError as e:
+            raise bad(f"the request body is not JSON ({e})") from None
+        gen = parse_chat(raw, max_top_logprobs=0)
+        if gen.n != 1 or gen.stream:
+            raise bad("one choice, not streamed: an agent's call is one reply",
+                      "n" if gen.n != 1 else "stream")
+        messages = list(gen.prompts[0])
+        sampling = {k: getattr(gen, k) for k in ("temperature", "top_p", "top_k") if k in raw}
+        try:
+            reply = await self.policy.chat(messages, max_tokens=gen.max_tokens or self.max_tokens,
+                                           **sampling, **gen.template_vars)
+        except PromptTooLong as e:
+            raise bad(str(e), "messages", "context_length_exceeded") from None
+        except (ValueError, UserError) as e:
+            raise bad(str(e)) from None
+        self.calls.append((messages, reply))
+        usage = None
+        if reply.token_ids is not None and reply.prompt_ids is not None:
+            usage = {"prompt_tokens": len(reply.prompt_ids),
+                     "completion_tokens": len(reply.token_ids),
+                     "total_tokens": len(reply.prompt_ids) + len(reply.token_ids)}
+        return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion",
+                "created": int(time.time()), "model": gen.model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
+                             "logprobs": None, "finish_reason": reply.finish_reason}],
+                "usage": usage}
+
+
+async def _read_request(reader: asyncio.StreamReader
+                        ) -> tuple[str, str, dict[str, str], bytes] | None:
+    """(method, path, headers lower-cased, body) of the next request; None at the end."""
+    line = await reader.readline()
+    if not line.strip():
+        return None
+    method, path, _ = line.decode("latin-1").split(" ", 2)
+    headers = {}
+    while True:
+        header = await reader.readline()
+        if header in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = header.decode("latin-1").partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0") or 0)
+    return method, path, headers, await reader.readexactly(length) if length else b""
+
+
+def _conversations(calls: list[tuple[list[dict], Reply]]) -> list[list[dict]]:
+    """Each call's messages and reply, but for calls a later call continues (their messages
+    are in that call's): one conversation per chain, in the order their last calls were made
+    (the last call's the final one)."""
+    def continued(k: int) -> bool:
+        messages, reply = calls[k]
+        m = len(messages)
+        return any(len(later) > m and later[:m] == messages and is_reply(later[m], reply)
+                   for later, _ in calls[k + 1:])
+
+    return [messages + [reply.message] for k, (messages, reply) in enumerate(calls)
+            if not continued(k)]
+
+
+def _row_json(row) -> Any:
+    """The row as its program reads it: a data row's fields as read (`Example.fields`), a dict
+    as it is."""
+    fields = getattr(row, "fields", None)
+    if isinstance(fields, dict) and fields:
+        return fields
+    if isinstance(row, dict):
+        return row
+    return {k: v for k, v in vars(row).items() if not k.startswith("_")}
+
+
+def _row_name(row) -> str:
+    index = getattr(row, "index", None)
+    return str(index) if isinstance(index, int) else repr(row)[:80]
+
+
+def _last_line(text: str) -> str:
+    """": " and the last non-empty line of a program's standard error, or ""."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return f": {lines[-1][:300]}" if lines else ""
+
+
+def build(settings: dict, config) -> Program:
+    return Program(build_section(ProgramSection, settings, "agent"))
