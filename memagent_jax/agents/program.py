@@ -16,7 +16,9 @@ different value is a 400; its `seed` is not: the call's seed is the run's), and 
 the generated ids and their behaviour log-probs. Calls whose messages continue an earlier
 call's (its messages, its reply, then more) form one conversation, the others are
 conversations of their own (rollout/conversation.py, as for an agent written as a function);
-the reward reads the last call's reply. `max_tokens` (or `max_completion_tokens`) caps a reply,
+the reward reads the last call's reply. `tools` are `policy.chat`'s (rollout/tool_calls.py):
+a reply's calls come back as `tool_calls` with `finish_reason: "tool_calls"`, and `tool`
+messages answer them. `max_tokens` (or `max_completion_tokens`) caps a reply,
 `agent.max_tokens` where a request gives neither; `n` above 1 and `stream` are 400s.
 
 A program that exits non-zero, writes a Python traceback on its standard error, or makes no
@@ -175,6 +177,7 @@ class _Endpoint:
         sampling = {k: getattr(gen, k) for k in ("temperature", "top_p", "top_k") if k in raw}
         try:
             reply = await self.policy.chat(messages, max_tokens=gen.max_tokens or self.max_tokens,
+                                           tools=gen.tools, tool_choice=gen.tool_choice,
                                            **sampling, **gen.template_vars)
         except PromptTooLong as e:
             raise bad(str(e), "messages", "context_length_exceeded") from None
@@ -188,9 +191,18 @@ class _Endpoint:
                      "total_tokens": len(reply.prompt_ids) + len(reply.token_ids)}
         return {"id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion",
                 "created": int(time.time()), "model": gen.model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": reply.text},
-                             "logprobs": None, "finish_reason": reply.finish_reason}],
+                "choices": [{"index": 0, **_choice(reply), "logprobs": None}],
                 "usage": usage}
+
+
+def _choice(reply: Reply) -> dict:
+    """The reply as a choice's message and finish reason: its calls as `tool_calls`
+    (finish_reason "tool_calls", content the text before them or null), as `serve` answers."""
+    if reply.tool_calls:
+        return {"message": {"role": "assistant", "content": reply.message["content"] or None,
+                            "tool_calls": reply.tool_calls}, "finish_reason": "tool_calls"}
+    return {"message": {"role": "assistant", "content": reply.text},
+            "finish_reason": reply.finish_reason}
 
 
 async def _read_request(reader: asyncio.StreamReader

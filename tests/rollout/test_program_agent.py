@@ -3,12 +3,15 @@ client, its base URL and key from the environment, is recorded as the same agent
 function is (ids, behaviour log-probs, conversations); a crash is one line naming the command
 and the row; a program past the run's deadline is killed and its rollout timed out."""
 
+import json
 import sys
 import textwrap
 import types
 
 import pytest
 
+from memagent_jax.agents.tool_calling import build as build_tool_agent
+from memagent_jax.data.pipeline import example_from_row
 from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Scheduler
@@ -17,6 +20,7 @@ from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.rollout.rollouts import Limits
 from memagent_jax.rollout.runner import AgentRunner, build_runner
 from tests.builders import EOS, ReplyEngine
+from tests.rollout.test_chat_masks import ANSWER, _call_ids, _tokenizer
 
 # Two calls that continue one another (one conversation), then one of its own.
 PROGRAM = """\
@@ -115,3 +119,54 @@ def test_a_program_past_the_deadline_is_killed_and_its_rollout_timed_out(word_to
     runner = _runner(word_tokenizer).with_limits(Limits(timeout_s=1.0))
     (trajectory,), = runner.run(agent, ROWS[:1], SAMPLING)
     assert trajectory.timed_out and not trajectory.turns
+
+
+TOOL_PROGRAM = """\
+import json
+import sys
+
+from openai import OpenAI
+
+row = json.load(sys.stdin)
+tools = json.loads(sys.argv[1])
+client = OpenAI()
+messages = list(row["prompt"])
+first = client.chat.completions.create(model="policy", messages=messages, tools=tools,
+                                       max_tokens=64)
+choice = first.choices[0]
+assert choice.finish_reason == "tool_calls" and choice.message.content is None, choice
+(call,) = choice.message.tool_calls
+city = json.loads(call.function.arguments)["city"]
+messages += [choice.message,
+             {"role": "tool", "tool_call_id": call.id, "content": f"{city}: 3 degrees"}]
+client.chat.completions.create(model="policy", messages=messages, tools=tools, max_tokens=64)
+"""
+
+
+def test_a_program_calling_tools_is_recorded_as_the_shipped_tool_agent():
+    """`tools=` through the official client: the reply's call comes back as `tool_calls`, the
+    `role: tool` message answers it, and the conversation is the row the shipped tool agent
+    makes of the same calls (Qwen2.5's template, which takes `tools`)."""
+    tokenizer = _tokenizer()
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    answer = tokenizer(ANSWER, add_special_tokens=False)["input_ids"] + [end]
+
+    def reply(prompt):
+        return answer if "<tool_response>" in prompt else _call_ids(tokenizer)
+
+    shipped = build_tool_agent({"tools": ["tests.rollout.test_chat_masks:weather"],
+                                "max_tokens": 64, "max_turns": 1}, None)
+    program = load_agent({"module": "memagent_jax.agents.program", "command": [
+        sys.executable, "-c", TOOL_PROGRAM, json.dumps(shipped.declared)], "max_tokens": 64},
+                         None)
+    row = example_from_row({"data_source": "t", "prompt": [
+        {"role": "user", "content": "What is the weather in Oslo?"}],
+        "reward_model": {"ground_truth": "3"}}, 0)
+    runner = AgentRunner(Scheduler(ReplyEngine(tokenizer, reply)), tokenizer, (end,))
+    ((mine,),), ((theirs,),) = (runner.run(a, [row], SAMPLING) for a in (program, shipped))
+    assert len(mine.turns) == len(theirs.turns) == 1
+    a, b = mine.turns[0], theirs.turns[0]
+    assert (a.prompt_ids, a.response_ids, a.response_logprobs, a.response_mask) == (
+        b.prompt_ids, b.response_ids, b.response_logprobs, b.response_mask)
+    assert sum(a.response_mask) == len(_call_ids(tokenizer)) + len(answer)
+    assert mine.answer == theirs.answer == "3"
