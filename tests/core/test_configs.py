@@ -155,7 +155,7 @@ REBUILT = sorted(f for f in FILES if os.path.dirname(f) == os.path.join("synthet
                                                                       "rl_only_rebuilt"))
 
 
-def test_the_rebuilt_rl_only_ladder_is_the_honest_one_from_a_start_that_neither_selects_nor_hides_keep():
+def test_the_rebuilt_rl_only_ladder_is_the_honest_one_from_a_start_without_selection():
     """configs/synthetic/rl_only_rebuilt (issue 84): a chain, each step from the previous one's
     last checkpoint; steps 00-04 are the honest ladder's but for the start's rows (the keep
     share, the bare box), the exit gate off and the paths; the persistence rung trains half
