@@ -17,6 +17,7 @@ from memagent_jax import model_dir
 from memagent_jax.errors import UserError
 from memagent_jax.models import checkpoint, hf_checkpoint
 from memagent_jax.models.config import ModelConfig
+from memagent_jax.models.lora import merge_peft
 from memagent_jax.models.qwen import Params, Qwen, param_specs, split_params
 from memagent_jax.models.sharding import param_shardings
 
@@ -24,14 +25,15 @@ _DTYPES = ("float32", "bfloat16", "float16")
 
 
 def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh | None = None,
-               param_dtype: str | None = None, attention: str = "xla"
-               ) -> tuple[Qwen, ModelConfig]:
+               param_dtype: str | None = None, attention: str = "xla",
+               lora: str | None = None) -> tuple[Qwen, ModelConfig]:
     """Loads an HF directory (config.json + safetensors) or one of our checkpoint directories;
     a shipped model's name (`model_dir.shipped_names()`) is its directory, as in every command.
 
     dtype: compute dtype, and parameter dtype unless `param_dtype` is given; None keeps the
     dtype the weights are stored in. mesh: parameters are placed with `param_shardings`;
-    None puts them on the default device. attention: see `qwen.Qwen`.
+    None puts them on the default device. attention: see `qwen.Qwen`. lora: a PEFT LoRA
+    adapter directory merged into the weights once they are loaded (`lora.merge_peft`).
     Returns (model, config); config.dtype is the parameter dtype of the returned model.
     """
     path = model_dir.resolve(path)
@@ -44,6 +46,8 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
         params = checkpoint.read_params(path, config, targets)
     else:
         params = hf_checkpoint.read_params(path, config, targets)
+    if lora is not None:
+        params = merge_peft(params, config, lora)
     return build_model(config, params, dtype=compute_dtype, attention=attention), config
 
 
