@@ -121,3 +121,37 @@ def test_adapter_of_another_model_is_refused(base, peft_adapter, tmp_path):
     other = base[2].replace(hidden_size=48)
     with pytest.raises(UserError, match="has shape .* this base needs"):
         read_peft(adapter_dir, other)
+
+
+def test_export_merges_an_adapter_that_transformers_loads(base, peft_adapter, tmp_path):
+    import transformers
+
+    from memagent_jax.cli import main
+    path, _, _ = base
+    adapter_dir, peft_model = peft_adapter
+    out = str(tmp_path / "merged")
+    assert main(["export", "--model", path, "--lora", adapter_dir, "--out", out]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert np.abs(hf_logits(merged, IDS) - hf_logits(peft_model, IDS)).max() <= TOL
+
+
+def test_a_missing_adapter_is_one_line(base, tmp_path, capsys):
+    from memagent_jax.cli import main
+    assert main(["export", "--model", base[0], "--lora", str(tmp_path),
+                 "--out", str(tmp_path / "out")]) != 0
+    assert "--lora:" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_model_section_loads_an_adapter_and_names_a_bad_one(base, peft_adapter, tmp_path):
+    from memagent_jax.engine.factory import load_model_section
+    from memagent_jax.engine.model_section import ModelSection
+    from memagent_jax.errors import ConfigError
+    path, _, _ = base
+    adapter_dir, peft_model = peft_adapter
+    loaded = load_model_section(ModelSection(path=path, lora=adapter_dir), None)
+    ours = np.asarray(loaded.model(jnp.asarray(IDS)))
+    assert np.abs(ours - hf_logits(peft_model, IDS)).max() <= TOL
+    with pytest.raises(ConfigError, match="not a PEFT adapter directory") as e:
+        ModelSection(path=path, lora=str(tmp_path)).load_tokenizer(required=False)
+    assert e.value.key == "model.lora"
