@@ -39,6 +39,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--lora", metavar="ADAPTER_DIR",
                    help="a PEFT LoRA adapter merged onto the weights: the merged model is "
                         "written")
+    p.add_argument("--merged", action="store_true",
+                   help="of a LoRA training run: the base with the adapters merged in, an HF "
+                        "model (default: the adapters alone, as a PEFT adapter directory)")
     p.set_defaults(func=_export)
     startup.add_flags(p)
 
@@ -90,11 +93,29 @@ def _export(args) -> None:
     check_new_output(args.out, "--out")
     with _stop_before_writing(args.out) as poll:
         from memagent_jax.model_dir import side_files_dir
+        from memagent_jax.models.checkpoint import lora_record
         from memagent_jax.models.loading import load_model, read_config, save_hf
         from memagent_jax.models.sharding import job_mesh
         read_config(args.model)  # a path that is no model fails here, before the job starts
         _check_adapter(args.lora)
+        lora_run = lora_record(args.model) is not None
+        if args.merged and not lora_run:
+            raise UserError(f"--merged: {args.model} is no LoRA training run's checkpoint (its "
+                            "export is the whole model already)")
+        adapter_only = lora_run and not args.merged
+        if adapter_only and args.lora:
+            raise UserError("--lora: exporting a LoRA run's adapters alone; give --merged to "
+                            "write the merged model with this adapter on it")
         start(args)
+        if adapter_only:
+            from memagent_jax.models.loading import read_run_adapters
+            from memagent_jax.models.lora import write_peft
+            config, lora, adapters, record = read_run_adapters(args.model, job_mesh(None))
+            poll()
+            write_peft(adapters, config, lora, args.out, base_model=record["path"])
+            print_once(f"exported the LoRA adapters of {args.model} -> {args.out} (PEFT; "
+                       "--merged: the merged model)")
+            return
         model, config = load_model(args.model, dtype=None, mesh=job_mesh(None), lora=args.lora)
         save_hf(model, config, args.out, tokenizer_dir=side_files_dir(args.model),
                 max_shard_bytes=max_shard_bytes, poll=poll)

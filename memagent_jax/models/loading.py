@@ -17,7 +17,9 @@ from memagent_jax import model_dir
 from memagent_jax.errors import UserError
 from memagent_jax.models import checkpoint, hf_checkpoint
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.lora import merge_peft
+from memagent_jax.models.lora import Adapters, abstract_adapters, merge, merge_peft
+from memagent_jax.models.lora_config import LoraConfig
+from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Params, Qwen, param_specs, split_params
 from memagent_jax.models.sharding import param_shardings
 
@@ -38,6 +40,8 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
     """
     path = model_dir.resolve(path)
     config = read_config(path)
+    if model_dir.is_checkpoint_directory(path) and checkpoint.lora_record(path) is not None:
+        return _load_lora_run(path, dtype, mesh, param_dtype, attention, lora)
     param_dtype = _dtype_name(param_dtype or dtype or config.dtype, path)
     compute_dtype = _dtype_name(dtype or config.dtype, path)
     config = config.replace(dtype=param_dtype)
@@ -49,6 +53,64 @@ def load_model(path: str, dtype: str | None = "float32", mesh: jax.sharding.Mesh
     if lora is not None:
         params = merge_peft(params, config, lora)
     return build_model(config, params, dtype=compute_dtype, attention=attention), config
+
+
+def read_run_adapters(path: str, mesh: jax.sharding.Mesh | None = None
+                      ) -> tuple[ModelConfig, LoraConfig, Adapters, dict]:
+    """A LoRA training run's checkpoint (any path naming one): (the model's config, the
+    adapters' LoraConfig, the adapters, float32 on `mesh`, its lora.json record)."""
+    record = checkpoint.lora_record(path)
+    if record is None:
+        raise UserError(f"{path}: not a LoRA training run's checkpoint")
+    config = read_config(path).replace(dtype=record["dtype"])
+    lora_config = LoraConfig(rank=record["rank"], alpha=record["alpha"],
+                             targets=tuple(record["targets"]))
+    adapters = checkpoint.read_params(path, config,
+                                      abstract_adapters(config, lora_config, mesh))
+    return config, lora_config, adapters, record
+
+
+def read_run_base(path: str, record: dict, mesh: jax.sharding.Mesh | None = None) -> Params:
+    """The base a LoRA run's record names, stored as the run stored it, checked against the
+    record's fingerprint (other weights at that path are a UserError)."""
+    name = checkpoint.base_name(record)
+    if record["path"] is not None:
+        base_path = model_dir.resolve(record["path"])
+        if not is_model_directory(base_path):
+            raise UserError(f"{path}: the base of its LoRA adapters, {base_path}, is not a "
+                            "model directory")
+        model, _ = load_model(base_path, dtype=record["dtype"], mesh=mesh,
+                              lora=record["merged_adapter"])
+    else:
+        config = preset_config(record["preset"], dtype=record["dtype"])
+        model = random_model(config, seed=record["init_seed"], dtype=record["dtype"],
+                             mesh=mesh)
+        if record["merged_adapter"]:
+            model = build_model(config, merge_peft(split_params(model)[1], config,
+                                                   record["merged_adapter"]), record["dtype"])
+    params = split_params(model)[1]
+    found = checkpoint.weights_fingerprint(params)
+    if found != record["fingerprint"]:
+        raise UserError(f"{path}: its LoRA adapters were trained on {name} with weights "
+                        f"{record['fingerprint']}, and those weights are now {found}: "
+                        "restore the base they were trained on")
+    return params
+
+
+def _load_lora_run(path: str, dtype: str | None, mesh, param_dtype: str | None,
+                   attention: str, lora: str | None) -> tuple[Qwen, ModelConfig]:
+    """`load_model` of a LoRA run's checkpoint: its base with its adapters merged in."""
+    config, lora_config, adapters, record = read_run_adapters(path, mesh)
+    base = read_run_base(path, record, mesh)
+    param_dtype = _dtype_name(param_dtype or dtype or record["dtype"], path)
+    config = config.replace(dtype=param_dtype)
+    shardings = jax.tree.map(lambda x: x.sharding, base)
+    params = jax.jit(merge, static_argnums=(2, 3), out_shardings=shardings)(
+        base, adapters, lora_config.scale, jnp.dtype(param_dtype))
+    if lora is not None:
+        params = merge_peft(params, config, lora)
+    return build_model(config, params, dtype=_dtype_name(dtype or param_dtype, path),
+                       attention=attention), config
 
 
 def is_model_directory(path: str) -> bool:

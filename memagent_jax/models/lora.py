@@ -89,6 +89,16 @@ def adapter_shardings(config: ModelConfig, lora: LoraConfig,
     return jax.tree.map(sharding, adapter_specs(config, lora), is_leaf=_is_spec)
 
 
+def abstract_adapters(config: ModelConfig, lora: LoraConfig,
+                      mesh: jax.sharding.Mesh | None = None) -> Adapters:
+    """The adapters as float32 ShapeDtypeStructs on their shardings (what a restore reads
+    onto; an abstract learner's)."""
+    return jax.tree.map(lambda spec, sharding: jax.ShapeDtypeStruct(spec[0], jnp.float32,
+                                                                    sharding=sharding),
+                        adapter_specs(config, lora), adapter_shardings(config, lora, mesh),
+                        is_leaf=_is_spec)
+
+
 def init_adapters(config: ModelConfig, lora: LoraConfig, seed: int,
                   mesh: jax.sharding.Mesh | None = None) -> Adapters:
     """Fresh float32 adapters, placed on `adapter_shardings`: A uniform in +-1/sqrt(fan_in)

@@ -98,7 +98,7 @@ class Learner:
         self._base: Params | None = None  # the frozen base under LoRA
         if self.lora is not None:
             self._base, self._base_shardings = params, jax.tree.map(lambda x: x.sharding, params)
-            params = (_abstract_adapters(model.config, self.lora, mesh) if self.abstract
+            params = (lora.abstract_adapters(model.config, self.lora, mesh) if self.abstract
                       else lora.init_adapters(model.config, self.lora, seed, mesh))
         stored = {jnp.dtype(x.dtype).name for x in jax.tree.leaves(params)}
         if stored != {"float32"}:
@@ -435,11 +435,3 @@ def _zeros_like(tree):
 def _merge_adapters(adapters, base, scale: float) -> Params:
     return lora.merge(base, adapters, scale)
 
-
-def _abstract_adapters(config, lora_config, mesh) -> lora.Adapters:
-    """The adapters as ShapeDtypeStructs on their shardings (an abstract learner's)."""
-    return jax.tree.map(lambda spec, sharding: jax.ShapeDtypeStruct(spec[0], jnp.float32,
-                                                                    sharding=sharding),
-                        lora.adapter_specs(config, lora_config),
-                        lora.adapter_shardings(config, lora_config, mesh),
-                        is_leaf=lambda x: isinstance(x, tuple) and isinstance(x[0], tuple))
