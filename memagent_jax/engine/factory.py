@@ -19,9 +19,7 @@ from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.engine.sizing import check_memory, check_window
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.loading import build_model, load_model, random_model
-from memagent_jax.models.lora import merge_peft
-from memagent_jax.models.presets import preset_config
+from memagent_jax.models.loading import load_model, preset_model
 from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.tokenizer import rows_needed, stop_token_ids
 
@@ -62,12 +60,8 @@ def load_model_section(section: ModelSection, tokenizer,
         stops = stop_token_ids(section.path, config.extra.get("eos_token_id"))
     else:
         assert section.preset is not None  # exactly one of path and preset (__post_init__)
-        config = preset_config(section.preset, dtype=stored)
-        model = random_model(config, seed=section.init_seed, dtype=compute,
-                             attention=section.attention, mesh=mesh)
-        if section.lora is not None:
-            model = build_model(config, merge_peft(split_params(model)[1], config, section.lora),
-                                dtype=compute, attention=section.attention)
+        model, config = preset_model(section.preset, section.init_seed, stored, compute,
+                                     section.attention, mesh, section.lora)
         stops = ()
     if tokenizer is not None:
         if rows_needed(tokenizer) > config.vocab_size:

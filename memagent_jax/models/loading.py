@@ -82,12 +82,8 @@ def read_run_base(path: str, record: dict, mesh: jax.sharding.Mesh | None = None
         model, _ = load_model(base_path, dtype=record["dtype"], mesh=mesh,
                               lora=record["merged_adapter"])
     else:
-        config = preset_config(record["preset"], dtype=record["dtype"])
-        model = random_model(config, seed=record["init_seed"], dtype=record["dtype"],
-                             mesh=mesh)
-        if record["merged_adapter"]:
-            model = build_model(config, merge_peft(split_params(model)[1], config,
-                                                   record["merged_adapter"]), record["dtype"])
+        model, _ = preset_model(record["preset"], record["init_seed"], record["dtype"],
+                                mesh=mesh, lora=record["merged_adapter"])
     params = split_params(model)[1]
     found = checkpoint.weights_fingerprint(params)
     if found != record["fingerprint"]:
@@ -179,6 +175,20 @@ def random_model(config: ModelConfig, seed: int = 0, dtype: str = "float32",
     model = Qwen(config, param_dtype=config.dtype, rngs=nnx.Rngs(seed))
     params = jax.device_put(split_params(model)[1], param_shardings(config, mesh))
     return build_model(config, params, dtype=dtype, attention=attention)
+
+
+def preset_model(preset: str, seed: int, param_dtype: str, dtype: str | None = None,
+                 attention: str = "xla", mesh: jax.sharding.Mesh | None = None,
+                 lora: str | None = None) -> tuple[Qwen, ModelConfig]:
+    """A preset's random model (`random_model` of seed `seed`) stored in param_dtype,
+    computing in dtype (None: param_dtype), with the PEFT adapter `lora` merged in."""
+    config = preset_config(preset, dtype=param_dtype)
+    dtype = dtype or param_dtype
+    model = random_model(config, seed=seed, dtype=dtype, attention=attention, mesh=mesh)
+    if lora is not None:
+        model = build_model(config, merge_peft(split_params(model)[1], config, lora),
+                            dtype=dtype, attention=attention)
+    return model, config
 
 
 def _dtype_name(dtype: str, source: str) -> str:

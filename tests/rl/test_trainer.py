@@ -389,6 +389,7 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow
 def test_a_lora_run_resumes_only_on_its_base(task, tmp_path):
     """The same model.path with other weights: the resume is refused in one line naming
     both fingerprints; nothing is trained."""
