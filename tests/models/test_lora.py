@@ -135,11 +135,16 @@ def test_export_merges_an_adapter_that_transformers_loads(base, peft_adapter, tm
     assert np.abs(hf_logits(merged, IDS) - hf_logits(peft_model, IDS)).max() <= TOL
 
 
-def test_a_missing_adapter_is_one_line(base, tmp_path, capsys):
+@pytest.mark.parametrize("flags, message", [
+    (["--lora", "{tmp}"], "--lora: '{tmp}' is not a PEFT adapter directory"),
+    (["--merged"], "--merged: {base} is no LoRA training run's checkpoint"),
+])
+def test_a_bad_export_flag_is_one_line(base, tmp_path, capsys, flags, message):
     from memagent_jax.cli import main
-    assert main(["export", "--model", base[0], "--lora", str(tmp_path),
+    fill = {"tmp": str(tmp_path), "base": base[0]}
+    assert main(["export", "--model", base[0], *[f.format(**fill) for f in flags],
                  "--out", str(tmp_path / "out")]) != 0
-    assert "--lora:" in capsys.readouterr().err
+    assert message.format(**fill) in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "out")
 
 

@@ -415,9 +415,12 @@ def test_a_lora_run_resumes_only_on_its_base(task, tmp_path):
     # The run's checkpoint is a model (base + adapters), and exports as a PEFT adapter that
     # loads on the base to the same weights.
     run_dir, adapter = str(tmp_path / "run"), str(tmp_path / "adapter")
+    merged = str(tmp_path / "merged")
     assert main(["export", "--model", run_dir, "--out", adapter]) == 0
     assert os.path.isfile(os.path.join(adapter, "adapter_model.safetensors"))
-    for model in (load_model(run_dir)[0], load_model(base, lora=adapter)[0]):
+    assert main(["export", "--model", run_dir, "--merged", "--out", merged]) == 0
+    for model in (load_model(run_dir)[0], load_model(base, lora=adapter)[0],
+                  load_model(merged)[0]):
         for a, b in zip(jax.tree.leaves(jax.device_get(split_params(model)[1])),
                         jax.tree.leaves(trained)):
             np.testing.assert_allclose(a, b, atol=1e-6)
