@@ -43,6 +43,9 @@ def add_model_flags(p: argparse.ArgumentParser,
     p.add_argument("--attention",
                    help="how prompts attend: xla (the default), dot_product, cudnn (GPU), "
                         "splash (TPU)")
+    p.add_argument("--lora", metavar="ADAPTER_DIR",
+                   help="a PEFT LoRA adapter (adapter_config.json, adapter_model.safetensors) "
+                        "merged onto the model's weights")
 
 
 

@@ -352,6 +352,9 @@ def _convert(kind, value, source: str, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         options = [a for a in args if a is not type(None)]
+        sections = [o for o in options if isinstance(o, type) and dataclasses.is_dataclass(o)]
+        if isinstance(value, dict) and len(sections) == 1:  # its own errors name its keys
+            return _convert(sections[0], value, source, key)
         for option in options:
             try:
                 return _convert(option, value, source, key)

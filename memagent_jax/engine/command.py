@@ -125,7 +125,7 @@ def model_section(args):
     flags (generate, run, serve), those not given left to the section's defaults; its errors
     name the flags."""
     from memagent_jax.engine.model_section import ModelSection
-    given = {"compute_dtype": args.dtype, "attention": args.attention}
+    given = {"compute_dtype": args.dtype, "attention": args.attention, "lora": args.lora}
     return from_flags(ModelSection, path=args.model, tokenizer=args.tokenizer,
                       **{key: value for key, value in given.items() if value is not None})
 

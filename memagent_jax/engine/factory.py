@@ -19,8 +19,7 @@ from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.engine.sizing import check_memory, check_window
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.loading import load_model, random_model
-from memagent_jax.models.presets import preset_config
+from memagent_jax.models.loading import load_model, preset_model
 from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.tokenizer import rows_needed, stop_token_ids
 
@@ -51,19 +50,18 @@ def default_dtype() -> str:
 def load_model_section(section: ModelSection, tokenizer,
                        mesh: jax.sharding.Mesh | None = None) -> LoadedModel:
     """Loads the section's weights (or the preset's random ones) onto `mesh` (None: one
-    device), stored in its param_dtype, computing in its compute_dtype; `tokenizer` is what
-    `section.load_tokenizer` gave."""
+    device), stored in its param_dtype, computing in its compute_dtype, with the section's
+    LoRA adapter merged in; `tokenizer` is what `section.load_tokenizer` gave."""
     compute = section.compute_dtype or default_dtype()
     stored = section.param_dtype or compute
     if section.path is not None:
         model, config = load_model(section.path, dtype=compute, param_dtype=stored, mesh=mesh,
-                                   attention=section.attention)
+                                   attention=section.attention, lora=section.lora)
         stops = stop_token_ids(section.path, config.extra.get("eos_token_id"))
     else:
         assert section.preset is not None  # exactly one of path and preset (__post_init__)
-        config = preset_config(section.preset, dtype=stored)
-        model = random_model(config, seed=section.init_seed, dtype=compute,
-                             attention=section.attention, mesh=mesh)
+        model, config = preset_model(section.preset, section.init_seed, stored, compute,
+                                     section.attention, mesh, section.lora)
         stops = ()
     if tokenizer is not None:
         if rows_needed(tokenizer) > config.vocab_size:

@@ -32,10 +32,12 @@ class ModelSection:
     param_dtype: Literal["float32", "bfloat16"] | None = None
     attention: str = "xla"        # prefill and training-forward attention (`qwen.Qwen`)
     init_seed: int = 0            # the preset's random weights
+    lora: str | None = None       # a PEFT LoRA adapter directory, merged onto the weights
 
     def __post_init__(self):
         expand = lambda p: p and model_dir.resolve(os.path.expanduser(p))  # noqa: E731
         self.path, self.tokenizer = expand(self.path), expand(self.tokenizer)
+        self.lora = self.lora and os.path.expanduser(self.lora)
         if (self.path is None) == (self.preset is None):
             raise ConfigError("model", "give exactly one of model.path (weights) and "
                                        "model.preset (random weights)")
@@ -48,10 +50,14 @@ class ModelSection:
 
     def load_tokenizer(self, required: bool):
         """The tokenizer of `tokenizer` (default `path`), or None where it has no files (a
-        ConfigError if `required`). Checks that the model directory or preset exists; touches
-        no device."""
+        ConfigError if `required`). Checks that the model directory or preset, and the
+        adapter, exist; touches no device."""
         if self.path is not None and not os.path.isdir(self.path):
             raise ConfigError("model.path", f"'{self.path}': model directory not found")
+        if self.lora is not None and not os.path.isfile(os.path.join(self.lora,
+                                                                    "adapter_config.json")):
+            raise ConfigError("model.lora", f"'{self.lora}' is not a PEFT adapter directory "
+                                            "(no adapter_config.json)")
         if self.preset is not None:
             try:
                 preset_config(self.preset)

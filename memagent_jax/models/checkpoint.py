@@ -8,8 +8,12 @@ written under a temporary name and renamed when complete.
 
 A training run (`memagent-jax train`, rl/checkpointing.py) keeps, in its checkpoint directory:
     CHECKPOINTS/model/       model_config.json and hf_files/ as above (`write_model_files`:
-                             the model and the tokenizer the run trains), no parameters
-    CHECKPOINTS/<step>/state the learner's Orbax tree {params, opt_state, step}
+                             the model and the tokenizer the run trains), no parameters;
+                             under LoRA also lora.json (`LORA_FILE`: the base, its stored
+                             dtype and `weights_fingerprint`, the adapters' rank, alpha and
+                             targets)
+    CHECKPOINTS/<step>/state the learner's Orbax tree {params, opt_state, step} (params: the
+                             adapters under LoRA)
 A model path may name a step directory, the checkpoint directory (its newest step) or the run's
 output directory (`checkpoints/` below it, newest step); `model_dir.locate` resolves all of
 them, and loading reads only the `params` of the step's state.
@@ -17,18 +21,23 @@ them, and loading reads only the `params` of the step's state.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import sys
+from typing import Any
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from memagent_jax.distributed import collectives
 from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory, is_disk_full
-from memagent_jax.model_dir import CONFIG_FILE, PARAMS_DIR, SIDE_DIR, locate
+from memagent_jax.model_dir import CONFIG_FILE, PARAMS_DIR, SIDE_DIR, locate, resolve
 from memagent_jax.models import mapping
 from memagent_jax.models.config import ModelConfig
 from memagent_jax.models.hf_checkpoint import copy_side_files
@@ -73,12 +82,16 @@ _quieted = False
 _ORBAX = f"{os.sep}orbax{os.sep}"
 
 
+LORA_FILE = "lora.json"
+
+
 def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str],
-                      side_json: dict[str, dict] | None = None) -> None:
+                      side_json: dict[str, dict] | None = None,
+                      lora: dict | None = None) -> None:
     """A training run's model description: model_config.json and hf_files/ (the side files of
     `side_dirs`, the first found of each kept, then `side_json`'s files, name -> content,
-    replacing copies), written all or nothing, by process 0 of a multi-process job (every
-    process calls it)."""
+    replacing copies), and `lora` as lora.json where given, written all or nothing, by
+    process 0 of a multi-process job (every process calls it)."""
     with atomic_directory(out_dir) as tmp:
         if not collectives.is_main():
             return
@@ -92,6 +105,25 @@ def write_model_files(config: ModelConfig, out_dir: str, side_dirs: list[str],
                 json.dump(content, f, indent=2, sort_keys=True)
         with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
             json.dump(config.to_hf_dict(), f, indent=2, sort_keys=True)
+        if lora is not None:
+            with open(os.path.join(tmp, LORA_FILE), "w") as f:
+                json.dump(lora, f, indent=2, sort_keys=True)
+
+
+def lora_record(path: str) -> dict | None:
+    """The lora.json of the LoRA training run a checkpoint path names, else None."""
+    where = locate(resolve(path))
+    file = where and os.path.join(where.files_dir, LORA_FILE)
+    if not file or not os.path.isfile(file):
+        return None
+    with open(file) as f:
+        return json.load(f)
+
+
+def base_name(record: dict) -> str:
+    """A LoRA record's base, as its run's model section named it."""
+    name = record["path"] or f"preset {record['preset']} (init_seed {record['init_seed']})"
+    return name + (f" + {record['merged_adapter']}" if record.get("merged_adapter") else "")
 
 
 def write_checkpoint(params: Params, config: ModelConfig, out_dir: str,
@@ -144,3 +176,27 @@ def read_params(ckpt_dir: str, config: ModelConfig, targets: Params) -> Params:
 
 def _paths(tree: dict) -> set[str]:
     return set(mapping.flatten(tree))
+
+
+def weights_fingerprint(params: Any) -> str:
+    """16 hex digits that tell one set of weights from another: each array's bits summed as
+    unsigned integers, plainly and weighted by position, hashed with the tree's paths and
+    dtypes. Integer sums wrap but never round, so the digest is the same on every mesh and
+    number of processes."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+
+    def sums(arrays):
+        out = []
+        for x in arrays:
+            unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[jnp.dtype(x.dtype).itemsize]
+            bits = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).reshape(-1)
+            weights = jnp.arange(bits.size, dtype=jnp.uint32) % 65521 + 1
+            out.append(jnp.stack([bits.sum(dtype=jnp.uint32),
+                                  (bits * weights).sum(dtype=jnp.uint32)]))
+        return jnp.stack(out)
+
+    values = np.asarray(jax.jit(sums)([x for _, x in leaves]))
+    digest = hashlib.sha256(values.tobytes())
+    for path, x in leaves:
+        digest.update(f"{jax.tree_util.keystr(path)}:{jnp.dtype(x.dtype).name}".encode())
+    return digest.hexdigest()[:16]

@@ -22,6 +22,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--model", "--hf", required=True, metavar="HF_DIR",
                    help="config.json + *.safetensors")
     p.add_argument("--out", required=True, metavar="CKPT_DIR", help="new checkpoint directory")
+    p.add_argument("--lora", metavar="ADAPTER_DIR",
+                   help="a PEFT LoRA adapter merged onto the weights before they are written")
     p.set_defaults(func=_convert)
     startup.add_flags(p)
 
@@ -34,6 +36,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--out", required=True, metavar="HF_DIR", help="new (or empty) directory")
     p.add_argument("--max-shard-size", default="5GB",
                    help="split weights into files of at most this size, with an index")
+    p.add_argument("--lora", metavar="ADAPTER_DIR",
+                   help="a PEFT LoRA adapter merged onto the weights: the merged model is "
+                        "written")
+    p.add_argument("--merged", action="store_true",
+                   help="of a LoRA training run: the base with the adapters merged in, an HF "
+                        "model (default: the adapters alone, as a PEFT adapter directory)")
     p.set_defaults(func=_export)
     startup.add_flags(p)
 
@@ -57,14 +65,23 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=_vocab)
 
 
+def _check_adapter(path: str | None) -> None:
+    """--lora names a PEFT adapter directory (UserError, before the job starts)."""
+    import os
+    if path is not None and not os.path.isfile(os.path.join(path, "adapter_config.json")):
+        raise UserError(f"--lora: '{path}' is not a PEFT adapter directory (no "
+                        "adapter_config.json)")
+
+
 def _convert(args) -> None:
     check_new_output(args.out, "--out")
+    _check_adapter(args.lora)
     with _stop_before_writing(args.out) as poll:
         from memagent_jax.model_dir import side_files_dir
         from memagent_jax.models.loading import load_model, save_checkpoint
         from memagent_jax.models.sharding import job_mesh
         start(args)
-        model, config = load_model(args.model, dtype=None, mesh=job_mesh(None))
+        model, config = load_model(args.model, dtype=None, mesh=job_mesh(None), lora=args.lora)
         poll()  # Orbax's write is one call: the last point to stop at
         save_checkpoint(model, config, args.out, side_files_dir=side_files_dir(args.model))
     print_once(f"converted {args.model} -> {args.out} ({config.num_layers} layers, "
@@ -76,11 +93,30 @@ def _export(args) -> None:
     check_new_output(args.out, "--out")
     with _stop_before_writing(args.out) as poll:
         from memagent_jax.model_dir import side_files_dir
+        from memagent_jax.models.checkpoint import lora_record
         from memagent_jax.models.loading import load_model, read_config, save_hf
         from memagent_jax.models.sharding import job_mesh
         read_config(args.model)  # a path that is no model fails here, before the job starts
+        _check_adapter(args.lora)
+        lora_run = lora_record(args.model) is not None
+        if args.merged and not lora_run:
+            raise UserError(f"--merged: {args.model} is no LoRA training run's checkpoint (its "
+                            "export is the whole model already)")
+        adapter_only = lora_run and not args.merged
+        if adapter_only and args.lora:
+            raise UserError("--lora: exporting a LoRA run's adapters alone; give --merged to "
+                            "write the merged model with this adapter on it")
         start(args)
-        model, config = load_model(args.model, dtype=None, mesh=job_mesh(None))
+        if adapter_only:
+            from memagent_jax.models.loading import read_run_adapters
+            from memagent_jax.models.lora import write_peft
+            config, lora, adapters, record = read_run_adapters(args.model, job_mesh(None))
+            poll()
+            write_peft(adapters, config, lora, args.out, base_model=record["path"])
+            print_once(f"exported the LoRA adapters of {args.model} -> {args.out} (PEFT; "
+                       "--merged: the merged model)")
+            return
+        model, config = load_model(args.model, dtype=None, mesh=job_mesh(None), lora=args.lora)
         save_hf(model, config, args.out, tokenizer_dir=side_files_dir(args.model),
                 max_shard_bytes=max_shard_bytes, poll=poll)
     print_once(f"exported {args.model} -> {args.out}")

@@ -5,7 +5,9 @@ A checkpoint is one step directory `<dir>/<step>/` of an Orbax `CheckpointManage
   its shards, and restore puts each array back on the sharding of the target it is given);
 - `meta`:  JSON written by process 0: the trainer step, the RNG key data, the data iterator's
   position (`data`; the same on every process, so a checkpoint of N processes resumes on any
-  number), and whatever else the trainer needs to continue exactly.
+  number), and whatever else the trainer needs to continue exactly; under LoRA, where `state`
+  holds the adapters, the base they train on (`base`: its path and
+  `models.checkpoint.weights_fingerprint`).
 
 Atomicity is Orbax's: a step is written under a temporary name and renamed to `<step>` only when
 every item of every process is complete (on object stores a commit marker plays that part), so
@@ -157,3 +159,4 @@ def _plain(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return value
+

@@ -49,6 +49,7 @@ from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.errors import ConfigError
 from memagent_jax.models.config import Remat
+from memagent_jax.models.lora_config import LoraConfig
 from memagent_jax.models.mesh_axes import DEFAULT_MESH, resolve_axes
 from memagent_jax.rl.scoring import RewardSection
 from memagent_jax.runconfig import at_least, load_config, probability
@@ -116,6 +117,7 @@ class LearnerConfig:
     loss_agg_ranks: int | None = None   # ranks for per_rank_token_mean (null: data x fsdp)
     bucket_lengths: tuple[int, ...] | None = None  # padded row lengths (null: powers of two)
     loss: Literal["dapo", "sft"] = "dapo"   # clipped policy loss, or supervised NLL (rl/plugin.py)
+    lora: LoraConfig | None = None      # train LoRA adapters on a frozen base (null: every weight)
     # (1) global_token_mean: every response token of a mini-batch weighs the same, whatever
     # the mesh; per_rank_token_mean: verl's token mean per data-parallel rank, averaged over
     # ranks (docs/algorithm.md section 3).
@@ -328,7 +330,9 @@ class TrainConfig:
 
     def __post_init__(self):
         """The checks that span sections (each section checked its own values already)."""
-        if self.model.param_dtype is None:
+        if self.learner.lora is not None:
+            pass  # the base is frozen: stored as model.param_dtype says (default: compute)
+        elif self.model.param_dtype is None:
             self.model.param_dtype = "float32"
         elif self.model.param_dtype != "float32":
             raise ConfigError("model.param_dtype", f"training keeps float32 master weights "

@@ -24,6 +24,13 @@ model's compute dtype (the weights are cast at each use, as FSDP's mixed precisi
 gradients are accumulated in float32. The rollout engine makes its own copy, in the compute
 dtype and its own layout (`engine.engine.Engine.place`).
 
+With `learner.lora` the trained parameters are LoRA adapters (models/lora.py: float32, on
+their base weight's shardings), and the model's own parameters are the frozen base, kept in
+the dtype they were loaded in, with no gradient accumulator or optimiser state. Every forward
+merges the adapters into the base inside its jitted function (W + alpha/r AB in the compute
+dtype; the gradient reaches A and B through the sum); `params` is a merged copy for the
+engine, made at each call. The KL reference is the base (the initial adapters' B is zero).
+
 The train step is one jitted pure function of (params, optimiser state, step, gradient
 accumulator, micro-batch, lr): it adds the micro-batch's gradient to the accumulator and, on
 the mini-batch's last micro-batch, applies the update under a `lax.cond`. Parameters,
@@ -46,6 +53,7 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from memagent_jax.models import lora
 from memagent_jax.models.config import Remat
 from memagent_jax.models.qwen import Params, Qwen, split_params
 from memagent_jax.models.sharding import batch_sharding
@@ -62,15 +70,16 @@ class Learner:
 
     The learner takes the model's parameters over: its first update donates them, so the
     module must not be run afterwards (it fails loudly if it is); `params` are the current
-    ones. The model's parameter dtype is what the learner stores and updates (float32 for
-    training; bfloat16 master weights would round most lr-1e-6 updates away), its compute
-    dtype what the forward and backward run in. mesh: the mesh they are sharded on (the
-    engine's), or None for a model on one device. seed: the run's (`seed`), which with the
-    optimiser step seeds the mini-batch shuffle. With kl_coef != 0 the frozen KL reference is
-    a device copy of the initial parameters in the compute dtype (what every forward uses).
-    A model whose parameters are `jax.ShapeDtypeStruct`s with shardings (`nnx.eval_shape`,
-    `models.loading.abstract_params`; devices this machine may not have, such as a TPU
-    topology's) gives a learner that holds no arrays: only `compiled()` works on it.
+    ones. With `config.lora` it trains adapters on them instead (module docstring), drawn from
+    `seed`, and the module's parameters stay as they are. The model's parameter dtype is what the
+    learner stores and updates (float32 for training; bfloat16 master weights would round most
+    lr-1e-6 updates away), its compute dtype what the forward and backward run in. mesh: the mesh
+    they are sharded on (the engine's), or None for a model on one device. seed: the run's (`seed`),
+    which with the optimiser step seeds the mini-batch shuffle. With kl_coef != 0 the frozen KL
+    reference is a device copy of the initial parameters in the compute dtype (what every forward
+    uses). A model whose parameters are `jax.ShapeDtypeStruct`s with shardings (`nnx.eval_shape`,
+    `models.loading.abstract_params`; devices this machine may not have, such as a TPU topology's)
+    gives a learner that holds no arrays: only `compiled()` works on it.
     """
 
     def __init__(self, model: Qwen, config: LearnerConfig = LearnerConfig(), mesh=None,
@@ -79,17 +88,24 @@ class Learner:
         self.kind = step_kind(config)  # the step's kind: what `update` minimises (steps.py)
         self.vocab_size = model.config.vocab_size
         self.graphdef, params = split_params(model)
+        self.abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
+        # Commit the arrays to the devices they are on (no copy): a model built without a mesh
+        # holds uncommitted arrays, and jit would compile the step again once its outputs,
+        # which are committed, come back as inputs.
+        params = params if self.abstract else jax.tree.map(
+            lambda x: jax.device_put(x, x.sharding), params)
+        self.lora = config.lora
+        self._base: Params | None = None  # the frozen base under LoRA
+        if self.lora is not None:
+            self._base, self._base_shardings = params, jax.tree.map(lambda x: x.sharding, params)
+            params = (lora.abstract_adapters(model.config, self.lora, mesh) if self.abstract
+                      else lora.init_adapters(model.config, self.lora, seed, mesh))
         stored = {jnp.dtype(x.dtype).name for x in jax.tree.leaves(params)}
         if stored != {"float32"}:
             raise ValueError(f"the learner keeps float32 master weights; the model's are "
                              f"{', '.join(sorted(stored))} (load it with param_dtype float32 "
                              "and compute in bfloat16 instead)")
-        self.abstract = all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(params))
-        # Commit the arrays to the devices they are on (no copy): a model built without a mesh
-        # holds uncommitted arrays, and jit would compile the step again once its outputs,
-        # which are committed, come back as inputs.
-        self._params = params if self.abstract else jax.tree.map(
-            lambda x: jax.device_put(x, x.sharding), params)
+        self._params = params
         self._param_shardings = jax.tree.map(lambda x: x.sharding, self._params)
         self._scalar = (NamedSharding(mesh, PartitionSpec()) if mesh is not None
                         else jax.tree.leaves(self._param_shardings)[0])
@@ -122,6 +138,9 @@ class Learner:
 
         # Replicated: the host reads it, and on a pod no process holds every shard.
         self._logprobs = jax.jit(self._logprobs_fn, out_shardings=self._scalar)
+        self._merged = (None if self.lora is None else jax.jit(
+            functools.partial(_merge_adapters, scale=self.lora.scale),
+            out_shardings=self._base_shardings))
         acc_shardings = (self._param_shardings, self._metric_shardings(self._metric_names()))
         self._train_step = jax.jit(
             self._train_step_fn, donate_argnums=(0, 1, 3),
@@ -141,8 +160,16 @@ class Learner:
     @property
     def params(self) -> Params:
         """The current parameters, on the model's shardings; valid until the next update or
-        restore (see the module docstring)."""
+        restore (see the module docstring). Under LoRA, a new merged copy of the base and the
+        adapters at each call (the adapters themselves: `state()["params"]`)."""
+        if self._merged is not None:
+            return self._merged(self._params, self._base)
         return self._params
+
+    @property
+    def base(self) -> Params | None:
+        """The frozen base under LoRA (None: full-parameter training)."""
+        return self._base
 
     @property
     def step(self) -> int:
@@ -156,7 +183,8 @@ class Learner:
 
     def state(self) -> dict[str, Any]:
         """{params, opt_state, step, train_steps}: everything to checkpoint (nested dicts,
-        optax tuples and arrays, on their shardings)."""
+        optax tuples and arrays, on their shardings); under LoRA, params are the adapters
+        (the base is the model the run loads)."""
         return {"params": self._params, "opt_state": self._opt_state, "step": self._step,
                 "train_steps": jax.device_put(jnp.int32(self._train_steps), self._scalar)}
 
@@ -196,15 +224,18 @@ class Learner:
         batch = batching.abstract_batch(self._fields, rows, length, width,
                                         self._batch_sharding)
         inputs = {name: batch[name] for name in batching.forward_fields(self._fields)}
+        base = (None if self._base is None
+                else jax.tree.map(like, self._base, self._base_shardings))
         return {"train step": self._train_step.lower(
                     params, opt_state, scalar(jnp.int32), accumulator, batch,
-                    scalar(jnp.float32), scalar(jnp.bool_)).compile(),
-                "log-probs": self._logprobs.lower(params, inputs).compile()}
+                    scalar(jnp.float32), scalar(jnp.bool_), base).compile(),
+                "log-probs": self._logprobs.lower(params, inputs, base).compile()}
 
     def logprobs(self, rows: TrainingRows, params=None) -> np.ndarray:
         """[R, T] float32: each response token's log-probability (at the config's
-        temperature) under the current (or the given pure-dict) parameters, aligned with
-        rows.tokens; 0 on the prompt and beyond each row's length."""
+        temperature) under the current (or the given pure-dict) parameters (under LoRA: the
+        adapters, on the base), aligned with rows.tokens; 0 on the prompt and beyond each
+        row's length."""
         return self._logprobs_under(rows, [self._params if params is None else params])[0]
 
     def _logprobs_under(self, rows: TrainingRows, param_sets: list) -> list[np.ndarray]:
@@ -216,7 +247,8 @@ class Learner:
             batch = jax.device_put(batching.gather(plan, rows, forward, {}),
                                    self._batch_sharding)
             for params, out in zip(param_sets, outs):
-                batching.scatter(plan, np.asarray(self._logprobs(params, batch)), out)
+                batching.scatter(plan, np.asarray(self._logprobs(params, batch, self._base)),
+                                 out)
         positions = np.arange(rows.tokens.shape[1])[None, :]
         mask = (positions >= rows.prompt_lengths[:, None]) & (positions < rows.lengths[:, None])
         return [np.where(mask, out, 0.0).astype(np.float32) for out in outs]
@@ -291,7 +323,7 @@ class Learner:
                 self._batch_sharding)
             self._params, self._opt_state, self._step, self._accumulator, out = self._train_step(
                 self._params, self._opt_state, self._step, self._accumulator, batch, lr,
-                jnp.bool_(k == len(plans) - 1))
+                jnp.bool_(k == len(plans) - 1), self._base)
         return out
 
     def _summarise(self, results, rows: TrainingRows) -> dict[str, float]:
@@ -311,12 +343,12 @@ class Learner:
 
     # ---- pure functions (jitted in __init__) --------------------------------------------
 
-    def _token_logprobs(self, params, batch, remat: Remat = "none", entropy=False):
-        """params: pure dict; batch: tokens [S, L] (rows end to end, then padding),
-        segment_ids [S, L] when packed, positions [S, W] (the response tokens) -> (logp
-        [S, L], entropy [S, L] or None) at the config's temperature on those positions (0
-        elsewhere), the LM head applied `logit_chunk_tokens` positions at a time
-        (rl/logprobs.py).
+    def _token_logprobs(self, params, batch, base, remat: Remat = "none", entropy=False):
+        """params: pure dict (under LoRA the adapters, merged into `base` here); batch: tokens
+        [S, L] (rows end to end, then padding), segment_ids [S, L] when packed, positions
+        [S, W] (the response tokens) -> (logp [S, L], entropy [S, L] or None) at the config's
+        temperature on those positions (0 elsewhere), the LM head applied `logit_chunk_tokens`
+        positions at a time (rl/logprobs.py).
 
         No attention mask: the padding sits after every real token and each packed row is a
         segment (attention within it, positions from 0), so the model's causal path (its
@@ -326,6 +358,9 @@ class Learner:
         update the ratios are 1 up to rounding (a row may sit at another offset of another
         sequence there than in its mini-batch: ~1e-7 in float32). remat: the model's policy
         for the differentiated loss (same values)."""
+        if base is not None:
+            assert self.lora is not None
+            params = lora.merge(base, params, self.lora.scale, self.compute_dtype)
         model = nnx.merge(self.graphdef, params)
         hidden = model.hidden(batch["tokens"], remat=remat,
                               segment_ids=batch.get("segment_ids"))
@@ -333,20 +368,22 @@ class Learner:
                               batch["tokens"], self.config.logit_chunk_tokens, entropy,
                               batch["positions"])
 
-    def _logprobs_fn(self, params, batch):
-        return self._token_logprobs(params, batch)[0]
+    def _logprobs_fn(self, params, batch, base):
+        return self._token_logprobs(params, batch, base)[0]
 
-    def _loss_fn(self, params, batch):
-        logp, entropy = self._token_logprobs(params, batch, self.config.remat, True)
+    def _loss_fn(self, params, batch, base):
+        logp, entropy = self._token_logprobs(params, batch, base, self.config.remat, True)
         if not self.kind.entropy_in_loss:
             entropy = jax.lax.stop_gradient(entropy)  # a metric only
         return self.kind.loss(logp, batch, entropy)
 
-    def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish):
+    def _train_step_fn(self, params, opt_state, step, accumulator, batch, lr, finish, base):
         """One micro-batch: accumulate its gradient; if `finish`, apply the mini-batch's update
         at learning rate `lr` (or skip it when the loss or gradient norm is not finite) and
-        reset the accumulator."""
-        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(params, batch)
+        reset the accumulator. base: the frozen base under LoRA (params: the adapters), else
+        None."""
+        (_, metrics), grads = jax.value_and_grad(self._loss_fn, has_aux=True)(params, batch,
+                                                                              base)
         grad_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), accumulator[0], grads)
         metric_sum = {k: accumulator[1][k] + metrics[k] for k in accumulator[1]}
 
@@ -393,3 +430,8 @@ class Learner:
 
 def _zeros_like(tree):
     return jax.tree.map(jnp.zeros_like, tree)
+
+
+def _merge_adapters(adapters, base, scale: float) -> Params:
+    return lora.merge(base, adapters, scale)
+

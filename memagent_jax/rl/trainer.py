@@ -66,6 +66,7 @@ from memagent_jax.eval.metrics import qa_scores
 from memagent_jax.extras import needs
 from memagent_jax.fileutil import check_output_dir, disk_full_error, is_disk_full
 from memagent_jax.models import checkpoint
+from memagent_jax.models.checkpoint import base_name, weights_fingerprint
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl import plugin
 from memagent_jax.rl.advantages import group_advantages
@@ -198,8 +199,12 @@ class Trainer:
         self.mesh = make_mesh(self.mesh_axes, source="mesh")
         collectives.check_shared_directory(config.checkpoint_dir, "checkpoint directory")
         loaded = load_model_section(config.model, self.tokenizer, self.mesh)
-        self._write_model_files(loaded.config)
         self.learner = Learner(loaded.model, config.learner, mesh=self.mesh, seed=config.seed)
+        # Under LoRA a checkpoint holds adapters only: the base they train on goes beside
+        # them (in each step's meta and the model files' lora.json), and a resume on other
+        # weights is refused (`_restore_if_any`).
+        self.base_record = None if self.learner.base is None else self._base_record(loaded)
+        self._write_model_files(loaded.config)
         self.runner = build_runner(self.agent, loaded.model, self.tokenizer, config.engine,
                                    self.mesh, loaded.stop_ids)
         self.rewarder = Rewarder(config.reward)
@@ -214,6 +219,17 @@ class Trainer:
                          "checkpointing the last finished step (Ctrl-C again changes nothing; "
                          "kill -9 stops at once and keeps only the newest checkpoint)")
 
+    def _base_record(self, loaded) -> dict:
+        """What a LoRA run's adapters are trained on: the base as the model section names it
+        (with the PEFT adapter merged onto it, if any), its stored dtype and fingerprint, and
+        the adapters' shape."""
+        m, lora = self.config.model, self.config.learner.lora
+        assert lora is not None and self.learner.base is not None
+        return {"path": m.path, "preset": m.preset, "init_seed": m.init_seed,
+                "merged_adapter": m.lora, "dtype": loaded.config.dtype,
+                "fingerprint": weights_fingerprint(self.learner.base),
+                "rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)}
+
     def _write_model_files(self, model_config) -> None:
         """The model and tokenizer the run trains, beside its checkpoints, so that a step
         directory loads as a model (`export`, `run`, `eval`, `generate`), and the agent's own
@@ -225,12 +241,14 @@ class Trainer:
         m = self.config.model
         sources = [m.tokenizer, m.path, m.path and model_dir.side_files_dir(m.path)]
         files = self.agent.model_files() if hasattr(self.agent, "model_files") else {}
-        checkpoint.write_model_files(model_config, directory, [d for d in sources if d], files)
+        checkpoint.write_model_files(model_config, directory, [d for d in sources if d], files,
+                                     lora=self.base_record)
 
     def _restore_if_any(self) -> None:
         latest = self.checkpointer.latest_step()
         if latest is not None:
             state, meta = self.checkpointer.restore(self.learner.state(), self.iterator, latest)
+            self._check_base(meta, latest)
             self.learner.restore(state)
             self.rng = jax.random.wrap_key_data(jnp.asarray(meta["rng"], jnp.uint32))
             self.step = int(meta["step"])
@@ -239,6 +257,18 @@ class Trainer:
         self._reset_step_log()
         if latest is not None:
             self.writer.start_session(self.step + 1)
+
+    def _check_base(self, meta: dict, step: int) -> None:
+        """A LoRA checkpoint resumes only on the base its adapters were trained on."""
+        saved, now = meta.get("base"), self.base_record
+        if (saved or now) and (saved or {}).get("fingerprint") != (now or {}).get("fingerprint"):
+            what = (f"LoRA adapters trained on {base_name(saved)} (weights "
+                    f"{saved['fingerprint']})" if saved else "full-parameter weights")
+            ours = (f"LoRA on {base_name(now)} (weights {now['fingerprint']})" if now
+                    else "full-parameter training")
+            raise UserError(f"{self.config.checkpoint_dir}/{step}: holds {what}; this run is "
+                            f"{ours}: resume on the base the run started from, or give "
+                            "another output_dir")
 
     # ---- the loop -----------------------------------------------------------------------
 
@@ -299,10 +329,11 @@ class Trainer:
         # Seeds the rows a step makes itself (a plugin's): a function of the step alone,
         # so that a resumed run makes the same ones. Its reads sample as the step's own, and
         # a stop ends them too (on_call).
+        params = self.learner.params  # under LoRA a merged copy: made once a step
         context = plugin.StepContext(
             self.agent, config.seed * 1_000_003 + step, self.learner.logprobs,
-            self.runner.with_params(self.learner.params, fixed_sampling=True), on_call)
-        inputs = StepInputs(config, self.runner, self.rewarder, self.plugin, self.learner.params,
+            self.runner.with_params(params, fixed_sampling=True), on_call)
+        inputs = StepInputs(config, self.runner, self.rewarder, self.plugin, params,
                             self.iterator, context, seed_for_try, on_call,
                             functools.partial(self.compute_advantages, step))
         try:
@@ -380,6 +411,8 @@ class Trainer:
             raise RuntimeError(f"step {step}: non-finite parameters; not checkpointed")
         meta = {"step": step, "rng": np.asarray(jax.random.key_data(self.rng)).tolist(),
                 "learner_step": self.learner.step}
+        if self.base_record is not None:
+            meta["base"] = self.base_record
         self.checkpointer.save(step, state, meta, self.iterator)
         self._say(f"step {step}: checkpoint -> {self.config.checkpoint_dir}/{step}")
 

@@ -82,8 +82,8 @@ def _run(args) -> None:
     from memagent_jax.console import progress_bar
     from memagent_jax.engine.sampling import SamplingParams
 
-    given = [flag for flag, value in (("--dtype", args.dtype), ("--attention", args.attention))
-             if value is not None]
+    given = [flag for flag, value in (("--dtype", args.dtype), ("--attention", args.attention),
+                                      ("--lora", args.lora)) if value is not None]
     if args.url and given:
         raise UserError(f"{' and '.join(given)}: the --url server runs the model; the "
                         "local engine's settings do not apply to it")

@@ -97,6 +97,20 @@ def test_overrides_reach_nested_sections(config_file):
     assert config.checkpoint_dir.endswith(os.path.join("run", "checkpoints"))
 
 
+def test_a_lora_section_round_trips_through_the_saved_config(config_file, tmp_path):
+    """learner.lora reaches the learner's config, leaves the base in the compute dtype, and
+    the run's config.yaml loads back to the same config (a resume's check)."""
+    from memagent_jax.runconfig import differences, to_dict, write_config
+    config = load_train_config(config_file, ["learner.lora.rank=4", "learner.lora.targets=[q, v]"])
+    assert (config.learner.lora.rank, config.learner.lora.alpha) == (4, 16.0)
+    assert config.learner.lora.targets == ("q", "v") and config.model.param_dtype is None
+    write_config(config, str(tmp_path / "config.yaml"), "a run")
+    again = load_train_config(str(tmp_path / "config.yaml"))
+    assert again == config and not differences(to_dict(again), to_dict(config), ())
+    other = load_train_config(config_file, ["learner.lora.rank=8", "learner.lora.targets=[q, v]"])
+    assert differences(to_dict(other), to_dict(config), ())
+
+
 SYNTHETIC = "plugin.module=memagent_jax.synthetic.plugin"  # the experiment's plugin
 
 @pytest.mark.parametrize("overrides, message", [
@@ -118,6 +132,9 @@ SYNTHETIC = "plugin.module=memagent_jax.synthetic.plugin"  # the experiment's pl
     (["validation.every=5", "data.val=null"], "data.val: validation is on"),
     (["model.path=/nonexistent/model"], "model: give exactly one of model.path"),
     (["learner.lr=-1"], "learner.lr: must be positive"),
+    (["learner.lora.rank=0"], "learner.lora.rank: must be >= 1"),
+    (["learner.lora={targets: [q, qkv]}"], "learner.lora.targets: must be distinct names"),
+    (["model.lora=/nonexistent"], "model.lora: '/nonexistent' is not a PEFT adapter"),
     (["engine.prefill_rows=0"], "engine.prefill_rows: must be at least 1"),
     (["model.attention=flash"], "model.attention: must be one of"),
     (["learner.copy_rows=8"], "unknown key 'learner.copy_rows'"),

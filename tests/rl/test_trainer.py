@@ -6,6 +6,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -369,19 +370,24 @@ def _cli(config_path, output_dir, *overrides):
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+LORA = "learner.lora={rank: 2, alpha: 4}"
+
+
 @pytest.mark.slow
-def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_path, lora):
     """4 steps straight vs 2 steps, SIGKILL right after step 2's checkpoint commits, resume
-    for 2 more: identical parameters, optimiser state and data order."""
+    for 2 more: identical parameters (under LoRA: adapters), optimiser state and data order."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     config = _write_config(task, tmp_path / "c.yaml", steps=4, validation__every=0)
     straight, killed = tmp_path / "straight", tmp_path / "killed"
-    run = _cli(config, straight)
+    extra = [LORA] if lora else []
+    run = _cli(config, straight, *extra)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-2000:]
 
-    run = _cli(config, killed)
+    run = _cli(config, killed, *extra)
     committed = killed / "checkpoints" / "2"  # Orbax renames the step in only once complete
     deadline = time.monotonic() + 300
     while not committed.exists() and run.poll() is None and time.monotonic() < deadline:
@@ -392,7 +398,7 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
     steps_on_disk = sorted(int(p) for p in os.listdir(killed / "checkpoints") if p.isdigit())
     assert steps_on_disk == [2], steps_on_disk
 
-    run = _cli(config, killed)
+    run = _cli(config, killed, *extra)
     _, err = run.communicate(timeout=300)
     assert run.returncode == 0, err[-2000:]
     assert "step 3/4" in err and "step 1/4" not in err  # it resumed, it did not start over
@@ -400,6 +406,9 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
     a = _saved_state(str(straight / "checkpoints"), 4)
     b = _saved_state(str(killed / "checkpoints"), 4)
     _assert_trees_equal(a, b)
+    if lora:  # adapters only, trained (B starts at zero)
+        assert set(a["params"]) == {"layers"}
+        assert np.abs(a["params"]["layers"]["0"]["mlp"]["down_kernel"]["b"]).max() > 0
     first, second = _records(straight), _records(killed)
     assert [r["step"] for r in second] == [1, 2, 3, 4]
     assert [r["examples"] for r in first] == [r["examples"] for r in second]
@@ -410,6 +419,57 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
     events = EventAccumulator(str(killed / "logs" / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("reward/mean")] == [1, 2, 3, 4]
+
+
+@pytest.mark.slow
+def test_a_lora_run_resumes_only_on_its_base(task, tmp_path):
+    """The same model.path with other weights: the resume is refused in one line naming
+    both fingerprints; nothing is trained."""
+    from memagent_jax.cli import main
+    from memagent_jax.errors import UserError
+    from memagent_jax.models.loading import load_model, random_model, save_hf
+    from memagent_jax.models.presets import preset_config
+    from memagent_jax.models.qwen import split_params
+
+    base = str(tmp_path / "base")
+    tiny = preset_config("tiny", dtype="float32")
+    save_hf(random_model(tiny, seed=0), tiny, base)
+    config = load_train_config(_write_config(
+        task, tmp_path / "c.yaml", steps=3, validation__every=0, memagent__max_final_tokens=48,
+        model={"path": base, "tokenizer": task["tokenizer"], "compute_dtype": "float32"}),
+        [f"output_dir={tmp_path / 'run'}", LORA])
+    Trainer(config).run()
+    first = Trainer(config)  # the same base: resumes (nothing left to do)
+    assert first.step == 3 and sum(r["learner/updates"] for r in _records(tmp_path / "run"))
+    trained = jax.device_get(first.learner.params)
+    first.close()
+
+    # The run's checkpoint is a model (base + adapters), and exports as a PEFT adapter that
+    # loads on the base to the same weights.
+    run_dir, adapter = str(tmp_path / "run"), str(tmp_path / "adapter")
+    merged = str(tmp_path / "merged")
+    assert main(["export", "--model", run_dir, "--out", adapter]) == 0
+    assert os.path.isfile(os.path.join(adapter, "adapter_model.safetensors"))
+    assert main(["export", "--model", run_dir, "--merged", "--out", merged]) == 0
+    for model in (load_model(run_dir)[0], load_model(base, lora=adapter)[0],
+                  load_model(merged)[0]):
+        for a, b in zip(jax.tree.leaves(jax.device_get(split_params(model)[1])),
+                        jax.tree.leaves(trained)):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+    untrained = jax.device_get(split_params(random_model(tiny, seed=0))[1])
+    assert not np.array_equal(trained["layers"][0]["mlp"]["up_kernel"],
+                              untrained["layers"][0]["mlp"]["up_kernel"])
+
+    shutil.rmtree(base)
+    save_hf(random_model(tiny, seed=1), tiny, base)
+    with pytest.raises(UserError, match=r"checkpoints/3: holds LoRA adapters trained on "
+                                        r".*base \(weights [0-9a-f]{16}\); this run is LoRA on "
+                                        r".*\(weights [0-9a-f]{16}\)") as e:
+        Trainer(config)
+    assert "\n" not in str(e.value)
+    with pytest.raises(UserError, match="its LoRA adapters were trained on .* with weights "
+                                        "[0-9a-f]{16}, and those weights are now"):
+        load_model(run_dir)
 
 
 def test_the_lockstep_check_stops_a_process_that_drew_sampled_or_kept_differently(
