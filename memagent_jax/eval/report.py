@@ -14,6 +14,7 @@ import sys
 
 from memagent_jax.errors import UserError
 from memagent_jax.extras import MissingExtra, needs
+from memagent_jax.fileutil import atomic_file
 
 # docs/algorithm.md section 5: RULER-HQA accuracy (%, mean sub-EM x 100) at these lengths.
 PUBLISHED_LABELS = ("7K", "14K", "28K", "56K", "112K", "224K", "448K", "896K", "1.75M", "3.5M")
@@ -123,10 +124,9 @@ def plot(path: str, summaries: list[dict], published: bool) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_report(out_dir: str, summary: dict, compare: list[str], published: bool
@@ -149,7 +149,5 @@ def write_report(out_dir: str, summary: dict, compare: list[str], published: boo
 
 
 def _write_text(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(tmp, path)

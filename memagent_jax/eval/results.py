@@ -17,6 +17,7 @@ import json
 import os
 
 from memagent_jax.errors import UserError
+from memagent_jax.fileutil import atomic_file
 
 
 class ResultLog:
@@ -103,10 +104,8 @@ class OutputDir:
                 raise UserError(f"{path} holds results of a different run "
                                 f"({'; '.join(changed)}); choose a new output_dir")
         else:
-            tmp = run_file + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            with atomic_file(run_file) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 json.dump(identity, f, indent=2)
-            os.replace(tmp, run_file)
 
     def log(self, set_name: str) -> ResultLog:
         return ResultLog(os.path.join(self.path, "samples", f"{set_name}.jsonl"))
