@@ -107,18 +107,14 @@ class Update:
     finished: bool
 
 
-def _renderer_arguments(tokenizer) -> frozenset[str]:
-    """The named parameters of the tokenizer's `apply_chat_template` (the template itself,
-    truncation, return types, ...), which a request's template variables must not override."""
-    return _named_parameters(type(tokenizer).apply_chat_template) | {"chat_template"}
-
-
 @functools.lru_cache(maxsize=8)
-def _named_parameters(function) -> frozenset[str]:
-    """Read once per tokenizer class, not per request."""
-    parameters = inspect.signature(function).parameters.values()
-    return frozenset(p.name for p in parameters
-                     if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
+def _renderer_arguments(apply_chat_template) -> frozenset[str]:
+    """The named parameters of a tokenizer class's `apply_chat_template` (the template itself,
+    truncation, return types, ...), which a request's template variables must not override
+    (read once per tokenizer class, not per request)."""
+    parameters = inspect.signature(apply_chat_template).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind not in (
+        p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self") | {"chat_template"}
 
 
 async def prepare(served: Served, gen: Generation) -> list[list[int]]:
@@ -133,7 +129,8 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
                   f"takes in flight ({served.worker.max_requests}, its --max-requests): send "
                   "at most that many a request", "prompt")
     if gen.kind == "chat":
-        clash = sorted(set(gen.template_vars) & _renderer_arguments(served.tokenizer))
+        renderer = type(served.tokenizer).apply_chat_template
+        clash = sorted(set(gen.template_vars) & _renderer_arguments(renderer))
         if clash:  # vLLM likewise renders them as the template's variables only
             raise bad(f"'chat_template_kwargs' may not set {', '.join(clash)}: the chat "
                       "template renderer's own arguments, not template variables",
