@@ -21,7 +21,7 @@ from memagent_jax.commandline import (
 from memagent_jax.distributed import collectives, startup  # stdlib-only at import
 from memagent_jax.distributed.preemption import PreemptionNotice
 from memagent_jax.errors import Interrupted, UserError
-from memagent_jax.fileutil import check_new_files, check_output_file
+from memagent_jax.fileutil import check_output_file
 
 
 def add_parsers(sub) -> None:
@@ -67,7 +67,6 @@ def _generate(args) -> None:
     engine_config = from_flags(EngineConfig, slots=args.slots, max_len=args.max_len,
                                prefill_rows=args.prefill_rows)
     check_output_file(args.out)
-    check_new_files([args.out], "--out")  # as every command: outputs are never overwritten
     model = model_section(args)
     # Optional (prompt_ids need none) unless --tokenizer names a directory to read it from.
     tokenizer = from_flags(model.load_tokenizer, required=args.tokenizer is not None)

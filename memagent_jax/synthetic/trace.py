@@ -180,7 +180,7 @@ def read_greedily(model: str, task: str, length: int, seed: int, num_samples: in
     from memagent_jax.console import progress_bar
     from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.errors import UserError
-    from memagent_jax.fileutil import check_new_files, check_output_file
+    from memagent_jax.fileutil import check_output_file
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.synthetic.demo import load_agent
 
@@ -188,7 +188,6 @@ def read_greedily(model: str, task: str, length: int, seed: int, num_samples: in
         raise UserError(f"--num-samples must be at least 1, got {num_samples}")
     if out:
         check_output_file(out)
-        check_new_files([out], "--out")
     _, rollouts, agent, config = load_agent(model, task, length, budgets, slots)
     documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
     samples = [agent.read(d.question, d.context) for d in documents]
