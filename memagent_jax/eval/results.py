@@ -55,6 +55,17 @@ class ResultLog:
         self._file.close()
 
 
+def read_summary(out_dir: str, where: str = "") -> dict:
+    """A finished eval output directory's summary.json; UserError (after `where`, the key that
+    named it) where it has none."""
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.isfile(path):
+        raise UserError(f"{where}{out_dir}: no summary.json (not a finished eval output "
+                        "directory)")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 def read_results(path: str) -> dict[int, dict]:
     """The per-sample results of a finished log, {row: record}, read only (a log whose last
     line is torn belongs to an unfinished eval: refused, the file left as it is)."""

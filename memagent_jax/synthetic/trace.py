@@ -108,8 +108,7 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
     memory it answered from for every chunk left unread; the per-turn counts, `carried` and
     `dropped`, only the turns it took), its final answer, and with gates on the rollout's
     metrics (chunks_read, keeps, exits)."""
-    from memagent_jax.synthetic.demo import first_token
-    from memagent_jax.synthetic.tasks import oracle_memories
+    from memagent_jax.synthetic.tasks import find, oracle_memories
 
     read = memories  # the per-turn loss counts turns taken: chunks an exit left carry nothing
     memories = memories + memories[-1:] * (len(chunk_texts) - len(memories))  # after an exit
@@ -120,7 +119,7 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
     for fact in document.facts:
         if not fact.needed:
             continue
-        start = first_token(words, fact.text.split())
+        start = find(words, fact.text.split())
         due = next(t for t, memory in enumerate(ideal) if fact.text in memory.splitlines())
         outcome, turn = follow(memories, fact.text, due)
         traced.append(FactTrace(fact.text, start // chunk_tokens, start % chunk_tokens, due,
