@@ -74,15 +74,15 @@ def unknown_id(tokenizer) -> int | None:
     return backend.token_to_id(token) if token and backend is not None else None
 
 
-def unreadable_parts(tokenizer, text: str) -> list[str]:
-    """The distinct parts of `text` that `tokenizer` reads as its unknown token (`unknown_id`)
-    or as pieces from `PIECE_IDS` on (a word tokenizer's bytes: data/word_tokenizer.py), in
+def unreadable_parts(tokenizer, text: str, unknown: bool = True) -> list[str]:
+    """The distinct parts of `text` that `tokenizer` reads as its unknown token (`unknown_id`;
+    unless `unknown` is False: a model has a row for it) or as pieces from `PIECE_IDS` on (a
+    word tokenizer's bytes, data/word_tokenizer.py: no model has rows for them), in
     order of first appearance, each as a user is shown it: a word it cannot read quoted
     ('zebra'); whitespace that it cannot read between words it can (a word tokenizer's two
     spaces, line break, trailing space) quoted with where it is ("'  ' between 'is' and 'the'",
     "' ' after 'is' at the end")."""
-    unk = unknown_id(tokenizer)
-
+    unk = unknown_id(tokenizer) if unknown else None
     encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     spans = [span for i, span in zip(encoded["input_ids"], encoded["offset_mapping"])
              if i == unk or i >= PIECE_IDS]
@@ -143,14 +143,17 @@ def _whitespace(text: str, start: int, end: int) -> str:
     return f"{run!r} at the start, before {after!r}" if after else f"{run!r} (all the text)"
 
 
-def check_representable(tokenizer, text: str, what: str) -> None:
+def check_representable(tokenizer, text: str, what: str, unknown: bool = True,
+                         among: set[str] | None = None) -> None:
     """UserError naming `what` and the parts of `text` the tokenizer cannot represent (the
-    model would read its unknown token in their place, or ids it has no rows for)."""
-    parts = unreadable_parts(tokenizer, text)
+    model would read its unknown token in their place, or ids it has no rows for; unknown
+    False: the latter only, `unreadable_parts`); among: only those of these parts."""
+    parts = [p for p in unreadable_parts(tokenizer, text, unknown)
+             if among is None or p in among]
     if parts:
         shown = ", ".join(parts[:5])
         more = f" and {len(parts) - 5} more" if len(parts) > 5 else ""
-        unk = unknown_id(tokenizer)
+        unk = unknown_id(tokenizer) if unknown else None
         reads = (f"the model would read {tokenizer.convert_ids_to_tokens(unk)} in their place"
                  if unk is not None else "it reads them as pieces no model has rows for")
         raise UserError(f"{what}: the tokenizer has no token for {shown}{more} ({reads}; "

@@ -31,7 +31,15 @@ reserve_cpu_threads()  # the 8 devices' thread pool; before JAX starts its CPU b
 import pytest  # noqa: E402
 
 from memagent_jax.tokenizer import load_tokenizer  # noqa: E402
-from tests.hf_reference import write_tiny_tokenizer  # noqa: E402
+from tests.hf_reference import TINY_SEED, write_tiny_model, write_tiny_tokenizer  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen2 (hf_reference.TINY, weights seeded TINY_SEED, a context window of
+    512 tokens) with the word-level tokenizer beside it, so commands take text (engine,
+    rollout); read-only."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny") / "m", seed=TINY_SEED)
 
 
 @pytest.fixture(scope="module")

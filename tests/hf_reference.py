@@ -14,6 +14,10 @@ TINY = dict(vocab_size=101, hidden_size=32, intermediate_size=48, num_hidden_lay
 TINY_QWEN3 = dict(TINY, head_dim=16)
 
 
+# The weights' seed of the tiny model the engine, rollout and serve tests run (`model_dir`).
+TINY_SEED = 12
+
+
 def hf_model(seed: int = 0, dtype: str = "float32", arch: str = "qwen2", **overrides):
     """A transformers Qwen2ForCausalLM (arch "qwen2", TINY) or Qwen3ForCausalLM ("qwen3",
     TINY_QWEN3) with every weight (norms and biases too) drawn at random, so no parameter can

@@ -17,10 +17,10 @@ from memagent_jax.engine.model_section import ModelSection
 from memagent_jax.models.sharding import job_mesh
 from memagent_jax.serve.command import OpenAIServer, parse_mesh
 from memagent_jax.tokenizer import load_tokenizer
-from tests.hf_reference import hf_model, write_tiny_model
+from tests.hf_reference import TINY_SEED, hf_model, write_tiny_model
 
 API_KEY = "sk-test"
-SEED = 12  # the model's weights
+SEED = TINY_SEED  # the weights of `model_dir` (tests/conftest.py) and of its thinking twin
 MAX_LEN, SLOTS = 512, 8
 MESSAGES = [{"role": "user", "content": "hello world the answer is"},
             {"role": "assistant", "content": "memory"},

@@ -145,9 +145,8 @@ def _ruler_hqa(args) -> None:
 def _hotpotqa_train(args) -> None:
     from memagent_jax.data.hotpotqa import select_questions, training_rows
     from memagent_jax.data.io import write_parquet
-    from memagent_jax.fileutil import check_new_files, check_output_file
+    from memagent_jax.fileutil import check_output_file
     check_output_file(args.out)
-    check_new_files([args.out], "--out")
     corpus = _corpus(args)
     questions = select_questions(corpus, args.num_samples)
     rows = list(progress_bar(training_rows(corpus, args.num_docs, questions, **_seeds(args),

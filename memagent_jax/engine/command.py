@@ -16,12 +16,13 @@ from memagent_jax.commandline import (
     print_once,
     seed,
     start,
+    stop_when_signalled,
     tokens,
 )
 from memagent_jax.distributed import collectives, startup  # stdlib-only at import
 from memagent_jax.distributed.preemption import PreemptionNotice
-from memagent_jax.errors import Interrupted, UserError
-from memagent_jax.fileutil import check_new_files, check_output_file
+from memagent_jax.errors import UserError
+from memagent_jax.fileutil import check_output_file
 
 
 def add_parsers(sub) -> None:
@@ -67,7 +68,6 @@ def _generate(args) -> None:
     engine_config = from_flags(EngineConfig, slots=args.slots, max_len=args.max_len,
                                prefill_rows=args.prefill_rows)
     check_output_file(args.out)
-    check_new_files([args.out], "--out")  # as every command: outputs are never overwritten
     model = model_section(args)
     # Optional (prompt_ids need none) unless --tokenizer names a directory to read it from.
     tokenizer = from_flags(model.load_tokenizer, required=args.tokenizer is not None)
@@ -100,15 +100,10 @@ def _generate(args) -> None:
     with PreemptionNotice() as notice, progress_bar(
             total=len(requests), desc="generate", unit="prompt",
             disable=not collectives.is_main()) as bar:
-
-        def stop_if_signalled() -> None:
-            if notice.reached():
-                cause = "interrupted" if notice.interrupted else "stopped (SIGTERM)"
-                raise Interrupted(f"{cause}; nothing was written ({args.out} is written once "
-                                  "every prompt has finished)", notice.signal_number)
-
         results = complete(engine, loaded.params, requests, on_done=lambda i, c: bar.update(1),
-                           poll=stop_if_signalled)
+                           poll=stop_when_signalled(notice, lambda: (
+                               f"nothing was written ({args.out} is written once every "
+                               "prompt has finished)")))
     rows = []
     for (completion,) in results:
         text = (tokenizer.decode(completion.token_ids, skip_special_tokens=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from memagent_jax.commandline import add_command, add_config_flags, start
 from memagent_jax.distributed import startup  # stdlib-only at import
 from memagent_jax.errors import UserError
-from memagent_jax.fileutil import check_new_files, check_output_file
+from memagent_jax.fileutil import check_output_file
 
 
 def add_parsers(sub) -> None:
@@ -47,6 +47,5 @@ def _compare(args) -> None:
                         f"{len(args.dirs)}")
     if args.out:
         check_output_file(args.out)
-        check_new_files([args.out], "--out")
     from memagent_jax.eval.compare import main as compare_main
     print(compare_main(args.dirs, args.metric, args.out), end="")

@@ -16,12 +16,11 @@ and gold answers), else the comparison is refused. Only evals with one answer pe
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 
 from memagent_jax.errors import UserError
-from memagent_jax.eval.results import read_results
+from memagent_jax.eval.results import read_results, read_summary
 from memagent_jax.fileutil import atomic_file
 
 Z95 = 1.959963984540054    # the standard normal's 97.5 % quantile: a two-sided 95 % interval
@@ -84,11 +83,7 @@ class Run:
 def read_run(path: str, metrics: tuple[str, ...] = tuple(METRICS)) -> Run:
     """A finished eval output directory's per-sample results, checked: one answer per
     question, every sample of every set present, each of `metrics` right (1) or wrong (0)."""
-    summary_path = os.path.join(path, "summary.json")
-    if not os.path.isfile(summary_path):
-        raise UserError(f"{path}: no summary.json (not a finished eval output directory)")
-    with open(summary_path, encoding="utf-8") as f:
-        summary = json.load(f)
+    summary = read_summary(path)
     if summary.get("n", 1) != 1:
         raise UserError(f"{path}: {summary['n']} answers per question (sampling.n); "
                         "eval-compare pairs right/wrong answers: evaluate with sampling.n=1")

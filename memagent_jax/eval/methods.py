@@ -20,6 +20,7 @@ each question finishes (answers: one `Answer` per sample; info: context_tokens, 
 from __future__ import annotations
 
 import dataclasses
+import os
 import zlib
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -202,11 +203,13 @@ class AgentMethod:
             self.agent.check_row(where, row, example, self.tokenizer)
 
     def start(self) -> None:
-        if self.config.model.url:  # the server holds the model
-            from memagent_jax.eval.servers import server_of
-            from memagent_jax.rollout.client import ServerRollouts
+        model, s = self.config.model, self.config.sampling
+        if model.url:  # the server holds the model, asked for model.served_name
+            from memagent_jax.rollout.client import Server, ServerRollouts, api_key_from_env
 
-            self.server = server_of(self.config)
+            name = model.served_name or os.path.basename(os.path.normpath(model.path or ""))
+            self.server = Server(model.url, name, api_key_from_env(), temperature=s.temperature,
+                                 top_p=s.top_p, top_k=s.top_k)
             if hasattr(self.agent, "setup"):
                 self.agent.setup(self.tokenizer, ())
             self.rollouts = ServerRollouts(self.server, max(1, self.config.data.batch_size))

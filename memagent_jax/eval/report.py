@@ -13,7 +13,9 @@ import os
 import sys
 
 from memagent_jax.errors import UserError
+from memagent_jax.eval.results import read_summary
 from memagent_jax.extras import MissingExtra, needs
+from memagent_jax.fileutil import atomic_file
 
 # docs/algorithm.md section 5: RULER-HQA accuracy (%, mean sub-EM x 100) at these lengths.
 PUBLISHED_LABELS = ("7K", "14K", "28K", "56K", "112K", "224K", "448K", "896K", "1.75M", "3.5M")
@@ -28,14 +30,6 @@ PUBLISHED_RULER_HQA = {
                                None),
 }
 _METRIC_NAMES = {"sub_em": "accuracy (sub-EM, %)", "string_match_all": "string_match_all (%)"}
-
-
-def read_summary(out_dir: str) -> dict:
-    path = os.path.join(out_dir, "summary.json")
-    if not os.path.isfile(path):
-        raise UserError(f"report.compare: {path} not found (not a finished eval output dir)")
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 def _published_rows(labels: list[str]) -> list[dict]:
@@ -123,10 +117,9 @@ def plot(path: str, summaries: list[dict], published: bool) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
 
 
 def write_report(out_dir: str, summary: dict, compare: list[str], published: bool
@@ -135,7 +128,7 @@ def write_report(out_dir: str, summary: dict, compare: list[str], published: boo
     matplotlib is missing: a warning instead) into out_dir; returns the table and the names of
     the files written."""
     _write_text(os.path.join(out_dir, "summary.json"), json.dumps(summary, indent=2) + "\n")
-    summaries = [summary] + [read_summary(d) for d in compare]
+    summaries = [summary] + [read_summary(d, "report.compare: ") for d in compare]
     table = build_table(summaries, published)
     _write_text(os.path.join(out_dir, "table.md"), markdown(table))
     _write_text(os.path.join(out_dir, "table.json"), json.dumps(table, indent=2) + "\n")
@@ -149,7 +142,5 @@ def write_report(out_dir: str, summary: dict, compare: list[str], published: boo
 
 
 def _write_text(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
-    os.replace(tmp, path)

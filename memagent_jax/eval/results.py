@@ -17,6 +17,7 @@ import json
 import os
 
 from memagent_jax.errors import UserError
+from memagent_jax.fileutil import atomic_file
 
 
 class ResultLog:
@@ -52,6 +53,17 @@ class ResultLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def read_summary(out_dir: str, where: str = "") -> dict:
+    """A finished eval output directory's summary.json; UserError (after `where`, the key that
+    named it) where it has none."""
+    path = os.path.join(out_dir, "summary.json")
+    if not os.path.isfile(path):
+        raise UserError(f"{where}{out_dir}: no summary.json (not a finished eval output "
+                        "directory)")
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def read_results(path: str) -> dict[int, dict]:
@@ -103,10 +115,8 @@ class OutputDir:
                 raise UserError(f"{path} holds results of a different run "
                                 f"({'; '.join(changed)}); choose a new output_dir")
         else:
-            tmp = run_file + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as f:
+            with atomic_file(run_file) as tmp, open(tmp, "w", encoding="utf-8") as f:
                 json.dump(identity, f, indent=2)
-            os.replace(tmp, run_file)
 
     def log(self, set_name: str) -> ResultLog:
         return ResultLog(os.path.join(self.path, "samples", f"{set_name}.jsonl"))

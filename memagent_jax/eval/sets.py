@@ -41,12 +41,11 @@ class EvalSet:
         return ("em", "sub_em", "f1", "accuracy")
 
     def score(self, prediction: str | None, answers: list[str]) -> dict[str, float]:
-        """Metrics of one answer; "accuracy" is the column's headline metric in [0, 1]."""
-        if self.task in ruler.TASKS:
-            value = string_match_all(prediction, answers)
-            return {"string_match_all": value, "accuracy": value}
-        scores = qa_scores(prediction, answers)
-        return {**scores, "accuracy": scores["sub_em"]}
+        """Metrics of one answer (`metric_names`); "accuracy" is the column's headline metric
+        (`metric`) in [0, 1]."""
+        scores = (qa_scores(prediction, answers) if self.task not in ruler.TASKS
+                  else {"string_match_all": string_match_all(prediction, answers)})
+        return {**scores, "accuracy": scores[self.metric]}
 
 
 def load_set(path: str, max_samples: int | None = None) -> EvalSet:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from memagent_jax.commandline import add_command, add_config_flags, start
 from memagent_jax.distributed import startup  # stdlib-only at import
 from memagent_jax.errors import UserError
-from memagent_jax.fileutil import check_new_files, check_output_file
+from memagent_jax.fileutil import check_output_file
 from memagent_jax.rl.curves import DEFAULT_TAGS  # stdlib-only at import
 
 
@@ -47,7 +47,6 @@ def _train(args) -> None:
 def _curves(args) -> None:
     from memagent_jax.rl.curves import plot_curves
     check_output_file(args.out)
-    check_new_files([args.out], "--out")
     if args.names and len(args.names) != len(args.runs):
         raise UserError(f"--names: {len(args.names)} names for {len(args.runs)} runs")
     plot_curves(args.runs, args.out, tuple(args.tags), args.names, args.overlay)

@@ -25,7 +25,6 @@ the lookup experiment's (`memagent_jax.lookup.plugin`).
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from typing import Callable, Protocol
 
 import numpy as np
@@ -33,7 +32,7 @@ import numpy as np
 from memagent_jax.data.pipeline import Example
 from memagent_jax.errors import ConfigError
 from memagent_jax.rl.rows import TrainingRows
-from memagent_jax.rollout.agent_api import Trajectory
+from memagent_jax.rollout.agent_api import Trajectory, section_module
 from memagent_jax.rollout.rollouts import OnCall, Rollouts
 
 SECTION = "plugin"
@@ -87,13 +86,8 @@ def load(config) -> Plugin | None:
     if not section:
         return None
     name = section.get("module")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{SECTION}.module", f"must name a module with build(settings, config), "
-                                               f"e.g. memagent_jax.synthetic.plugin; got {name!r}")
-    try:
-        module = importlib.import_module(name)
-    except ImportError as e:
-        raise ConfigError(f"{SECTION}.module", f"cannot import {name!r} ({e})") from None
+    module = section_module(SECTION, name, "build(settings, config), e.g. "
+                                           "memagent_jax.synthetic.plugin")
     if not callable(getattr(module, "build", None)):
         raise ConfigError(f"{SECTION}.module", f"module {name!r} has no build(settings, config)")
     return module.build({k: v for k, v in section.items() if k != "module"}, config)

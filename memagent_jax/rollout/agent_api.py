@@ -289,14 +289,8 @@ def load_agent(section: dict, config) -> Any:
                           "without one its agent is MemAgent, whose settings are the "
                           "`memagent` section")
     name = section.get("module", DEFAULT_MODULE)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{SECTION}.module", f"must name a module with rollout(row, policy) "
-                                               f"or build(settings, config); got {name!r}")
-    name = MOVED_MODULES.get(name, name)
-    try:
-        module = importlib.import_module(name)
-    except ImportError as e:
-        raise ConfigError(f"{SECTION}.module", f"cannot import {name!r} ({e})") from None
+    name = MOVED_MODULES.get(name, name) if isinstance(name, str) else name
+    module = section_module(SECTION, name, "rollout(row, policy) or build(settings, config)")
     settings = {k: v for k, v in section.items() if k != "module"}
     if callable(getattr(module, "build", None)):
         agent = module.build(settings, config)
@@ -320,6 +314,18 @@ def load_agent(section: dict, config) -> Any:
                                                "rollout(row, policy)`")
     agent.name = getattr(agent, "name", None) or name
     return agent
+
+
+def section_module(section: str, name, what: str):
+    """The module a config section's `module` key names (an agent's, a plugin's); ConfigError
+    naming `SECTION.module` unless `name` is a module name that imports (`what`: what such a
+    module defines)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{section}.module", f"must name a module with {what}; got {name!r}")
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise ConfigError(f"{section}.module", f"cannot import {name!r} ({e})") from None
 
 
 class _FunctionAgent:

@@ -205,12 +205,12 @@ def _example(question: str, context: str):
 def _rollouts(args, agent, model, tokenizer, row):
     """Where the rollout runs: the --url server, or an engine on this job's devices sized for
     `row` (a short document under a large chunk budget needs no larger cache)."""
-    if args.url:
-        from memagent_jax.rollout.client import ServerRollouts
+    if args.url:  # --model the served model's name; the sampling is the run's
+        from memagent_jax.rollout.client import Server, ServerRollouts, api_key_from_env
 
         if tokenizer is not None and hasattr(agent, "setup"):
             agent.setup(tokenizer, ())
-        return ServerRollouts(_server(args))
+        return ServerRollouts(Server(args.url, args.model, api_key_from_env(), args.timeout))
     from memagent_jax.engine.engine_api import EngineConfig
     from memagent_jax.engine.factory import load_model_section
     from memagent_jax.models.sharding import job_mesh
@@ -232,14 +232,6 @@ def _show_turns(turns) -> None:
         said = ([f"[{m['role']}] {m['content']}" for m in turn.messages]
                 if turn.messages and len(turn.messages) > 1 else [turn.reply])
         print(f"--- {turn.kind} turn {k}/{len(turns)}:", *said, sep="\n", file=sys.stderr)
-
-
-def _server(args):
-    """`run --url`'s server: --model the served model's name, the key in the environment and
-    --timeout (the sampling is the run's)."""
-    from memagent_jax.rollout.client import Server, api_key_from_env
-
-    return Server(args.url, args.model, api_key_from_env(), args.timeout)
 
 
 def _checked_sample(tokenizer, question: str, document: str, doc_path: str, config):

@@ -25,7 +25,7 @@ from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Turn
 from memagent_jax.rollout.chat import chat_ids
 from memagent_jax.rollout.tool_calls import declare_tools, render_input
-from memagent_jax.tokenizer import PIECE_IDS, check_representable
+from memagent_jax.tokenizer import PIECE_IDS, check_representable, unreadable_parts
 
 # Rendered in place of a reply's content to find where the template's text after a reply
 # begins; no template writes it. With a think block of its own: a template that writes an
@@ -66,9 +66,7 @@ class ChatPrompts:
                 ids = self._continue(call, messages, template_vars)
                 if ids is not None:
                     return ids, call
-        ids = chat_ids(self.tokenizer, messages, **template_vars)
-        check_readable(self.tokenizer, ids, messages, template_vars)
-        return ids, None
+        return readable_chat_ids(self.tokenizer, messages, template_vars), None
 
     def _continue(self, call: Call, messages: list[dict], template_vars: dict
                   ) -> list[int] | None:
@@ -154,32 +152,58 @@ def check_messages(messages, what: str) -> list[dict]:
     return messages
 
 
+def readable_chat_ids(tokenizer, messages: list[dict], template_vars: dict) -> list[int]:
+    """The prompt ids of `messages` through the chat template, checked (`check_readable`): the
+    one check of chat text, on the engine (`ChatPrompts`) and in `serve`."""
+    ids = chat_ids(tokenizer, messages, **template_vars)
+    check_readable(tokenizer, ids, messages, template_vars)
+    return ids
+
+
 def check_readable(tokenizer, ids: list[int], messages: list[dict], template_vars: dict,
                    first: int = 0) -> None:
     """Where `ids` (a chat prompt's, or what messages[first:] added to an earlier call's) hold
     a word tokenizer's pieces of text outside its vocabulary (from `PIECE_IDS` on: no model has
-    rows for them), a UserError naming the first of those messages that holds such text as the
-    chat template renders it (whitespace a template collapses is no fault), and the words
-    (`check_representable`, as `serve` names them), or the call's tools (their declaration in
-    a system message); else naming the rendered prompt. (Text read as the unknown token reaches
-    the model as that token, as it did.)"""
+    rows for them), a UserError naming the words (`check_representable`) and the message at
+    fault. What is judged is the prompt the chat template renders (`render`: tools and tool
+    calls as the model reads them), not the messages' raw text (a template that collapses
+    whitespace reads '\\n\\n' as ' ': no fault); text read as the unknown token reaches the
+    model as that token, an id it has rows for, and passes. The part at fault: the call's
+    tools (their declaration in a system message) or a message whose own unreadable words are
+    in the prompt; a message whose role the template writes and the tokenizer cannot read; one
+    the template writes as it is (whitespace is named with the words around it, which in the
+    prompt may be the template's); else the prompt itself."""
     if not ids or max(ids) < PIECE_IDS:
         return
-    alone = {k: v for k, v in template_vars.items() if k != "tools"}
-    named = [(f"messages[{i}].content ({messages[i]['role']})", messages[i])
-             for i in range(first, len(messages))]
+
+    def check(text: str, what: str, among: set[str] | None = None) -> None:
+        check_representable(tokenizer, text, what, unknown=False, among=among)
+
+    def content(i: int) -> str:
+        return f"messages[{i}].content ({messages[i]['role']})"
+
+    rendered = render(tokenizer, messages, True, template_vars)
+    unread = set(unreadable_parts(tokenizer, rendered, unknown=False))
     if first == 0 and template_vars.get("tools"):
-        named.insert(0, ("tools (as the system message declares them)",
-                         {"role": "system", "content": declare_tools(template_vars["tools"])}))
-    for where, message in named:
-        try:
-            text = render(tokenizer, [message], False, alone)
-        except Exception:  # noqa: BLE001 - a template that renders no such message alone
-            text = message["content"] or ""
-        if max(tokenizer.encode(text, add_special_tokens=False), default=0) >= PIECE_IDS:
-            check_representable(tokenizer, text, where)
-    check_representable(tokenizer, render(tokenizer, messages, True, template_vars),
-                        "the prompt as the chat template renders it")
+        check(declare_tools(template_vars["tools"]),
+              "tools (as the system message declares them)", unread)
+    own = {i: unreadable_parts(tokenizer, messages[i]["content"] or "", unknown=False)
+           for i in range(first, len(messages))}
+    for i in own:  # its words the prompt holds, not what the template rewrites
+        check(messages[i]["content"] or "", content(i), unread)
+    markup = render(tokenizer, [{**m, "content": ""} for m in messages], True, template_vars)
+    roles = dict.fromkeys(["system", "user", "assistant", *(m["role"] for m in messages)])
+    readable = [r for r in roles if not unreadable_parts(tokenizer, r, unknown=False)]
+    for i in own:
+        role = messages[i]["role"]
+        if role not in readable and role in markup:
+            raise UserError(f"messages[{i}].role: the chat template writes the role {role!r}, "
+                            "which the tokenizer has no token for (the roles this model reads: "
+                            f"{', '.join(readable) or 'none'})")
+    for i, parts in own.items():
+        if parts and (messages[i]["content"] or "") in rendered:
+            check(messages[i]["content"] or "", content(i))
+    check(rendered, "messages, as the chat template renders them")
 
 
 def conversation_turns(conversation: list[dict], calls: dict[Reply, Call], kind: str

@@ -1,10 +1,11 @@
 """A `Generation` run on the engine worker, answered as OpenAI answers.
 
 `prepare` turns the request's prompts into token ids (chat: through the chat template; on the
-`Encoder`'s threads) and checks them: words the tokenizer cannot represent in the text it reads
-(chat: the prompt the template renders, as the local engine reads it; 400 naming them, and the
-message and role where the chat template writes a role it cannot), ids past the model's
-embedding rows, and the engine's length (400 `context_length_exceeded`, as OpenAI words it).
+`Encoder`'s threads) and checks them: words the tokenizer cannot represent (chat: the local
+engine's one check of the prompt the template renders, `conversation.check_readable`, so what
+the engine takes is taken; a 400 naming the words and the message or role), ids past the
+model's embedding rows, and the engine's length (400 `context_length_exceeded`, as OpenAI
+words it).
 An `Exchange` submits one job per prompt (its n samples prefilled once) and turns the job
 events the engine thread sends into `Update`s, one choice's new text and tokens at a time; it
 cancels a prompt's job once every choice of it has met a stop string, and all of its jobs when
@@ -28,14 +29,13 @@ from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, Type
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request
 from memagent_jax.errors import UserError
-from memagent_jax.rollout.chat import chat_ids
-from memagent_jax.rollout.conversation import render
+from memagent_jax.rollout.conversation import readable_chat_ids
 from memagent_jax.rollout.tool_calls import call_template_vars, parse_tool_calls, reads_calls
 from memagent_jax.serve.encoding import Encoder
-from memagent_jax.serve.protocol import ROLES, APIError, Generation, bad
+from memagent_jax.serve.protocol import APIError, Generation, bad
 from memagent_jax.serve.text import TextStream
 from memagent_jax.serve.worker import EngineWorker, Job, Overloaded, ShuttingDown
-from memagent_jax.tokenizer import PIECE_IDS, check_representable, unknown_id, unreadable_parts
+from memagent_jax.tokenizer import check_representable
 
 T = TypeVar("T")
 
@@ -108,32 +108,30 @@ class Update:
     finished: bool
 
 
-def _renderer_arguments(tokenizer) -> frozenset[str]:
-    """The named parameters of the tokenizer's `apply_chat_template` (the template itself,
-    truncation, return types, ...), which a request's template variables must not override."""
-    return _named_parameters(type(tokenizer).apply_chat_template) | {"chat_template"}
-
-
 @functools.lru_cache(maxsize=8)
-def _named_parameters(function) -> frozenset[str]:
-    """Read once per tokenizer class, not per request."""
-    parameters = inspect.signature(function).parameters.values()
-    return frozenset(p.name for p in parameters
-                     if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self")
+def _renderer_arguments(apply_chat_template) -> frozenset[str]:
+    """The named parameters of a tokenizer class's `apply_chat_template` (the template itself,
+    truncation, return types, ...), which a request's template variables must not override
+    (read once per tokenizer class, not per request)."""
+    parameters = inspect.signature(apply_chat_template).parameters.values()
+    return frozenset(p.name for p in parameters if p.kind not in (
+        p.VAR_KEYWORD, p.VAR_POSITIONAL) and p.name != "self") | {"chat_template"}
 
 
 async def prepare(served: Served, gen: Generation) -> list[list[int]]:
     """Each prompt's token ids, every one fitting the engine with the requested max_tokens
-    and read by the model as written: text with words the tokenizer has no token for (which
-    would reach the model as its unknown token, or as ids past its embedding rows) is a 400
-    naming them. A request of more prompts than the server takes in flight is a 400: it
-    could never be taken (more than are free is a 429, when the jobs are submitted)."""
+    and read by the model as written: text with words the tokenizer has no token for (a
+    completion's: read as its unknown token or as ids past its embedding rows, as `generate`
+    refuses them; chat: the latter, as the engine refuses them) is a 400 naming them. A
+    request of more prompts than the server takes in flight is a 400: it could never be taken
+    (more than are free is a 429, when the jobs are submitted)."""
     if len(gen.prompts) > served.worker.max_requests:
         raise bad(f"'prompt' is a list of {len(gen.prompts)} prompts, more than this server "
                   f"takes in flight ({served.worker.max_requests}, its --max-requests): send "
                   "at most that many a request", "prompt")
     if gen.kind == "chat":
-        clash = sorted(set(gen.template_vars) & _renderer_arguments(served.tokenizer))
+        renderer = type(served.tokenizer).apply_chat_template
+        clash = sorted(set(gen.template_vars) & _renderer_arguments(renderer))
         if clash:  # vLLM likewise renders them as the template's variables only
             raise bad(f"'chat_template_kwargs' may not set {', '.join(clash)}: the chat "
                       "template renderer's own arguments, not template variables",
@@ -142,7 +140,7 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
         template_vars = call_template_vars(gen.template_vars, gen.tools, None)
         try:
             prompts = [await served.encoder.run(
-                functools.partial(_chat_prompt, messages, template_vars),
+                lambda tokenizer: readable_chat_ids(tokenizer, messages, template_vars),
                 [m["content"] for m in messages], "messages")]
         except APIError:  # the Encoder's length bound
             raise
@@ -185,42 +183,6 @@ async def prepare(served: Served, gen: Generation) -> list[list[int]]:
                       f"However, you requested {asked}. Please reduce the length of the "
                       f"{where} or completion.", where, "context_length_exceeded")
     return prompts
-
-
-def _chat_prompt(messages: list[dict], template_vars: dict, tokenizer) -> list[int]:
-    """The conversation through the chat template: the ids the engine reads. What is judged
-    is the prompt the template renders, not the messages' raw text (a template may rewrite
-    it: one that collapses whitespace reads '\\n\\n' as ' '), so this takes what the local
-    engine takes. Where the tokenizer cannot read part of that prompt (its unknown token, or
-    pieces no model has rows for), a UserError names the message at fault: one whose own
-    unreadable words are in the prompt, one whose role the template writes and the tokenizer
-    cannot read, one the template writes as it is; else the prompt itself."""
-    ids = chat_ids(tokenizer, messages, **template_vars)
-    unk = unknown_id(tokenizer)
-    if not any(t == unk or t >= PIECE_IDS for t in ids):
-        return ids
-    rendered = render(tokenizer, messages, True, template_vars)
-    unread = set(unreadable_parts(tokenizer, rendered))
-    own = [unreadable_parts(tokenizer, message["content"]) for message in messages]
-    for i, parts in enumerate(own):
-        if unread.intersection(parts):
-            check_representable(tokenizer, messages[i]["content"], f"messages[{i}].content")
-    markup = render(tokenizer, [{**m, "content": ""} for m in messages], True, template_vars)
-    readable = [r for r in ROLES if not unreadable_parts(tokenizer, r)]
-    for i, message in enumerate(messages):
-        role = message["role"]
-        if role not in readable and role in markup:
-            raise UserError(
-                f"messages[{i}].role: the chat template writes the role {role!r}, which "
-                f"the tokenizer has no token for (the roles this model reads: "
-                f"{', '.join(readable) or 'none'})")
-    # Whitespace is named with the words around it, which in the prompt may be the
-    # template's: a message written as it is, unreadable alone, is the one.
-    for i, parts in enumerate(own):
-        if parts and messages[i]["content"] in rendered:
-            check_representable(tokenizer, messages[i]["content"], f"messages[{i}].content")
-    check_representable(tokenizer, rendered, "messages, as the chat template renders them")
-    return ids
 
 
 class Exchange:

@@ -103,7 +103,7 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
 
     words = document.context.split()  # the synthetic tokenizer's tokens: one a word
     for fact in document.facts:
-        chunk = first_token(words, fact.text.split()) // config.chunk_tokens + 1
+        chunk = synthetic.find(words, fact.text.split()) // config.chunk_tokens + 1
         print(f"  fact in chunk {chunk:>5}: {fact.text}" + ("   <- needed" if fact.needed else ""))
     print("memory, at the turns where it changed:")
     memories = memories_of(trajectory)
@@ -130,14 +130,6 @@ def repeat_command(model: str, task: str, length: int, seed: int, show: int,
         if value is not None:
             argv += ["--" + name.replace("_", "-"), str(value)]
     return shlex.join(argv)
-
-
-def first_token(words: list[str], needle: list[str]) -> int:
-    """Where `needle` starts in `words` (a word-level tokenizer's tokens)."""
-    for i in range(len(words) - len(needle) + 1):
-        if words[i] == needle[0] and words[i:i + len(needle)] == needle:
-            return i
-    raise AssertionError("a fact is missing from its document")
 
 
 def abbreviate(text: str, limit: int = 100) -> str:

@@ -39,7 +39,7 @@ from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.templates import GATE_WORDS
 from memagent_jax.data.pipeline import Example
 from memagent_jax.rollout.agent_api import Trajectory
-from memagent_jax.synthetic.format_rows import drawn_memories
+from memagent_jax.synthetic.format_rows import drawn_memories, unspaced, with_facts
 from memagent_jax.synthetic.oracle import facts_of, loop_trajectory, memory_ids
 
 KEEP = GATE_WORDS[0]  # the keep gate's one-word reply
@@ -81,17 +81,7 @@ def final_memory(texts: list[str], drawn: list[str], facts: list[str], budget: i
     measures them). None when a fact is not stated by `texts` (the chunks read, as decoded;
     compared without spaces, as `tasks.oracle_memories` finds facts) or the facts alone take
     more than `budget`."""
-    read = _unspaced("".join(texts))
-    if any(_unspaced(fact) not in read for fact in facts) or size(facts) > budget:
+    read = unspaced("".join(texts))
+    if any(unspaced(fact) not in read for fact in facts) or size(facts) > budget:
         return None
-    stated = {_unspaced(fact) for fact in facts}
-    memory = [line for line in drawn if _unspaced(line) not in stated]
-    while memory and size(memory + facts) > budget:
-        memory.pop(int(rng.integers(len(memory))))
-    for fact in facts:  # one at a time, each anywhere: a uniformly random order of them all
-        memory.insert(int(rng.integers(len(memory) + 1)), fact)
-    return memory
-
-
-def _unspaced(text: str) -> str:
-    return "".join(text.split())
+    return with_facts(drawn, facts, budget, size, rng)

@@ -40,14 +40,7 @@ def format_trajectory(agent: MemAgent, example: Example) -> Trajectory:
     facts = facts_of(example)
     sample, texts, memories, rng, budget, size, _ = drawn_memories(agent, example)
     needed = [f for f in oracle_memories(texts, facts)[-1].splitlines() if f]
-    # A drawn line is in the decoder's spacing ("v."), a fact in the task's ("v ."): compared
-    # without spaces, as oracle_memories compares them, so no fact is shown twice.
-    unspaced = {"".join(fact.split()) for fact in needed}
-    kept = [line for line in memories[-1] if "".join(line.split()) not in unspaced]
-    while kept and size(kept + needed) > budget:
-        kept.pop(int(rng.integers(len(kept))))
-    for fact in needed:
-        kept.insert(int(rng.integers(len(kept) + 1)), fact)
+    kept = with_facts(memories[-1], needed, budget, size, rng)
     answer = " ".join([*needed, f"\\boxed{{{example.ground_truths[0]}}}"])
     replies = [memory_ids(agent, "\n".join(lines)) for lines in memories]
     replies.append(agent.tokenizer(answer, add_special_tokens=False)["input_ids"])
@@ -95,6 +88,25 @@ def drawn_memories(agent: MemAgent, example: Example, keep_share: float = 0.0
             lines = drawn_memory(lines + whole_sentences(text, opens), budget, size, rng)
         memories.append(lines)
     return DrawnMemories(sample, texts, memories, rng, budget, size, frozenset(kept))
+
+
+def with_facts(lines: list[str], facts: list[str], budget: int,
+               size: Callable[[list[str]], int], rng: np.random.Generator) -> list[str]:
+    """`lines` less those that state one of `facts` (compared without spaces, as
+    `tasks.oracle_memories` compares them: a decoder's "v." is the task's "v .", and no fact
+    is shown twice), dropped at random until they and the facts fit `budget` tokens
+    (`size(lines)`), then each fact at a random place: a uniformly random order of them all."""
+    stated = {unspaced(fact) for fact in facts}
+    memory = [line for line in lines if unspaced(line) not in stated]
+    while memory and size(memory + facts) > budget:
+        memory.pop(int(rng.integers(len(memory))))
+    for fact in facts:
+        memory.insert(int(rng.integers(len(memory) + 1)), fact)
+    return memory
+
+
+def unspaced(text: str) -> str:
+    return "".join(text.split())
 
 
 def whole_sentences(text: str, opens: bool) -> list[str]:

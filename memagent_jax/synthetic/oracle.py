@@ -28,12 +28,11 @@ def oracle_trajectory(agent: MemAgent, example: Example) -> Trajectory:
     """The oracle trajectory of `example` (module docstring), in `agent`'s tokens, chunks and
     prompts. Raises UserError when the row records no facts."""
     facts = facts_of(example)
-    tokenizer, prompts = agent.tokenizer, agent.prompts
+    tokenizer = agent.tokenizer
     sample = agent.read(example.question, example.context, strict=False)
     texts = [tokenizer.decode(chunk) for chunk in sample.chunks]
     facts_read = oracle_memories(texts, facts)
-    memories = [tokenizer(m, add_special_tokens=False)["input_ids"] if m
-                else list(prompts.initial_memory) for m in facts_read]
+    memories = [memory_ids(agent, m) for m in facts_read]
     # The final reply restates the facts it answers from before the boxed answer: the answer is
     # then a copy of a word a few tokens back, not of one found in the prompt with nothing
     # pointing at it. The verifier reads only the box.

@@ -181,7 +181,7 @@ def fact_at_chunk_end(sample: Sample, chunk_tokens: int, window: int, seed: int,
     rng = random.Random(f"chunk-end:{seed}:{index}")
     moved = [f for f in sample.facts if f.needed][-1]
     words_ = moved.text.split()
-    start = _find(tokens, words_)
+    start = find(tokens, words_)
     rest = tokens[:start] + tokens[start + len(words_):]
     chunk = start // chunk_tokens or rng.randrange(1, chunks)
     # Sentence boundaries of the rest (after a full stop) at which the fact, inserted whole,
@@ -189,7 +189,7 @@ def fact_at_chunk_end(sample: Sample, chunk_tokens: int, window: int, seed: int,
     # the other facts the answer needs, so that it stays the last; unless one of those ends
     # the chunk itself (twohop, both in one chunk: rare), when it goes before it.
     last = (chunk + 1) * chunk_tokens - 1
-    after = max((_find(rest, f.text.split()) + len(f.text.split())
+    after = max((find(rest, f.text.split()) + len(f.text.split())
                  for f in sample.facts if f.needed and f is not moved), default=0)
     within = [b for b in range(last - window - len(words_) + 2, last - len(words_) + 2)
               if rest[b - 1] == "."]
@@ -215,7 +215,7 @@ def check_chunk_end(length: int, chunk_tokens: int, window: int) -> None:
                         "that the fact stays whole in its chunk)")
 
 
-def _find(tokens: list[str], words_: list[str]) -> int:
+def find(tokens: list[str], words_: list[str]) -> int:
     """The first index at which `words_` occur in `tokens` (a fact's text, unique in its
     document: its key is)."""
     first = words_[0]

@@ -127,8 +127,7 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
     memory it answered from for every chunk left unread; the per-turn counts, `carried` and
     `dropped`, only the turns it took), its final answer, and with gates on the rollout's
     metrics (chunks_read, keeps, exits)."""
-    from memagent_jax.synthetic.demo import first_token
-    from memagent_jax.synthetic.tasks import oracle_memories
+    from memagent_jax.synthetic.tasks import find, oracle_memories
 
     read = memories  # the per-turn loss counts turns taken: chunks an exit left carry nothing
     memories = memories + memories[-1:] * (len(chunk_texts) - len(memories))  # after an exit
@@ -139,7 +138,7 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
     for fact in document.facts:
         if not fact.needed:
             continue
-        start = first_token(words, fact.text.split())
+        start = find(words, fact.text.split())
         due = next(t for t, memory in enumerate(ideal) if fact.text in memory.splitlines())
         outcome, turn = follow(memories, fact.text, due)
         traced.append(FactTrace(fact.text, start // chunk_tokens, start % chunk_tokens, due,
@@ -207,7 +206,7 @@ def read_greedily(model: str, task: str, length: int, seed: int, num_samples: in
     from memagent_jax.console import progress_bar
     from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.errors import UserError
-    from memagent_jax.fileutil import check_new_files, check_output_file
+    from memagent_jax.fileutil import check_output_file
     from memagent_jax.synthetic import tasks as synthetic
     from memagent_jax.synthetic.demo import load_agent
 
@@ -215,7 +214,6 @@ def read_greedily(model: str, task: str, length: int, seed: int, num_samples: in
         raise UserError(f"--num-samples must be at least 1, got {num_samples}")
     if out:
         check_output_file(out)
-        check_new_files([out], "--out")
     _, rollouts, agent, config = load_agent(model, task, length, budgets, slots)
     documents = [synthetic.make_sample(task, length, seed, i) for i in range(num_samples)]
     samples = [agent.read(d.question, d.context) for d in documents]

@@ -1,7 +1,7 @@
 """The Pallas ragged cache reads (models/cache_kernels.py) in Pallas's interpret mode against
 the length-masked dense read (`attend_cache`); the TPU kernel compiled by libtpu for v5p, and
 the GPU kernel lowered to Triton for CUDA, at Qwen2.5-7B's decode shapes (the engine's steps
-with each kernel: tests/rollout/test_rollout_layout.py)."""
+with each kernel: tests/engine/test_rollout_layout.py)."""
 
 import functools
 import os

@@ -236,7 +236,7 @@ def test_a_steps_rollout_on_the_mesh_equals_one_devices(task, tmp_path):
         "engine.slots=8", "engine.prefill_rows=4", "dynamic_sampling.enabled=false"])
     trainer = Trainer(config)
     loaded = load_model_section(config.model, trainer.tokenizer, None)
-    # x 10: context-dependent distributions (tests/rollout/test_rollout_layout.py, _sharp)
+    # x 10: context-dependent distributions (tests/engine/test_rollout_layout.py, _sharp)
     sharp = jax.tree.map(lambda x: 10 * x, trainer.learner.params)
     params = jax.device_put(jax.device_get(sharp), jax.devices()[0])
     alone = build_runner(MemAgent(config.memagent), loaded.model, trainer.tokenizer,

@@ -1,15 +1,9 @@
-"""The serve tests' shared fixtures: the served tiny model (tests/serve_helpers.py) and its
-thinking twin, one of each a module."""
+"""The serve tests' own fixture: the served tiny model's (`model_dir`, tests/conftest.py)
+thinking twin, one a module."""
 
 import pytest
 
 from tests.serve_helpers import tiny_model_dir
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Qwen2 with the word-level tokenizer (serve_helpers.tiny_model_dir)."""
-    return tiny_model_dir(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ MemAgent's quickstart loop driven by the `openai` client, and `eval` with `model
 `run --url` question by question."""
 
 import json
+import types
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,10 @@ import pytest
 import torch
 
 from memagent_jax.cli import main
-from memagent_jax.tokenizer import load_tokenizer
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
+from memagent_jax.rollout.runner import AgentRunner
+from memagent_jax.tokenizer import load_tokenizer, unknown_id
 from tests.original_memory_prompts import TEMPLATE, TEMPLATE_FINAL_BOXED
 from tests.serve_helpers import (
     API_KEY,
@@ -93,6 +97,30 @@ def test_greedy_chat_equals_generate_on_the_chat_template(client, model_dir, tmp
     assert chunks[-1].choices[0].finish_reason == choice.finish_reason
     assert chunks[-1].usage == response.usage  # usage in every response, streams too
     assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_a_word_read_as_unknown_is_served_as_the_engine_reads_it(client, server, model_dir):
+    """One check of chat text on both roads (`conversation.check_readable`): a word the
+    word-level tokenizer reads as [UNK], an id the model has, reaches an agent's call on the
+    engine as that id, and `serve` takes the same messages (the official client): the same
+    prompt, and greedy, the same reply ids."""
+    messages = [{"role": "user", "content": "hello zebra the answer is"}]
+    response = client.chat.completions.create(
+        model="m", messages=messages, max_tokens=6, temperature=0, logprobs=True,
+        extra_body={"return_tokens_as_token_ids": True})
+    served = ids_of(c.token for c in response.choices[0].logprobs.content)
+
+    async def rollout(row, policy):
+        return [messages + [(await policy.chat(messages, max_tokens=6)).message]]
+
+    tokenizer, worker = load_tokenizer(model_dir), server.worker
+    runner = AgentRunner(Scheduler(worker.engine), tokenizer, server._served.stop_ids)
+    agent = types.SimpleNamespace(name="one call", rollout=rollout)
+    ((trajectory,),) = runner.with_params(worker.params).run(agent, [None], SamplingParams(0.0))
+    (turn,) = trajectory.turns
+    assert unknown_id(tokenizer) in turn.prompt_ids
+    assert response.usage.prompt_tokens == len(turn.prompt_ids)
+    assert served == turn.response_ids
 
 
 def test_n4_sampled_prefills_once_and_each_sample_is_ours(client, server, model_dir, tmp_path,

@@ -1,7 +1,7 @@
 """serve's `prepare` on its own (no engine): what a request's prompts are refused for, and
 the message naming it, on memagent-tiny's tokenizer (a word vocabulary whose chat template
 writes the roles), the lookup task's (whose template collapses whitespace) and on the tests'
-word-level one (which reads unknown words as [UNK])."""
+word-level one (which reads unknown words as [UNK], as the engine takes them)."""
 
 import asyncio
 import types
@@ -47,9 +47,11 @@ def _chat(*messages) -> Generation:
      "messages[0].role: the chat template writes the role 'system', which the tokenizer has "
      "no token for (the roles this model reads: user, assistant)"),
     ([("user", "what is the  code")],  # the spaces, not the words around them
-     "messages[0].content: the tokenizer has no token for '  ' between 'the' and 'code'"),
+     "messages[0].content (user): the tokenizer has no token for '  ' between 'the' and "
+     "'code'"),
     ([("user", "the code"), ("assistant", "is"), ("user", "what is the  code")],
-     "messages[2].content: the tokenizer has no token for '  ' between 'the' and 'code'"),
+     "messages[2].content (user): the tokenizer has no token for '  ' between 'the' and "
+     "'code'"),
 ])
 def test_memagent_tiny_refusals_name_the_message_and_what_is_wrong(tiny, messages, message):
     assert _prepare(tiny, _chat(*messages)).startswith(message)
@@ -70,16 +72,20 @@ def test_what_is_judged_is_the_prompt_the_chat_template_renders(tiny, tmp_path):
         chat = [{"role": r, "content": c} for r, c in messages]
         assert _prepare(tokenizer, _chat(*messages)) == [chat_ids(tokenizer, chat)]
     refused = _prepare(lookup, _chat(("system", system), ("user", "the code of zebrafoo ?")))
-    assert refused.startswith("messages[1].content: the tokenizer has no token for "
+    assert refused.startswith("messages[1].content (user): the tokenizer has no token for "
                               "'zebrafoo'"), refused
 
 
-def test_every_message_is_read_not_the_last_alone(word_tokenizer):
-    """An unknown word reads as [UNK], an id the model has: only the check finds it."""
-    refused = _prepare(word_tokenizer, _chat(("user", "hello zebra"), ("assistant", "memory"),
-                                             ("user", "the answer")))
-    assert str(refused).startswith(
-        "messages[0].content: the tokenizer has no token for 'zebra'"), refused
+def test_every_message_is_read_not_the_last_alone(tiny, word_tokenizer):
+    """A word no model has rows for in an earlier message is named; one a word-level tokenizer
+    reads as [UNK], an id the model has, is taken, as the engine takes it."""
+    refused = _prepare(tiny, _chat(("user", "what is the zebra code"), ("assistant", "is"),
+                                   ("user", "what is the code")))
+    assert str(refused).startswith("messages[0].content (user): the tokenizer has no token "
+                                   "for 'zebra'"), refused
+    messages = [("user", "hello zebra"), ("assistant", "memory"), ("user", "the answer")]
+    chat = [{"role": r, "content": c} for r, c in messages]
+    assert _prepare(word_tokenizer, _chat(*messages)) == [chat_ids(word_tokenizer, chat)]
 
 
 def test_prepares_own_vocabulary_check_refuses_the_first_id_past_the_rows(word_tokenizer):

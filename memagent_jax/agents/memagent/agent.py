@@ -29,7 +29,7 @@ from typing import Any, Generator, NamedTuple
 
 from memagent_jax import model_dir
 from memagent_jax.agents.memagent.config import MemAgentConfig
-from memagent_jax.agents.memagent.reading import Sample, read_sample
+from memagent_jax.agents.memagent.reading import Sample, check_read, read_sample
 from memagent_jax.agents.memagent.templates import (
     GATE_SENTENCES,
     INITIAL_MEMORY,
@@ -37,7 +37,6 @@ from memagent_jax.agents.memagent.templates import (
     final_prompt,
     update_prompt,
 )
-from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Conversation, Rollout, Trajectory
 from memagent_jax.rollout.thinking import (
     THINK_END,
@@ -196,18 +195,11 @@ class MemAgent:
         return self._read[1]
 
     def check_row(self, where: str, index: int, row, tokenizer) -> None:
-        """What a strict read (`read_sample`) refuses in row `index` of `where` (an eval set),
-        before any model loads: UserError for an empty question or context, or a question
-        over max_problem_tokens."""
-        if not row.question.strip():
-            raise UserError(f"{where}: row {index}: the question is empty")
-        if not row.context.strip():
-            raise UserError(f"{where}: row {index}: the context is empty")
+        """What a strict read refuses (`check_read`) in row `index` of `where` (an eval set),
+        before any model loads."""
         tokens = len(tokenizer(row.question, add_special_tokens=False)["input_ids"])
-        budget = self.config.max_problem_tokens
-        if tokens > budget:
-            raise UserError(f"{where}: row {index}: the question has {tokens} tokens, over "
-                            f"memagent.max_problem_tokens = {budget}")
+        check_read(row.question, row.context, tokens, self.config.max_problem_tokens,
+                   f"{where}: row {index}: ")
 
     async def rollout(self, row, policy) -> Rollout:
         """Every turn of one read of `row` (a Sample, or a row with question and context,

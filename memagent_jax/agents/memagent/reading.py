@@ -52,16 +52,10 @@ def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig,
     as the original carries on): an empty document has no chunks (the agent answers from the
     initial memory) and an over-long question keeps its first max_problem_tokens tokens (the
     engine holds no more)."""
-    if strict and not problem.strip():
-        raise UserError("the question is empty")
-    if strict and not document.strip():
-        raise UserError("the document is empty")
     problem_ids = tokenizer(problem, add_special_tokens=False)["input_ids"]
-    if len(problem_ids) > config.max_problem_tokens:
-        if strict:
-            raise UserError(f"the question has {len(problem_ids)} tokens, over the prompt "
-                            f"budget of {config.max_problem_tokens}")
-        problem_ids = problem_ids[:config.max_problem_tokens]
+    if strict:
+        check_read(problem, document, len(problem_ids), config.max_problem_tokens)
+    problem_ids = problem_ids[:config.max_problem_tokens]
     offsets = getattr(tokenizer, "is_fast", False)  # a slow tokenizer has no offsets
     encoded = tokenizer(document, add_special_tokens=False, return_offsets_mapping=offsets)
     ids = encoded["input_ids"]
@@ -73,6 +67,18 @@ def read_sample(tokenizer, problem: str, document: str, config: MemAgentConfig,
                       chunk_ids(list(range(len(ids))), config.chunk_tokens, config.max_chunks))
     return Sample(problem, tuple(problem_ids), tuple(tuple(c) for c in chunks), len(ids),
                   chunk_texts=texts)
+
+
+def check_read(problem: str, document: str, problem_tokens: int, budget: int,
+               where: str = "") -> None:
+    """What a strict read refuses: UserError (after `where`) for an empty question or document,
+    or a question of more than `budget` tokens (`memagent.max_problem_tokens`)."""
+    for text, what in ((problem, "question"), (document, "document")):
+        if not text.strip():
+            raise UserError(f"{where}the {what} is empty")
+    if problem_tokens > budget:
+        raise UserError(f"{where}the question has {problem_tokens} tokens, over the prompt "
+                        f"budget of {budget} (memagent.max_problem_tokens)")
 
 
 def chunk_text(document: str, starts: list[int], positions: list[int]) -> str:

@@ -2,7 +2,7 @@
 8 simulated devices: no KV entry held twice, weights split over tensor only and placed from
 the learner's layout; and the tokens `generate` and `run` decode on it, prompts prefilled
 several a call, equal to one device's (a DAPO step's rollout: tests/rl/test_trainer.py; the
-scheduler's whole prefill calls: tests/rollout/test_engine.py)."""
+scheduler's whole prefill calls: tests/engine/test_engine.py)."""
 
 import functools
 import math

@@ -184,7 +184,7 @@ def test_non_finite_logprobs_are_written_as_null(tmp_path):
     assert json.loads(line, parse_constant=lambda c: pytest.fail(c))["logprobs"] == [None]
 
 
-@pytest.mark.parametrize("signum, status, cause", [(signal.SIGINT, 130, "interrupted"),
+@pytest.mark.parametrize("signum, status, cause", [(signal.SIGINT, 130, "interrupted (Ctrl-C)"),
                                                    (signal.SIGTERM, 143, "stopped (SIGTERM)")])
 def test_a_signal_finishes_the_engine_step_it_lands_in_then_stops_writing_nothing(
         model_dir, tmp_path, capsys, monkeypatch, signum, status, cause):
@@ -254,7 +254,7 @@ def test_ctrl_c_pressed_again_and_again_exits_130_every_time(model_dir, tmp_path
             os.close(terminal)
         assert command.returncode == 130, err
         assert err.replace("\r", "\n").strip().splitlines()[-1].startswith(
-            "memagent-jax: interrupted; nothing was written"), err
+            "memagent-jax: interrupted (Ctrl-C); nothing was written"), err
         assert not out.exists()
 
 
