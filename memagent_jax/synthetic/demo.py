@@ -11,16 +11,14 @@ the available memory cannot hold is refused before the model loads (READ_BYTES_P
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import shlex
 import time
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from memagent_jax.errors import UserError
-
-if TYPE_CHECKING:
-    from memagent_jax.synthetic.trace import FactTrace
 
 # Bytes of memory a token of the document takes at the demo's peak, while the tokenizer splits
 # it (measured: 645-697 from 1M to 8M tokens, nearly all of it the tokenizer's; the document
@@ -72,16 +70,30 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     return loaded, runner.with_params(loaded.params), agent, config
 
 
+@dataclasses.dataclass(frozen=True)
+class DemoRead:
+    """What the demo read and the agent wrote: the document (a tasks.Sample), its chunks as
+    decoded text, the memory after each chunk, the answer, the chunk size in tokens."""
+    document: Any
+    chunk_texts: list[str]
+    memories: list[str]
+    answer: str
+    chunk_tokens: int
+
+    @property
+    def correct(self) -> bool:
+        return self.answer == self.document.answer
+
+
 def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
-             budgets: dict, poll: Callable[[], None] = lambda: None) -> bool:
-    """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
+             budgets: dict, poll: Callable[[], None] = lambda: None) -> DemoRead:
+    """Runs the demo; prints to stdout (progress on stderr); returns what it read.
     budgets: as `load_agent` takes them. poll: called while the document is built, once it is
     tokenized and after every turn (the command's check for Ctrl-C, which raises)."""
     from memagent_jax.agents.memagent.agent import memories_of
     from memagent_jax.console import progress_bar
     from memagent_jax.engine.sampling import SamplingParams
     from memagent_jax.synthetic import tasks as synthetic
-    from memagent_jax.synthetic.trace import trace_document
 
     synthetic.check_memory(f"--length {length}: a document of {length:,} tokens takes about "
                            f"{READ_BYTES_PER_TOKEN} bytes a token to read (the tokenizer's, "
@@ -118,36 +130,12 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
         print(f"  ... {len(changes) - show} more changes; after the last chunk: "
               f"{abbreviate(memories[-1])}")
     answer = (trajectory.answer or "").strip()  # the boxed text as the model spaced it
-    trace = trace_document(0, document, [agent.tokenizer.decode(c) for c in sample.chunks],
-                           memories, answer, config.chunk_tokens)
-    for traced in trace.facts:
-        if (line := made_up_line(traced, memories)) is not None:
-            print(line)
     correct = answer == document.answer
     print(f"answer: {answer}   truth: {document.answer}   "
           f"({'correct' if correct else 'wrong'}; {len(trajectory.turns)} turns in "
           f"{seconds:.0f} s, {length / seconds:,.0f} tokens/s)")
-    return correct
-
-
-def made_up_line(fact: FactTrace, memories: list[str]) -> str | None:
-    """One line when the memory held a value for `fact`'s subject ("the code of KEY") before
-    the fact was read (`trace.made_up`): which value, from which chunk, how many chunks before
-    the fact, and what the memory did once it had read it (`trace.follow`'s outcome); None when
-    it held none. A made-up value is the model guessing, not the loop showing it the future."""
-    if fact.made_up is None:
-        return None
-    subject = fact.text.split()[:4]
-    held = memories[fact.made_up].replace(".", " . ").split()
-    value = next(held[i + 4] for i in range(len(held) - 4) if held[i:i + 4] == subject)
-    later = {"kept": "held the true value from then on",
-             "late": f"held the true value from chunk {(fact.turn or 0) + 1} on",
-             "unwritten": "never held the true value",
-             "lost": f"held the true value, then lost it after chunk {(fact.turn or 0) + 1}",
-             }[fact.outcome]
-    return (f"note: from chunk {fact.made_up + 1} the memory held a made-up value for "
-            f"'{' '.join(subject)}' ({value}), {fact.due - fact.made_up} chunks before its "
-            f"fact was read (chunk {fact.chunk + 1}); after reading it, the memory {later}")
+    return DemoRead(document, [agent.tokenizer.decode(c) for c in sample.chunks], memories,
+                    answer, config.chunk_tokens)
 
 
 def repeat_command(model: str, task: str, length: int, seed: int, show: int,

@@ -18,7 +18,7 @@ from memagent_jax.cli import main
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models.loading import random_model, save_hf
 from memagent_jax.models.presets import preset_config
-from memagent_jax.synthetic import demo
+from memagent_jax.synthetic import demo, trace
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import (
     OUTCOMES,
@@ -119,23 +119,23 @@ def test_demo_says_when_a_memory_held_a_made_up_value_before_its_fact(outcome, t
     memories = ["No previous memory", "the code of kasumo vigifa.", "", FACT, FACT, FACT, ""]
     fact = FactTrace(FACT, chunk=2, word=40, due=3, outcome=outcome, turn=turn, memory="",
                      made_up=1)
-    assert demo.made_up_line(fact, memories) == (
+    assert trace.made_up_line(fact, memories) == (
         "note: from chunk 2 the memory held a made-up value for 'the code of kasumo' (vigifa), "
         f"2 chunks before its fact was read (chunk 3); after reading it, the memory {later}")
     none = FactTrace(FACT, chunk=2, word=40, due=3, outcome=outcome, turn=turn, memory="",
                      made_up=None)
-    assert demo.made_up_line(none, memories) is None
+    assert trace.made_up_line(none, memories) is None
 
 
 def test_demo_checks_every_needed_fact_of_its_read_for_a_made_up_value(in_package, capsys,
                                                                          monkeypatch):
-    seen, real = [], demo.made_up_line
+    seen, real = [], trace.made_up_line
 
     def recording(fact, memories):
         seen.append((fact, list(memories)))
         return real(fact, memories)
 
-    monkeypatch.setattr(demo, "made_up_line", recording)
+    monkeypatch.setattr(trace, "made_up_line", recording)
     assert main(["demo", "--model", in_package, "--length", "1K", "--seed", "7",
                  "--task", "twohop"]) == 0
     out = capsys.readouterr().out
