@@ -15,6 +15,8 @@ from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.tokenizer import load_tokenizer, rows_needed, word_ids
 from tests.hf_reference import assert_trained_export_matches_transformers
 
+pytestmark = pytest.mark.slow  # the shipped model loaded in transformers and run
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "memagent-tiny"
 FRESH_SEED = 424242  # the recipe's data: seeds 1, 3 and 5 train, 2 validates, 9-11 evaluate

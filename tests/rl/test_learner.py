@@ -255,6 +255,7 @@ def test_kl_reference_is_only_built_when_used():
     assert second["kl"] > 1e-6 and second["loss"] != second["pg_loss"]
 
 
+@pytest.mark.slow
 def test_train_step_builds_no_square_score_tensor():
     """Packed rows run without a mask, on the model's blocked causal attention with segment
     ids: at bucket length 1024 the compiled train step (forward and gradient) holds no
@@ -294,6 +295,7 @@ def test_schedules_count_training_steps_as_verl():
     assert lrs[12] == pytest.approx(0.1) and lrs[13] == pytest.approx(0.1)
 
 
+@pytest.mark.slow
 def test_every_update_of_a_training_step_uses_its_learning_rate():
     """16 mini-batches in one step all run at that step's lr (verl steps its scheduler once
     per update_actor call); with warm-up the first step changes nothing."""

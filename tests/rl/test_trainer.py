@@ -28,6 +28,8 @@ from memagent_jax.rl.trainer import Trainer
 from tests import multiprocess
 from tests.full_disk import fail_orbax_writes
 
+pytestmark = pytest.mark.slow  # training runs
+
 EXPECTED_TAGS = {
     "reward/mean", "reward/std", "val/accuracy", "val/f1", "learner/kl", "learner/entropy",
     "learner/clip_fraction", "learner/grad_norm", "learner/lr", "learner/skipped_updates",

@@ -31,6 +31,8 @@ from memagent_jax.synthetic.trace import (
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 from tests.synthetic.signals import ctrl_c_in_a_gc_callback
 
+pytestmark = pytest.mark.slow  # `demo` and `trace` reading documents
+
 BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
            "max_problem_tokens": 16}
 
