@@ -62,6 +62,7 @@ def task_result(example, key):
     return lookup(key, example.extra_info["tools_kwargs"]["lookup"]["create_kwargs"]["table"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["start", "final"])
 def test_the_exports_load_in_transformers_with_our_logits(name):
     assert_trained_export_matches_transformers(os.path.join(ROOT, "checkpoints", "lookup", name))
