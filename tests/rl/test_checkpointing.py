@@ -50,6 +50,7 @@ def _assert_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_restore_gives_back_every_array_on_its_sharding_and_the_data_position(tmp_path):
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     state = _train_state(mesh)
