@@ -80,6 +80,7 @@ def test_learns_a_rewarded_task_from_engine_rollouts():
     assert min(curve[-2:]) >= 0.8, curve
 
 
+@pytest.mark.slow
 def test_engine_decodes_with_its_copy_of_the_updated_arrays_compiled_once(compilations):
     """The learner splits weights over fsdp x tensor, the engine over tensor only: each run
     places the learner's current parameters in the engine's layout (`Engine.place`), by a
@@ -128,6 +129,7 @@ def test_engine_decodes_with_its_copy_of_the_updated_arrays_compiled_once(compil
     assert [r[0].token_ids for r in complete(engine, replicated, greedy)] == new_tokens
 
 
+@pytest.mark.slow
 def test_sharded_micro_batched_update_equals_unsharded_single_batch():
     """One update in micro-batches of 128 tokens (4 rows of 32) on fsdp=4 x tensor=2 equals
     it on one device as a single 32-row micro-batch: sharding and gradient accumulation change
