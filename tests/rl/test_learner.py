@@ -24,6 +24,8 @@ from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Trajectory, Turn
 from tests.builders import LEARNER_MODEL, random_rows
 
+pytestmark = pytest.mark.slow  # learner updates compiled
+
 
 def _rollouts(engine, params, prompts, n, max_new_tokens, seed, temperature=1.0):
     """n samples per prompt from the engine -> (groups of single-turn Trajectories,
