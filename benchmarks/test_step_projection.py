@@ -22,6 +22,7 @@ QWEN2_7B = "model: 28 layers, hidden 3584, 28/4 heads"
 QWEN3_4B = "model: 36 layers, hidden 2560, 32/8 heads"  # the preset its model.path names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path, target, model", [
     (GPU8, "8 x NVIDIA H100", QWEN2_7B), (TPU, "32 x TPU v5p", QWEN2_7B),
     (QWEN3_GPU8, "8 x NVIDIA H100", QWEN3_4B), (QWEN3_TPU, "16 x TPU v5p", QWEN3_4B)],

@@ -21,7 +21,7 @@ class Interrupted(Exception):
     """Ctrl-C (SIGINT) or SIGTERM, caught where the work is: the message says what was kept
     and how to go on; `status` is the exit status, 128 + `signal_number`: 130 for Ctrl-C, 143
     for SIGTERM (a scheduler's preemption notice), so that a job stopped before its end never
-    exits 0, the status of one that finished (README, Pods and clusters)."""
+    exits 0, the status of one that finished (docs/guides/pods.md)."""
 
     def __init__(self, message: str, signal_number: int = signal.SIGINT):
         super().__init__(message)

@@ -132,4 +132,4 @@ def check_shared_directory(path: str, what: str, timeout_s: float = 10) -> None:
     if blind:
         raise UserError(f"{what} {path}: process(es) {blind} do not see what process 0 writes "
                         "there; every process of a job must see the same directory (a gs:// "
-                        "bucket or a shared file system; README, Pods and clusters)")
+                        "bucket or a shared file system; docs/guides/pods.md)")

@@ -50,7 +50,9 @@ def quiet_failed_writes() -> None:
     flight complete into an event loop Orbax has closed (a "RuntimeError: Event loop is
     closed" traceback each, dozens per checkpoint), their coroutines are collected at exit
     ("ImportError: sys.meta_path is None") or logged by asyncio as "Task exception was never
-    retrieved", and Orbax logs the failure with its traceback from each thread that saw it.
+    retrieved" (naming Orbax's coroutine) or "Future exception was never retrieved" (naming
+    only TensorStore's error: a full-disk failure asyncio reports is a writer's), and Orbax
+    logs the failure with its traceback from each thread that saw it.
     Other errors are reported as before. Installed once per process, by whatever writes with
     Orbax."""
     global _quieted
@@ -70,7 +72,8 @@ def quiet_failed_writes() -> None:
     def keep(record: logging.LogRecord) -> bool:
         message = record.getMessage()
         error = record.exc_info[1] if record.exc_info else Exception(message)
-        about_orbax = _ORBAX in record.pathname or _ORBAX in message  # asyncio names the coro
+        about_orbax = (_ORBAX in record.pathname or _ORBAX in message  # asyncio names the coro
+                       or record.name == "asyncio")  # or a bare future: TensorStore's write
         return not (about_orbax and record.levelno >= logging.ERROR and is_disk_full(error))
 
     sys.unraisablehook = unraisable

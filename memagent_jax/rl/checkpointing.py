@@ -37,7 +37,8 @@ from memagent_jax.fileutil import disk_full_error, is_disk_full
 class Checkpointer:
     """save(step, state, meta, data_iterator) / restore(target, data_iterator); see the module
     docstring. async_save: the arrays are copied to host memory during save() and written in
-    a background thread while training goes on; wait() blocks until the last save committed."""
+    a background thread while training goes on; wait() blocks until the last save committed;
+    newly_kept() says which saves have committed since it was last asked."""
 
     def __init__(self, directory: str, keep: int | None = 3, async_save: bool = True):
         import orbax.checkpoint as ocp
@@ -54,6 +55,7 @@ class Checkpointer:
             self.directory, options=options,
             item_handlers={"state": ocp.StandardCheckpointHandler(),
                            "meta": ocp.JsonCheckpointHandler()})
+        self._unreported: list[int] = []  # steps saved here, not yet reported committed
 
     def latest_step(self) -> int | None:
         """The newest committed step, or None."""
@@ -73,6 +75,19 @@ class Checkpointer:
                  "meta": ocp.args.JsonSave(_plain(meta))}
         with self._writing():
             self._manager.save(step, args=ocp.args.Composite(**items), force=True)
+        self._unreported.append(step)
+
+    def newly_kept(self) -> list[int]:
+        """The steps saved here that have committed since the last call, oldest first, each
+        once: what a run announces as kept. Read from the directory (a step is there once it
+        has committed); a step older than the newest committed one has committed too, even
+        where `keep` has removed it since (Orbax commits saves in order)."""
+        if not self._unreported:
+            return []
+        newest = max(committed_steps(self.directory), default=None)
+        kept = [s for s in self._unreported if newest is not None and s <= newest]
+        self._unreported = self._unreported[len(kept):]
+        return kept
 
     def restore(self, target: Any, data_iterator=None, step: int | None = None
                 ) -> tuple[Any, dict]:

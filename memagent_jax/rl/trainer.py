@@ -375,6 +375,7 @@ class Trainer:
         if config.checkpoint.every and step % config.checkpoint.every == 0 or step == config.steps:
             self.save(step)
         self._log(step, record)
+        self._announce_kept()
         return record
 
     def compute_advantages(self, step: int, rewards: np.ndarray) -> np.ndarray:
@@ -414,7 +415,12 @@ class Trainer:
         if self.base_record is not None:
             meta["base"] = self.base_record
         self.checkpointer.save(step, state, meta, self.iterator)
-        self._say(f"step {step}: checkpoint -> {self.config.checkpoint_dir}/{step}")
+
+    def _announce_kept(self) -> None:
+        """A line for each checkpoint that has committed since the last: announced when it is
+        kept, not when its save starts (an async save may still fail, on a full disk)."""
+        for step in self.checkpointer.newly_kept():
+            self._say(f"step {step}: checkpoint kept in {self.config.checkpoint_dir}/{step}")
 
     @property
     def stopped(self) -> bool:
@@ -436,6 +442,7 @@ class Trainer:
 
     def close(self) -> None:
         self.checkpointer.close()
+        self._announce_kept()
         self.writer.close()
         self.rewarder.close()
 
@@ -478,7 +485,11 @@ class Trainer:
         self.writer.flush()
         with open(self._step_log, "a") as f:
             f.write(json.dumps(record, default=float) + "\n")
-        if step:
+        if not step:  # validation.at_start: before any update
+            self._say(f"step 0/{self.config.steps} (before training): "
+                      f"val {record['val/accuracy']:.1f}, val reward {record['val/reward']:.3f}, "
+                      f"{record['time/validation_s']:.1f}s")
+        else:
             parts = [f"reward {record['reward/mean']:.3f}+-{record['reward/std']:.3f}"]
             if "dynamic/kept_fraction" in record:  # not in a supervised step
                 parts.append(f"kept {record['dynamic/kept_fraction']:.2f}")

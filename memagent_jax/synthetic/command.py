@@ -109,13 +109,18 @@ def _budgets(args) -> dict:
 
 
 def _demo(args) -> None:
+    """The demo, then a line for each needed fact whose key the memory held a value for before
+    the fact was read (trace.made_up_lines)."""
     from memagent_jax.synthetic.demo import run_demo
+    from memagent_jax.synthetic.trace import made_up_lines
     if args.show < 0:
         raise UserError(f"--show must be 0 or more (memory changes to print), got {args.show}")
     start(args)
     with PreemptionNotice() as notice:
-        run_demo(args.model, args.task, args.length, args.seed, args.show, _budgets(args),
-                 stop_when_signalled(notice))
+        read = run_demo(args.model, args.task, args.length, args.seed, args.show,
+                        _budgets(args), stop_when_signalled(notice))
+    for line in made_up_lines(read):
+        print(line)
 
 
 def _trace(args) -> None:

@@ -11,11 +11,12 @@ the available memory cannot hold is refused before the model loads (READ_BYTES_P
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import secrets
 import shlex
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from memagent_jax.errors import UserError
 
@@ -69,9 +70,24 @@ def load_agent(model: str, task: str, length: int, budgets: dict, slots: int = 1
     return loaded, runner.with_params(loaded.params), agent, config
 
 
+@dataclasses.dataclass(frozen=True)
+class DemoRead:
+    """What the demo read and the agent wrote: the document (a tasks.Sample), its chunks as
+    decoded text, the memory after each chunk, the answer, the chunk size in tokens."""
+    document: Any
+    chunk_texts: list[str]
+    memories: list[str]
+    answer: str
+    chunk_tokens: int
+
+    @property
+    def correct(self) -> bool:
+        return self.answer == self.document.answer
+
+
 def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
-             budgets: dict, poll: Callable[[], None] = lambda: None) -> bool:
-    """Runs the demo; prints to stdout (progress on stderr); True when the answer is right.
+             budgets: dict, poll: Callable[[], None] = lambda: None) -> DemoRead:
+    """Runs the demo; prints to stdout (progress on stderr); returns what it read.
     budgets: as `load_agent` takes them. poll: called while the document is built, once it is
     tokenized and after every turn (the command's check for Ctrl-C, which raises)."""
     from memagent_jax.agents.memagent.agent import memories_of
@@ -118,7 +134,8 @@ def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
     print(f"answer: {answer}   truth: {document.answer}   "
           f"({'correct' if correct else 'wrong'}; {len(trajectory.turns)} turns in "
           f"{seconds:.0f} s, {length / seconds:,.0f} tokens/s)")
-    return correct
+    return DemoRead(document, [agent.tokenizer.decode(c) for c in sample.chunks], memories,
+                    answer, config.chunk_tokens)
 
 
 def repeat_command(model: str, task: str, length: int, seed: int, show: int,

@@ -149,6 +149,34 @@ def trace_document(index: int, document, chunk_texts: list[str], memories: list[
                          document.answer, traced, dict(gates or {}))
 
 
+def made_up_line(fact: FactTrace, memories: list[str]) -> str | None:
+    """One line when the memory held a value for `fact`'s subject ("the code of KEY") before
+    the fact was read (`made_up`): which value, from which chunk, how many chunks before the
+    fact, and what the memory did once it had read it (`follow`'s outcome); None when it held
+    none. A made-up value is the model guessing, not the loop showing it the future."""
+    if fact.made_up is None:
+        return None
+    subject = fact.text.split()[:4]
+    held = memories[fact.made_up].replace(".", " . ").split()
+    value = next(held[i + 4] for i in range(len(held) - 4) if held[i:i + 4] == subject)
+    later = {"kept": "held the true value from then on",
+             "late": f"held the true value from chunk {(fact.turn or 0) + 1} on",
+             "unwritten": "never held the true value",
+             "lost": f"held the true value, then lost it after chunk {(fact.turn or 0) + 1}",
+             }[fact.outcome]
+    return (f"note: from chunk {fact.made_up + 1} the memory held a made-up value for "
+            f"'{' '.join(subject)}' ({value}), {fact.due - fact.made_up} chunks before its "
+            f"fact was read (chunk {fact.chunk + 1}); after reading it, the memory {later}")
+
+
+def made_up_lines(read) -> list[str]:
+    """`made_up_line` for each needed fact of a demo's read (`demo.DemoRead`)."""
+    trace = trace_document(0, read.document, read.chunk_texts, read.memories, read.answer,
+                           read.chunk_tokens)
+    return [line for fact in trace.facts
+            if (line := made_up_line(fact, read.memories)) is not None]
+
+
 def describe(trace: DocumentTrace) -> str:
     """One line: right or wrong, the outcome, where the fact was, the memory then."""
     from memagent_jax.synthetic.demo import abbreviate

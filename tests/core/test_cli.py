@@ -41,6 +41,7 @@ def test_ctrl_c_where_no_command_catches_it_is_one_line_and_exit_130(monkeypatch
     assert capsys.readouterr().err == "memagent-jax: interrupted (Ctrl-C)\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", ["memagent_jax", "jax"])
 def test_a_program_using_the_package_starts_jax_without_tpu_runtime_noise(first):
     """The Python API, as the CLI: importing memagent_jax selects the CPU where no accelerator
@@ -54,6 +55,7 @@ def test_a_program_using_the_package_starts_jax_without_tpu_runtime_noise(first)
     assert "TPU" not in run.stderr, run.stderr
 
 
+@pytest.mark.slow
 def test_a_machine_without_an_accelerator_runs_commands_without_tpu_runtime_noise(tmp_path):
     """The test install has libtpu, which JAX starts wherever it is installed, and which then
     prints its failure to find a TPU (once the tokenizer has loaded torch: `generate` does).

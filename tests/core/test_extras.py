@@ -104,6 +104,7 @@ def test_a_missing_package_is_one_line_naming_its_extra(command, package, extra,
     assert not any((tmp_path / name).exists() for name in ("needle", "c.png", "o"))
 
 
+@pytest.mark.slow
 def test_no_command_prints_that_pytorch_is_missing(tmp_path):
     """transformers logs the notice at import when torch is not installed; `data needle`
     imports transformers to write its tokenizer."""

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PACKAGE = os.path.join(ROOT, "memagent_jax")
 
@@ -176,6 +178,7 @@ def test_architecture_quotes_the_graph():
                                       "tests/core/test_imports.py render()")
 
 
+@pytest.mark.slow
 def test_the_training_eval_and_serve_paths_load_no_experiment_module():
     code = ("import sys, memagent_jax.rl.trainer, memagent_jax.eval.runner, "
             "memagent_jax.serve.app; "
@@ -186,6 +189,7 @@ def test_the_training_eval_and_serve_paths_load_no_experiment_module():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+@pytest.mark.slow
 def test_a_config_loads_the_engines_contract_not_its_kernels():
     """Reading a train or eval config imports engine/engine_api.py, not the engine and the
     Pallas kernels it compiles. (flax itself loads jax._src.pallas through jax.extend: not

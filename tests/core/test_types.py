@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # Each misuse on a line of its own, with the error code mypy must give it.
@@ -29,6 +31,7 @@ def fallback() -> int:
 '''
 
 
+@pytest.mark.slow
 def test_an_optional_value_used_as_a_plain_one_fails_the_projects_mypy_settings(tmp_path):
     module = tmp_path / "planted.py"
     module.write_text(PLANTED)

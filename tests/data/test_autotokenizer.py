@@ -109,6 +109,7 @@ def test_memagent_tiny_reads_the_same_through_autotokenizer_and_as_it_was_traine
         assert _ids(ours, text) == _word_level_reading(words, text), text[:200]
 
 
+@pytest.mark.slow
 def test_data_needle_and_random_model_tokenizers_read_the_same(tmp_path):
     assert main(["data", "needle", "--out", str(tmp_path / "needle"), "--train-size", "2",
                  "--val-size", "1"]) == 0

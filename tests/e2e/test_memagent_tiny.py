@@ -1,7 +1,7 @@
 """The shipped agent, `memagent-tiny` (memagent_jax/pretrained; trained by the synthetic recipe,
 docs/synthetic.md): addressed by name, a Qwen2 that `transformers` loads with our logits, and a
 memory agent that answers fresh multikey documents of 8K tokens (a seed no training or
-evaluation set of the recipe used), through the README's own Python example."""
+evaluation set of the recipe used), through docs/guides/run.md's own Python example."""
 
 import os
 import re
@@ -14,6 +14,8 @@ from memagent_jax.models.loading import load_model, read_config
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.tokenizer import load_tokenizer, rows_needed, word_ids
 from tests.hf_reference import assert_trained_export_matches_transformers
+
+pytestmark = pytest.mark.slow  # the shipped model loaded in transformers and run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NAME = "memagent-tiny"
@@ -38,7 +40,7 @@ def test_the_python_api_takes_its_name_as_the_commands_do(monkeypatch):
     _, config = load_model(NAME)
     assert config == read_config(NAME) == read_config(path)
     monkeypatch.setenv("HOME", os.path.dirname(path))
-    assert read_config(f"~/{NAME}") == config  # as the README's load_model("~/ckpt/...")
+    assert read_config(f"~/{NAME}") == config  # as getting-started's load_model("~/ckpt/...")
     assert load_tokenizer(NAME).vocab == load_tokenizer(path).vocab
     assert model_dir.budgets(NAME) == model_dir.budgets(path) != {}
 
@@ -56,19 +58,20 @@ def test_vocab_lists_the_words_it_reads(capsys):
     assert set(document.context.split()) <= set(words)
 
 
-def _readme_python_example() -> str:
-    """The README's Python example of the memory agent (the block that calls build_runner)."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+def _guide_python_example() -> str:
+    """docs/guides/run.md's Python example of the memory agent (the block that calls
+    build_runner)."""
+    with open(os.path.join(ROOT, "docs", "guides", "run.md")) as f:
         blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
     (block,) = [b for b in blocks if "build_runner(" in b]
     return block
 
 
 @pytest.mark.slow
-def test_the_readmes_python_example_answers_fresh_8k_multikey_documents_by_name():
-    """The README's example as written, with memagent-tiny for its model and fresh documents
+def test_the_run_guides_python_example_answers_fresh_8k_multikey_documents_by_name():
+    """The guide's example as written, with memagent-tiny for its model and fresh documents
     for its pairs."""
-    code = _readme_python_example()
+    code = _guide_python_example()
     assert code.count('"~/models/RL-MemoryAgent-14B"') == 1
     documents = [synthetic.make_sample("multikey", 8192, FRESH_SEED, i)
                  for i in range(DOCUMENTS)]

@@ -22,6 +22,8 @@ from memagent_jax.errors import UserError
 from memagent_jax.lookup.task import write_task
 from tests import multiprocess
 
+pytestmark = pytest.mark.slow  # jobs of 2 processes: minutes
+
 PREFIX = "memagent-jax: error: "
 
 

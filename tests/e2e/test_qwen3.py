@@ -13,6 +13,8 @@ from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import hf_model, write_tiny_model
 from tests.serve_helpers import MESSAGES, chat_prompt, client_of, ids_of, serving
 
+pytestmark = pytest.mark.slow  # end to end against transformers
+
 SEED, EOS = 21, 2
 WORDS = ["hello", "world", "the", "answer", "is", "memory"]
 

@@ -12,6 +12,8 @@ from memagent_jax.errors import UserError
 from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import split_params
 
+pytestmark = pytest.mark.slow  # engines compiled and run against transformers
+
 EOS = 2
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 

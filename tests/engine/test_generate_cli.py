@@ -18,6 +18,8 @@ import torch
 from memagent_jax.cli import main
 from tests.hf_reference import write_hf_model
 
+pytestmark = pytest.mark.slow  # `generate` end to end, against transformers
+
 PREFIX = "memagent-jax: error: "
 
 

@@ -26,6 +26,8 @@ from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rollout.runner import build_runner
 from tests.hf_reference import write_hf_model
 
+pytestmark = pytest.mark.slow  # engines compiled on a mesh of 8 devices
+
 AXES = {"data": 2, "fsdp": 2, "tensor": 2}
 KERNELS = {"tpu": attend_cache_ragged_tpu, "gpu": attend_cache_ragged_gpu}
 

@@ -11,6 +11,8 @@ from memagent_jax.engine.engine_api import EngineConfig
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request, Scheduler, complete
 
+pytestmark = pytest.mark.slow  # the scheduler against transformers
+
 GREEDY = SamplingParams(temperature=0.0, seed=0)
 
 

@@ -23,6 +23,8 @@ from memagent_jax.rollout.runner import build_runner
 from memagent_jax.tokenizer import load_tokenizer
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 
+pytestmark = pytest.mark.slow  # engines compiled to measure them
+
 PREFIX = "memagent-jax: error: "
 SMALL = ModelConfig(vocab_size=101, hidden_size=32, intermediate_size=48, num_layers=1,
                     num_heads=4, num_kv_heads=2, head_dim=8, max_position_embeddings=4096)

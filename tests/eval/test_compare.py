@@ -122,6 +122,7 @@ def runs(model_dir, tmp_path_factory):
             "n2": run("n2", "sft", sets, "sampling.n=2", n=2), "root": str(root)}
 
 
+@pytest.mark.slow
 def test_paired_table(runs, capsys, tmp_path):
     out = tmp_path / "table.md"
     assert main(["eval-compare", runs["A"], runs["B"], "--out", str(out)]) == 0

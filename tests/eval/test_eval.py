@@ -24,6 +24,8 @@ from memagent_jax.tokenizer import load_tokenizer
 from tests.builders import Scripted, block_package, eval_config, hotpot_rows
 from tests.hf_reference import write_tiny_model
 
+pytestmark = pytest.mark.slow  # evaluations end to end
+
 CONFIG = str(Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml")
 PREFIX = "memagent-jax: error: "
 

@@ -1,6 +1,6 @@
 """The lookup experiment (docs/tools.md): its rows, its format-only start's targets (formats
 shown, the task not), and its committed results: the start and the final as Hugging Face
-exports that `transformers` loads with our logits, and the test table README.md and
+exports that `transformers` loads with our logits, and the test table docs/results.md and
 docs/tools.md quote, recomputed from the committed answers."""
 
 import json
@@ -64,6 +64,7 @@ def task_result(example, key):
     return lookup(key, example.extra_info["tools_kwargs"]["lookup"]["create_kwargs"]["table"])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["start", "final"])
 def test_the_exports_load_in_transformers_with_our_logits(name):
     assert_trained_export_matches_transformers(os.path.join(ROOT, "checkpoints", "lookup", name))
@@ -79,7 +80,7 @@ def test_the_quoted_test_table_is_the_committed_answers():
     (row,) = [r for r in compare(final, start) if r["metric"] == "em"]
     n, p = row["n"], f"{row['p']:.2g}"
     start_count, final_count = _count(row["b_right"], n), _count(row["a_right"], n)
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
         assert f"| {n} | {start_count} | {final_count} | {p} |" in f.read()
     with open(os.path.join(ROOT, "docs", "tools.md"), encoding="utf-8") as f:
         assert (f"| {n} | {start_count} | {final_count} | {row['a_only']} / {row['b_only']} | "

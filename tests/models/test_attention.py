@@ -10,6 +10,8 @@ import pytest
 from memagent_jax.models.attention import attend, attend_cache, attend_cache_ragged, attend_causal
 from tests.builders import decode_cache, length_mask
 
+pytestmark = pytest.mark.slow  # attention compiled at many shapes, forward and gradient
+
 
 @pytest.mark.parametrize("t, block", [(1, 4), (7, 4), (16, 4), (37, 8), (64, 128)])
 @pytest.mark.parametrize("heads", [(4, 4), (6, 2), (7, 1)])

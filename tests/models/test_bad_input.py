@@ -463,6 +463,11 @@ def test_what_orbax_prints_after_a_full_disk_is_kept_off_stderr(monkeypatch):
     assert not kept(absl, orbax_file, full)
     assert not kept(asyncio_logger, "asyncio/base_events.py", full,
                     f"Task exception was never retrieved: coro defined at {orbax_file}")
+    never_retrieved = "Future exception was never retrieved\nfuture: <Future finished exception="
+    assert not kept(asyncio_logger, "asyncio/base_events.py", full,
+                    f"{never_retrieved}{full!r}>")  # TensorStore's write, named nowhere
+    assert kept(asyncio_logger, "asyncio/base_events.py", ValueError("another failure"),
+                f"{never_retrieved}ValueError('another failure')>")
     assert kept(absl, orbax_file, ValueError("another failure"))
     assert kept(absl, "elsewhere.py", full)
 

@@ -15,6 +15,8 @@ from memagent_jax.models.attention import attend_cache
 from memagent_jax.models.cache_kernels import attend_cache_ragged_gpu, attend_cache_ragged_tpu
 from tests.builders import decode_cache, length_mask
 
+pytestmark = pytest.mark.slow  # Pallas kernels in interpret mode
+
 KERNELS = {"tpu": attend_cache_ragged_tpu, "gpu": attend_cache_ragged_gpu}
 
 

@@ -14,6 +14,8 @@ from memagent_jax.cli import main
 from memagent_jax.models.loading import load_model, save_hf
 from tests.hf_reference import hf_logits, write_hf_model, write_tiny_tokenizer
 
+pytestmark = pytest.mark.slow  # conversions checked in transformers
+
 
 def _state_dict(path):
     return AutoModelForCausalLM.from_pretrained(path).state_dict()

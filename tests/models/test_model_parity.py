@@ -17,6 +17,8 @@ from memagent_jax.models.loading import load_model
 from memagent_jax.models.qwen import KVCache, split_params
 from tests.hf_reference import hf_logits, hf_model, write_hf_model
 
+pytestmark = pytest.mark.slow  # models against transformers
+
 TOL = 1e-4
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
         "original_max_position_embeddings": 64}

@@ -17,7 +17,8 @@ from memagent_jax.models.qwen import segment_positions
 from tests.builders import LEARNER_MODEL
 
 pytestmark = [pytest.mark.filterwarnings("ignore:attention 'splash' off TPU"),
-              pytest.mark.filterwarnings("ignore:packed rows under attention 'cudnn' off GPU")]
+              pytest.mark.filterwarnings("ignore:packed rows under attention 'cudnn' off GPU"),
+              pytest.mark.slow]  # packed rows compiled under three attentions
 
 # Two sequences of 24 tokens: rows of 11, 7 and 4 tokens then 2 of padding; rows of 5 and 16
 # then 3 of padding. Segment ids 1, 2, ... per row, 0 for padding.

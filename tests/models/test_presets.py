@@ -80,12 +80,14 @@ def _matmuls(num_layers: int, program: str) -> int:
     return lowered.as_text().count("dot_general")
 
 
+@pytest.mark.slow
 def test_forward_traces_the_layer_once():
     """The full forward (the train step's) runs the layers in one scan: 48 layers lower to the
     same matmuls as 2, so its compile time does not grow with depth."""
     assert _matmuls(48, "forward") == _matmuls(2, "forward")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("program", ["prefill", "decode"])
 def test_engine_programs_run_each_layer_on_its_own_weights(program):
     """Prefill and decode are unrolled over the per-layer weights (no stacked slices to copy):

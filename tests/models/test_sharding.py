@@ -16,6 +16,8 @@ from memagent_jax.models.loading import load_model
 from memagent_jax.models.sharding import batch_sharding, make_mesh
 from tests.hf_reference import hf_logits, hf_model, write_hf_model
 
+pytestmark = pytest.mark.slow  # models compiled on meshes of 8 devices
+
 SHAPE = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=8,
              num_key_value_heads=4)
 MESHES = [{"tensor": 2, "fsdp": 4}, {"data": 2, "tensor": 4}, {"fsdp": 8},

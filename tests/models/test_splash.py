@@ -17,7 +17,8 @@ from memagent_jax.models.presets import preset_config
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.models.splash import splash_causal
 
-pytestmark = pytest.mark.filterwarnings("ignore:attention 'splash' off TPU")
+pytestmark = [pytest.mark.filterwarnings("ignore:attention 'splash' off TPU"),
+              pytest.mark.slow]  # the splash kernel in interpret mode
 
 
 def _inputs(rows, t, hq, hkv, lengths, seed):

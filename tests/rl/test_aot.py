@@ -3,6 +3,7 @@ benchmarks/aot.py reports for a config's chips): a learner built on ShapeDtypeSt
 the same programs as one holding arrays, and nothing runs."""
 
 import jax
+import pytest
 
 from memagent_jax.engine.engine import Engine
 from memagent_jax.engine.engine_api import EngineConfig
@@ -11,6 +12,8 @@ from memagent_jax.models.presets import preset_config
 from memagent_jax.models.sharding import make_mesh
 from memagent_jax.rl.config import LearnerConfig
 from memagent_jax.rl.learner import Learner
+
+pytestmark = pytest.mark.slow  # a learner and an engine compiled twice
 
 CONFIG = LearnerConfig(micro_batch_tokens=512, bucket_lengths=(64,), kl_coef=0.001)
 

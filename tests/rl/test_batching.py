@@ -114,6 +114,7 @@ CONFIG = LearnerConfig(lr=1e-3, warmup_steps=0, adam_eps=1e-3, micro_batch_token
                        bucket_lengths=(32,), mini_batches=2, kl_coef=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("agg", [{"loss_agg": "global_token_mean"},
                                  {"loss_agg": "per_rank_token_mean", "loss_agg_ranks": 2}])
 def test_packed_logprobs_and_update_equal_the_unpacked_ones(rows, agg):
@@ -134,6 +135,7 @@ def test_packed_logprobs_and_update_equal_the_unpacked_ones(rows, agg):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:packed rows under attention 'cudnn' off GPU")
 def test_cudnn_learner_packs_on_the_mesh_as_the_blocked_kernel_does(rows):
     """attention 'cudnn' with learner.pack on data 2 x fsdp 2 x tensor 2: the packed rows

@@ -50,6 +50,7 @@ def _assert_equal(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
+@pytest.mark.slow
 def test_restore_gives_back_every_array_on_its_sharding_and_the_data_position(tmp_path):
     mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
     state = _train_state(mesh)
@@ -87,6 +88,30 @@ def test_keeps_only_the_last_n_steps(tmp_path):
     _assert_equal(restored, _train_state(mesh, scale=5))
     assert meta["step"] == 5
     checkpointer.close()
+
+
+@pytest.mark.parametrize("async_save", [True, False], ids=["async", "sync"])
+def test_a_save_is_reported_kept_once_it_has_committed_and_a_failed_one_never(
+        tmp_path, monkeypatch, async_save):
+    """`newly_kept`: each committed step once, oldest first, those `keep` removed since
+    included; a step whose write failed (a full disk) is never reported."""
+    mesh = make_mesh({"fsdp": -1})
+    directory = str(tmp_path / "ckpt")
+    checkpointer = Checkpointer(directory, keep=1, async_save=async_save)
+    assert checkpointer.newly_kept() == []
+    checkpointer.save(1, _train_state(mesh), {"step": 1})
+    checkpointer.save(2, _train_state(mesh, scale=2.0), {"step": 2})  # 1 committed first
+    reported = checkpointer.newly_kept()
+    assert reported in ([1], [1, 2]) if async_save else reported == [1, 2]
+    checkpointer.wait()
+    assert reported + checkpointer.newly_kept() == [1, 2]
+    assert checkpointer.newly_kept() == []
+    assert os.listdir(directory) == ["2"]  # keep=1: step 1 removed, yet it was kept
+    failed = fail_orbax_writes(monkeypatch, lambda where: "3.orbax-checkpoint-tmp" in where)
+    with pytest.raises(UserError):
+        checkpointer.save(3, _train_state(mesh, scale=3.0), {"step": 3})
+        checkpointer.wait()
+    assert failed and checkpointer.newly_kept() == []
 
 
 def test_no_checkpoint_to_restore_is_an_error(tmp_path):

@@ -24,6 +24,8 @@ from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rollout.agent_api import Trajectory, Turn
 from tests.builders import LEARNER_MODEL, random_rows
 
+pytestmark = pytest.mark.slow  # learner updates compiled
+
 
 def _rollouts(engine, params, prompts, n, max_new_tokens, seed, temperature=1.0):
     """n samples per prompt from the engine -> (groups of single-turn Trajectories,
@@ -80,6 +82,7 @@ def test_learns_a_rewarded_task_from_engine_rollouts():
     assert min(curve[-2:]) >= 0.8, curve
 
 
+@pytest.mark.slow
 def test_engine_decodes_with_its_copy_of_the_updated_arrays_compiled_once(compilations):
     """The learner splits weights over fsdp x tensor, the engine over tensor only: each run
     places the learner's current parameters in the engine's layout (`Engine.place`), by a
@@ -128,6 +131,7 @@ def test_engine_decodes_with_its_copy_of_the_updated_arrays_compiled_once(compil
     assert [r[0].token_ids for r in complete(engine, replicated, greedy)] == new_tokens
 
 
+@pytest.mark.slow
 def test_sharded_micro_batched_update_equals_unsharded_single_batch():
     """One update in micro-batches of 128 tokens (4 rows of 32) on fsdp=4 x tensor=2 equals
     it on one device as a single 32-row micro-batch: sharding and gradient accumulation change
@@ -255,6 +259,7 @@ def test_kl_reference_is_only_built_when_used():
     assert second["kl"] > 1e-6 and second["loss"] != second["pg_loss"]
 
 
+@pytest.mark.slow
 def test_train_step_builds_no_square_score_tensor():
     """Packed rows run without a mask, on the model's blocked causal attention with segment
     ids: at bucket length 1024 the compiled train step (forward and gradient) holds no
@@ -294,6 +299,7 @@ def test_schedules_count_training_steps_as_verl():
     assert lrs[12] == pytest.approx(0.1) and lrs[13] == pytest.approx(0.1)
 
 
+@pytest.mark.slow
 def test_every_update_of_a_training_step_uses_its_learning_rate():
     """16 mini-batches in one step all run at that step's lr (verl steps its scheduler once
     per update_actor call); with warm-up the first step changes nothing."""

@@ -8,6 +8,8 @@ import pytest
 
 from memagent_jax.rl.logprobs import token_logprobs
 
+pytestmark = pytest.mark.slow  # log-probabilities and gradients compiled in chunks
+
 
 def _reference(hidden, head, tokens):
     """log_softmax over the whole [B, T, V]: log p of each next token, and the entropy."""

@@ -17,6 +17,8 @@ from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.rl.config import load_train_config
 from memagent_jax.rl.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # training runs
+
 PLUGIN = "tests.rl.example_plugin"
 
 

@@ -27,6 +27,8 @@ from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.trainer import Trainer
 from memagent_jax.rollout.agent_api import Trajectory, Turn
 
+pytestmark = pytest.mark.slow  # training steps in two precisions
+
 CONFIG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
                      num_heads=4, num_kv_heads=2, head_dim=8)
 ROOT = str(Path(__file__).resolve().parents[2])

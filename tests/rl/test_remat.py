@@ -20,6 +20,8 @@ from memagent_jax.rl.learner import Learner
 from memagent_jax.rl.logprobs import token_logprobs
 from tests.builders import LEARNER_MODEL, random_rows
 
+pytestmark = pytest.mark.slow  # gradients compiled under each remat policy
+
 
 def _mean_logprob(model, tokens, remat):
     """(the mean next-token log-prob as a function of the model's parameters, those)."""

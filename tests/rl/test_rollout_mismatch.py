@@ -24,6 +24,8 @@ from memagent_jax.rl.dapo import policy_loss, truncated_is_weights
 from memagent_jax.rl.learner import Learner
 from tests.builders import LEARNER_MODEL, random_rows
 
+pytestmark = pytest.mark.slow  # learner updates compiled
+
 
 def test_truncated_is_loss_equals_a_hand_computed_one():
     """Two rows of three tokens (eps 0.2 / 0.28, dual clip 3, cap 2): a capped weight

@@ -29,6 +29,8 @@ from memagent_jax.rl.trainer import Trainer
 from tests import multiprocess
 from tests.full_disk import fail_orbax_writes
 
+pytestmark = pytest.mark.slow  # training runs
+
 EXPECTED_TAGS = {
     "reward/mean", "reward/std", "val/accuracy", "val/f1", "learner/kl", "learner/entropy",
     "learner/clip_fraction", "learner/grad_norm", "learner/lr", "learner/skipped_updates",
@@ -329,14 +331,17 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_rerun_is_the_uninterrupte
     """`three_steps`' run with its step-3 checkpoint failing as on a full disk
     (tests/full_disk.py; found when the run closes, as an async save fails in Orbax's
     thread): one line naming the checkpoint directory and the step kept, step 3's partial
-    directory removed, step 2 as it was; rerun with space again, it resumes from step 2 and
-    ends where the uninterrupted run ended, parameters and optimiser state equal."""
+    directory removed, step 2 as it was, announced as kept and step 3 never; rerun with space
+    again, it resumes from step 2 and ends where the uninterrupted run ended, parameters and
+    optimiser state equal. The validation before training (`validation.at_start`, which
+    changes no step) is printed, not only logged."""
     from memagent_jax.cli import main
 
     out = tmp_path / "run"
     argv = ["train", "--config", _write_config(task, tmp_path / "c.yaml",
                                                memagent__max_final_tokens=48),
-            f"output_dir={out}", "mesh={data: 2, fsdp: 2, tensor: 2}"]
+            f"output_dir={out}", "mesh={data: 2, fsdp: 2, tensor: 2}",
+            "validation.at_start=true"]
     checkpoints = out / "checkpoints"
     with monkeypatch.context() as patched:
         failed = fail_orbax_writes(patched, lambda where: "3.orbax-checkpoint-tmp" in where)
@@ -347,15 +352,20 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_rerun_is_the_uninterrupte
                        "the newest checkpoint is step 2; free some space and run the same "
                        "command to resume")
     assert "Traceback" not in "\n".join(err)
+    assert [line for line in err if re.match(r"step \d+: checkpoint", line)] == [
+        f"step 2: checkpoint kept in {checkpoints}/2"]
+    (before,) = [line for line in err if line.startswith("step 0/3 (before training): val ")]
+    assert f"val {_records(out)[0]['val/accuracy']:.1f}, " in before
     assert sorted(os.listdir(checkpoints)) == ["2", "model"]
     _assert_trees_equal(_saved_state(str(checkpoints), 2),
                         _saved_state(str(three_steps.out / "checkpoints"), 2))
 
     assert main(argv) == 0
-    assert "resuming from step 2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "resuming from step 2" in err and f"step 3: checkpoint kept in {checkpoints}/3" in err
     _assert_trees_equal(_saved_state(str(checkpoints), 3),
                         _saved_state(str(three_steps.out / "checkpoints"), 3))
-    first, second = _records(three_steps.out), _records(out)
+    first, second = _records(three_steps.out), _records(out)[1:]  # after step 0's validation
     assert [r["step"] for r in second] == [1, 2, 3]
     assert [r["examples"] for r in first] == [r["examples"] for r in second]
     assert [r["reward/mean"] for r in first] == [r["reward/mean"] for r in second]

@@ -13,6 +13,8 @@ from memagent_jax.agents.tool_calling import tool
 from memagent_jax.cli import main
 from memagent_jax.lookup.task import words
 
+pytestmark = pytest.mark.slow  # agents run on engines they compile
+
 PREFIX = "memagent-jax: error: "
 LOOKUP_MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "lookup",
                             "start")

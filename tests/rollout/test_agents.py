@@ -47,6 +47,7 @@ def _runner(tokenizer, reply, slots=4):
     return AgentRunner(Scheduler(engine), tokenizer, (EOS,)), engine
 
 
+@pytest.mark.slow
 def test_memagent_through_the_interface_is_the_former_loop_byte_for_byte(tokenizer):
     """A random tiny model samples at temperature 1 (n 3, documents of 2 and 3 chunks, fewer
     slots than trajectories): every turn's prompt, reply ids, log-probs, reply and memory are

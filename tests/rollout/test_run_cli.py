@@ -15,6 +15,8 @@ from memagent_jax.errors import UserError
 from memagent_jax.rollout.runner import call_seed
 from tests.hf_reference import write_tiny_model
 
+pytestmark = pytest.mark.slow  # `run` end to end on models it writes
+
 PREFIX = "memagent-jax: error: "
 WORDS = ["hello", "world", "the", "answer", "is", "memory"]
 # MemAgent's `run --json` record and turns, key for key in order (as before agents' notes

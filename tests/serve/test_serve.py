@@ -31,6 +31,8 @@ from tests.serve_helpers import (
     serving,
 )
 
+pytestmark = pytest.mark.slow  # a server of its own
+
 CONFIG = Path(__file__).resolve().parents[2] / "configs" / "eval" / "tiny_cpu.yaml"
 
 

@@ -26,6 +26,8 @@ from tests.serve_helpers import (
     serving,
 )
 
+pytestmark = pytest.mark.slow  # a server under load of its own
+
 GOOD = {"model": "m", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}
 
 

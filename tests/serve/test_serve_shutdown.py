@@ -19,6 +19,8 @@ import pytest
 from memagent_jax.cli import main
 from tests.serve_helpers import API_KEY, serving, wait_healthy
 
+pytestmark = pytest.mark.slow  # servers of their own
+
 LONG = 480  # tokens per long request: 10 of them keep one slot busy for seconds
 
 

@@ -15,6 +15,8 @@ from memagent_jax.synthetic.carries import carry_turns, score_carries
 from memagent_jax.synthetic.demo import load_agent
 from memagent_jax.synthetic.trace import trace_document
 
+pytestmark = pytest.mark.slow  # agents reading documents
+
 NAME = "memagent-tiny"
 
 

@@ -27,6 +27,8 @@ from memagent_jax.synthetic.carry_starts import carry_starts, policy_carry_start
 from memagent_jax.synthetic.oracle import update_turn
 from memagent_jax.tokenizer import word_ids
 
+pytestmark = pytest.mark.slow  # DAPO steps
+
 FACT_WORDS = ("code", "city")
 
 

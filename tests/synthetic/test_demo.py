@@ -18,11 +18,12 @@ from memagent_jax.cli import main
 from memagent_jax.data.needle import write_tokenizer
 from memagent_jax.models.loading import random_model, save_hf
 from memagent_jax.models.presets import preset_config
-from memagent_jax.synthetic import demo
+from memagent_jax.synthetic import demo, trace
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.trace import (
     AGE_BINS,
     OUTCOMES,
+    FactTrace,
     follow,
     losses_by_age,
     made_up,
@@ -31,6 +32,8 @@ from memagent_jax.synthetic.trace import (
 )
 from tests.hf_reference import write_hf_model, write_tiny_tokenizer
 from tests.synthetic.signals import ctrl_c_in_a_gc_callback
+
+pytestmark = pytest.mark.slow  # `demo` and `trace` reading documents
 
 BUDGETS = {"chunk_tokens": 128, "max_memory_tokens": 12, "max_final_tokens": 6,
            "max_problem_tokens": 16}
@@ -108,6 +111,43 @@ def test_demo_reads_a_fresh_document_and_shows_the_memory_answer_and_truth(in_pa
     chunk = (document.context.split().index(needed.text.split()[3]) - 3) // 128 + 1
     assert f"fact in chunk {chunk:>5}: {needed.text}   <- needed" in out
     assert "(wrong;" in out or "(correct;" in out
+
+
+@pytest.mark.parametrize("outcome, turn, later", [
+    ("kept", 3, "held the true value from then on"),
+    ("late", 5, "held the true value from chunk 6 on"),
+    ("unwritten", None, "never held the true value"),
+    ("lost", 6, "held the true value, then lost it after chunk 7"),
+])
+def test_demo_says_when_a_memory_held_a_made_up_value_before_its_fact(outcome, turn, later):
+    memories = ["No previous memory", "the code of kasumo vigifa.", "", FACT, FACT, FACT, ""]
+    fact = FactTrace(FACT, chunk=2, word=40, due=3, outcome=outcome, turn=turn, memory="",
+                     made_up=1)
+    assert trace.made_up_line(fact, memories) == (
+        "note: from chunk 2 the memory held a made-up value for 'the code of kasumo' (vigifa), "
+        f"2 chunks before its fact was read (chunk 3); after reading it, the memory {later}")
+    none = FactTrace(FACT, chunk=2, word=40, due=3, outcome=outcome, turn=turn, memory="",
+                     made_up=None)
+    assert trace.made_up_line(none, memories) is None
+
+
+def test_demo_checks_every_needed_fact_of_its_read_for_a_made_up_value(in_package, capsys,
+                                                                         monkeypatch):
+    seen, real = [], trace.made_up_line
+
+    def recording(fact, memories):
+        seen.append((fact, list(memories)))
+        return real(fact, memories)
+
+    monkeypatch.setattr(trace, "made_up_line", recording)
+    assert main(["demo", "--model", in_package, "--length", "1K", "--seed", "7",
+                 "--task", "twohop"]) == 0
+    out = capsys.readouterr().out
+    document = synthetic.make_sample("twohop", 1024, 7, 0)
+    assert [f.text for f, _ in seen] == [f.text for f in document.facts if f.needed]
+    for fact, memories in seen:
+        assert len(memories) == 1024 // 128  # one a chunk
+        assert (fact.made_up is not None) == (real(fact, memories) in out.splitlines())
 
 
 def test_demo_prints_its_seed_and_the_command_that_repeats_it(in_package, capsys):

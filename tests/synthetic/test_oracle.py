@@ -61,6 +61,7 @@ def test_a_row_without_facts_is_one_clear_error(agent):
         oracle_trajectory(agent, plain)
 
 
+@pytest.mark.slow
 def test_the_sft_loss_is_the_token_mean_negative_log_likelihood_of_the_replies(agent):
     trajectories = [oracle_trajectory(agent, _example(task, 120, i))
                     for task in synthetic.TASKS for i in range(2)]

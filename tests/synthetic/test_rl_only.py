@@ -1,8 +1,8 @@
 """The RL-only ladder's committed results (docs/synthetic.md, "RL on the outcome reward from a
 format-only start"): its start and end, and the honest ladder's start, as Hugging Face exports
 that `transformers` loads with our logits, recording the budgets its test config reads them
-with; and the test table README.md and docs/synthetic.md quote, recomputed from the committed
-per-document answers."""
+with; and the test table docs/results.md and docs/synthetic.md quote, recomputed from the
+committed per-document answers."""
 
 import dataclasses
 import os
@@ -39,8 +39,8 @@ def test_the_quoted_test_table_is_the_committed_answers():
     against_start = [r for r in compare(final, start) if r["metric"] == "em"]
     against_tiny = [r for r in compare(final, tiny) if r["metric"] == "em"]  # same documents
     assert [r["label"] for r in against_start] == ["8K", "64K", "1M"]
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme = f.read()
+    with open(os.path.join(ROOT, "docs", "results.md"), encoding="utf-8") as f:
+        results_md = f.read()
     with open(os.path.join(ROOT, "docs", "synthetic.md"), encoding="utf-8") as f:
         synthetic_md = f.read()
     for row, beside in zip(against_start, against_tiny):
@@ -48,6 +48,6 @@ def test_the_quoted_test_table_is_the_committed_answers():
         start_count, end_count = _count(row["b_right"], n), _count(row["a_right"], n)
         tiny_count = _count(beside["b_right"], n)
         assert (f"| {row['label']} | {start_count} | {end_count} | {p} | {tiny_count} |"
-                in readme), row
+                in results_md), row
         assert (f"| {row['label']} | {start_count} | {end_count} | {row['a_only']} / "
                 f"{row['b_only']} | {p} | {tiny_count} |" in synthetic_md), row

@@ -50,6 +50,7 @@ def test_documents_are_exactly_as_long_as_asked_in_the_tokenizers_tokens(tokeniz
             (f.text for f in sample.facts), key=sample.context.index)  # document order
 
 
+@pytest.mark.slow
 def test_a_million_token_document(tokenizer):
     sample = synthetic.make_sample("multikey", 1 << 20, seed=0, index=0)
     assert len(_tokens(tokenizer, sample.context)) == 1 << 20
