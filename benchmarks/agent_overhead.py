@@ -33,22 +33,22 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from machine import cpu_model_name  # noqa: E402  beside this script
-from memory_loop import Timed, documents  # noqa: E402
+import jax
+import numpy as np
+from machine import cpu_model_name  # beside this script
+from memory_loop import Timed, documents
 
-from memagent_jax.agents.memagent.agent import MemAgent  # noqa: E402
-from memagent_jax.agents.memagent.config import MemAgentConfig  # noqa: E402
-from memagent_jax.engine.engine_api import EngineConfig  # noqa: E402
-from memagent_jax.engine.sampling import SamplingParams  # noqa: E402
-from memagent_jax.engine.scheduler import Scheduler  # noqa: E402
-from memagent_jax.models.loading import load_model  # noqa: E402
-from memagent_jax.models.qwen import split_params  # noqa: E402
-from memagent_jax.rollout.runner import build_runner  # noqa: E402
-from memagent_jax.tokenizer import load_tokenizer  # noqa: E402
-from tests.hf_reference import write_hf_model, write_tiny_tokenizer  # noqa: E402
-from tests.reference_memory_loop import reference_run  # noqa: E402
+from memagent_jax.agents.memagent.agent import MemAgent
+from memagent_jax.agents.memagent.config import MemAgentConfig
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.engine.sampling import SamplingParams
+from memagent_jax.engine.scheduler import Scheduler
+from memagent_jax.models.loading import load_model
+from memagent_jax.models.qwen import split_params
+from memagent_jax.rollout.runner import build_runner
+from memagent_jax.tokenizer import load_tokenizer
+from tests.hf_reference import write_hf_model, write_tiny_tokenizer
+from tests.reference_memory_loop import reference_run
 
 
 def tokens_of(groups) -> list:

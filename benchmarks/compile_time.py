@@ -36,12 +36,12 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-from flax import nnx  # noqa: E402
+import jax
+import jax.numpy as jnp
+from flax import nnx
 
-from memagent_jax.models.presets import preset_config  # noqa: E402
-from memagent_jax.models.qwen import KVCache, Qwen, split_params  # noqa: E402
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.qwen import KVCache, Qwen, split_params
 
 PROGRAMS = ("forward", "prefill", "decode", "unrolled")
 

@@ -43,10 +43,10 @@ import time
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave GPU memory to torch too
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from machine import cpu_model_name  # noqa: E402  beside this script
+import jax
+import jax.numpy as jnp
+import numpy as np
+from machine import cpu_model_name  # beside this script
 
 GB = 1e9
 

@@ -40,10 +40,7 @@ from memagent_jax.models.qwen import split_params
 
 
 def model_for(name: str, dtype: str = "float32"):
-    if name == "memagent-tiny":
-        config = load_model(name)[1]
-    else:
-        config = preset_config(name, dtype=dtype)
+    config = load_model(name)[1] if name == "memagent-tiny" else preset_config(name, dtype=dtype)
     return random_model(config, dtype=dtype)
 
 

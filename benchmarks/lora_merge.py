@@ -25,15 +25,15 @@ import platform
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import jax
+import jax.numpy as jnp
 
-from benchmarks.decode import best_time  # noqa: E402
-from memagent_jax.models import lora  # noqa: E402
-from memagent_jax.models.loading import random_model  # noqa: E402
-from memagent_jax.models.lora_config import LoraConfig  # noqa: E402
-from memagent_jax.models.presets import preset_config  # noqa: E402
-from memagent_jax.models.qwen import split_params  # noqa: E402
+from benchmarks.decode import best_time
+from memagent_jax.models import lora
+from memagent_jax.models.loading import random_model
+from memagent_jax.models.lora_config import LoraConfig
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.qwen import split_params
 
 
 def _kernels(params, adapters):

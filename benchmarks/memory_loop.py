@@ -49,9 +49,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from machine import cpu_model_name  # noqa: E402  beside this script
+import jax
+import numpy as np
+from machine import cpu_model_name  # beside this script
 
 from memagent_jax.agents.memagent.agent import MemAgent
 from memagent_jax.agents.memagent.config import MemAgentConfig
@@ -172,7 +172,7 @@ def machine() -> str:
 
 
 def main() -> None:
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",") if x]
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lengths", type=ints, default=[16384, 32768, 65536, 262144, 1048576])
     parser.add_argument("--batch-sizes", type=ints, default=[1, 8, 32])

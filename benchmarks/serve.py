@@ -41,7 +41,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/
-from machine import cpu_model_name  # noqa: E402  beside this script
+from machine import cpu_model_name  # beside this script
 
 
 def start(command: list[str]) -> tuple[subprocess.Popen, str]:

@@ -162,7 +162,7 @@ def atomic_directory(out_dir: str):
         failure = None
         try:
             yield tmp
-        except Exception as e:  # noqa: BLE001 - every process must learn of it (below)
+        except Exception as e:  # every process must learn of it (below)
             failure = e
         # Process 0 often writes alone here: had it failed, the others would wait for it.
         failed = [p for p, f in enumerate(collectives.gather(failure is not None)) if f]

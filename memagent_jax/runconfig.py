@@ -28,7 +28,8 @@ import difflib
 import os
 import types
 import typing
-from typing import Any, Sequence, TypeVar
+from collections.abc import Sequence
+from typing import Any, TypeVar
 
 import yaml
 
@@ -296,7 +297,7 @@ def _check_command(schema: type, unknown: list[str], source: str) -> None:
         found = [repr(key) for key in unknown if key in keys]
         if found:
             shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-            ours = getattr(schema, "COMMAND")  # a schema with OTHER_CONFIGS names its own
+            ours = getattr(schema, "COMMAND")  # noqa: B009 - a schema with OTHER_CONFIGS names its own
             raise UserError(f"{_at(source)}a config for `memagent-jax {command}` (it has "
                             f"{shown}), not for `memagent-jax {ours}`: run it with "
                             f"`memagent-jax {command} --config`")

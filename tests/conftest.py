@@ -24,14 +24,14 @@ os.environ["XLA_FLAGS"] = " ".join(filter(None, [os.environ.get("XLA_FLAGS"), cp
                                                 "--xla_force_host_platform_device_count=8"]))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-from memagent_jax.distributed.startup import reserve_cpu_threads  # noqa: E402
+from memagent_jax.distributed.startup import reserve_cpu_threads
 
 reserve_cpu_threads()  # the 8 devices' thread pool; before JAX starts its CPU backend
 
-import pytest  # noqa: E402
+import pytest
 
-from memagent_jax.tokenizer import load_tokenizer  # noqa: E402
-from tests.hf_reference import TINY_SEED, write_tiny_model, write_tiny_tokenizer  # noqa: E402
+from memagent_jax.tokenizer import load_tokenizer
+from tests.hf_reference import TINY_SEED, write_tiny_model, write_tiny_tokenizer
 
 
 @pytest.fixture(scope="module")

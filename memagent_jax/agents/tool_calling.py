@@ -29,7 +29,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
-from typing import Callable, ClassVar
+from collections.abc import Callable
+from typing import ClassVar
 
 from memagent_jax.errors import ConfigError
 from memagent_jax.rollout.agent_api import PromptTooLong, Rollout
@@ -45,7 +46,7 @@ def tool(schema: dict | None = None) -> Callable:
     """Declares a function a tool with its JSON schema ({"name", "description", "parameters"};
     None: derived from its signature and docstring)."""
     def declare(fn: Callable) -> Callable:
-        setattr(fn, "tool_schema", schema)  # a function attribute, which mypy cannot type
+        setattr(fn, "tool_schema", schema)  # noqa: B010 - a function attribute mypy cannot type
         return fn
     return declare
 
@@ -80,7 +81,7 @@ def load_tool(spec: str, key: str) -> Tool:
         from transformers.utils import get_json_schema
         try:
             schema = get_json_schema(fn)["function"]
-        except Exception as e:  # noqa: BLE001 - transformers raises its own kinds
+        except Exception as e:  # transformers raises its own kinds
             raise ConfigError(key, f"{spec}: no JSON schema ({e}); declare one with "
                                    "@tool(schema)") from None
     if not (isinstance(schema, dict) and isinstance(schema.get("name"), str)
@@ -93,7 +94,7 @@ def _run_tool(fn: Callable, arguments: dict) -> str:
     """fn(**arguments) as the tool message's text; what it raised, as text."""
     try:
         result = fn(**arguments)
-    except Exception as e:  # noqa: BLE001 - the model is told, as the original tells it
+    except Exception as e:  # the model is told, as the original tells it
         return f"error: {type(e).__name__}: {e}"
     return result if isinstance(result, str) else json.dumps(result, ensure_ascii=False)
 

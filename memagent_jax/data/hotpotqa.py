@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Iterator
+from collections.abc import Iterator
 
 from memagent_jax.errors import UserError
 

@@ -16,7 +16,7 @@ import json
 import os
 import socket
 import urllib.parse
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from memagent_jax.errors import UserError
 from memagent_jax.extras import needs
@@ -42,7 +42,7 @@ def load_source(source: str, split: str | None = None, name: str | None = None,
         try:
             with quiet(datasets):
                 return datasets.load_dataset(builder, data_files=paths, split="train")
-        except Exception as e:  # noqa: BLE001 - pyarrow/json errors of many types
+        except Exception as e:  # pyarrow/json errors of many types
             raise UserError(unreadable_json(paths) or (
                 f"{source}: cannot read ({type(e).__name__}: "
                 f"{str(e).splitlines()[0] if str(e) else ''})")) from None
@@ -113,7 +113,7 @@ def load_from_hub(load: Callable, what: str):
                             "datasets cache") from None
     try:
         return load()
-    except Exception as e:  # noqa: BLE001 - hub and network errors of many types
+    except Exception as e:  # hub and network errors of many types
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         where = ("the datasets cache (HF_HUB_OFFLINE is set)" if constants.HF_HUB_OFFLINE
                  else "the Hugging Face hub")

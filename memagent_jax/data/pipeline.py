@@ -30,7 +30,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from memagent_jax.data.io import load_from_hub, looks_like_hub_id, quiet, unreadable_json
 from memagent_jax.errors import UserError
@@ -91,7 +92,7 @@ def load_source(spec: str, split: str = "train", key: str = "data",
             dataset = load() if local else load_from_hub(load, f"{key}: '{spec}'")
     except UserError:
         raise
-    except Exception as e:  # noqa: BLE001 - datasets raises many kinds; the user needs one line
+    except Exception as e:  # datasets raises many kinds; the user needs one line
         files = ([spec] if os.path.isfile(spec) else
                  sorted(os.path.join(d, n) for d, _, names in os.walk(spec) for n in names))
         problem = unreadable_json(files)

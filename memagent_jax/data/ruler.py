@@ -30,7 +30,7 @@ import random
 import re
 import string
 import uuid
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from memagent_jax.errors import UserError
 

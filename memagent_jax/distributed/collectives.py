@@ -92,7 +92,7 @@ def on_main(fn, *args) -> Any:
     if is_main():
         try:
             result = fn(*args)
-        except Exception as e:  # noqa: BLE001 - reported to every process, then re-raised
+        except Exception as e:  # reported to every process, then re-raised
             failure = e
     ok, user_error, payload = broadcast(
         (True, False, result) if failure is None else

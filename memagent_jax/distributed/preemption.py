@@ -35,7 +35,7 @@ class PreemptionNotice:
         self._agreed = self._NONE
         self._previous: dict = {}
 
-    def __enter__(self) -> "PreemptionNotice":
+    def __enter__(self) -> PreemptionNotice:
         import signal
         if threading.current_thread() is threading.main_thread():
             self._previous = {s: signal.signal(s, self._on_signal)

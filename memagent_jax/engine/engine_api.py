@@ -15,7 +15,8 @@ donates its old buffers) can never leave a stale copy behind.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, Protocol
 
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.runconfig import at_least

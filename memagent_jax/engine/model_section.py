@@ -35,7 +35,7 @@ class ModelSection:
     lora: str | None = None       # a PEFT LoRA adapter directory, merged onto the weights
 
     def __post_init__(self):
-        expand = lambda p: p and model_dir.resolve(os.path.expanduser(p))  # noqa: E731
+        expand = lambda p: p and model_dir.resolve(os.path.expanduser(p))
         self.path, self.tokenizer = expand(self.path), expand(self.tokenizer)
         self.lora = self.lora and os.path.expanduser(self.lora)
         if (self.path is None) == (self.preset is None):

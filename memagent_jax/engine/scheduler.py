@@ -30,7 +30,8 @@ import dataclasses
 import functools
 import itertools
 import secrets
-from typing import Callable, cast
+from collections.abc import Callable
+from typing import cast
 
 import jax
 import numpy as np

@@ -22,7 +22,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import zlib
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import jax
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 import re
 import string
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)

@@ -29,7 +29,7 @@ class ResultLog:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         if os.path.exists(path):
             self._load()
-        self._file = open(path, "ab")
+        self._file = open(path, "ab")  # noqa: SIM115 - appended to until close()
 
     def _load(self) -> None:
         with open(self.path, "rb") as f:
@@ -98,7 +98,7 @@ class OutputDir:
     def __init__(self, path: str, identity: dict):
         self.path = path
         os.makedirs(path, exist_ok=True)
-        self._lock = open(os.path.join(path, ".lock"), "w")
+        self._lock = open(os.path.join(path, ".lock"), "w")  # noqa: SIM115 - held: the lock
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

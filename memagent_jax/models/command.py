@@ -193,12 +193,8 @@ def _parse_size(text: str) -> int:
     """--max-shard-size: "5GB", "500MB", "20KB", "1024" (bytes) -> bytes; UserError unless
     positive."""
     units = {"KB": 1024, "MB": 1024 ** 2, "GB": 1024 ** 3, "B": 1}
-    for unit, scale in units.items():
-        if text.upper().endswith(unit):
-            number = text[: -len(unit)]
-            break
-    else:
-        number, scale = text, 1
+    unit = next((u for u in units if text.upper().endswith(u)), None)  # "B" last
+    number, scale = (text[: -len(unit)], units[unit]) if unit else (text, 1)
     try:
         size = int(float(number) * scale)
     except (ValueError, OverflowError):  # not a number; inf

@@ -7,7 +7,7 @@ JAX (`rl.config.check_devices`); `sharding.make_mesh` builds the mesh from the s
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from memagent_jax.errors import UserError
 

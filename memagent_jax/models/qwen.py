@@ -40,7 +40,8 @@ The price is compile time that grows with depth (benchmarks/compile_time.py).
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Literal, NamedTuple
+from collections.abc import Callable
+from typing import Any, Literal, NamedTuple
 
 import jax
 import jax.numpy as jnp

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import struct
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import ml_dtypes
 import numpy as np

@@ -19,7 +19,7 @@ Two layouts share the one mesh:
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import jax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec

@@ -26,8 +26,7 @@ Rows (rows.py: one per trained turn, [R, T] host arrays) reach the devices in th
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
-from typing import Iterable
+from collections.abc import Iterable, Sequence
 
 import jax
 import numpy as np

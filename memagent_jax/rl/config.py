@@ -42,7 +42,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any, ClassVar, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal
 
 from memagent_jax.agents.memagent.config import MemAgentConfig
 from memagent_jax.engine.engine_api import EngineConfig

@@ -14,7 +14,7 @@ sequence), as verl slices the response before its log-softmax; the values there 
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp

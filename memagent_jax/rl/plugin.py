@@ -25,7 +25,8 @@ the lookup experiment's (`memagent_jax.lookup.plugin`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 

@@ -16,7 +16,7 @@ another verifier registers its own function; unknown sources get the strict one.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from memagent_jax.eval import metrics
 from memagent_jax.rollout.answers import extract_boxed, extract_boxed_lenient

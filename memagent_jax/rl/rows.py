@@ -14,7 +14,7 @@ static-shape micro-batches.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

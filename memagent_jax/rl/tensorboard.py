@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Mapping
+from collections.abc import Mapping
 
 from memagent_jax.extras import needs
 

@@ -46,7 +46,8 @@ import dataclasses
 import difflib
 import importlib
 import inspect
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from memagent_jax.engine.engine_api import PromptTooLong as PromptTooLong  # agents catch it
 from memagent_jax.errors import ConfigError

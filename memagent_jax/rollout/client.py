@@ -27,7 +27,8 @@ import os
 import secrets
 import urllib.error
 import urllib.request
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from memagent_jax.errors import UserError
 from memagent_jax.rollout.agent_api import Reply, Trajectory

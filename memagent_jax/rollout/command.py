@@ -260,7 +260,7 @@ def _interruptible(fn, *args):
     def target():
         try:
             outcome["result"] = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+        except BaseException as e:  # raised again on the caller's thread
             outcome["error"] = e
 
     thread = threading.Thread(target=target, name=getattr(fn, "__name__", "work"), daemon=True)
@@ -274,7 +274,8 @@ def _interruptible(fn, *args):
 def _read_document(path: str) -> str:
     """`run --doc`'s text; UserError for a missing, non-UTF-8 or empty file."""
     check_input_file(path)
-    data = open(path, "rb").read()
+    with open(path, "rb") as f:
+        data = f.read()
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:

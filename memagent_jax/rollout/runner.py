@@ -39,7 +39,8 @@ import functools
 import secrets
 import threading
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import jax
 
@@ -230,7 +231,7 @@ class _Run:
                                               for k, v in given.items()):
             raise ValueError(f"in training a call samples as rollout.* says (the learner "
                              f"scores its tokens under that distribution), not with {given}")
-        if not (0 <= given.get("temperature", 0) and 0 < given.get("top_p", 1) <= 1
+        if not (given.get("temperature", 0) >= 0 and 0 < given.get("top_p", 1) <= 1
                 and given.get("top_k", 0) >= 0):
             raise ValueError(f"sampling out of range: {given}")
         return dataclasses.replace(self.sampling, **given)
@@ -426,7 +427,7 @@ def run_coroutine(main: Callable):
     def target():
         try:
             outcome["result"] = asyncio.run(main())
-        except BaseException as e:  # noqa: BLE001 - raised again on the caller's thread
+        except BaseException as e:  # raised again on the caller's thread
             outcome["error"] = e
 
     thread = threading.Thread(target=target, name="rollouts")

@@ -14,7 +14,7 @@ Standard library only: `run`'s parser takes its choices from here.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 THINKING_CHOICES = ("keep", "strip", "off")
 THINK_END = "</think>"

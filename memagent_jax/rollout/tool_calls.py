@@ -28,7 +28,7 @@ import functools
 import json
 import re
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 import jinja2
 import jinja2.meta

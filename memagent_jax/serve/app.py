@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hmac
 import json
-from typing import Callable
+from collections.abc import Callable
 
 from memagent_jax.extras import needs
 from memagent_jax.serve.protocol import APIError, Generation, bad, parse_chat, parse_completion

@@ -20,6 +20,7 @@ each step's requests; that is not built yet.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -246,10 +247,9 @@ class OpenAIServer:
         self.worker.abort_all("shutdown")
         loop = getattr(self.app.state, "loop", None)
         if loop is not None:  # else uvicorn never started: nothing to answer
-            try:
+            # RuntimeError: the loop has closed, every request was answered.
+            with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(end_requests, self._served)
-            except RuntimeError:  # the loop has closed: every request was answered
-                pass
 
     def _stop_worker(self) -> None:
         if not self.worker.stop(timeout=60):

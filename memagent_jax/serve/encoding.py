@@ -19,10 +19,12 @@ characters. Whitespace is not counted: a word tokenizer reads runs of it as noth
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import queue
 import threading
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
 from memagent_jax.serve.protocol import bad
 
@@ -98,10 +100,8 @@ class _Lane:
                 settle = (future.set_result, fn(self.tokenizer))
             except Exception as e:
                 settle = (future.set_exception, e)
-            try:
+            with contextlib.suppress(RuntimeError):  # the loop has closed: nobody is waiting
                 loop.call_soon_threadsafe(_settle, future, *settle)
-            except RuntimeError:  # the loop has closed: nobody is waiting
-                pass
 
 
 def _settle(future: asyncio.Future, setter, value) -> None:

@@ -17,6 +17,7 @@ seeded `seed + i`, as line i of `memagent-jax generate --seed` is.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -24,7 +25,8 @@ import json
 import math
 import time
 import uuid
-from typing import Any, AsyncIterator, Awaitable, Callable, MutableMapping, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any, TypeVar
 
 from memagent_jax.engine.sampling import SamplingParams
 from memagent_jax.engine.scheduler import Request
@@ -236,10 +238,8 @@ class Exchange:
 
     def _send(self, event: tuple) -> None:
         """From the engine thread: hand the event to the event loop."""
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody listens
             self._loop.call_soon_threadsafe(self._events.put_nowait, event)
-        except RuntimeError:  # the loop has closed: nobody is listening any more
-            pass
 
     async def _watch(self, receive) -> None:
         """Waits for the client to go; the body has been read, so the next ASGI message is

@@ -17,7 +17,7 @@ import queue
 import sys
 import threading
 import traceback
-from typing import Callable
+from collections.abc import Callable
 
 from memagent_jax.engine.engine_api import DecodeEngine
 from memagent_jax.engine.scheduler import Completion, OnToken, Request, Scheduler

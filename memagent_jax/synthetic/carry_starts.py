@@ -26,7 +26,7 @@ its final answer's, as for any rollout; the rollout samples like the others
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

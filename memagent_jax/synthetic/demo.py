@@ -16,7 +16,8 @@ import os
 import secrets
 import shlex
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from memagent_jax.errors import UserError
 

@@ -31,7 +31,7 @@ the example's source and row alone.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -22,7 +22,8 @@ The draw is a function of the example's source and row alone (`drawn_memories`).
 from __future__ import annotations
 
 import zlib
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 

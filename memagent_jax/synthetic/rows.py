@@ -11,7 +11,7 @@ trajectories (oracle.py), each kind drawn by the step's seed as the `plugin` sec
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -29,7 +29,7 @@ import dataclasses
 import functools
 import itertools
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from memagent_jax.hostmemory import available_memory  # check_memory's (tests replace it here)
 

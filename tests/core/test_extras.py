@@ -55,7 +55,7 @@ def test_the_extras_are_pyprojects():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         declared = tomllib.load(f)["project"]["optional-dependencies"]
     for extra, packages in EXTRAS.items():
-        names = {re.split(r"[<>=!~\[; ]", requirement, 1)[0].lower().replace("-", "_")
+        names = {re.split(r"[<>=!~\[; ]", requirement, maxsplit=1)[0].lower().replace("-", "_")
                  for requirement in declared[extra]}
         assert set(packages) <= names, (extra, set(packages) - names)
 

@@ -54,7 +54,7 @@ def test_run_reads_a_document_as_transformers_would(model_dir, reference, tmp_pa
 
     tokenizer = load_tokenizer(model_dir)
     prompts = TokenPrompts(tokenizer)
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]
     problem, ids = encode(question), encode(document)
     memory, memories = list(prompts.initial_memory), []
     for start in range(0, len(ids), 20):

@@ -34,7 +34,7 @@ def test_wilson_interval_by_hand():
     assert low == 0.0 and high == pytest.approx(Z95 ** 2 / (1 + Z95 ** 2))
     low, high = wilson_interval(12, 12)
     assert high == 1.0 and low == pytest.approx(12 / (12 + Z95 ** 2))
-    assert Z95 == pytest.approx(1.959964, abs=1e-6)
+    assert pytest.approx(1.959964, abs=1e-6) == Z95
     for n in range(1, 300):  # the ends are exact: never 1e-17 below 0 (printed "-0.0 %")
         assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
     for bad in ((1, 0), (-1, 4), (5, 4)):

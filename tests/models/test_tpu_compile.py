@@ -9,15 +9,15 @@ import pytest
 
 pytest.importorskip("libtpu", reason="libtpu is installed by the test extra (jax[tpu])")
 
-from jax.experimental import topologies  # noqa: E402
+from jax.experimental import topologies
 
-from memagent_jax.engine.engine import Engine  # noqa: E402
-from memagent_jax.engine.engine_api import EngineConfig  # noqa: E402
-from memagent_jax.models.loading import abstract_params, build_model  # noqa: E402
-from memagent_jax.models.presets import preset_config  # noqa: E402
-from memagent_jax.models.sharding import make_mesh  # noqa: E402
-from memagent_jax.rl.config import LearnerConfig  # noqa: E402
-from memagent_jax.rl.learner import Learner  # noqa: E402
+from memagent_jax.engine.engine import Engine
+from memagent_jax.engine.engine_api import EngineConfig
+from memagent_jax.models.loading import abstract_params, build_model
+from memagent_jax.models.presets import preset_config
+from memagent_jax.models.sharding import make_mesh
+from memagent_jax.rl.config import LearnerConfig
+from memagent_jax.rl.learner import Learner
 
 
 @pytest.fixture(scope="module")

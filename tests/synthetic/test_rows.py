@@ -28,7 +28,7 @@ def test_copy_rows_repeat_a_seeded_span_of_task_words(agent):
         assert len(turn.prompt_ids) == 5 and set(turn.prompt_ids) <= words
         assert turn.response_ids == [*turn.prompt_ids, tokenizer.eos_token_id]
         assert len(turn.response_logprobs) == 6
-    prompts = lambda ts: [t.turns[0].prompt_ids for t in ts]  # noqa: E731
+    prompts = lambda ts: [t.turns[0].prompt_ids for t in ts]
     assert prompts(copy_trajectories(tokenizer, 3, 5, seed=1, min_span=5)) == prompts(first)
     assert prompts(copy_trajectories(tokenizer, 3, 5, seed=2, min_span=5)) != prompts(first)
 
@@ -80,7 +80,7 @@ def test_recall_rows_repeat_seeded_facts_in_another_order(agent):
     first = recall_trajectories(tokenizer, 4, 6, seed=1)
     for trajectory in first:
         (turn,) = trajectory.turns
-        facts = lambda ids: [f.strip() for f in tokenizer.decode(ids).split(".")]  # noqa: E731
+        facts = lambda ids: [f.strip() for f in tokenizer.decode(ids).split(".")]
         prompt, reply = facts(turn.prompt_ids), facts(turn.response_ids[:-1])
         assert turn.response_ids[-1] == tokenizer.eos_token_id
         assert sorted(prompt) == sorted(reply) and len(prompt) == 7  # 6 facts and ""
@@ -151,7 +151,7 @@ def test_cut_carry_rows_are_chunks_of_longer_filler_that_start_and_end_mid_sente
         t.turns[0].prompt_ids for t in cut]
     # plugin.carry_cut reaches the rows a supervised step trains on
     plugin = SyntheticPlugin(PluginSection(carry_rows=3, carry_pool=2, carry_cut=True))
-    zeros = lambda rows: np.zeros(rows.tokens.shape, np.float32)  # noqa: E731 - all ties
+    zeros = lambda rows: np.zeros(rows.tokens.shape, np.float32)  # all ties
     rows = plugin.extra_trajectories(StepContext(agent, 3, zeros, rollouts=None))
     assert [t.turns[0].prompt_ids for t in rows] == [t.turns[0].prompt_ids for t in cut[:3]]
 

@@ -25,7 +25,8 @@ sharing the slots, or against a server.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Generator, NamedTuple
+from collections.abc import Generator
+from typing import Any, NamedTuple
 
 from memagent_jax import model_dir
 from memagent_jax.agents.memagent.config import MemAgentConfig
