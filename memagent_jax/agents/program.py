@@ -18,7 +18,9 @@ call's (its messages, its reply, then more) form one conversation, the others ar
 conversations of their own (rollout/conversation.py, as for an agent written as a function);
 the reward reads the last call's reply. `tools` are `policy.chat`'s (rollout/tool_calls.py):
 a reply's calls come back as `tool_calls` with `finish_reason: "tool_calls"`, and `tool`
-messages answer them. `max_tokens` (or `max_completion_tokens`) caps a reply,
+messages answer them; the calls the replies make (a reply whose calls do not parse one) and
+those that do not parse are counted (`agent/tool_calls`, `agent/tool_parse_errors`, as the
+shipped tool agent counts them). `max_tokens` (or `max_completion_tokens`) caps a reply,
 `agent.max_tokens` where a request gives neither; `n` above 1 and `stream` are 400s.
 
 A program that exits non-zero, writes a Python traceback on its standard error, or makes no
@@ -109,7 +111,11 @@ class Program:
         if not endpoint.calls:
             raise UserError(f"{where}: made no chat completion at {env['OPENAI_BASE_URL']} "
                             "(does it read OPENAI_BASE_URL?)")
-        return Rollout(_conversations(endpoint.calls))
+        replies = [reply for _, reply in endpoint.calls]
+        return Rollout(_conversations(endpoint.calls), metrics={
+            "tool_calls": float(sum(len(r.tool_calls or ()) + (r.tool_error is not None)
+                                    for r in replies)),
+            "tool_parse_errors": float(sum(r.tool_error is not None for r in replies))})
 
 
 class _Endpoint:

@@ -8,7 +8,8 @@ follow OpenAI's API reference; `top_k`, `ignore_eos`, `return_tokens_as_token_id
 `{"enable_thinking": false}`) are vLLM's extensions. `tools` (OpenAI's function tools) render
 through the chat template and the reply is read for its calls (rollout/tool_calls.py), with
 `tool_choice` "auto" or "none"; assistant messages may carry `tool_calls`, and `tool` messages
-their `tool_call_id`.
+their `tool_call_id`. A function's `"strict": false` (OpenAI's default, which the Agents SDK
+sends for every tool) is dropped before rendering: it asks for nothing.
 Sampling features the engine does not have (penalties, logit bias, a forced tool choice, JSON
 mode, audio, reasoning effort, echo, best_of) are refused with a 400 rather than silently
 ignored; OpenAI's
@@ -129,6 +130,9 @@ def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
             check_tools(*given)
         except ValueError as e:
             raise bad(f"'{name}': {e}", name) from None
+    if tools:  # `strict: false` is OpenAI's default (the Agents SDK sends it): no words to render
+        tools = [{**t, "function": {k: v for k, v in t["function"].items()
+                                    if (k, v) != ("strict", False)}} for t in tools]
     common = _common(body)
     if tools and common["stream"]:
         raise bad("'stream' with 'tools' is not supported by this server", "stream")

@@ -69,7 +69,9 @@ def test_the_config_loads(name):
     elif name.startswith("lookup"):  # the tool agent's start (a plugin's rows), then DAPO
         assert (plugin is not None) == (config.learner.loss == "sft")
         assert config.output_dir == f"runs/lookup/{stem}"
-        assert config.agent["module"] == "memagent_jax.agents.tool_calling"
+        assert config.agent["module"] == ("memagent_jax.agents.program"  # examples/ programs
+                                          if stem.startswith("program") else
+                                          "memagent_jax.agents.tool_calling")
     else:  # the product's training configs need no experiment
         assert plugin is None and not config.plugin
 
