@@ -117,7 +117,8 @@ def main() -> None:
     slots, prefill_rows = config.engine.slots, config.engine.prefill_rows
     model_flops = {  # the whole program's, by the names Learner.compiled and Engine.compiled give
         "train step": flop_model.train(shape, learner_work, config.learner.remat,
-                                       config.learner.logit_chunk_tokens is not None),
+                                       config.learner.logit_chunk_tokens is not None,
+                                       lora=config.learner.lora),
         "log-probs": flop_model.forward(shape, learner_work),
         # every slot's one token attends the whole max_len cache
         "decode step": flop_model.forward(shape, flop_model.Work(

@@ -99,11 +99,47 @@ def forward(config, work: Work) -> float:
     return layers_forward(config, work) + head_forward(config, work)
 
 
-def train(config, work: Work, remat: str = "none", head_remat: bool = False) -> float:
-    """Forward and backward (the backward twice the forward), plus what the backward recomputes:
-    remat (models/qwen.py REMAT_POLICIES) "full" the layers' forward, "matmuls" their attention
-    products (the projections' outputs are kept), "none" nothing; head_remat: the LM head's
-    forward (the learner's logit chunks)."""
-    recompute = {"none": 0.0, "matmuls": attention_forward(config, work),
-                 "full": layers_forward(config, work)}[remat]
-    return forward(config, work) * 3 + recompute + head_forward(config, work) * head_remat
+def adapter_weights(config, lora) -> int:
+    """R of LoRA's "2 R per token": the adapters' weights, r (in + out) for each target
+    projection of every layer (A [in, r], B [r, out]; models/lora.py)."""
+    c = config
+    q, kv, mlp = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.intermediate_size
+    sizes = {"q": c.hidden_size + q, "k": c.hidden_size + kv, "v": c.hidden_size + kv,
+             "o": q + c.hidden_size, "gate": c.hidden_size + mlp, "up": c.hidden_size + mlp,
+             "down": mlp + c.hidden_size}
+    return c.num_layers * lora.rank * sum(sizes[t] for t in lora.targets)
+
+
+def train(config, work: Work, remat: str = "none", head_remat: bool = False,
+          lora=None, merged: bool = True) -> float:
+    """Forward and backward, plus what the backward recomputes: remat (models/qwen.py
+    REMAT_POLICIES) "full" the layers' forward, "matmuls" their attention products (the
+    projections' outputs are kept), "none" nothing; head_remat: the LM head's forward (the
+    learner's logit chunks).
+
+    Full-parameter (lora None): the backward is twice the forward (a matmul's input gradient and
+    its weight gradient). With `lora` (a LoraConfig) the base is frozen, so no pass takes the
+    gradient of a weight the adapters do not touch: the LM head's backward is its input
+    gradient alone (once its forward). The target projections: `merged` (the learner's step,
+    rl/learner.py: x (W + s A B)) differentiate through the merged weight, so they still
+    take its [in, out] gradient, and A's and B's come from it; unmerged (x W + s (x A) B,
+    as "LoRA Without Regret" counts) the backward of x W is its input gradient alone, the
+    adapters' forward adds 2 R a token and their backward 4 R (d(xA), dB, dA, dx). The merge
+    itself, 3 x 2 r in out per target weight a micro-batch (A B and its two gradients), is
+    under 0.1% of a micro-batch of thousands of tokens and not counted."""
+    def layers(work: Work, passes: float, adapters: float) -> float:
+        return (passes * 2 * matmul_weights(config) * work.tokens
+                + adapters * 2 * adapter_weights(config, lora) * work.tokens)
+    head = head_forward(config, work)
+    attention = attention_forward(config, work)
+    if lora is None:
+        forwards = forward(config, work) * 3
+        layers_once = layers_forward(config, work)
+    elif merged:
+        forwards = layers_forward(config, work) * 3 + head * 2
+        layers_once = layers_forward(config, work)
+    else:  # x W: forward and input gradient; the adapters: 1 forward + 2 backward (6 R)
+        forwards = layers(work, 2, 3) + attention * 3 + head * 2
+        layers_once = layers(work, 1, 1) + attention
+    recompute = {"none": 0.0, "matmuls": attention, "full": layers_once}[remat]
+    return forwards + recompute + head * head_remat

@@ -214,9 +214,16 @@ def real(s: Setup, indices) -> flop_model.Work:
 TOKEN_COUNTS: dict[str, Callable] = {"padded": padded, "packed": packed, "real": real}
 
 
-def update_passes(s: Setup, count: Callable) -> dict[str, tuple[float, float]]:
+# How the forward and backward is counted (flops.train): the config's own learner (its
+# learner.lora merged into the base in the step, as rl/learner.py runs it), every weight
+# trained, or LoRA with unmerged adapters ("LoRA Without Regret"'s count).
+TRAINED = ("as configured", "full-parameter", "LoRA unmerged")
+
+
+def update_passes(s: Setup, count: Callable,
+                  trained: str = TRAINED[0]) -> dict[str, tuple[float, float]]:
     """{pass: (tokens, FLOPs)} of the update's passes over the step's rows, counted by
-    `count`."""
+    `count`, the forward and backward as `trained` (TRAINED) says."""
     learner, rows = s.config.learner, s.rows
     everything = count(s, range(len(rows.prompt)))
     passes = {}
@@ -231,7 +238,9 @@ def update_passes(s: Setup, count: Callable) -> dict[str, tuple[float, float]]:
                          np.random.default_rng(0), s.axes["data"] * s.axes["fsdp"])
     work = sum((count(s, indices) for indices, _ in split), flop_model.Work())
     train = flop_model.train(s.shape, work, remat=learner.remat,
-                             head_remat=learner.logit_chunk_tokens is not None)
+                             head_remat=learner.logit_chunk_tokens is not None,
+                             lora=None if trained == TRAINED[1] else learner.lora,
+                             merged=trained == TRAINED[0])
     passes["train (forward + backward)"] = (learner.ppo_epochs * work.tokens,
                                             learner.ppo_epochs * train)
     return passes
@@ -473,6 +482,19 @@ def _original(s: Setup, rollout_s: float, update: dict, lines: list[str]) -> Non
             f"scaled: {o['update_s'] * o['chips'] / s.chips:,.0f}), the rollout and both "
             f"log-prob passes {step - passes[train]:,.0f} s (#31's rest, scaled: "
             f"{rest * o['chips'] / s.chips:,.0f})")
+    if s.config.learner.lora is not None:
+        lora = s.config.learner.lora
+        say(f"  LoRA (rank {lora.rank}, {', '.join(lora.targets)}): the forward and backward "
+            "through the merged weights as the learner runs it; beside it, the same step")
+        for trained in TRAINED[1:]:
+            steps = []
+            for name, count in TOKEN_COUNTS.items():
+                passes = update_passes(s, count, trained)
+                step = rollout_s + sum(f for _, f in passes.values()) / s.chips / chip.train.value
+                steps.append(f"{name} {step * s.chips:,.0f} ({step * s.chips / chip_s:.2f})")
+            ratio = update_passes(s, real, trained)[train][1] / update_passes(s, real)[train][1]
+            say(f"    {trained}: chip-seconds a step (of #31's): {', '.join(steps)}; its "
+                f"forward and backward {ratio:.3f} x the merged LoRA's FLOPs")
     flops = update_passes(s, real)[train][1]
     say(f"  #31's update_actor at our forward-and-backward FLOPs (real tokens, remat included): "
         f"{flops / (o['update_s'] * o['chips']) / 1e12:.0f} TFLOP/s a GPU, "

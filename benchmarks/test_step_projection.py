@@ -123,3 +123,36 @@ def test_a_config_it_cannot_read_is_one_line_naming_the_key(override, key):
         step_projection.main(["--config", GPU8, override])
     message = str(exit.value.code)
     assert message.startswith(f"error: {key}: ") and "\n" not in message
+
+
+# LoRA rank 8 on every linear layer by hand: r (in + out) for q, k, v, o, gate, up, down.
+R = 28 * 8 * ((3584 + 3584) * 2 + (3584 + 512) * 2 + (3584 + 18944) * 3)
+
+
+def test_lora_update_flops_equal_a_hand_count(capsys):
+    """Two rows as above, remat full, logit chunks: the merged LoRA step (the learner's) takes
+    every layer weight's gradient but not the frozen LM head's; unmerged, neither (the
+    adapters' forward 2 R a token, backward 4 R); full-parameter, both."""
+    s = step_projection.setup(load_train_config(GPU8, ["learner.remat=full",
+                                                       "learner.lora={rank: 8, alpha: 16}"]))
+    rows = step_projection.Rows(np.array([5000, 1000]), np.array([500, 24]), np.array([0, 0]),
+                                np.array([0, 1]), np.array([False, True]))
+    s = dataclasses.replace(s, rows=rows)
+    tokens, attended, head = 5500 + 1024, ATTENTION * (5500 ** 2 + 1024 ** 2), HEAD * 524
+    layers = 2 * N * tokens + attended
+    by_hand = {"as configured": 4 * layers + 2 * head + head,
+               "full-parameter": 4 * forward_by_hand(tokens, 5500 ** 2 + 1024 ** 2, 524),
+               "LoRA unmerged": (4 * N + 6 * R) * tokens + 3 * attended + 2 * head
+                                + (2 * N + 2 * R) * tokens + attended + head}
+    for trained, flops in by_hand.items():
+        passes = step_projection.update_passes(s, step_projection.real, trained)
+        assert passes["train (forward + backward)"][1] == pytest.approx(flops, rel=1e-12), trained
+    # Without remat, unmerged LoRA's forward and backward is about two thirds of full's
+    # ("LoRA Without Regret"): 4 N + 6 R of 6 N a token, beside attention and the head.
+    assert (4 * N + 6 * R) / (6 * N) == pytest.approx(0.670, abs=1e-3)
+
+    step_projection.main(["--config", GPU8, "learner.lora={rank: 8, alpha: 16}"])
+    out = capsys.readouterr().out
+    assert "LoRA (rank 8, q, k, v, o, gate, up, down)" in out
+    for trained in ("full-parameter", "LoRA unmerged"):
+        assert f"    {trained}: chip-seconds a step (of #31's): padded " in out, trained
