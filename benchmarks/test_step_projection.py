@@ -149,7 +149,7 @@ def test_lora_update_flops_equal_a_hand_count(capsys):
         assert passes["train (forward + backward)"][1] == pytest.approx(flops, rel=1e-12), trained
     # Without remat, unmerged LoRA's forward and backward is about two thirds of full's
     # ("LoRA Without Regret"): 4 N + 6 R of 6 N a token, beside attention and the head.
-    assert (4 * N + 6 * R) / (6 * N) == pytest.approx(0.670, abs=1e-3)
+    assert pytest.approx(0.670, abs=1e-3) == (4 * N + 6 * R) / (6 * N)
 
     step_projection.main(["--config", GPU8, "learner.lora={rank: 8, alpha: 16}"])
     out = capsys.readouterr().out
