@@ -76,3 +76,19 @@ def compilations():
     `counter.count`, those the persistent cache answers included (JAX records a backend
     compile for them too)."""
     return _counting_compilations
+
+
+@pytest.fixture(scope="module")
+def model(model_dir):
+    """`model_dir`'s model, loaded."""
+    from memagent_jax.models.loading import load_model
+
+    return load_model(model_dir)[0]
+
+
+@pytest.fixture(scope="module")
+def params(model):
+    """`model`'s parameters (the engine's and learner's argument)."""
+    from memagent_jax.models.qwen import split_params
+
+    return split_params(model)[1]

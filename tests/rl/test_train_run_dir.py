@@ -99,7 +99,8 @@ RESUMED = {"steps": "steps=10", "checkpoint.every": "checkpoint.every=1",
            "compilation_cache_dir": "compilation_cache_dir={tmp}/cache",
            "engine.slots": "engine.slots=16",
            "learner.micro_batch_tokens": "learner.micro_batch_tokens=1024",
-           "learner.remat": "learner.remat=full"}
+           "learner.remat": "learner.remat=full",
+           "log": "log.rollouts_every=3"}
 
 
 @pytest.mark.parametrize("key", RESUMED)

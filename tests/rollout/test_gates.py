@@ -176,5 +176,5 @@ def test_a_trace_holds_the_memory_answered_from_for_the_chunks_an_exit_left():
     assert trace.chunks == len(texts) and trace.gates == gates
     assert summarize([trace], 64)[-1] == f"chunks read 1 of {len(texts)}; keeps 0; exits 1"
     (traced,) = trace.facts  # held from the exit on, over no turn taken after it
-    assert (traced.outcome, traced.carried, traced.dropped) == ("kept", 0, 0)
+    assert (traced.outcome, sum(traced.carried), sum(traced.dropped)) == ("kept", 0, 0)
     assert collections.Counter(f.outcome for f in trace.facts)["kept"] == 1
