@@ -129,6 +129,7 @@ def test_a_config_it_cannot_read_is_one_line_naming_the_key(override, key):
 R = 28 * 8 * ((3584 + 3584) * 2 + (3584 + 512) * 2 + (3584 + 18944) * 3)
 
 
+@pytest.mark.slow
 def test_lora_update_flops_equal_a_hand_count(capsys):
     """Two rows as above, remat full, logit chunks: the merged LoRA step (the learner's) takes
     every layer weight's gradient but not the frozen LM head's; unmerged, neither (the

@@ -275,3 +275,15 @@ def on_engine(engine, agent):
     from memagent_jax.rollout.runner import AgentRunner
 
     return agent, AgentRunner(Scheduler(engine), agent.tokenizer, agent.stop_ids)
+
+
+async def two_conversations(row, policy):
+    """An agent of two conversations: two calls (a user turn between the replies), then one call
+    alone (tests/rollout/test_program_agent.py's PROGRAM, written as a function agent)."""
+    messages = [{"role": "user", "content": row.question}]
+    first = await policy.chat(messages, max_tokens=4)
+    messages += [first.message, {"role": "user", "content": "is it ?"}]
+    second = await policy.chat(messages, max_tokens=4)
+    alone = [{"role": "user", "content": "the ?"}]
+    third = await policy.chat(alone, max_tokens=16)
+    return [messages + [second.message], alone + [third.message]]

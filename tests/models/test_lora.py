@@ -40,6 +40,7 @@ def _peft_greedy(model, ids: np.ndarray) -> np.ndarray:
     return _greedy(lambda x: hf_logits(model, x), ids)
 
 
+@pytest.mark.slow
 def test_our_adapter_loads_in_peft(base, tmp_path):
     from peft import PeftModel
 

@@ -3,6 +3,7 @@ optimiser holds adapter-shaped state only, the adapters shard along their base w
 
 import jax
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec
 
 from memagent_jax.models import lora
@@ -19,6 +20,7 @@ def _host(tree):
     return jax.tree.map(np.asarray, tree)
 
 
+@pytest.mark.slow
 def test_a_lora_run_trains_only_the_adapters_on_the_mesh():
     mesh = make_mesh({"fsdp": 4, "tensor": 2})
     model = random_model(LEARNER_MODEL, seed=2, mesh=mesh)

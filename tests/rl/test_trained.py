@@ -12,26 +12,14 @@ from memagent_jax.engine.scheduler import Scheduler
 from memagent_jax.rl.rows import rows_from_trajectories
 from memagent_jax.rl.trained import CLOSE, OPEN, rollout_records, show_tokens
 from memagent_jax.rollout.runner import AgentRunner
-from tests.builders import EOS, ReplyEngine
-
-
-async def _two_calls(row, policy):
-    """One conversation of two calls (its row: a gap of user tokens between the replies), and
-    one of a single call."""
-    messages = [{"role": "user", "content": row.question}]
-    first = await policy.chat(messages, max_tokens=4)
-    messages += [first.message, {"role": "user", "content": "is it ?"}]
-    second = await policy.chat(messages, max_tokens=4)
-    alone = [{"role": "user", "content": "the end ?"}]
-    third = await policy.chat(alone, max_tokens=4)
-    return [messages + [second.message], alone + [third.message]]
+from tests.builders import EOS, ReplyEngine, two_conversations
 
 
 def _trajectories(word_tokenizer, rows=1, n=1):
     ids = word_tokenizer("the answer is", add_special_tokens=False)["input_ids"]
     runner = AgentRunner(Scheduler(ReplyEngine(word_tokenizer, lambda prompt: ids + [EOS])),
                          word_tokenizer, (EOS,))
-    agent = types.SimpleNamespace(rollout=_two_calls, name="two_calls")
+    agent = types.SimpleNamespace(rollout=two_conversations, name="two_calls")
     return runner.run(agent, [types.SimpleNamespace(question="where is it ?")] * rows,
                       SamplingParams(1.0, seed=1), n=n)
 

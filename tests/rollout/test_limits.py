@@ -35,6 +35,28 @@ def _runner(word_tokenizer, reply):
     return AgentRunner(Scheduler(engine), word_tokenizer, (EOS,)), engine
 
 
+def _counted_agent(calls):
+    """An agent whose rollout makes `calls` chat calls in one conversation (a user turn between
+    replies) and, for the row "late", then waits for ever; and `most`, whose item is the most
+    rollouts in flight at once."""
+    in_flight, most = [0], [0]
+
+    async def rollout(row, policy):
+        in_flight[0] += 1
+        most[0] = max(most[0], in_flight[0])
+        messages = [{"role": "user", "content": row.question}]
+        for k in range(calls):
+            if k:
+                messages.append({"role": "user", "content": "and ?"})
+            messages.append((await policy.chat(messages, max_tokens=4)).message)
+        if row.question == "late":
+            await asyncio.Event().wait()
+        in_flight[0] -= 1
+        return [messages]
+
+    return types.SimpleNamespace(rollout=rollout, name="counted"), most
+
+
 def test_a_rollout_past_its_deadline_is_cancelled_and_not_trained(word_tokenizer):
     the = word_tokenizer("the", add_special_tokens=False)["input_ids"]
 
@@ -75,19 +97,7 @@ def test_rewards_of_timed_out_rollouts_take_no_part_in_the_baseline():
 
 def test_max_concurrent_bounds_the_rollouts_in_flight(word_tokenizer):
     the = word_tokenizer("the", add_special_tokens=False)["input_ids"]
-    in_flight, most = [0], [0]
-
-    async def rollout(row, policy):
-        in_flight[0] += 1
-        most[0] = max(most[0], in_flight[0])
-        messages = [{"role": "user", "content": row.question}]
-        first = await policy.chat(messages, max_tokens=4)
-        messages += [first.message, {"role": "user", "content": "and ?"}]
-        second = await policy.chat(messages, max_tokens=4)
-        in_flight[0] -= 1
-        return [messages + [second.message]]
-
-    agent = types.SimpleNamespace(rollout=rollout, name="counted")
+    agent, most = _counted_agent(calls=2)
     rows = [types.SimpleNamespace(question=f"q{k}") for k in range(6)]
     runner, _ = _runner(word_tokenizer, lambda prompt: the * 2 + [EOS])
     groups = runner.with_limits(Limits(max_concurrent=2)).run(agent, rows, SAMPLING)
@@ -109,19 +119,7 @@ def test_the_server_road_keeps_the_same_limits(monkeypatch):
     monkeypatch.setattr(urllib.request, "urlopen", lambda request, timeout: io.BytesIO(
         json.dumps({"choices": [{"message": {"content": "yes"},
                                  "finish_reason": "stop"}]}).encode()))
-    in_flight, most = [0], [0]
-
-    async def rollout(row, policy):
-        in_flight[0] += 1
-        most[0] = max(most[0], in_flight[0])
-        messages = [{"role": "user", "content": row.question}]
-        reply = await policy.chat(messages, max_tokens=4)
-        if row.question == "late":
-            await asyncio.Event().wait()
-        in_flight[0] -= 1
-        return [messages + [reply.message]]
-
-    agent = types.SimpleNamespace(rollout=rollout, name="counted")
+    agent, most = _counted_agent(calls=1)
     rows = [types.SimpleNamespace(question=q) for q in ("a", "b", "c", "d", "late")]
     rollouts = ServerRollouts(Server("http://127.0.0.1:1/v1", "m")).with_limits(
         Limits(timeout_s=0.5, max_concurrent=2))

@@ -19,7 +19,7 @@ from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.rollout.agent_api import load_agent
 from memagent_jax.rollout.rollouts import Limits
 from memagent_jax.rollout.runner import AgentRunner, build_runner
-from tests.builders import EOS, ReplyEngine
+from tests.builders import EOS, ReplyEngine, two_conversations
 from tests.rollout.test_chat_masks import ANSWER, _call_ids, _tokenizer
 
 # Two calls that continue one another (one conversation), then one of its own.
@@ -38,17 +38,6 @@ messages += [{"role": "assistant", "content": first.choices[0].message.content},
 client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
 client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "the ?"}])
 """
-
-
-async def _function(row, policy):
-    """PROGRAM's calls, written as a function agent."""
-    messages = [{"role": "user", "content": row.question}]
-    first = await policy.chat(messages, max_tokens=4)
-    messages += [first.message, {"role": "user", "content": "is it ?"}]
-    second = await policy.chat(messages, max_tokens=4)
-    alone = [{"role": "user", "content": "the ?"}]
-    third = await policy.chat(alone, max_tokens=16)
-    return [messages + [second.message], alone + [third.message]]
 
 
 def _runner(word_tokenizer):
@@ -75,7 +64,7 @@ SAMPLING = SamplingParams(0.7, seed=11)
 def test_an_openai_client_program_is_recorded_as_the_same_function_agent(
         model, params, word_tokenizer, tmp_path):
     """On the tiny model, sampled: every call's seed is the run's, the same in both."""
-    function_agent = types.SimpleNamespace(rollout=_function, name="f")
+    function_agent = types.SimpleNamespace(rollout=two_conversations, name="f")
     runner = build_runner(function_agent, model, word_tokenizer,
                           EngineConfig(slots=4, max_len=96), None, (EOS,)).with_params(params)
     program = runner.run(_program(tmp_path, PROGRAM), ROWS[1:], SAMPLING, n=2)
