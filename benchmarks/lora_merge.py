@@ -27,8 +27,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 import jax.numpy as jnp
+from decode import best_time  # beside this script
 
-from benchmarks.decode import best_time
 from memagent_jax.models import lora
 from memagent_jax.models.loading import random_model
 from memagent_jax.models.lora_config import LoraConfig

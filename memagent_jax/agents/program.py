@@ -21,7 +21,10 @@ a reply's calls come back as `tool_calls` with `finish_reason: "tool_calls"`, an
 messages answer them; the calls the replies make (a reply whose calls do not parse one) and
 those that do not parse are counted (`agent/tool_calls`, `agent/tool_parse_errors`, as the
 shipped tool agent counts them). `max_tokens` (or `max_completion_tokens`) caps a reply,
-`agent.max_tokens` where a request gives neither; `n` above 1 and `stream` are 400s.
+`agent.max_tokens` where a request gives neither; `n` above 1, `stream`, `stop`, `logprobs`,
+`ignore_eos`, `return_tokens_as_token_ids` and `chat_template_kwargs` naming a call's own
+argument are 400s (a reply is sampled and recorded as the run samples it, never cut otherwise).
+A request that fails on our side is a 500 to the program and stops the run with its error.
 
 A program that exits non-zero, writes a Python traceback on its standard error, or makes no
 chat call stops the run with one line naming the command, the row and the end of its standard
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 import json
 import os
 import secrets
@@ -41,15 +45,16 @@ import shlex
 import time
 from typing import Any, ClassVar
 
-from memagent_jax.engine.engine_api import PromptTooLong
 from memagent_jax.errors import ConfigError, UserError
-from memagent_jax.rollout.agent_api import Reply, Rollout
+from memagent_jax.rollout.agent_api import Policy, PromptTooLong, Reply, Rollout
 from memagent_jax.rollout.conversation import is_reply
 from memagent_jax.runconfig import at_least, build_section
 from memagent_jax.serve.protocol import APIError, bad, parse_chat
 
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
             405: "Method Not Allowed", 500: "Internal Server Error"}
+# policy.chat's own arguments, which a request's chat_template_kwargs must not name.
+_CHAT_ARGUMENTS = frozenset(inspect.signature(Policy.chat).parameters) - {"self", "template_vars"}
 # What marks a Python program's uncaught exception on its standard error.
 _TRACEBACK = "Traceback (most recent call last):"
 
@@ -103,6 +108,8 @@ class Program:
                 await process.wait()
             server.close()
             endpoint.close()
+        if endpoint.failure is not None:
+            raise endpoint.failure
         error = stderr.decode(errors="replace")
         if process.returncode or _TRACEBACK in error:
             how = (f"exited with status {process.returncode}" if process.returncode
@@ -127,6 +134,7 @@ class _Endpoint:
         self.key = "rollout-" + secrets.token_hex(16)
         self.calls: list[tuple[list[dict], Reply]] = []
         self._writers: set[asyncio.StreamWriter] = set()
+        self.failure: Exception | None = None  # the first request that failed on our side
 
     def close(self) -> None:
         for writer in self._writers:
@@ -137,19 +145,21 @@ class _Endpoint:
         self._writers.add(writer)
         try:
             while True:
-                request = await _read_request(reader)
+                try:
+                    request = await _read_request(reader)
+                except ValueError:  # a request line or Content-Length that does not parse
+                    await _respond(writer, bad("a malformed HTTP request"))
+                    break
                 if request is None:
                     break
                 method, path, headers, body = request
                 try:
-                    status, payload = 200, await self._answer(method, path, headers, body)
+                    await _respond(writer, await self._answer(method, path, headers, body))
                 except APIError as e:
-                    status, payload = e.status, e.body()
-                data = json.dumps(payload, ensure_ascii=False).encode()
-                writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: "
-                             f"application/json\r\nContent-Length: {len(data)}\r\n\r\n"
-                             .encode() + data)
-                await writer.drain()
+                    await _respond(writer, e)
+                except Exception as e:  # a fault of ours, not the program's: the run stops on it
+                    self.failure = self.failure or e
+                    await _respond(writer, APIError(500, f"{type(e).__name__}: {e}"))
                 if headers.get("connection", "").lower() == "close":
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -179,6 +189,16 @@ class _Endpoint:
         if gen.n != 1 or gen.stream:
             raise bad("one choice, not streamed: an agent's call is one reply",
                       "n" if gen.n != 1 else "stream")
+        asked = [key for key, on in (("stop", gen.stop), ("logprobs", gen.logprobs),
+                                     ("ignore_eos", gen.ignore_eos),
+                                     ("return_tokens_as_token_ids", gen.tokens_as_ids)) if on]
+        if asked:
+            raise bad(f"'{asked[0]}' is not taken by a rollout's endpoint: a reply is sampled "
+                      "and recorded as the run samples it", asked[0])
+        clash = sorted(set(gen.template_vars) & _CHAT_ARGUMENTS)
+        if clash:
+            raise bad(f"chat_template_kwargs: '{clash[0]}' is one of the call's own arguments",
+                      "chat_template_kwargs")
         messages = list(gen.prompts[0])
         sampling = {k: getattr(gen, k) for k in ("temperature", "top_p", "top_k") if k in raw}
         try:
@@ -199,6 +219,16 @@ class _Endpoint:
                 "created": int(time.time()), "model": gen.model,
                 "choices": [{"index": 0, **_choice(reply), "logprobs": None}],
                 "usage": usage}
+
+
+async def _respond(writer: asyncio.StreamWriter, answer: dict | APIError) -> None:
+    """Writes a JSON response: `answer` with status 200, or the error's status and body."""
+    status, payload = ((answer.status, answer.body()) if isinstance(answer, APIError)
+                       else (200, answer))
+    data = json.dumps(payload, ensure_ascii=False).encode()
+    writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, '')}\r\nContent-Type: "
+                 f"application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
 
 
 def _choice(reply: Reply) -> dict:

@@ -117,6 +117,9 @@ class EvalConfig:
         if missing:
             raise ConfigError("", f"required key{'s' if len(missing) > 1 else ''} missing: "
                                   f"{', '.join(missing)}")
+        if self.model.url and self.model.lora:
+            raise ConfigError("model.lora", "the server at model.url serves its own weights: "
+                                            "give the adapter to its `serve --lora`")
         if self.model.url and self.method == "full_context":
             raise ConfigError("model.url", "a server runs methods memagent and agent "
                                            "(full_context needs the local engine)")
@@ -153,4 +156,5 @@ class EvalConfig:
                 "method": self.method, self.method: settings,
                 "sampling": dataclasses.asdict(self.sampling),
                 **({"memagent.thinking": thinking} if thinking != "keep" else {}),
+                **({"model.lora": self.model.lora} if self.model.lora else {}),
                 **({"model.url": self.model.url} if self.model.url else {})}

@@ -89,6 +89,14 @@ from memagent_jax.rollout.runner import build_runner
 from memagent_jax.runconfig import check, differences, to_dict, write_config
 
 
+def no_update_line(step: int, record: dict, timeout_s: float | None, tries: int) -> str:
+    """Why step `step` trained nothing, from its record (the counts of every try's
+    rollouts): all of them past their deadline, or every group's rewards equal."""
+    late = record.get("rollout/timed_out", 0.0)
+    if late and late == record.get("rollout/trajectories"):
+        return f"step {step}: every rollout passed rollout.timeout_s = {timeout_s:g} s: no update"
+    return f"step {step}: every group's rewards were equal after {tries} tries: no update"
+
 class Trainer:
     """Sets up from a TrainConfig; `run()` trains to config.steps (resuming from the newest
     checkpoint when there is one) and returns the last step's record."""
@@ -221,12 +229,17 @@ class Trainer:
 
     def _base_record(self, loaded) -> dict:
         """What a LoRA run's adapters are trained on: the base as the model section names it
-        (with the PEFT adapter merged onto it, if any), its stored dtype and fingerprint, and
-        the adapters' shape."""
+        (with the PEFT adapter merged onto it, if any; paths absolute), its stored dtype and
+        fingerprint, and the adapters' shape."""
         m, lora = self.config.model, self.config.learner.lora
         assert lora is not None and self.learner.base is not None
-        return {"path": m.path, "preset": m.preset, "init_seed": m.init_seed,
-                "merged_adapter": m.lora, "dtype": loaded.config.dtype,
+
+        def absolute(path):  # the run's files are read from any directory (export, serve)
+            return path if path is None or "://" in path else os.path.abspath(
+                model_dir.resolve(path))
+
+        return {"path": absolute(m.path), "preset": m.preset, "init_seed": m.init_seed,
+                "merged_adapter": absolute(m.lora), "dtype": loaded.config.dtype,
                 "fingerprint": weights_fingerprint(self.learner.base),
                 "rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)}
 
@@ -363,10 +376,7 @@ class Trainer:
                 self._say(f"step {step}: {int(metrics['skipped_updates'])} update(s) skipped: "
                           "non-finite loss or gradient; parameters left unchanged")
         else:
-            self._say(f"step {step}: every rollout passed rollout.timeout_s = "
-                      f"{config.rollout.timeout_s:g} s: no update" if batch.groups else
-                      f"step {step}: every group's rewards were equal after "
-                      f"{batch.tries} tries: no update")
+            self._say(no_update_line(step, record, config.rollout.timeout_s, batch.tries))
             record.update({"learner/updates": 0.0, "learner/skipped_updates": 0.0})
         self.step = step
         if config.validation.every and step % config.validation.every == 0:

@@ -130,6 +130,9 @@ def parse_chat(body: Any, max_top_logprobs: int) -> Generation:
             check_tools(*given)
         except ValueError as e:
             raise bad(f"'{name}': {e}", name) from None
+    if any(t["function"].get("strict") is True for t in tools or []):
+        raise bad("'strict' tools need constrained decoding, which this server does not do",
+                  "tools")
     if tools:  # `strict: false` is OpenAI's default (the Agents SDK sends it): no words to render
         tools = [{**t, "function": {k: v for k, v in t["function"].items()
                                     if (k, v) != ("strict", False)}} for t in tools]

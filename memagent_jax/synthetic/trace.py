@@ -153,11 +153,11 @@ def made_up_line(fact: FactTrace, memories: list[str]) -> str | None:
     """One line when the memory held a value for `fact`'s subject ("the code of KEY") before
     the fact was read (`made_up`): which value, from which chunk, how many chunks before the
     fact, and what the memory did once it had read it (`follow`'s outcome); None when it held
-    none. A made-up value is the model guessing, not the loop showing it the future."""
+    none. The value is the word after the subject ("nothing" where the memory ends on it)."""
     if fact.made_up is None:
         return None
     subject = fact.text.split()[:4]
-    held = memories[fact.made_up].replace(".", " . ").split()
+    held = memories[fact.made_up].replace(".", " . ").split() + ["nothing"]
     value = next(held[i + 4] for i in range(len(held) - 4) if held[i:i + 4] == subject)
     later = {"kept": "held the true value from then on",
              "late": f"held the true value from chunk {(fact.turn or 0) + 1} on",

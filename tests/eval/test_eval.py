@@ -299,6 +299,21 @@ def test_full_context_reads_thinking_off_and_names_it_in_the_identity(sets, tmp_
     assert identities["off"] == dict(identities["keep"], **{"memagent.thinking": "off"})
 
 
+
+def test_an_adapter_is_part_of_the_identity_and_no_server_takes_one(sets, tmp_path):
+    """model.lora changes the weights, so a run resumed with another adapter (or none) is
+    refused; a server serves its own weights, so model.url with model.lora is one error line."""
+    model_dir = write_tiny_model(tmp_path / "m", seed=3)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    plain = eval_config(model_dir, sets, "unused").identity()
+    with_adapter = eval_config(model_dir, sets, "unused", f"model.lora={adapter}").identity()
+    assert with_adapter == dict(plain, **{"model.lora": str(adapter)})
+    with pytest.raises(UserError, match="model.lora: the server at model.url"):
+        eval_config(model_dir, sets, "unused", f"model.lora={adapter}",
+                    "model.url=http://127.0.0.1:1/v1")
+
 def _png_ok(path):
     from PIL import Image
     image = np.asarray(Image.open(path).convert("RGB"), dtype=np.int32)

@@ -25,7 +25,7 @@ from memagent_jax.distributed import collectives
 from memagent_jax.rl import steps as steps_module
 from memagent_jax.rl.collect import RolloutBatch
 from memagent_jax.rl.config import load_train_config
-from memagent_jax.rl.trainer import Trainer
+from memagent_jax.rl.trainer import Trainer, no_update_line
 from tests import multiprocess
 from tests.full_disk import fail_orbax_writes
 
@@ -432,9 +432,10 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_run_exactly(task, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_lora_run_resumes_only_on_its_base(task, tmp_path):
+def test_a_lora_run_resumes_only_on_its_base(task, tmp_path, monkeypatch):
     """The same model.path with other weights: the resume is refused in one line naming
-    both fingerprints; nothing is trained."""
+    both fingerprints; nothing is trained. The base is named relative to where the run
+    started and the run is exported from another directory."""
     from memagent_jax.cli import main
     from memagent_jax.errors import UserError
     from memagent_jax.models.loading import load_model, random_model, save_hf
@@ -444,9 +445,10 @@ def test_a_lora_run_resumes_only_on_its_base(task, tmp_path):
     base = str(tmp_path / "base")
     tiny = preset_config("tiny", dtype="float32")
     save_hf(random_model(tiny, seed=0), tiny, base)
+    monkeypatch.chdir(tmp_path)
     config = load_train_config(_write_config(
         task, tmp_path / "c.yaml", steps=3, validation__every=0, memagent__max_final_tokens=48,
-        model={"path": base, "tokenizer": task["tokenizer"], "compute_dtype": "float32"}),
+        model={"path": "base", "tokenizer": task["tokenizer"], "compute_dtype": "float32"}),
         [f"output_dir={tmp_path / 'run'}", LORA])
     Trainer(config).run()
     first = Trainer(config)  # the same base: resumes (nothing left to do)
@@ -458,6 +460,7 @@ def test_a_lora_run_resumes_only_on_its_base(task, tmp_path):
     # loads on the base to the same weights.
     run_dir, adapter = str(tmp_path / "run"), str(tmp_path / "adapter")
     merged = str(tmp_path / "merged")
+    monkeypatch.chdir(tmp_path / "run")
     assert main(["export", "--model", run_dir, "--out", adapter]) == 0
     assert os.path.isfile(os.path.join(adapter, "adapter_model.safetensors"))
     assert main(["export", "--model", run_dir, "--merged", "--out", merged]) == 0
@@ -472,6 +475,7 @@ def test_a_lora_run_resumes_only_on_its_base(task, tmp_path):
 
     shutil.rmtree(base)
     save_hf(random_model(tiny, seed=1), tiny, base)
+    monkeypatch.chdir(tmp_path)
     with pytest.raises(UserError, match=r"checkpoints/3: holds LoRA adapters trained on "
                                         r".*base \(weights [0-9a-f]{16}\); this run is LoRA on "
                                         r".*\(weights [0-9a-f]{16}\)") as e:
@@ -574,3 +578,15 @@ def test_a_nan_update_is_skipped_logged_and_never_checkpointed(task, tmp_path):
     # Non-finite parameters are refused outright, whatever the learner did.
     assert "refused: step 3: non-finite parameters; not checkpointed" in run.stdout
     assert not (out / "checkpoints" / "3").exists()
+
+
+def test_a_step_without_an_update_says_why():
+    """Every rollout of every try past its deadline (dynamic sampling dropped their groups,
+    so none is left) is said as such, not as rewards that were equal."""
+    late = {"rollout/trajectories": 32.0, "rollout/timed_out": 32.0}
+    assert no_update_line(4, late, 30.0, 3) == (
+        "step 4: every rollout passed rollout.timeout_s = 30 s: no update")
+    for record in ({"rollout/trajectories": 32.0, "rollout/timed_out": 5.0},
+                   {"rollout/trajectories": 32.0, "rollout/timed_out": 0.0}):
+        assert no_update_line(4, record, 30.0, 3) == (
+            "step 4: every group's rewards were equal after 3 tries: no update")

@@ -3,6 +3,7 @@ client, its base URL and key from the environment, is recorded as the same agent
 function is (ids, behaviour log-probs, conversations); a crash is one line naming the command
 and the row; a program past the run's deadline is killed and its rollout timed out."""
 
+import dataclasses
 import json
 import sys
 import textwrap
@@ -108,6 +109,47 @@ def test_a_program_past_the_deadline_is_killed_and_its_rollout_timed_out(word_to
     runner = _runner(word_tokenizer).with_limits(Limits(timeout_s=1.0))
     (trajectory,), = runner.run(agent, ROWS[:1], SAMPLING)
     assert trajectory.timed_out and not trajectory.turns
+
+
+REFUSALS = """\
+import json, os, socket, sys, urllib.error, urllib.request
+
+def post(body):
+    request = urllib.request.Request(
+        os.environ["OPENAI_BASE_URL"] + "/chat/completions", json.dumps(body).encode(),
+        {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+    try:
+        return [urllib.request.urlopen(request).status, ""]
+    except urllib.error.HTTPError as e:
+        return [e.code, json.load(e)["error"]["message"]]
+
+messages = [{"role": "user", "content": "where is it ?"}]
+out = [post({"model": "policy", "messages": messages, **extra}) for extra in (
+    {"stop": ["is"]}, {"logprobs": True}, {"chat_template_kwargs": {"max_tokens": 3}}, {})]
+host, port = os.environ["OPENAI_BASE_URL"].split("//")[1].split("/")[0].split(":")
+with socket.create_connection((host, int(port))) as raw:
+    raw.sendall(b"GARBAGE\\r\\n\\r\\n")
+    out.append(raw.recv(100).decode().split("\\r\\n")[0])
+json.dump(out, open(sys.argv[1], "w"))
+"""
+
+
+def test_what_the_engine_would_not_honour_is_a_400_not_ignored(word_tokenizer, tmp_path):
+    """`stop`, `logprobs` and template variables named as the call's own arguments are refused
+    (a reply cut at no stop string would be trained as if cut); a request that is not HTTP is
+    a 400; the program goes on and its last call is recorded."""
+    out = tmp_path / "out.json"
+    agent = _program(tmp_path, REFUSALS)
+    agent.section = dataclasses.replace(agent.section,
+                                        command=(*agent.section.command, str(out)))
+    (trajectory,), = _runner(word_tokenizer).run(agent, ROWS[:1], SAMPLING)
+    (stop, stop_why), (logprobs, _), (clash, clash_why), (fine, _), garbage = json.loads(
+        out.read_text())
+    assert (stop, logprobs, clash, fine) == (400, 400, 400, 200)
+    assert "'stop' is not taken by a rollout's endpoint" in stop_why
+    assert "'max_tokens' is one of the call's own arguments" in clash_why
+    assert garbage == "HTTP/1.1 400 Bad Request"
+    assert len(trajectory.turns) == 1 and trajectory.final_reply
 
 
 TOOL_PROGRAM = """\

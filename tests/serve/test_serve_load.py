@@ -94,6 +94,9 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     (CHAT, {**GOOD, "tools": TOOLS, "tool_choice": "required"}, API_KEY, 400, "tool_choice",
      None),  # a forced call needs constrained decoding
     (CHAT, {**GOOD, "tools": TOOLS, "stream": True}, API_KEY, 400, "stream", None),
+    (CHAT, {**GOOD, "tools": [{"type": "function", "function": {**TOOLS[0]["function"],
+                                                                "strict": True}}]},
+     API_KEY, 400, "tools", None),  # a strict schema needs constrained decoding
     (CHAT, {**GOOD, "messages": [{"role": "user", "content": "the answer"},
                                  {"role": "assistant", "content": None,
                                   "tool_calls": [{"function": {"name": "f"}}]}]},

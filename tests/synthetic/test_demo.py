@@ -129,6 +129,9 @@ def test_demo_says_when_a_memory_held_a_made_up_value_before_its_fact(outcome, t
     none = FactTrace(FACT, chunk=2, word=40, due=3, outcome=outcome, turn=turn, memory="",
                      made_up=None)
     assert trace.made_up_line(none, memories) is None
+    cut = ["No previous memory", "the code of kasumo", "", FACT, FACT, FACT, ""]  # at its cap
+    assert trace.made_up_line(fact, cut).startswith(
+        "note: from chunk 2 the memory held a made-up value for 'the code of kasumo' (nothing),")
 
 
 def test_demo_checks_every_needed_fact_of_its_read_for_a_made_up_value(in_package, capsys,
