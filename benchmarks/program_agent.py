@@ -71,7 +71,7 @@ def main() -> None:
     function = load_agent({"module": "memagent_jax.agents.tool_calling", **common,
                            "tools": ["memagent_jax.lookup.tools:lookup"], "max_turns": 2,
                            "max_length": 320}, None)
-    program = load_agent({"module": "memagent_jax.agents.program", **common, "max_len": 320,
+    program = load_agent({"module": "memagent_jax.agents.program", **common, "max_length": 320,
                           "command": [sys.executable,
                                       os.path.join(ROOT, "examples", "lookup_openai.py")]},
                          None)

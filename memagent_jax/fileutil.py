@@ -53,10 +53,10 @@ def json_lines(path: str) -> list[tuple[int, Any]]:
     return values
 
 
-def check_output_file(path: str, name: str = "--out") -> None:
-    """Raises unless a new file can be written at path: not a directory, in an existing
-    writable directory, and none there yet (outputs are never overwritten; `name`: the flag
-    that chose it); checked before any work, so a long run cannot fail at its end."""
+def check_output_file(path: str) -> None:
+    """Raises unless a new file can be written at path (the command's --out): not a directory,
+    in an existing writable directory, and none there yet (outputs are never overwritten);
+    checked before any work, so a long run cannot fail at its end."""
     parent = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise UserError(f"{path}: is a directory, expected a file")
@@ -64,7 +64,7 @@ def check_output_file(path: str, name: str = "--out") -> None:
         raise UserError(f"{path}: its directory {parent} does not exist")
     if not os.access(parent, os.W_OK):
         raise UserError(f"{path}: its directory {parent} is not writable")
-    check_new_files([path], name)
+    check_new_files([path], "--out")
 
 
 def check_output_dir(path: str, name: str) -> None:

@@ -65,14 +65,14 @@ class ProgramSection:
     SECTION: ClassVar[str] = "agent"
     command: tuple[str, ...] = ()   # the program and its arguments (a list), run per rollout
     max_tokens: int = 1024          # a reply's cap where a request gives none
-    max_len: int = 4096             # the most tokens a conversation reaches (sizes the engine)
+    max_length: int = 4096          # the most tokens a conversation reaches (sizes the engine)
 
     def __post_init__(self):
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
             raise ConfigError("agent.command", f"must be the program and its arguments, a "
                                                f"non-empty list of strings, got "
                                                f"{list(self.command)!r}")
-        at_least(self, 1, "max_tokens", "max_len")
+        at_least(self, 1, "max_tokens", "max_length")
 
 
 class Program:
@@ -84,7 +84,7 @@ class Program:
         self.name = f"program `{self.shown}`"
 
     def max_len(self, tokenizer) -> int:
-        return self.section.max_len
+        return self.section.max_length
 
     async def rollout(self, row, policy) -> Rollout:
         endpoint = _Endpoint(policy, self.section.max_tokens)

@@ -12,6 +12,7 @@ from typing import ClassVar, Literal
 
 from memagent_jax import model_dir
 from memagent_jax.errors import ConfigError, UserError
+from memagent_jax.models import lora_config as lora
 from memagent_jax.models.config import ATTENTION_CHOICES
 from memagent_jax.models.presets import preset_config
 from memagent_jax.tokenizer import load_tokenizer
@@ -54,10 +55,9 @@ class ModelSection:
         adapter, exist; touches no device."""
         if self.path is not None and not os.path.isdir(self.path):
             raise ConfigError("model.path", f"'{self.path}': model directory not found")
-        if self.lora is not None and not os.path.isfile(os.path.join(self.lora,
-                                                                    "adapter_config.json")):
+        if self.lora is not None and not lora.is_adapter_dir(self.lora):
             raise ConfigError("model.lora", f"'{self.lora}' is not a PEFT adapter directory "
-                                            "(no adapter_config.json)")
+                                            f"(no {lora.ADAPTER_CONFIG})")
         if self.preset is not None:
             try:
                 preset_config(self.preset)

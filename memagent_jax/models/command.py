@@ -67,10 +67,10 @@ def add_parsers(sub) -> None:
 
 def _check_adapter(path: str | None) -> None:
     """--lora names a PEFT adapter directory (UserError, before the job starts)."""
-    import os
-    if path is not None and not os.path.isfile(os.path.join(path, "adapter_config.json")):
+    from memagent_jax.models.lora_config import ADAPTER_CONFIG, is_adapter_dir
+    if path is not None and not is_adapter_dir(path):
         raise UserError(f"--lora: '{path}' is not a PEFT adapter directory (no "
-                        "adapter_config.json)")
+                        f"{ADAPTER_CONFIG})")
 
 
 def _convert(args) -> None:

@@ -17,7 +17,7 @@ from memagent_jax import model_dir
 from memagent_jax.errors import UserError
 from memagent_jax.models import checkpoint, hf_checkpoint
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.lora import Adapters, abstract_adapters, merge, merge_peft
+from memagent_jax.models.lora import Adapters, abstract_adapters, merge_peft, merged
 from memagent_jax.models.lora_config import LoraConfig
 from memagent_jax.models.presets import preset_config
 from memagent_jax.models.qwen import Params, Qwen, param_specs, split_params
@@ -100,9 +100,7 @@ def _load_lora_run(path: str, dtype: str | None, mesh, param_dtype: str | None,
     base = read_run_base(path, record, mesh)
     param_dtype = _dtype_name(param_dtype or dtype or record["dtype"], path)
     config = config.replace(dtype=param_dtype)
-    shardings = jax.tree.map(lambda x: x.sharding, base)
-    params = jax.jit(merge, static_argnums=(2, 3), out_shardings=shardings)(
-        base, adapters, lora_config.scale, jnp.dtype(param_dtype))
+    params = merged(base, adapters, lora_config.scale, param_dtype)
     if lora is not None:
         params = merge_peft(params, config, lora)
     return build_model(config, params, dtype=_dtype_name(dtype or param_dtype, path),

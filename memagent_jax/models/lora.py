@@ -36,12 +36,16 @@ from memagent_jax.errors import UserError
 from memagent_jax.fileutil import atomic_directory
 from memagent_jax.models import mapping, safetensors_io
 from memagent_jax.models.config import ModelConfig
-from memagent_jax.models.lora_config import PEFT_MODULES, LoraConfig
+from memagent_jax.models.lora_config import (
+    ADAPTER_CONFIG,
+    PEFT_MODULES,
+    LoraConfig,
+    is_adapter_dir,
+)
 from memagent_jax.models.qwen import Params, param_specs
 from memagent_jax.models.sharding import partition_spec
 
 Adapters = dict[str, Any]
-ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 _PEFT_PREFIX = "base_model.model."
 _PEFT_KEY = re.compile(r"base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\."
@@ -138,6 +142,13 @@ def merge(params: Params, adapters: Adapters, scale: float, dtype=None) -> Param
     return out
 
 
+def merged(params: Params, adapters: Adapters, scale: float, dtype=None) -> Params:
+    """`merge` computed once, on the devices: each weight on its sharding in `params`."""
+    shardings = jax.tree.map(lambda x: x.sharding, params)
+    return jax.jit(merge, static_argnums=(2, 3), out_shardings=shardings)(
+        params, adapters, scale, None if dtype is None else jnp.dtype(dtype))
+
+
 # ---- PEFT files ---------------------------------------------------------------------------
 
 def write_peft(adapters: Adapters, config: ModelConfig, lora: LoraConfig, out_dir: str,
@@ -180,7 +191,7 @@ def read_peft(path: str, config: ModelConfig) -> tuple[LoraConfig, Adapters]:
     file and the setting."""
     config_file = os.path.join(path, ADAPTER_CONFIG)
     weights_file = os.path.join(path, ADAPTER_WEIGHTS)
-    if not os.path.isfile(config_file):
+    if not is_adapter_dir(path):
         raise UserError(f"{config_file}: not found (not a PEFT adapter directory)")
     try:
         with open(config_file) as f:
@@ -215,6 +226,8 @@ def read_peft(path: str, config: ModelConfig) -> tuple[LoraConfig, Adapters]:
             raise UserError(f"{weights_file}: tensor '{key}' names layer {layer}; the base "
                             f"has {config.num_layers}")
         found[(layer, short[match.group(3)], match.group(4))] = info.read()
+    if not found:
+        raise UserError(f"{weights_file}: holds no LoRA matrix")
     targets = tuple(t for t in PEFT_MODULES if any(k[1] == t for k in found))
     lora = LoraConfig(rank=rank, alpha=float(alpha), targets=targets)
     specs = adapter_specs(config, lora)
@@ -225,7 +238,7 @@ def read_peft(path: str, config: ModelConfig) -> tuple[LoraConfig, Adapters]:
             block, name = _kernel_path(row)
             spec = specs["layers"][i][block][name]
             pair = {}
-            for side, hf_side, transpose in (("a", "A", True), ("b", "B", True)):
+            for side, hf_side in (("a", "A"), ("b", "B")):
                 tensor = found.get((i, t, hf_side))
                 shape = spec[side][0]
                 stem = _PEFT_PREFIX + row.hf.format(i=i).removesuffix(".weight")
@@ -237,8 +250,7 @@ def read_peft(path: str, config: ModelConfig) -> tuple[LoraConfig, Adapters]:
                 if tensor.shape != expected:
                     raise UserError(f"{weights_file}: '{stem}.lora_{hf_side}.weight' has shape "
                                     f"{list(tensor.shape)}, this base needs {list(expected)}")
-                pair[side] = (np.asarray(tensor, np.float32).T if transpose else tensor
-                              ).reshape(shape)
+                pair[side] = np.asarray(tensor, np.float32).T.reshape(shape)
             layers.setdefault(i, {}).setdefault(block, {})[name] = pair
     return lora, {"layers": layers}
 
@@ -251,9 +263,7 @@ def merge_peft(params: Params, config: ModelConfig, path: str) -> Params:
     mesh = sharding.mesh if isinstance(sharding, jax.sharding.NamedSharding) else None
     mesh = mesh if isinstance(mesh, jax.sharding.Mesh) else None
     adapters = jax.device_put(adapters, adapter_shardings(config, lora, mesh))
-    shardings = jax.tree.map(lambda x: x.sharding, params)
-    return jax.jit(merge, static_argnums=(2,), out_shardings=shardings)(params, adapters,
-                                                                        lora.scale)
+    return merged(params, adapters, lora.scale)
 
 
 def _is_spec(x) -> bool:

@@ -1,11 +1,21 @@
-"""The `learner.lora` section of a train config: plain data (no JAX), read with the config."""
+"""The `learner.lora` section of a train config and what names a PEFT adapter directory: plain
+data (no JAX), read with the config."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import ClassVar
 
 from memagent_jax.errors import ConfigError
+
+ADAPTER_CONFIG = "adapter_config.json"  # what makes a directory a PEFT adapter
+
+
+def is_adapter_dir(path: str) -> bool:
+    """Whether `path` is a PEFT adapter directory (it holds ADAPTER_CONFIG)."""
+    return os.path.isfile(os.path.join(path, ADAPTER_CONFIG))
+
 
 # Our short names of the adapted projections, and PEFT's module names for them (Qwen2/Qwen3).
 PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
@@ -15,8 +25,8 @@ PEFT_MODULES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "o": "o_proj",
 @dataclasses.dataclass(frozen=True)
 class LoraConfig:
     """Low-rank adapters on the named projections of every layer: W + (alpha / rank) A B, A
-    [in, rank], B [rank, out] (models/lora.py). All linear layers by default, as "LoRA
-    Without Regret" found RL needs (MLP included)."""
+    [in, rank], B [rank, out] (models/lora.py). Default targets: every linear layer of
+    attention and MLP (docs/lora.md says why)."""
     SECTION: ClassVar[str] = "learner.lora"
     rank: int = 8
     alpha: float = 16.0

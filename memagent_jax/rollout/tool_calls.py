@@ -5,7 +5,7 @@ Tools are OpenAI's `[{"type": "function", "function": {"name", "description",
 "parameters"}}]`. `render_input` prepares a chat template's input: a template that takes a
 `tools` variable (Qwen2.5's, Qwen3's) gets them there; one that does not (the shipped
 word-level models') gets them declared in the system message (`declare_tools`, Qwen2.5's own
-words, which the shipped tool agent has always sent). Assistant messages carrying
+words, as the shipped tool agent sends them). Assistant messages carrying
 `tool_calls` are rendered by a template that writes them (their `arguments` given as objects,
 as vLLM gives them), else as `<tool_call>` text after their content; `role: "tool"` messages
 pass as they are.

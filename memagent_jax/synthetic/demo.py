@@ -81,10 +81,6 @@ class DemoRead:
     answer: str
     chunk_tokens: int
 
-    @property
-    def correct(self) -> bool:
-        return self.answer == self.document.answer
-
 
 def run_demo(model: str, task: str, length: int, seed: int | None, show: int,
              budgets: dict, poll: Callable[[], None] = lambda: None) -> DemoRead:

@@ -132,7 +132,7 @@ class SyntheticPlugin:
 
     def validation_metrics(self, agent: MemAgent, examples: list[Example],
                            groups: list[list[Trajectory]]) -> dict[str, float]:
-        """The needed facts' turns over the read (`trace.turn_losses`, summed over every
+        """The needed facts' turns over the read (`trace.losses_by_age`, summed over ages, every
         trajectory and needed fact): `fact_carried_turns`, the turns taken that follow one
         whose memory held a needed fact (none after an exit), and `fact_loss_rate`, the part
         of them whose memory no longer held it; {} when no turn carried one (one-chunk

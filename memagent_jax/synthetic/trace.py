@@ -83,12 +83,6 @@ def losses_by_age(memories: list[str], fact: str, due: int) -> tuple[list[int], 
     return carried, dropped
 
 
-def turn_losses(memories: list[str], fact: str, due: int) -> tuple[int, int]:
-    """`losses_by_age`'s counts summed over the ages."""
-    carried, dropped = losses_by_age(memories, fact, due)
-    return sum(carried), sum(dropped)
-
-
 @dataclasses.dataclass
 class FactTrace:
     text: str

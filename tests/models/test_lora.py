@@ -4,6 +4,7 @@ in ours."""
 
 import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -115,6 +116,18 @@ def test_unsupported_adapter_is_one_line(base, peft_adapter, tmp_path, change, m
     with pytest.raises(UserError, match=message) as e:
         read_peft(str(bad), base[2])
     assert "\n" not in str(e.value)
+
+
+def test_an_adapter_without_matrices_is_one_line(base, peft_adapter, tmp_path):
+    from safetensors.numpy import save_file
+
+    adapter_dir, _ = peft_adapter
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    shutil.copy(os.path.join(adapter_dir, "adapter_config.json"), empty)
+    save_file({}, str(empty / "adapter_model.safetensors"))
+    with pytest.raises(UserError, match=r"adapter_model.safetensors: holds no LoRA matrix$"):
+        read_peft(str(empty), base[2])
 
 
 def test_adapter_of_another_model_is_refused(base, peft_adapter, tmp_path):
