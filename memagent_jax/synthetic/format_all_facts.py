@@ -22,7 +22,9 @@ Two settings make the rebuilt RL-only start (configs/synthetic/rl_only_rebuilt/)
   reply the keep gate's single word and the memory goes on unchanged, so the gate is a reply
   the start already gives and RL can choose where;
 - `plugin.final_reply: box`: the final reply is the boxed answer alone, restating no fact, so
-  no row writes the asked key's fact sentence more than any other.
+  no row writes the asked key's fact sentence more than any other; `restate_all`, the
+  declared fallback where a bare box is not learned: every fact of the final memory, in its
+  order, then the box, so every fact is written alike.
 
 No memory of any row states a fact twice: a drawn line that states one (the decoder's spacing
 "v.", the task's "v .") is compared without spaces and gives way. The draw is a function of
@@ -51,9 +53,10 @@ def format_all_facts_trajectory(agent: MemAgent, example: Example, keep_share: f
     one update turn a chunk, then the final turn where the memory can show every fact (else
     none, and `answer` None). keep_share: the chance that an update turn, drawn whatever its
     chunk holds, replies the keep gate's word and carries the memory unchanged
-    (`drawn_memories`); final_reply: "restate" (the needed facts, then the boxed answer) or
-    "box" (the boxed answer alone, no fact restated). Raises UserError when the row records
-    no facts."""
+    (`drawn_memories`); final_reply: "restate" (the needed facts, then the boxed answer),
+    "box" (the boxed answer alone, no fact restated) or "restate_all" (every fact of the
+    memory in its order, asked or not, then the boxed answer). Raises UserError when the row
+    records no facts."""
     facts = facts_of(example)
     drawn = drawn_memories(agent, example, keep_share)
     keep = agent.tokenizer(KEEP, add_special_tokens=False)["input_ids"]
@@ -65,8 +68,10 @@ def format_all_facts_trajectory(agent: MemAgent, example: Example, keep_share: f
         trajectory = loop_trajectory(agent, example, drawn.sample, replies, kept=drawn.kept)
         trajectory.answer = None
         return trajectory
-    needed = [f["text"] for f in facts if f["needed"]] if final_reply == "restate" else []
-    answer = " ".join([*needed, f"\\boxed{{{example.ground_truths[0]}}}"])
+    texts = [f["text"] for f in facts]
+    restated = {"restate": [f["text"] for f in facts if f["needed"]], "box": [],
+                "restate_all": [line for line in memory if line in texts]}[final_reply]
+    answer = " ".join([*restated, f"\\boxed{{{example.ground_truths[0]}}}"])
     replies.append(agent.tokenizer(answer, add_special_tokens=False)["input_ids"])
     return loop_trajectory(agent, example, drawn.sample, replies,
                            final_memory=memory_ids(agent, "\n".join(memory)), kept=drawn.kept)

@@ -42,9 +42,9 @@ class PluginSection:
     target: Literal["oracle", "format", "format_all_facts"] = "oracle"
     # format_all_facts only (format_all_facts.py): the share of update turns, drawn at random,
     # that reply `keep` (memagent.keep_gate on); the final reply restating the needed facts
-    # before the box, or the box alone.
+    # before the box, the box alone, or every fact of the memory then the box.
     keep_share: float = 0.0
-    final_reply: Literal["restate", "box"] = "restate"
+    final_reply: Literal["restate", "box", "restate_all"] = "restate"
     copy_rows: int = 0          # rows repeating a random span of words (`rows.copy_trajectories`)
     copy_span: int = 24         # a copied span's longest length, in words
     copy_span_min: int = 1      # a copied span's shortest length

@@ -20,8 +20,13 @@ from memagent_jax.rl.rewards import strict_reward
 from memagent_jax.rollout.runner import replay
 from memagent_jax.synthetic import tasks as synthetic
 from memagent_jax.synthetic.format_all_facts import final_memory, format_all_facts_trajectory
-from memagent_jax.synthetic.format_rows import drawn_memory, format_trajectory, whole_sentences
-from memagent_jax.synthetic.oracle import oracle_trajectory
+from memagent_jax.synthetic.format_rows import (
+    drawn_memory,
+    format_trajectory,
+    unspaced,
+    whole_sentences,
+)
+from memagent_jax.synthetic.oracle import facts_of, oracle_trajectory
 from memagent_jax.synthetic.plugin import PluginSection, SyntheticPlugin, build
 from tests.builders import SFT_BUDGETS
 
@@ -344,6 +349,26 @@ def test_a_box_final_reply_restates_no_fact(gated, drawn):
         assert strict_reward(final.reply, list(example.ground_truths)) == 1.0
         restated = format_all_facts_trajectory(gated, example).turns[-1]
         assert final.prompt_ids == restated.prompt_ids  # the same memory to answer from
+
+
+def test_a_restate_all_final_reply_states_every_fact_of_its_memory_alike(gated, drawn):
+    """The fallback start's final reply: every fact of the document once, in the memory's
+    order (the asked one among them, nowhere in particular), then the box."""
+    seen = 0
+    for example, _, _ in drawn[:20]:
+        trajectory = format_all_facts_trajectory(gated, example, final_reply="restate_all")
+        if trajectory.answer is None:
+            continue
+        seen += 1
+        final = trajectory.turns[-1]
+        facts = [f["text"] for f in facts_of(example)]
+        memory = gated.tokenizer.decode(final.prompt_ids)
+        in_order = sorted(facts, key=lambda f: unspaced(memory).index(unspaced(f)))
+        assert unspaced(final.reply) == unspaced(
+            " ".join(in_order) + f" \\boxed{{{example.ground_truths[0]}}}")
+        assert strict_reward(final.reply, list(example.ground_truths)) == 1.0
+        assert final.prompt_ids == format_all_facts_trajectory(gated, example).turns[-1].prompt_ids
+    assert seen
 
 
 @pytest.mark.parametrize("settings, message", [
