@@ -4,7 +4,9 @@ process per rollout, an HTTP endpoint on loopback) against the shipped tool agen
 function (`memagent_jax.agents.tool_calling`), on one engine, the same rows and sampling.
 
 - Ours: the program agent's rollouts (`AgentRunner.run`), what a training step's rollout
-  phase runs with `configs/lookup/program_openai.yaml`.
+  phase runs with `configs/lookup/program_openai.yaml`: each rollout forked from a server
+  that imported `openai` once (`agent.preload`, the config's), and as a process of its own
+  (no preload).
 - Peer: the function agent's rollouts (`configs/lookup/01_dapo.yaml`'s agent).
 - Limit: the engine's own time in a run of the function agent with every prefill, insert and
   decode timed, blocking; the rest of a rollout phase is host work.
@@ -85,52 +87,55 @@ def main() -> None:
     function = load_agent({"module": "memagent_jax.agents.tool_calling", **common,
                            "tools": ["memagent_jax.lookup.tools:lookup"], "max_turns": 2,
                            "max_length": 320}, None)
-    program = load_agent({"module": "memagent_jax.agents.program", **common, "max_length": 320,
-                          "command": [sys.executable,
-                                      os.path.join(ROOT, "examples", "lookup_openai.py")]},
-                         None)
+    agents = {"function": function}
+    for name, preload in (("forked", ["openai"]), ("spawned", [])):
+        agents[name] = load_agent({
+            "module": "memagent_jax.agents.program", **common, "max_length": 320,
+            "preload": preload,
+            "command": [sys.executable, os.path.join(ROOT, "examples", "lookup_openai.py")]},
+                                  None)
     engine = EngineConfig(slots=args.rows * args.n, prefill_buckets=(256, 320))
     runners = {name: build_runner(agent, loaded.model, loaded.tokenizer, engine, None,
                                   loaded.stop_ids).with_params(loaded.params)
-               for name, agent in (("function", function), ("program", program))}
+               for name, agent in agents.items()}
     rows = [example_from_row(task.make_row(7201, i), i) for i in range(args.rows)]
     sampling = SamplingParams(1.0, seed=0)
 
     def run(name):
-        agent = function if name == "function" else program
-        return runners[name].run(agent, rows, sampling, n=args.n)
+        return runners[name].run(agents[name], rows, sampling, n=args.n)
 
     expected = recorded(run("function"))  # warm-up: every program compiled
-    cut = differing(expected, recorded(run("program")))
-    times: dict[str, list[float]] = {"program": [], "function": []}
+    cut = differing(expected, recorded(run("spawned")))
+    assert differing(expected, recorded(run("forked"))) == cut
+    times: dict[str, list[float]] = {name: [] for name in agents}
     for _ in range(args.repeats):
         for name in times:
             start = time.perf_counter()
             groups = run(name)
             times[name].append(time.perf_counter() - start)
-            if name == "function":
-                assert differing(expected, recorded(groups)) == 0
-            else:
-                assert differing(expected, recorded(groups)) == cut
+            assert differing(expected, recorded(groups)) == (0 if name == "function" else cut)
     timed = Timed(runners["function"].scheduler.engine)
     start = time.perf_counter()
     run("function")
     blocking = time.perf_counter() - start
     engine_s = sum(timed.seconds.values())
-    ours, peer = statistics.median(times["program"]), statistics.median(times["function"])
+    median = {name: statistics.median(t) for name, t in times.items()}
+    peer = median["function"]
     rollouts = args.rows * args.n
     print(f"machine: {os.cpu_count()}-core {platform.machine()} ({cpu_model_name()}), jax "
           f"{jax.__version__} [{jax.devices()[0].platform}]")
     print(f"{args.rows} rows x n {args.n}: {rollouts} rollouts, {len(expected)} conversations "
           f"({cut} ended by the program at a call that did not parse), median of "
           f"{args.repeats}")
-    print(f"ours (program) {ours:.3f} s ({ours / rollouts * 1e3:.1f} ms a rollout) | peer "
-          f"(function) {peer:.3f} s | ours / peer (speed) {peer / ours:.3f}")
+    for name in ("forked", "spawned"):
+        ours = median[name]
+        print(f"ours (program, {name}) {ours:.3f} s ({ours / rollouts * 1e3:.1f} ms a rollout) "
+              f"| peer (function) {peer:.3f} s | ours / peer (speed) {peer / ours:.3f} | ours / "
+              f"engine (speed) {engine_s / ours:.3f}")
     print(f"engine alone {engine_s:.3f} s of a {blocking:.3f} s blocking run of the function "
-          f"agent: ours / engine (speed) {engine_s / ours:.3f}, peer / engine "
-          f"{engine_s / peer:.3f}")
-    print(f"spread: ours {min(times['program']):.3f}-{max(times['program']):.3f} s, peer "
-          f"{min(times['function']):.3f}-{max(times['function']):.3f} s")
+          f"agent: peer / engine {engine_s / peer:.3f}")
+    print("spread: " + ", ".join(f"{name} {min(t):.3f}-{max(t):.3f} s"
+                                 for name, t in times.items()))
 
 
 if __name__ == "__main__":

@@ -31,20 +31,29 @@ chat call stops the run with one line naming the command, the row and the end of
 error (as a rollout that raises does, and a reward function that fails does: the step is not
 applied; the checkpoint before it is where to resume). A program still running at the run's
 deadline (`rollout.timeout_s`) is killed and its rollout masked as a timed-out one.
+
+`preload` (a list of modules, e.g. `[openai]`) runs a Python program from a fork server
+(agents/fork_server.py) that imported them once: the command must then be `[PYTHON, SCRIPT,
+ARGS...]` (or `-m MODULE`, `-c CODE` in SCRIPT's place), and each rollout forks a child that
+runs it as that command would, with the same environment, input and error stream, so that a
+rollout does not pay the program's imports again (`import openai` is ~1 s of CPU).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import inspect
 import json
 import os
 import secrets
 import shlex
+import tempfile
 import time
 from typing import Any, ClassVar
 
+from memagent_jax.agents.fork_server import ForkServer, kill
 from memagent_jax.errors import ConfigError, UserError
 from memagent_jax.rollout.agent_api import Policy, PromptTooLong, Reply, Rollout
 from memagent_jax.rollout.conversation import is_reply
@@ -66,6 +75,7 @@ class ProgramSection:
     command: tuple[str, ...] = ()   # the program and its arguments (a list), run per rollout
     max_tokens: int = 1024          # a reply's cap where a request gives none
     max_length: int = 4096          # the most tokens a conversation reaches (sizes the engine)
+    preload: tuple[str, ...] = ()   # modules a fork server imports once (module docstring)
 
     def __post_init__(self):
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
@@ -73,6 +83,16 @@ class ProgramSection:
                                                f"non-empty list of strings, got "
                                                f"{list(self.command)!r}")
         at_least(self, 1, "max_tokens", "max_length")
+        if not all(isinstance(m, str) and m.replace(".", "_").isidentifier()
+                   for m in self.preload):
+            raise ConfigError("agent.preload", f"must be a list of module names, got "
+                                               f"{list(self.preload)!r}")
+        runs = self.command[1:2]
+        if self.preload and (not runs or (runs[0].startswith("-") and (
+                runs[0] not in ("-m", "-c") or len(self.command) < 3))):
+            raise ConfigError("agent.preload", f"runs agent.command as [PYTHON, SCRIPT, "
+                                               f"ARGS...] (or -m MODULE, -c CODE in SCRIPT's "
+                                               f"place), got {list(self.command)!r}")
 
 
 class Program:
@@ -82,6 +102,7 @@ class Program:
         self.section = section
         self.shown = shlex.join(section.command)
         self.name = f"program `{self.shown}`"
+        self._fork_server: ForkServer | None = None
 
     def max_len(self, tokenizer) -> int:
         return self.section.max_length
@@ -93,27 +114,16 @@ class Program:
         env = {**os.environ, "OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
                "OPENAI_API_KEY": endpoint.key}
         where = f"agent program `{self.shown}` on row {_row_name(row)}"
+        run = self._forked if self.section.preload else self._spawned
         try:
-            process = await asyncio.create_subprocess_exec(
-                *self.section.command, stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env)
-        except OSError as e:
-            server.close()
-            raise UserError(f"{where}: cannot start it ({e.strerror or e})") from None
-        try:
-            _, stderr = await process.communicate(json.dumps(_row_json(row)).encode())
+            returncode, error = await run(env, json.dumps(_row_json(row)).encode(), where)
         finally:
-            if process.returncode is None:  # cancelled (the run's deadline): killed
-                process.kill()
-                await process.wait()
             server.close()
             endpoint.close()
         if endpoint.failure is not None:
             raise endpoint.failure
-        error = stderr.decode(errors="replace")
-        if process.returncode or _TRACEBACK in error:
-            how = (f"exited with status {process.returncode}" if process.returncode
-                   else "wrote a traceback")
+        if returncode or _TRACEBACK in error:
+            how = f"exited with status {returncode}" if returncode else "wrote a traceback"
             raise UserError(f"{where}: {how}{_last_line(error)}")
         if not endpoint.calls:
             raise UserError(f"{where}: made no chat completion at {env['OPENAI_BASE_URL']} "
@@ -123,6 +133,66 @@ class Program:
             "tool_calls": float(sum(len(r.tool_calls or ()) + (r.tool_error is not None)
                                     for r in replies)),
             "tool_parse_errors": float(sum(r.tool_error is not None for r in replies))})
+
+
+    async def _spawned(self, env: dict, row: bytes, where: str) -> tuple[int, str]:
+        """The command's exit status and standard error, run as a process of its own."""
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *self.section.command, stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, env=env,
+                start_new_session=True)  # its own processes die with it at the deadline
+        except OSError as e:
+            raise UserError(f"{where}: cannot start it ({e.strerror or e})") from None
+        try:
+            _, stderr = await process.communicate(row)
+        finally:
+            if process.returncode is None:  # cancelled (the run's deadline): killed
+                kill(process.pid)  # (and so its processes, which hold its stderr open)
+                await process.wait()
+        return process.returncode or 0, stderr.decode(errors="replace")
+
+    async def _forked(self, env: dict, row: bytes, where: str) -> tuple[int, str]:
+        """The same, run as a child of the fork server (started at the first rollout)."""
+        if self._fork_server is None:
+            try:
+                self._fork_server = ForkServer(self.section.command[0], self.section.preload)
+            except OSError as e:
+                raise UserError(f"{where}: cannot start its fork server "
+                                f"({e.strerror or e})") from None
+        loop = asyncio.get_running_loop()
+        started, ended = loop.create_future(), loop.create_future()
+        with tempfile.TemporaryDirectory(prefix="memagent-jax-program-") as files:
+            stdin, stderr = os.path.join(files, "stdin"), os.path.join(files, "stderr")
+            with open(stdin, "wb") as f:
+                f.write(row)
+            self._fork_server.start(list(self.section.command[1:]), env, os.getcwd(), stdin,
+                                    stderr, _settles(loop, started), _settles(loop, ended))
+            try:
+                status = await asyncio.shield(ended)
+            finally:
+                if not ended.done():  # cancelled (the run's deadline): killed
+                    pid = await started
+                    if pid is not None:
+                        kill(pid)
+                    await ended
+            if status is None:
+                raise UserError(f"agent.preload: the fork server of `{self.shown}` "
+                                f"{self._fork_server.error}")
+            with open(stderr, "rb") as f:
+                return status, f.read().decode(errors="replace")
+
+
+def _settles(loop: asyncio.AbstractEventLoop, future: asyncio.Future):
+    """A callback for another thread that settles `future` on its loop (once; not after the
+    loop closed)."""
+    def settle(value) -> None:
+        def on_loop() -> None:
+            if not future.done():
+                future.set_result(value)
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+            loop.call_soon_threadsafe(on_loop)
+    return settle
 
 
 class _Endpoint:

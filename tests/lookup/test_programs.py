@@ -27,8 +27,11 @@ def tokenizer(tmp_path_factory):
     return load_tokenizer(task.write_tokenizer(str(tmp_path_factory.mktemp("lookup") / "tok")))
 
 
-@pytest.mark.parametrize("example", ["lookup_openai.py", "lookup_agents_sdk.py"])
-def test_an_example_program_is_recorded_as_the_shipped_tool_agent(tokenizer, example):
+@pytest.mark.parametrize("example, preload", [
+    ("lookup_openai.py", []), ("lookup_agents_sdk.py", []), ("lookup_openai.py", ["openai"]),
+    ("lookup_agents_sdk.py", ["agents"])])
+def test_an_example_program_is_recorded_as_the_shipped_tool_agent(tokenizer, example, preload):
+    """As a process of its own, and forked from a server that imported its client."""
     row = example_from_row(task.make_row(7, 3), 0)
     table = dict(row.extra_info["tools_kwargs"]["lookup"]["create_kwargs"]["table"])
     key = next(k for k in table if k in row.question.split())
@@ -42,8 +45,8 @@ def test_an_example_program_is_recorded_as_the_shipped_tool_agent(tokenizer, exa
     shipped = build_tool_agent({"tools": ["memagent_jax.lookup.tools:lookup"], "max_turns": 2,
                                 "max_tokens": 32, "max_length": 320}, None)
     program = load_agent({"module": "memagent_jax.agents.program", "max_tokens": 32,
-                          "command": [sys.executable, os.path.join(ROOT, "examples", example)]},
-                         None)
+                          "command": [sys.executable, os.path.join(ROOT, "examples", example)],
+                          "preload": preload}, None)
     runner = AgentRunner(Scheduler(ReplyEngine(tokenizer, reply)), tokenizer, (end,))
     ((mine,),), ((theirs,),) = (runner.run(a, [row], SamplingParams(1.0, seed=3))
                                 for a in (program, shipped))

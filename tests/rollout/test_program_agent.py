@@ -1,12 +1,15 @@
 """Any program as an agent (agents/program.py): an unmodified program on the official `openai`
 client, its base URL and key from the environment, is recorded as the same agent written as a
 function is (ids, behaviour log-probs, conversations); a crash is one line naming the command
-and the row; a program past the run's deadline is killed and its rollout timed out."""
+and the row; a program past the run's deadline is killed and its rollout timed out. Each as a
+process of its own and forked from a server that preloaded `openai` (`agent.preload`)."""
 
 import dataclasses
 import json
+import os
 import sys
 import textwrap
+import time
 import types
 
 import pytest
@@ -49,10 +52,15 @@ def _runner(word_tokenizer):
     return AgentRunner(Scheduler(ReplyEngine(word_tokenizer, reply)), word_tokenizer, (EOS,))
 
 
-def _program(tmp_path, text, **settings):
+@pytest.fixture(params=[(), ("openai",)], ids=["spawned", "forked"])
+def preload(request):
+    return list(request.param)
+
+
+def _program(tmp_path, text, preload=(), **settings):
     path = tmp_path / "my_app.py"
     path.write_text(textwrap.dedent(text))
-    return load_agent({"module": "memagent_jax.agents.program",
+    return load_agent({"module": "memagent_jax.agents.program", "preload": list(preload),
                        "command": [sys.executable, str(path)], "max_tokens": 16, **settings},
                       None)
 
@@ -63,12 +71,12 @@ SAMPLING = SamplingParams(0.7, seed=11)
 
 
 def test_an_openai_client_program_is_recorded_as_the_same_function_agent(
-        model, params, word_tokenizer, tmp_path):
+        model, params, word_tokenizer, tmp_path, preload):
     """On the tiny model, sampled: every call's seed is the run's, the same in both."""
     function_agent = types.SimpleNamespace(rollout=two_conversations, name="f")
     runner = build_runner(function_agent, model, word_tokenizer,
                           EngineConfig(slots=4, max_len=96), None, (EOS,)).with_params(params)
-    program = runner.run(_program(tmp_path, PROGRAM), ROWS[1:], SAMPLING, n=2)
+    program = runner.run(_program(tmp_path, PROGRAM, preload), ROWS[1:], SAMPLING, n=2)
     function = runner.run(function_agent, ROWS[1:], SAMPLING, n=2)
     first, second = program[0]
     assert first.turns[0].response_ids != second.turns[0].response_ids  # seeded per rollout
@@ -84,31 +92,113 @@ def test_an_openai_client_program_is_recorded_as_the_same_function_agent(
         assert mine.final_reply == theirs.final_reply  # the last call's
 
 
-def test_a_crashing_program_fails_its_rollout_in_one_line(word_tokenizer, tmp_path):
+def test_a_crashing_program_fails_its_rollout_in_one_line(word_tokenizer, tmp_path, preload):
     agent = _program(tmp_path, "import json, sys\nrow = json.load(sys.stdin)\n"
-                               "raise ValueError('no answer for ' + row['question'])\n")
+                               "raise ValueError('no answer for ' + row['question'])\n",
+                     preload)
     with pytest.raises(UserError) as failed:
         _runner(word_tokenizer).run(agent, ROWS[:1], SAMPLING)
     assert str(failed.value) == (f"agent program `{sys.executable} {tmp_path / 'my_app.py'}` "
                                  "on row 0: exited with status 1: ValueError: no answer for "
                                  "where is it ?")
     caught = _program(tmp_path, "import traceback\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n"
-                                "    traceback.print_exc()\n")
+                                "    traceback.print_exc()\n", preload)
     with pytest.raises(UserError, match="on row 0: wrote a traceback: ZeroDivisionError: "):
         _runner(word_tokenizer).run(caught, ROWS[:1], SAMPLING)
-    quiet = _program(tmp_path, "print('nothing asked')\n")
+    quiet = _program(tmp_path, "print('nothing asked')\n", preload)
     with pytest.raises(UserError, match="on row 0: made no chat completion at http://127.0.0.1:"):
         _runner(word_tokenizer).run(quiet, ROWS[:1], SAMPLING)
+    exits = _program(tmp_path, "import sys\nsys.exit('no answer')\n", preload)
+    with pytest.raises(UserError, match="on row 0: exited with status 1: no answer\n"):
+        _runner(word_tokenizer).run(exits, ROWS[:1], SAMPLING)
     with pytest.raises(ConfigError, match="agent.command"):
         load_agent({"module": "memagent_jax.agents.program", "command": []}, None)
 
 
 def test_a_program_past_the_deadline_is_killed_and_its_rollout_timed_out(word_tokenizer,
-                                                                         tmp_path):
-    agent = _program(tmp_path, "import time\ntime.sleep(600)\n")
-    runner = _runner(word_tokenizer).with_limits(Limits(timeout_s=1.0))
+                                                                         tmp_path, preload):
+    """With the process it started (which holds its standard error open)."""
+    pids = tmp_path / "pids"
+    agent = _program(tmp_path, f"""\
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(90)"])
+        open({str(pids)!r}, "w").write(f"{{os.getpid()}} {{child.pid}}")
+        time.sleep(600)
+        """, preload)
+    runner = _runner(word_tokenizer).with_limits(Limits(timeout_s=3.0))
+    start = time.monotonic()
     (trajectory,), = runner.run(agent, ROWS[:1], SAMPLING)
+    assert time.monotonic() - start < 60  # not until the program's child ends by itself
     assert trajectory.timed_out and not trajectory.turns
+    program, started = map(int, pids.read_text().split())
+    assert not _running(program) and not _running(started)
+
+
+def _running(pid: int, wait_s: float = 10.0) -> bool:
+    """Whether the process is still there (not ended, or a zombie) after up to wait_s."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().split(") ")[-1][0] == "Z":
+                    return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_forked_program_runs_as_the_command_would(word_tokenizer, tmp_path):
+    """`python SCRIPT ARGS`, `-m MODULE`, `-c CODE`: the same argv, path, working directory,
+    environment, input and standard error as the command run by the interpreter; a module
+    the server cannot import, or a command it cannot run, is one line."""
+    report = tmp_path / "report.json"
+    code = f"""\
+import json, os, sys
+row = json.load(sys.stdin)
+print("to the error stream", file=sys.stderr)
+print("to nowhere")
+with open({str(report)!r}, "a") as f:
+    f.write(json.dumps([sys.argv, sys.path[0], os.getcwd(),
+                        os.environ.get("OPENAI_BASE_URL", "")[:17], row["question"]]) + "\\n")
+import urllib.request
+urllib.request.urlopen(urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    json.dumps({{"model": "p", "messages": [{{"role": "user", "content": "is it ?"}}]}}).encode(),
+    {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}}))
+"""
+    (tmp_path / "my_mod.py").write_text(code)
+    commands = [[str(tmp_path / "my_mod.py"), "a"], ["-m", "my_mod", "b"], ["-c", code, "c"]]
+    runner = _runner(word_tokenizer)
+    for preload in ([], ["json"]):
+        for command in commands:
+            agent = load_agent({"module": "memagent_jax.agents.program", "preload": preload,
+                                "command": [sys.executable, *command]}, None)
+            cwd = os.getcwd()
+            os.chdir(tmp_path)  # -m finds my_mod in the working directory
+            try:
+                ((trajectory,),) = runner.run(agent, ROWS[:1], SAMPLING)
+            finally:
+                os.chdir(cwd)
+            assert len(trajectory.turns) == 1
+    spawned, forked = (report.read_text().splitlines()[k:k + 3] for k in (0, 3))
+    assert [json.loads(line) for line in forked] == [json.loads(line) for line in spawned]
+    assert json.loads(forked[0])[0][1:] == ["a"] and json.loads(forked[2])[0] == ["-c", "c"]
+    missing = load_agent({"module": "memagent_jax.agents.program", "preload": ["no_such_mod"],
+                          "command": [sys.executable, "-c", "pass"]}, None)
+    with pytest.raises(UserError) as failed:
+        runner.run(missing, ROWS[:1], SAMPLING)
+    assert str(failed.value) == (
+        f"agent.preload: the fork server of `{sys.executable} -c pass` exited with status 1: "
+        "ModuleNotFoundError: No module named 'no_such_mod'")
+    for command, why in (([sys.executable], "got"), ([sys.executable, "-u", "x.py"], "-u"),
+                         ([sys.executable, "-m"], "got")):
+        with pytest.raises(ConfigError, match=f"agent.preload: runs agent.command as .*{why}"):
+            load_agent({"module": "memagent_jax.agents.program", "preload": ["json"],
+                        "command": command}, None)
+    with pytest.raises(ConfigError, match="agent.preload: must be a list of module names"):
+        load_agent({"module": "memagent_jax.agents.program", "preload": ["no such"],
+                    "command": [sys.executable, "x.py"]}, None)
 
 
 REFUSALS = """\
@@ -174,7 +264,7 @@ client.chat.completions.create(model="policy", messages=messages, tools=tools, m
 """
 
 
-def test_a_program_calling_tools_is_recorded_as_the_shipped_tool_agent():
+def test_a_program_calling_tools_is_recorded_as_the_shipped_tool_agent(preload):
     """`tools=` through the official client: the reply's call comes back as `tool_calls`, the
     `role: tool` message answers it, and the conversation is the row the shipped tool agent
     makes of the same calls (Qwen2.5's template, which takes `tools`)."""
@@ -188,8 +278,8 @@ def test_a_program_calling_tools_is_recorded_as_the_shipped_tool_agent():
     shipped = build_tool_agent({"tools": ["tests.rollout.test_chat_masks:weather"],
                                 "max_tokens": 64, "max_turns": 1}, None)
     program = load_agent({"module": "memagent_jax.agents.program", "command": [
-        sys.executable, "-c", TOOL_PROGRAM, json.dumps(shipped.declared)], "max_tokens": 64},
-                         None)
+        sys.executable, "-c", TOOL_PROGRAM, json.dumps(shipped.declared)], "max_tokens": 64,
+                          "preload": preload}, None)
     row = example_from_row({"data_source": "t", "prompt": [
         {"role": "user", "content": "What is the weather in Oslo?"}],
         "reward_model": {"ground_truth": "3"}}, 0)
