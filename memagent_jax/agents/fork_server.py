@@ -76,6 +76,8 @@ def serve(preload: list[str]) -> None:
                 pid = os.fork()
                 if pid == 0:
                     os._exit(_child(request, (channel_in, channel_out, wake_read, wake_write)))
+                with contextlib.suppress(OSError):  # (the child does too: whoever is first)
+                    os.setpgid(pid, pid)
                 children[pid] = request["id"]
                 send({"id": request["id"], "pid": pid})
         while children:
@@ -94,7 +96,8 @@ def _child(request: dict, inherited: tuple[int, ...]) -> int:
     import traceback
     signal.set_wakeup_fd(-1)
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    os.setpgid(0, 0)  # the program's own processes die with it at a deadline
+    with contextlib.suppress(OSError):  # the program's own processes die with it at a deadline
+        os.setpgid(0, 0)
     for fd, path, flags in ((0, request["stdin"], os.O_RDONLY), (1, os.devnull, os.O_WRONLY),
                             (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
         opened = os.open(path, flags, 0o600)
@@ -151,8 +154,11 @@ def _child(request: dict, inherited: tuple[int, ...]) -> int:
 
 def kill(pid: int) -> None:
     """Kills a child the server started, and the processes it started."""
-    with contextlib.suppress(ProcessLookupError):
+    try:
         os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # a group of its own not made yet (or gone): the child alone
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 class ForkServer:
