@@ -64,6 +64,8 @@ _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"
             405: "Method Not Allowed", 500: "Internal Server Error"}
 # policy.chat's own arguments, which a request's chat_template_kwargs must not name.
 _CHAT_ARGUMENTS = frozenset(inspect.signature(Policy.chat).parameters) - {"self", "template_vars"}
+# How long a cancelled rollout waits for the fork server to say which child is its own.
+_SERVER_ANSWERS_S = 30.0
 # What marks a Python program's uncaught exception on its standard error.
 _TRACEBACK = "Traceback (most recent call last):"
 
@@ -155,30 +157,38 @@ class Program:
     async def _forked(self, env: dict, row: bytes, where: str) -> tuple[int, str]:
         """The same, run as a child of the fork server (started at the first rollout)."""
         if self._fork_server is None:
+            command = self.section.command
+            path0 = ("" if command[1] == "-c" else os.getcwd() if command[1] == "-m" else
+                     os.path.dirname(os.path.realpath(command[1])))
             try:
-                self._fork_server = ForkServer(self.section.command[0], self.section.preload)
+                self._fork_server = ForkServer(command[0], path0, self.section.preload)
             except OSError as e:
                 raise UserError(f"{where}: cannot start its fork server "
                                 f"({e.strerror or e})") from None
+        server = self._fork_server
         loop = asyncio.get_running_loop()
         started, ended = loop.create_future(), loop.create_future()
         with tempfile.TemporaryDirectory(prefix="memagent-jax-program-") as files:
             stdin, stderr = os.path.join(files, "stdin"), os.path.join(files, "stderr")
             with open(stdin, "wb") as f:
                 f.write(row)
-            self._fork_server.start(list(self.section.command[1:]), env, os.getcwd(), stdin,
-                                    stderr, _settles(loop, started), _settles(loop, ended))
+            server.start(list(self.section.command[1:]), env, os.getcwd(), stdin, stderr,
+                         _settles(loop, started), _settles(loop, ended))
             try:
                 status = await asyncio.shield(ended)
             finally:
                 if not ended.done():  # cancelled (the run's deadline): killed
-                    pid = await started
-                    if pid is not None:
-                        kill(pid)
+                    try:
+                        pid = await asyncio.wait_for(asyncio.shield(started), _SERVER_ANSWERS_S)
+                    except TimeoutError:  # a server that no longer answers (still importing?)
+                        server.stop()
+                    else:
+                        if pid is not None:
+                            kill(pid)
                     await ended
             if status is None:
                 raise UserError(f"agent.preload: the fork server of `{self.shown}` "
-                                f"{self._fork_server.error}")
+                                f"{server.error}")
             with open(stderr, "rb") as f:
                 return status, f.read().decode(errors="replace")
 

@@ -6,7 +6,6 @@ process of its own and forked from a server that preloaded `openai` (`agent.prel
 
 import dataclasses
 import json
-import os
 import sys
 import textwrap
 import time
@@ -148,42 +147,86 @@ def _running(pid: int, wait_s: float = 10.0) -> bool:
     return True
 
 
-def test_a_forked_program_runs_as_the_command_would(word_tokenizer, tmp_path):
-    """`python SCRIPT ARGS`, `-m MODULE`, `-c CODE`: the same argv, path, working directory,
-    environment, input and standard error as the command run by the interpreter; a module
-    the server cannot import, or a command it cannot run, is one line."""
-    report = tmp_path / "report.json"
-    code = f"""\
-import json, os, sys
+# A program that leaves work for the interpreter's exit: a pool's task, an atexit function, a
+# file it never flushes or closes; it reports what it sees of its process, then raises where
+# its tag says so (the last argument: MODE-FORM-crash).
+EXITING = """\
+import atexit, concurrent.futures, json, os, sys, time, urllib.request
+import counted
 row = json.load(sys.stdin)
-print("to the error stream", file=sys.stderr)
-print("to nowhere")
-with open({str(report)!r}, "a") as f:
-    f.write(json.dumps([sys.argv, sys.path[0], os.getcwd(),
-                        os.environ.get("OPENAI_BASE_URL", "")[:17], row["question"]]) + "\\n")
-import urllib.request
+tag, out = sys.argv[-1], os.environ["OUT"]
+log = open(os.path.join(out, tag + ".log"), "w")
+def note(text):
+    log.write(text)
+def late():
+    time.sleep(0.3)
+    note("from the pool's thread")
+pool = concurrent.futures.ThreadPoolExecutor(2)
+pool.submit(late)
+atexit.register(lambda: open(os.path.join(out, tag + ".atexit"), "w").write("ran"))
+MARK = "the program's"
+import __main__
+with open(os.path.join(out, tag + ".json"), "w") as f:
+    json.dump({"argv": [os.path.basename(a) for a in sys.argv[:-1]], "path0": sys.path[0],
+               "cwd": os.getcwd(), "url": os.environ["OPENAI_BASE_URL"][:17],
+               "question": row["question"], "main": getattr(__main__, "MARK", None),
+               "file": os.path.basename(globals().get("__file__", "-"))}, f)
 urllib.request.urlopen(urllib.request.Request(
     os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    json.dumps({{"model": "p", "messages": [{{"role": "user", "content": "is it ?"}}]}}).encode(),
-    {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}}))
+    json.dumps({"model": "p", "messages": [{"role": "user", "content": "is it ?"}]}).encode(),
+    {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}))
+if tag.endswith("crash"):
+    def fails():
+        raise ValueError("late")
+    fails()
 """
-    (tmp_path / "my_mod.py").write_text(code)
-    commands = [[str(tmp_path / "my_mod.py"), "a"], ["-m", "my_mod", "b"], ["-c", code, "c"]]
-    runner = _runner(word_tokenizer)
-    for preload in ([], ["json"]):
-        for command in commands:
-            agent = load_agent({"module": "memagent_jax.agents.program", "preload": preload,
-                                "command": [sys.executable, *command]}, None)
-            cwd = os.getcwd()
-            os.chdir(tmp_path)  # -m finds my_mod in the working directory
-            try:
-                ((trajectory,),) = runner.run(agent, ROWS[:1], SAMPLING)
-            finally:
-                os.chdir(cwd)
-            assert len(trajectory.turns) == 1
-    spawned, forked = (report.read_text().splitlines()[k:k + 3] for k in (0, 3))
-    assert [json.loads(line) for line in forked] == [json.loads(line) for line in spawned]
-    assert json.loads(forked[0])[0][1:] == ["a"] and json.loads(forked[2])[0] == ["-c", "c"]
+
+
+def test_a_forked_program_runs_as_the_command_would(word_tokenizer, tmp_path, monkeypatch):
+    """`python SCRIPT ARGS`, `-m MODULE`, `-c CODE` forked from the server as run by the
+    interpreter: the same argv, `sys.path[0]` (where the preloaded module is found: beside the
+    script), working directory, environment, input, `__main__`, traceback, and the same exit
+    (the pool's thread waited for, atexit run, an open file flushed); the preloaded module is
+    imported once for every rollout; a module the server cannot import, or a command it cannot
+    run, is one line."""
+    code_dir = tmp_path / "code"
+    code_dir.mkdir()
+    (code_dir / "my_mod.py").write_text(EXITING)
+    imports = tmp_path / "imports"
+    (code_dir / "counted.py").write_text(f"open({str(imports)!r}, 'a').write('imported\\n')\n")
+    monkeypatch.chdir(code_dir)  # -m and -c find my_mod and counted in the working directory
+    monkeypatch.setenv("OUT", str(tmp_path))
+    forms = {"script": [str(code_dir / "my_mod.py")], "m": ["-m", "my_mod"], "c": ["-c", EXITING]}
+    runner = _runner(word_tokenizer).with_limits(Limits(timeout_s=60.0))  # an exit that hangs
+    stderr = {}
+    for mode, preload in (("spawned", []), ("forked", ["counted"])):
+        for form, command in forms.items():
+            for end in ("ok", "crash"):
+                tag = f"{mode}-{form}-{end}"
+                agent = load_agent({"module": "memagent_jax.agents.program", "preload": preload,
+                                    "command": [sys.executable, *command, tag]}, None)
+                if end == "ok":
+                    groups = runner.run(agent, ROWS[:1], SAMPLING, n=2)
+                    assert all(len(t.turns) == 1 for t in groups[0])
+                    continue
+                with pytest.raises(UserError) as failed:
+                    runner.run(agent, ROWS[:1], SAMPLING)
+                stderr[mode, form] = str(failed.value).split(": exited with status 1: ")[1]
+        # spawned: once a rollout (9); forked: once a server (6 more)
+        assert imports.read_text().count("imported") == {"spawned": 9, "forked": 15}[mode]
+    for form in forms:
+        for end in ("ok", "crash"):
+            spawned, forked = (json.loads((tmp_path / f"{m}-{form}-{end}.json").read_text())
+                               for m in ("spawned", "forked"))
+            assert forked == spawned, form
+            for m in ("spawned", "forked"):
+                tag = tmp_path / f"{m}-{form}-{end}"
+                assert (tag.with_suffix(".log").read_text(), tag.with_suffix(".atexit")
+                        .read_text()) == ("from the pool's thread", "ran"), (m, form, end)
+        assert stderr["forked", form] == stderr["spawned", form] == "ValueError: late"
+    script = json.loads((tmp_path / "forked-script-ok.json").read_text())
+    assert (script["main"], script["argv"], script["file"]) == ("the program's", ["my_mod.py"],
+                                                                "my_mod.py")
     missing = load_agent({"module": "memagent_jax.agents.program", "preload": ["no_such_mod"],
                           "command": [sys.executable, "-c", "pass"]}, None)
     with pytest.raises(UserError) as failed:
