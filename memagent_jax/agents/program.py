@@ -136,7 +136,6 @@ class Program:
                                     for r in replies)),
             "tool_parse_errors": float(sum(r.tool_error is not None for r in replies))})
 
-
     async def _spawned(self, env: dict, row: bytes, where: str) -> tuple[int, str]:
         """The command's exit status and standard error, run as a process of its own."""
         try:
